@@ -1,0 +1,72 @@
+"""The array-module switch: NumPy by default, CuPy when asked for and present.
+
+Nothing here imports CuPy at module import time, so the package imports and tests without it.
+"""
+
+import os
+
+import numpy as np
+
+_DTYPES = {"float32": np.float32, "float64": np.float64}
+_LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK",
+                         "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+
+
+def _cupy():
+    try:
+        import cupy
+    except ImportError:
+        return None
+    return cupy
+
+
+def array_module(x):
+    """The module (numpy or cupy) that owns array ``x``."""
+    if type(x).__module__.startswith("cupy"):
+        return _cupy()
+    return np
+
+
+def get_array_module(name="auto"):
+    """Resolve a job's ``backend`` key ('auto', 'numpy' or 'cupy') to an array module."""
+    if name == "numpy":
+        return np
+    if name not in ("auto", "cupy"):
+        raise ValueError(f"backend: unknown backend {name!r}; expected one of auto, numpy, cupy")
+    cupy = _cupy()
+    usable = False
+    if cupy is not None:
+        try:
+            usable = cupy.cuda.runtime.getDeviceCount() > 0
+        except Exception:  # no driver, no device: CuPy imports but cannot run
+            usable = False
+    if usable:
+        return cupy
+    if name == "cupy":
+        raise RuntimeError("backend: 'cupy' was asked for but CuPy is not installed or sees no GPU "
+                           "(install spmdcnn[gpu-cuda12] or spmdcnn[gpu-cuda13])")
+    return np
+
+
+def resolve_dtype(name):
+    """The NumPy dtype for a job's ``dtype`` key."""
+    try:
+        return np.dtype(_DTYPES[name])
+    except KeyError:
+        raise ValueError(f"dtype: unsupported dtype {name!r}; expected one of {', '.join(_DTYPES)}") from None
+
+
+def local_rank():
+    """This process's rank among the processes of its node, from the launcher's environment (0 if none)."""
+    for variable in _LOCAL_RANK_VARIABLES:
+        value = os.environ.get(variable)
+        if value is not None and value.isdigit():
+            return int(value)
+    return 0
+
+
+def to_numpy(x):
+    """A host NumPy copy (or the array itself when it is already on the host)."""
+    if isinstance(x, np.ndarray):
+        return x
+    return x.get()

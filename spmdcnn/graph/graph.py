@@ -1,0 +1,163 @@
+"""The Graph: a model's layers in execution order with global shapes, parameters, buffers and FLOPs."""
+
+from dataclasses import dataclass, field
+
+from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml
+from . import opspec
+from .blocks import DATA, expand_layers
+
+_MODEL_KEYS = {"name", "input", "layers", "blocks", "description"}
+
+
+@dataclass
+class Layer:
+    """One layer; ``in_shapes`` and ``out_shape`` are per sample (no batch dimension)."""
+
+    name: str
+    op: str
+    attrs: dict
+    inputs: list
+    in_shapes: list
+    out_shape: tuple
+    params: dict = field(default_factory=dict)
+    buffers: dict = field(default_factory=dict)
+    flops: int = 0
+
+    @property
+    def num_params(self):
+        total = 0
+        for shape in self.params.values():
+            count = 1
+            for extent in shape:
+                count *= extent
+            total += count
+        return total
+
+    def param_names(self):
+        """Global parameter names, ``<layer>.<name>``, as PyTorch's state dicts spell them."""
+        return [f"{self.name}.{p}" for p in self.params]
+
+
+class Graph:
+    """A validated model. ``layers`` is in execution order (producers before consumers)."""
+
+    def __init__(self, name, input_shape, layers, source="<model>", text=""):
+        self.name = name
+        self.input_shape = tuple(input_shape)
+        self.layers = layers
+        self.source = source
+        self.text = text
+        self.by_name = {layer.name: layer for layer in layers}
+        self.consumers = {layer.name: [] for layer in layers}
+        self.consumers[DATA] = []
+        for layer in layers:
+            for producer in layer.inputs:
+                self.consumers[producer].append(layer.name)
+
+    @property
+    def loss(self):
+        return self.layers[-1]
+
+    @property
+    def num_classes(self):
+        return self.loss.in_shapes[0][0]
+
+    @property
+    def num_params(self):
+        return sum(layer.num_params for layer in self.layers)
+
+    def flops(self, batch=1):
+        """Forward FLOPs for a batch."""
+        return batch * sum(layer.flops for layer in self.layers)
+
+    def param_shapes(self):
+        """``{"<layer>.<name>": shape}`` for every parameter, in execution order."""
+        return {f"{l.name}.{p}": shape for l in self.layers for p, shape in l.params.items()}
+
+    def buffer_shapes(self):
+        return {f"{l.name}.{b}": shape for l in self.layers for b, shape in l.buffers.items()}
+
+    def __repr__(self):
+        return f"Graph({self.name!r}, {len(self.layers)} layers, {self.num_params:,} parameters)"
+
+
+def _check_input_shape(shape, source):
+    if (not isinstance(shape, list) or len(shape) != 3
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
+        raise FormatError(f"{source}: 'input' must be [C, H, W] with positive integers, got {shape!r}")
+    return tuple(shape)
+
+
+def _execution_order(flat, source):
+    """Topological order of the flat layers (stable: file order where the file allows); rejects cycles."""
+    names = set()
+    for entry in flat:
+        if entry["name"] in names:
+            raise FormatError(f"{source}: layer '{entry['name']}': two layers have this name")
+        names.add(entry["name"])
+    for entry in flat:
+        for ref in entry["inputs"]:
+            if ref != DATA and ref not in names:
+                raise FormatError(f"{source}: layer '{entry['name']}': unknown input {ref!r}")
+    done, order, visiting = {DATA}, [], []
+    by_name = {entry["name"]: entry for entry in flat}
+
+    def visit(name):
+        if name in done:
+            return
+        if name in visiting:
+            cycle = visiting[visiting.index(name):] + [name]
+            raise FormatError(f"{source}: layer '{name}': its inputs form a cycle ({' -> '.join(cycle)})")
+        visiting.append(name)
+        for ref in by_name[name]["inputs"]:
+            visit(ref)
+        visiting.pop()
+        done.add(name)
+        order.append(by_name[name])
+
+    for entry in flat:
+        visit(entry["name"])
+    return order
+
+
+def parse_model(data, source="<model>", text=""):
+    """Build and validate a Graph from a parsed model YAML mapping."""
+    check_keys(data, _MODEL_KEYS, source, required=("name", "input", "layers"))
+    if not isinstance(data["name"], str):
+        raise FormatError(f"{source}: 'name' must be a string, got {data['name']!r}")
+    input_shape = _check_input_shape(data["input"], source)
+    flat = _execution_order(expand_layers(data, source), source)
+    shapes = {DATA: input_shape}
+    layers = []
+    for entry in flat:
+        name, op = entry["name"], entry.get("op")
+        where = f"{source}: layer '{name}'"
+        if op not in opspec.KEYS:
+            known = ", ".join(sorted(opspec.KEYS))
+            raise FormatError(f"{where}: unknown op {op!r} (known ops: {known})")
+        given = {k: v for k, v in entry.items() if k not in ("name", "op", "inputs")}
+        attrs = opspec.normalise(op, given, where)
+        in_shapes = [shapes[ref] for ref in entry["inputs"]]
+        out_shape, params, buffers, flops = opspec.infer(op, attrs, in_shapes, where)
+        shapes[name] = tuple(out_shape)
+        layers.append(Layer(name, op, attrs, list(entry["inputs"]), in_shapes, tuple(out_shape),
+                            params, buffers, flops))
+    losses = [layer.name for layer in layers if layer.op == "softmax_cross_entropy"]
+    if losses != [layers[-1].name]:
+        raise FormatError(f"{source}: the model needs exactly one softmax_cross_entropy layer, and it must be the "
+                          f"last one to run (found: {', '.join(losses) or 'none'})")
+    unused = [layer.name for layer in layers[:-1] if not any(layer.name in l.inputs for l in layers)]
+    if unused:
+        raise FormatError(f"{source}: layer '{unused[0]}': its output is used by no layer "
+                          "(every layer must lead to the loss)")
+    return Graph(data["name"], input_shape, layers, source, text)
+
+
+def load_model(path):
+    """Read, expand and validate a model YAML file."""
+    data, text = read_yaml(path, "model file")
+    return parse_model(data, str(path), text)
+
+
+def model_from_text(text, source="<checkpoint>"):
+    return parse_model(load_yaml_text(text, source), source, text)

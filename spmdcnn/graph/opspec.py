@@ -1,0 +1,191 @@
+"""What each op accepts, the shape it produces, its parameters and its forward FLOPs.
+
+Shapes here are per sample (no batch dimension): (C, H, W) for images, (F,) for features, () for the loss.
+FLOPs count a multiply-add as two: conv ``2*K*C*kH*kW*oH*oW`` (+ ``K*oH*oW`` for the bias), linear
+``2*F_in*F_out`` (+ ``F_out``), pooling one per window element, batchnorm 4 and the other element-wise ops
+one per output element, the loss 4 per logit; flatten and concat move data and count zero.
+"""
+
+from ..io.yamlfile import FormatError
+from ..ops.window import output_extent, pair, sides
+
+_NO_DEFAULT = object()
+
+# op -> {key: default}; a key whose default is _NO_DEFAULT is required.
+KEYS = {
+    "conv2d": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0, "dilation": 1,
+               "bias": True},
+    "maxpool2d": {"kernel": _NO_DEFAULT, "stride": None, "padding": 0},
+    "avgpool2d": {"kernel": _NO_DEFAULT, "stride": None, "padding": 0},
+    "global_avgpool": {},
+    "relu": {},
+    "batchnorm2d": {"eps": 1e-5, "momentum": 0.1},
+    "dropout": {"p": 0.5},
+    "flatten": {},
+    "linear": {"out_features": _NO_DEFAULT, "bias": True},
+    "concat": {},
+    "add": {},
+    "softmax_cross_entropy": {},
+}
+MULTI_INPUT = {"concat", "add"}
+ELEMENTWISE = {"relu", "dropout"}
+
+
+class LayerError(FormatError):
+    pass
+
+
+def _positive_int(value, key, where, allow_zero=False):
+    if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
+        kind = "a non-negative" if allow_zero else "a positive"
+        raise LayerError(f"{where}: '{key}' must be {kind} integer, got {value!r}")
+    return value
+
+
+def _int_pair(value, key, where, allow_zero=False):
+    if isinstance(value, (list, tuple)):
+        if len(value) != 2:
+            raise LayerError(f"{where}: '{key}' must be an int or [h, w], got {value!r}")
+        for v in value:
+            _positive_int(v, key, where, allow_zero)
+        return [int(value[0]), int(value[1])]
+    return _positive_int(value, key, where, allow_zero)
+
+
+def normalise(op, given, where):
+    """The layer's attributes with defaults filled in and types checked."""
+    spec = KEYS[op]
+    unknown = sorted(set(given) - set(spec))
+    if unknown:
+        allowed = ", ".join(sorted(set(spec) | {"name", "op", "inputs"}))
+        raise LayerError(f"{where}: unknown key {', '.join(map(repr, unknown))} for op '{op}'; allowed: {allowed}")
+    attrs = {}
+    for key, default in spec.items():
+        if key in given:
+            attrs[key] = given[key]
+        elif default is _NO_DEFAULT:
+            raise LayerError(f"{where}: op '{op}' needs the key '{key}'")
+        else:
+            attrs[key] = default
+    for key in ("out_channels", "out_features"):
+        if key in attrs:
+            _positive_int(attrs[key], key, where)
+    for key in ("kernel", "dilation"):
+        if key in attrs:
+            attrs[key] = _int_pair(attrs[key], key, where)
+    if attrs.get("stride") is not None:
+        attrs["stride"] = _int_pair(attrs["stride"], "stride", where)
+    if "padding" in attrs:
+        attrs["padding"] = _int_pair(attrs["padding"], "padding", where, allow_zero=True)
+    for key in ("bias",):
+        if key in attrs and not isinstance(attrs[key], bool):
+            raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
+    for key in ("eps", "momentum", "p"):
+        if key in attrs:
+            value = attrs[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise LayerError(f"{where}: '{key}' must be a number, got {value!r}")
+            attrs[key] = float(value)
+    if op == "dropout" and not 0.0 <= attrs["p"] <= 1.0:
+        raise LayerError(f"{where}: dropout 'p' must lie in [0, 1], got {attrs['p']}")
+    if op == "batchnorm2d" and attrs["eps"] <= 0:
+        raise LayerError(f"{where}: 'eps' must be positive, got {attrs['eps']}")
+    return attrs
+
+
+def _image(shape, op, where):
+    if len(shape) != 3:
+        raise LayerError(f"{where}: op '{op}' needs an image input (C, H, W), got shape {tuple(shape)}")
+    return shape
+
+
+def _window_out(H, W, kernel, stride, padding, dilation, where, what):
+    (kH, kW), (sh, sw), (dh, dw) = pair(kernel), pair(stride), pair(dilation)
+    (top, bottom), (left, right) = sides(padding)
+    if 2 * top > kH or 2 * left > kW:
+        if what == "pooling":
+            raise LayerError(f"{where}: padding {padding} must be at most half the kernel {kernel} (as in PyTorch)")
+    oH = output_extent(H, kH, sh, top, bottom, dh)
+    oW = output_extent(W, kW, sw, left, right, dw)
+    if oH <= 0 or oW <= 0:
+        raise LayerError(f"{where}: {what} of kernel {kernel} over input {H}x{W} gives an empty output "
+                         f"{oH}x{oW}")
+    return oH, oW
+
+
+def infer(op, attrs, in_shapes, where):
+    """``(out_shape, params, buffers, flops)`` of one layer; params and buffers map name -> shape."""
+    x = in_shapes[0]
+    params, buffers = {}, {}
+    if op in MULTI_INPUT:
+        if len(in_shapes) < 2:
+            raise LayerError(f"{where}: op '{op}' needs at least two inputs, got {len(in_shapes)}")
+    elif len(in_shapes) != 1:
+        raise LayerError(f"{where}: op '{op}' takes one input, got {len(in_shapes)}")
+    if op == "conv2d":
+        C, H, W = _image(x, op, where)
+        K = attrs["out_channels"]
+        kH, kW = pair(attrs["kernel"])
+        oH, oW = _window_out(H, W, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"],
+                             where, "convolution")
+        params["weight"] = (K, C, kH, kW)
+        flops = 2 * K * C * kH * kW * oH * oW
+        if attrs["bias"]:
+            params["bias"] = (K,)
+            flops += K * oH * oW
+        return (K, oH, oW), params, buffers, flops
+    if op in ("maxpool2d", "avgpool2d"):
+        C, H, W = _image(x, op, where)
+        stride = attrs["kernel"] if attrs["stride"] is None else attrs["stride"]
+        oH, oW = _window_out(H, W, attrs["kernel"], stride, attrs["padding"], 1, where, "pooling")
+        kH, kW = pair(attrs["kernel"])
+        return (C, oH, oW), params, buffers, C * oH * oW * kH * kW
+    if op == "global_avgpool":
+        C, H, W = _image(x, op, where)
+        return (C, 1, 1), params, buffers, C * H * W
+    if op == "batchnorm2d":
+        C, H, W = _image(x, op, where)
+        params.update(weight=(C,), bias=(C,))
+        buffers.update(running_mean=(C,), running_var=(C,))
+        return x, params, buffers, 4 * C * H * W
+    if op in ELEMENTWISE:
+        return x, params, buffers, _size(x)
+    if op == "flatten":
+        if len(x) < 1:
+            raise LayerError(f"{where}: flatten needs a tensor input, got a scalar")
+        return (_size(x),), params, buffers, 0
+    if op == "linear":
+        if len(x) != 1:
+            raise LayerError(f"{where}: linear needs a flat input (F,), got shape {tuple(x)}; "
+                             "add a flatten layer before it")
+        F = attrs["out_features"]
+        params["weight"] = (F, x[0])
+        flops = 2 * F * x[0]
+        if attrs["bias"]:
+            params["bias"] = (F,)
+            flops += F
+        return (F,), params, buffers, flops
+    if op == "concat":
+        for shape in in_shapes:
+            _image(shape, op, where)
+        if len({shape[1:] for shape in in_shapes}) != 1:
+            raise LayerError(f"{where}: concat inputs must agree in height and width, got "
+                             f"{', '.join(str(tuple(s)) for s in in_shapes)}")
+        return (sum(s[0] for s in in_shapes),) + tuple(x[1:]), params, buffers, 0
+    if op == "add":
+        if len(set(in_shapes)) != 1:
+            raise LayerError(f"{where}: add inputs must have the same shape, got "
+                             f"{', '.join(str(tuple(s)) for s in in_shapes)}")
+        return x, params, buffers, (len(in_shapes) - 1) * _size(x)
+    if op == "softmax_cross_entropy":
+        if len(x) != 1:
+            raise LayerError(f"{where}: softmax_cross_entropy needs logits (F,), got shape {tuple(x)}")
+        return (), params, buffers, 4 * x[0]
+    raise LayerError(f"{where}: unknown op '{op}'")
+
+
+def _size(shape):
+    size = 1
+    for extent in shape:
+        size *= extent
+    return size

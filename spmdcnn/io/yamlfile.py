@@ -1,0 +1,44 @@
+"""YAML reading with errors that name the file, and the checks every spmdcnn file format shares."""
+
+import yaml
+
+
+class FormatError(ValueError):
+    """A user's file does not follow its format; the message names the file and the place."""
+
+
+def load_yaml_text(text, source):
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        where = ""
+        mark = getattr(error, "problem_mark", None)
+        if mark is not None:
+            where = f" (line {mark.line + 1}, column {mark.column + 1})"
+        problem = getattr(error, "problem", None) or str(error)
+        raise FormatError(f"{source}: not valid YAML{where}: {problem}") from None
+
+
+def read_yaml(path, what="file"):
+    """``(data, text)`` of a YAML file; a clear error when it is missing, unreadable or not YAML."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise FormatError(f"{path}: {what} not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise FormatError(f"{path}: cannot read {what}: {error}") from None
+    return load_yaml_text(text, path), text
+
+
+def check_keys(mapping, allowed, where, required=()):
+    """Reject unknown keys and report missing ones, naming ``where``."""
+    if not isinstance(mapping, dict):
+        raise FormatError(f"{where}: expected a mapping, got {type(mapping).__name__} {mapping!r}")
+    unknown = sorted(set(mapping) - set(allowed))
+    if unknown:
+        raise FormatError(f"{where}: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                          f"allowed: {', '.join(sorted(allowed))}")
+    missing = [key for key in required if key not in mapping]
+    if missing:
+        raise FormatError(f"{where}: missing key{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))}")

@@ -1,0 +1,37 @@
+"""Softmax cross-entropy, averaged over the global batch.
+
+    loss = sum_n [logsumexp(z_n) - z_n[label_n]] / N_global,    gz = (softmax(z) - onehot(label)) / N_global
+
+A tile holding some of the samples returns its share of the sum; the shares add up to the global mean.
+"""
+
+from .. import backend
+
+
+def softmax_cross_entropy_forward(logits, labels, total=None):
+    xp = backend.array_module(logits)
+    N, F = logits.shape
+    total = N if total is None else total
+    if labels.shape != (N,):
+        raise ValueError(f"softmax_cross_entropy: {N} logits rows but labels of shape {labels.shape}")
+    labels = labels.astype(xp.int64, copy=False)
+    if N and (int(labels.min()) < 0 or int(labels.max()) >= F):
+        raise ValueError(f"softmax_cross_entropy: labels must lie in [0, {F}), got range "
+                         f"[{int(labels.min())}, {int(labels.max())}]")
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = xp.exp(shifted)
+    sum_exp = exp.sum(axis=1, keepdims=True)
+    rows = xp.arange(N)
+    loss = (xp.log(sum_exp[:, 0]) - shifted[rows, labels]).sum(dtype=xp.float64) / total
+    probs = exp
+    probs /= sum_exp
+    return float(loss), (probs, labels, total)
+
+
+def softmax_cross_entropy_backward(gloss, saved):
+    probs, labels, total = saved
+    xp = backend.array_module(probs)
+    g = probs.copy()
+    g[xp.arange(len(labels)), labels] -= 1.0
+    g *= gloss / total
+    return g
