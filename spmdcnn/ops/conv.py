@@ -101,8 +101,11 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
     return y, saved
 
 
-def conv2d_backward(gy, saved):
-    """Gradients ``gx, gw, gb`` of :func:`conv2d_forward` (``gx`` is None when it was not asked for)."""
+def conv2d_backward(gy, saved, gw_out=None):
+    """Gradients ``gx, gw, gb`` of :func:`conv2d_forward` (``gx`` is None when it was not asked for).
+
+    ``gw`` is written into ``gw_out`` (shaped like the weight) when given.
+    """
     x, w, has_bias, geometry, need_input_grad = saved
     xp = backend.array_module(gy)
     N, C, H, W = x.shape
@@ -113,14 +116,17 @@ def conv2d_backward(gy, saved):
     gy_nkp = gy.reshape(N, K, oH * oW)
     if geometry.is_pointwise(kH, kW):
         x_ncp = x.reshape(N, C, H * W)
-        gw = gy_nkp.transpose(1, 0, 2).reshape(K, -1) @ x_ncp.transpose(1, 0, 2).reshape(C, -1).T
+        gw2 = None if gw_out is None else gw_out.reshape(K, C)
+        gw2 = xp.matmul(gy_nkp.transpose(1, 0, 2).reshape(K, -1), x_ncp.transpose(1, 0, 2).reshape(C, -1).T,
+                        out=gw2)  # (K, N*HW) @ (N*HW, C)
         gx = xp.matmul(w2.T, gy_nkp).reshape(N, C, H, W) if need_input_grad else None  # (N, C, HW)
-        return gx, gw.reshape(w.shape), gb
+        return gx, gw2.reshape(w.shape), gb
     (top, bottom), (left, right) = geometry.padding
     Hp, Wp = H + top + bottom, W + left + right
     Nb = _block_size(N, C * kH * kW * oH * oW * x.itemsize)
     columns = xp.empty((C, kH, kW, Nb, oH, oW), dtype=x.dtype)
-    gw2 = xp.zeros((K, C * kH * kW), dtype=x.dtype)
+    gw2 = xp.zeros((K, C * kH * kW), dtype=x.dtype) if gw_out is None else gw_out.reshape(K, C * kH * kW)
+    gw2[...] = 0
     gx = xp.empty_like(x) if need_input_grad else None
     for n0 in range(0, N, Nb):
         n1 = min(N, n0 + Nb)

@@ -1,0 +1,1 @@
+"""The executor: forward, backward and update of a model; the optimizer; the training loop."""

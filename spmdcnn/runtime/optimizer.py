@@ -1,0 +1,49 @@
+"""SGD exactly as PyTorch's ``torch.optim.SGD`` (dampening 0):
+
+    g = grad + weight_decay * w;   v = momentum * v + g;   w -= lr * v          (nesterov: w -= lr * (g + momentum * v))
+
+It runs over the flat parameter array in cache-sized blocks, so each step reads w, grad and v once and writes
+w and v once, whatever the number of tensors.
+"""
+
+from .params import FlatStore
+
+BLOCK = 1 << 16
+
+
+class SGD:
+    def __init__(self, shapes, dtype, xp, lr=0.01, momentum=0.0, weight_decay=0.0, nesterov=False):
+        if lr < 0 or momentum < 0 or weight_decay < 0:
+            raise ValueError(f"optimizer: lr, momentum and weight_decay must be non-negative, got lr={lr}, "
+                             f"momentum={momentum}, weight_decay={weight_decay}")
+        if nesterov and momentum == 0:
+            raise ValueError("optimizer: nesterov needs a momentum > 0")
+        self.lr, self.momentum, self.weight_decay, self.nesterov = float(lr), float(momentum), \
+            float(weight_decay), bool(nesterov)
+        self.xp = xp
+        self.velocity = FlatStore(shapes, dtype, xp) if momentum else None
+
+    def step(self, weights, grads, lr=None):
+        """Update the flat array ``weights`` in place from the flat array ``grads``."""
+        lr = self.lr if lr is None else float(lr)
+        xp = self.xp
+        mu, wd = self.momentum, self.weight_decay
+        g = xp.empty(min(BLOCK, weights.size), dtype=weights.dtype)
+        for start in range(0, weights.size, BLOCK):
+            stop = min(start + BLOCK, weights.size)
+            w, grad, gb = weights[start:stop], grads[start:stop], g[:stop - start]
+            if wd:
+                xp.multiply(w, wd, out=gb)
+                gb += grad
+            else:
+                gb[...] = grad
+            if mu:
+                v = self.velocity.flat[start:stop]
+                v *= mu
+                v += gb
+                if self.nesterov:
+                    gb += mu * v
+                else:
+                    gb[...] = v
+            gb *= lr
+            w -= gb

@@ -1,0 +1,63 @@
+"""Parameters, gradients and buffers held in flat arrays with one named view per tensor.
+
+One flat array per kind lets the optimizer, a gradient allreduce and the checkpoint walk all parameters at once,
+while layers address each tensor by its global name ``"<layer>.<name>"``.
+"""
+
+import zlib
+
+import numpy as np
+
+
+def _count(shape):
+    return int(np.prod(shape, dtype=np.int64))
+
+
+class FlatStore:
+    """Named views over one contiguous array: ``store[name]`` is the tensor, ``store.flat`` all of them."""
+
+    def __init__(self, shapes, dtype, xp=np):
+        self.shapes = dict(shapes)
+        self.offsets = {}
+        total = 0
+        for name, shape in self.shapes.items():
+            self.offsets[name] = (total, total + _count(shape))
+            total += _count(shape)
+        self.flat = xp.zeros(total, dtype=dtype)
+        self.views = {name: self.flat[a:b].reshape(self.shapes[name]) for name, (a, b) in self.offsets.items()}
+
+    def __getitem__(self, name):
+        return self.views[name]
+
+    def __contains__(self, name):
+        return name in self.views
+
+    def __iter__(self):
+        return iter(self.views)
+
+    def items(self):
+        return self.views.items()
+
+    @property
+    def size(self):
+        return self.flat.size
+
+
+def fan_in(shape):
+    """Inputs feeding one output: ``C*kH*kW`` for a conv weight, ``F_in`` for a linear one."""
+    return _count(shape[1:])
+
+
+def initial_value(layer, kind, seed):
+    """PyTorch's default initial value of parameter ``kind`` of ``layer``, from a generator keyed by name.
+
+    Conv and linear weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a=sqrt(5));
+    batch-norm weights 1 and biases 0; running means 0 and variances 1. Keying the generator by (seed, name)
+    makes every tensor independent of the others and of the plan. Returned in float64.
+    """
+    shape = layer.params.get(kind, layer.buffers.get(kind))
+    if layer.op == "batchnorm2d":
+        return np.ones(shape) if kind in ("weight", "running_var") else np.zeros(shape)
+    bound = 1.0 / np.sqrt(fan_in(layer.params["weight"]))
+    rng = np.random.default_rng([seed, zlib.crc32(f"{layer.name}.{kind}".encode())])
+    return rng.uniform(-bound, bound, size=shape)
