@@ -80,8 +80,8 @@ class Expander:
                               f"(blocks: {', '.join(sorted(self.blocks)) or 'none'})")
         return self.blocks[name]
 
-    def expand(self, entries, prefix, formals, stack=()):
-        """Append the flat layers of ``entries`` (one scope) to ``self.flat``."""
+    def expand(self, entries, prefix, formals, stack=(), group_of=None):
+        """Append ``(layer, top-level entry name)`` for the flat layers of ``entries`` (one scope)."""
         if not isinstance(entries, list) or not entries:
             raise FormatError(f"{self.source}: 'layers' must be a non-empty list")
         names = [self._entry_name(e, i, prefix) for i, e in enumerate(entries)]
@@ -111,17 +111,18 @@ class Expander:
                         known = ", ".join(sorted(scope))
                         raise FormatError(f"{where}: unknown input {ref!r} (known here: {known})")
                     resolved.append(scope[ref])
+            group = group_of or name
             if "block" in entry:
                 check_keys(entry, _INSTANCE_KEYS, where, required=("block",))
-                self._instance(entry, full, resolved, stack)
+                self._instance(entry, full, resolved, stack, group)
             else:
                 layer = {k: v for k, v in entry.items() if k != "inputs"}
                 layer["name"] = full
                 layer["inputs"] = resolved
-                self.flat.append(layer)
+                self.flat.append((layer, group))
             previous = scope[name]
 
-    def _instance(self, entry, full, resolved, stack):
+    def _instance(self, entry, full, resolved, stack, group):
         where = f"{self.source}: layer '{full}'"
         block_name = entry["block"]
         if block_name in stack:
@@ -144,11 +145,13 @@ class Expander:
             raise FormatError(f"{where}: block '{block_name}' takes {len(formal_names)} input(s), "
                               f"got {len(resolved)}")
         layers = _substitute(block["layers"], args, f"{where} (block '{block_name}')")
-        self.expand(layers, full + ".", dict(zip(formal_names, resolved)), stack + (block_name,))
+        self.expand(layers, full + ".", dict(zip(formal_names, resolved)), stack + (block_name,), group)
 
 
 def expand_layers(model, source):
-    """The model's flat layer list: every block instance replaced by its layers, every input resolved."""
+    """The model's flat layer list: every block instance replaced by its layers, every input resolved.
+
+    Returns ``(layer mapping, group)`` pairs; ``group`` names the top-level entry the layer came from."""
     expander = Expander(model.get("blocks"), source)
     expander.expand(model.get("layers"), "", {DATA: DATA})
     return expander.flat

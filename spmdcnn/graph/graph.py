@@ -22,6 +22,7 @@ class Layer:
     params: dict = field(default_factory=dict)
     buffers: dict = field(default_factory=dict)
     flops: int = 0
+    group: str = ""      # the top-level entry of the model file (a block instance) this layer comes from
 
     @property
     def num_params(self):
@@ -126,7 +127,9 @@ def parse_model(data, source="<model>", text=""):
     if not isinstance(data["name"], str):
         raise FormatError(f"{source}: 'name' must be a string, got {data['name']!r}")
     input_shape = _check_input_shape(data["input"], source)
-    flat = _execution_order(expand_layers(data, source), source)
+    expanded = expand_layers(data, source)
+    groups = {entry["name"]: group for entry, group in expanded}
+    flat = _execution_order([entry for entry, _ in expanded], source)
     shapes = {DATA: input_shape}
     layers = []
     for entry in flat:
@@ -141,7 +144,7 @@ def parse_model(data, source="<model>", text=""):
         out_shape, params, buffers, flops = opspec.infer(op, attrs, in_shapes, where)
         shapes[name] = tuple(out_shape)
         layers.append(Layer(name, op, attrs, list(entry["inputs"]), in_shapes, tuple(out_shape),
-                            params, buffers, flops))
+                            params, buffers, flops, groups[name]))
     losses = [layer.name for layer in layers if layer.op == "softmax_cross_entropy"]
     if losses != [layers[-1].name]:
         raise FormatError(f"{source}: the model needs exactly one softmax_cross_entropy layer, and it must be the "

@@ -1,0 +1,182 @@
+"""The ``spmdcnn`` command."""
+
+import argparse
+import json
+import sys
+
+from . import __version__
+
+EXAMPLES = """\
+examples:
+  spmdcnn model models/alexnet.yaml --batch 128
+  spmdcnn train jobs/quickstart.yaml --set optimizer.lr=0.05
+  spmdcnn bench models/alexnet.yaml --batch 32 --steps 5
+  spmdcnn checkpoint info ckpt/quickstart.h5
+"""
+
+
+def _format_shape(shape):
+    return "x".join(str(v) for v in shape) if shape else "scalar"
+
+
+def _format_count(value):
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if value >= scale:
+            return f"{value / scale:.2f}{unit}"
+    return str(value)
+
+
+def _model_rows(graph, batch, expand):
+    rows = []
+    if expand:
+        for layer in graph.layers:
+            rows.append({"name": layer.name, "op": layer.op, "inputs": layer.inputs,
+                         "output_shape": [batch, *layer.out_shape], "params": layer.num_params,
+                         "flops": layer.flops * batch})
+        return rows
+    groups = {}
+    for layer in graph.layers:
+        row = groups.get(layer.group)
+        if row is None:
+            row = groups[layer.group] = {"name": layer.group, "op": layer.op, "layers": 0, "params": 0, "flops": 0}
+            rows.append(row)
+        if layer.name != layer.group:
+            row["op"] = "block"
+        row["layers"] += 1
+        row["params"] += layer.num_params
+        row["flops"] += layer.flops * batch
+        row["output_shape"] = [batch, *layer.out_shape]   # the last layer of a group is its output
+    return rows
+
+
+def cmd_model(args):
+    from .graph import load_model
+    graph = load_model(args.model)
+    rows = _model_rows(graph, args.batch, args.expand)
+    if args.json:
+        print(json.dumps({"name": graph.name, "source": graph.source, "input": list(graph.input_shape),
+                          "batch": args.batch, "layers": rows, "total_params": graph.num_params,
+                          "total_flops": graph.flops(args.batch), "num_layers": len(graph.layers)}, indent=1))
+        return 0
+    width = max(len("layer"), *(len(r["name"]) for r in rows))
+    print(f"model {graph.name} ({graph.source}): input {_format_shape(graph.input_shape)}, batch {args.batch}, "
+          f"{len(graph.layers)} layers")
+    print(f"{'layer':<{width}}  {'op':<22} {'output':>18} {'params':>12} {'fwd FLOPs':>10}")
+    for r in rows:
+        op = r["op"] if r["op"] != "block" else f"block ({r['layers']} layers)"
+        print(f"{r['name']:<{width}}  {op:<22} {_format_shape(r['output_shape']):>18} {r['params']:>12,} "
+              f"{_format_count(r['flops']):>10}")
+    print(f"{'total':<{width}}  {'':<22} {'':>18} {graph.num_params:>12,} {_format_count(graph.flops(args.batch)):>10}")
+    return 0
+
+
+def cmd_train(args):
+    from .io.job import load_job
+    from .runtime.train import train
+    job = load_job(args.job, args.set)
+    train(job)
+    return 0
+
+
+def cmd_bench(args):
+    from .runtime.bench import bench
+    result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed)
+    if args.json:
+        print(json.dumps(result, indent=1))
+        return 0
+    blas = ", ".join(f"{b['internal_api']} {b['version']} {b['architecture']} x{b['num_threads']}"
+                     for b in result["blas"]) or "unknown"
+    print(f"{result['model']}: batch {result['batch']}, {result['steps']} steps after {result['warmup']} warm-up, "
+          f"{result['dtype']} on {result['backend']} (BLAS: {blas})")
+    print(f"  {result['images_per_s']:.2f} images/s, {result['step_s_mean'] * 1e3:.1f} ms per step "
+          f"(median {result['step_s_median'] * 1e3:.1f} ms), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB")
+    return 0
+
+
+def cmd_checkpoint(args):
+    from .io.checkpoint import describe, load_checkpoint
+    if args.json:
+        ckpt = load_checkpoint(args.file)
+        print(json.dumps({"path": args.file, **{k: v for k, v in ckpt.attrs.items() if k != "model"},
+                          "params": {k: list(v.shape) for k, v in ckpt.params.items()},
+                          "buffers": {k: list(v.shape) for k, v in ckpt.buffers.items()},
+                          "momentum": bool(ckpt.momentum), "state": ckpt.state}, indent=1, default=str))
+    else:
+        print(describe(args.file))
+    return 0
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="spmdcnn", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+        description="Train convolutional networks with layer-wise parallelism on MPI ranks.")
+    parser.add_argument("--version", action="version", version=f"spmdcnn {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
+    p = sub.add_parser("model", help="describe a model: layers, output shapes, parameters, FLOPs",
+                       description="Print a model's layers with output shape, parameter count and forward FLOPs, "
+                                   "and the totals. Block instances are shown as one row unless --expand.")
+    p.add_argument("model", help="model YAML file (models/*.yaml)")
+    p.add_argument("--batch", type=int, default=1, help="batch size for shapes and FLOPs (default 1)")
+    p.add_argument("--json", action="store_true", help="print JSON (with total_params and total_flops)")
+    p.add_argument("--expand", action="store_true", help="show every layer instead of one row per block")
+    p.set_defaults(run=cmd_model)
+
+    p = sub.add_parser("train", help="train a model as a job YAML describes",
+                       description="Run a training job (jobs/*.yaml): logs loss and images/s, writes metrics and "
+                                   "checkpoints, resumes from checkpoint.path when it exists.")
+    p.add_argument("job", help="job YAML file")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a job key, e.g. --set optimizer.lr=0.1 (repeatable)")
+    p.set_defaults(run=cmd_train)
+
+    p = sub.add_parser("bench", help="time training iterations on synthetic data",
+                       description="Time whole training iterations (forward, backward, SGD update) after a warm-up;"
+                                   " print images/s and peak memory.")
+    p.add_argument("model", help="model YAML file")
+    p.add_argument("--batch", type=int, required=True, help="global batch size")
+    p.add_argument("--steps", type=int, default=10, help="timed iterations (default 10)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--json", action="store_true", help="print JSON (images_per_s, peak_memory_bytes, ...)")
+    p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser("checkpoint", help="inspect checkpoints",
+                       description="Inspect spmdcnn checkpoints (HDF5).")
+    csub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    c = csub.add_parser("info", help="describe a checkpoint: model, step, tensors, state")
+    c.add_argument("file", help="checkpoint HDF5 file")
+    c.add_argument("--json", action="store_true", help="print JSON")
+    c.set_defaults(run=cmd_checkpoint)
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    for name in ("batch", "steps"):
+        if getattr(args, name, 1) is not None and getattr(args, name, 1) <= 0:
+            parser.error(f"--{name} must be positive")
+    try:
+        return args.run(args)
+    except BrokenPipeError:  # the output went to a pipe that closed early (| head)
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print("spmdcnn: interrupted", file=sys.stderr)
+        return 130
+    except (ValueError, OSError, FloatingPointError, RuntimeError) as error:
+        if args.debug:
+            raise
+        print(f"spmdcnn: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,175 @@
+"""Checkpoint HDF5 (DESIGN.md §3.5): global arrays, written aside and renamed into place.
+
+    /                        attrs: format, step, epoch, model (YAML text), plan (YAML text), spmdcnn_version, created
+    /params/<layer>/<name>   /buffers/<layer>/<name>   /optimizer/momentum/<layer>/<name>
+    /state                   attrs: data cursor, RNG state
+
+A file that is truncated, corrupt, of another format or of another model is refused with a message that says
+which; the file at ``path`` is replaced only by a complete new one, so a crash while writing never destroys it.
+"""
+
+import datetime
+import os
+import tempfile
+
+import h5py
+import numpy as np
+
+from .. import __version__
+
+FORMAT = "spmdcnn-checkpoint/1"
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def _split(name):
+    layer, kind = name.rsplit(".", 1)
+    return layer, kind
+
+
+def _write_group(group, arrays):
+    for name, array in arrays.items():
+        layer, kind = _split(name)
+        group.require_group(layer).create_dataset(kind, data=np.asarray(array))
+
+
+def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, step=0, epoch=0, plan_text="",
+                    state=None):
+    """Write a checkpoint atomically: into a temporary file beside ``path``, fsync, then rename over it."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    os.close(handle)
+    try:
+        with h5py.File(temporary, "w") as f:
+            f.attrs.update(format=FORMAT, step=int(step), epoch=int(epoch), model=model_text, plan=plan_text or "",
+                           spmdcnn_version=__version__,
+                           created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+            _write_group(f.create_group("params"), params)
+            _write_group(f.create_group("buffers"), buffers or {})
+            _write_group(f.create_group("optimizer").create_group("momentum"), momentum or {})
+            f.create_group("state").attrs.update(state or {})
+        with open(temporary, "rb+") as stream:
+            os.fsync(stream.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):
+            os.unlink(temporary)
+        raise
+    _fsync_directory(directory)
+
+
+def _fsync_directory(directory):
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+class Checkpoint:
+    """A checkpoint read into memory: ``params``, ``buffers``, ``momentum`` map ``"<layer>.<name>"`` to arrays."""
+
+    def __init__(self, path, attrs, params, buffers, momentum, state):
+        self.path = path
+        self.attrs = attrs
+        self.params, self.buffers, self.momentum, self.state = params, buffers, momentum, state
+
+    step = property(lambda self: int(self.attrs["step"]))
+    epoch = property(lambda self: int(self.attrs["epoch"]))
+    model_text = property(lambda self: self.attrs["model"])
+    plan_text = property(lambda self: self.attrs.get("plan", ""))
+
+    def check_model(self, graph):
+        """Refuse a checkpoint whose tensors do not fit ``graph`` (another model, another size)."""
+        expected = {**graph.param_shapes(), **graph.buffer_shapes()}
+        found = {**self.params, **self.buffers}
+        missing = sorted(set(expected) - set(found))
+        extra = sorted(set(found) - set(expected))
+        wrong = sorted(name for name in set(expected) & set(found) if tuple(found[name].shape) != expected[name])
+        if missing or extra or wrong:
+            details = []
+            if missing:
+                details.append(f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}")
+            if extra:
+                details.append(f"unexpected {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}")
+            if wrong:
+                name = wrong[0]
+                details.append(f"{name} has shape {tuple(found[name].shape)}, the model needs {expected[name]}")
+            raise CheckpointError(f"{self.path}: checkpoint does not fit model '{graph.name}' ({graph.source}): "
+                                  + "; ".join(details))
+
+
+def _read_group(group):
+    arrays = {}
+    for layer, sub in group.items():
+        for kind, dataset in sub.items():
+            arrays[f"{layer}.{kind}"] = dataset[()]
+    return arrays
+
+
+def load_checkpoint(path):
+    """Read a whole checkpoint; a clear :class:`CheckpointError` for anything that is not a complete one."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: checkpoint not found")
+    try:
+        with h5py.File(path, "r") as f:
+            attrs = {key: _plain(value) for key, value in f.attrs.items()}
+            if attrs.get("format") != FORMAT:
+                raise CheckpointError(f"{path}: not an spmdcnn checkpoint (format {attrs.get('format')!r}, "
+                                      f"expected {FORMAT!r})")
+            for key in ("step", "epoch", "model"):
+                if key not in attrs:
+                    raise CheckpointError(f"{path}: checkpoint lacks the attribute {key!r}")
+            params = _read_group(f["params"])
+            buffers = _read_group(f["buffers"]) if "buffers" in f else {}
+            momentum = _read_group(f["optimizer/momentum"]) if "optimizer/momentum" in f else {}
+            state = {key: _plain(value) for key, value in f["state"].attrs.items()} if "state" in f else {}
+    except CheckpointError:
+        raise
+    except (OSError, KeyError, ValueError) as error:
+        raise CheckpointError(f"{path}: cannot read checkpoint (truncated or corrupt?): {error}") from None
+    return Checkpoint(path, attrs, params, buffers, momentum, state)
+
+
+def _plain(value):
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def describe(path):
+    """A human-readable summary of a checkpoint."""
+    ckpt = load_checkpoint(path)
+    count = sum(int(np.prod(a.shape)) for a in ckpt.params.values())
+    size = os.path.getsize(path)
+    lines = [f"checkpoint   {path} ({size / 1e6:.1f} MB)",
+             f"format       {ckpt.attrs['format']}, written by spmdcnn {ckpt.attrs.get('spmdcnn_version', '?')} "
+             f"at {ckpt.attrs.get('created', '?')}",
+             f"model        {_model_name(ckpt.model_text)}",
+             f"step         {ckpt.step} (epoch {ckpt.epoch})",
+             f"parameters   {count:,} in {len(ckpt.params)} tensors; {len(ckpt.buffers)} buffers; "
+             f"momentum {'yes' if ckpt.momentum else 'no'}",
+             f"plan         {'recorded' if ckpt.plan_text.strip() else 'none (single device)'}"]
+    if ckpt.state:
+        lines.append("state        " + ", ".join(f"{k}={v}" for k, v in sorted(ckpt.state.items())))
+    return "\n".join(lines)
+
+
+def _model_name(text):
+    import yaml
+    try:
+        return yaml.safe_load(text).get("name", "?")
+    except Exception:  # a description must not fail on an odd model text
+        return "?"

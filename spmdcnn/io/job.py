@@ -1,0 +1,149 @@
+"""Job YAML (DESIGN.md §3.3): loading, ``--set`` overrides, defaults and validation.
+
+Every key is checked against the schema below; an unknown key or a value of the wrong type is refused with a
+message naming the key and the file.
+"""
+
+import copy
+
+import yaml
+
+from .yamlfile import FormatError, read_yaml
+
+_REQUIRED = object()
+_NUMBER = (int, float)
+
+# key -> (accepted types, default); a nested dict is a sub-schema.
+SCHEMA = {
+    "model": (str, _REQUIRED),
+    "batch_size": (int, _REQUIRED),
+    "steps": ((int, type(None)), None),
+    "epochs": ((int, type(None)), None),
+    "data": {
+        "kind": (str, "synthetic"),
+        "path": ((str, type(None)), None),
+        "shuffle": (bool, True),
+        "seed": (int, 0),
+        "num_samples": (int, 50_000),
+    },
+    "optimizer": {
+        "kind": (str, "sgd"),
+        "lr": (_NUMBER, 0.01),
+        "momentum": (_NUMBER, 0.0),
+        "weight_decay": (_NUMBER, 0.0),
+        "nesterov": (bool, False),
+    },
+    "plan": ((str, type(None)), "auto"),
+    "machine": ((str, type(None)), None),
+    "backend": (str, "auto"),
+    "dtype": (str, "float32"),
+    "init": ((str, type(None)), None),
+    "checkpoint": {
+        "path": ((str, type(None)), None),
+        "every": ((int, type(None)), None),
+    },
+    "resume": ((str, bool), "auto"),         # auto: resume when checkpoint.path exists; true: it must exist
+    "seed": (int, 0),
+    "log": {
+        "every": (int, 10),
+        "metrics": ((str, type(None)), None),
+    },
+}
+_CHOICES = {
+    ("data", "kind"): ("hdf5", "synthetic"),
+    ("optimizer", "kind"): ("sgd",),
+    ("backend",): ("auto", "numpy", "cupy"),
+    ("dtype",): ("float32", "float64"),
+}
+
+
+def _type_name(types):
+    types = types if isinstance(types, tuple) else (types,)
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+    return " or ".join(names.get(t, t.__name__) for t in types)
+
+
+def _validate(values, schema, source, prefix=()):
+    if not isinstance(values, dict):
+        raise FormatError(f"{source}: '{'.'.join(prefix) or 'job'}' must be a mapping, got {values!r}")
+    unknown = sorted(set(values) - set(schema))
+    if unknown:
+        key = ".".join(prefix + (unknown[0],))
+        allowed = ", ".join(sorted(schema))
+        raise FormatError(f"{source}: unknown key '{key}' (allowed here: {allowed})")
+    out = {}
+    for key, rule in schema.items():
+        path = prefix + (key,)
+        dotted = ".".join(path)
+        if isinstance(rule, dict):
+            out[key] = _validate(values.get(key) or {}, rule, source, path)
+            continue
+        types, default = rule
+        if key not in values:
+            if default is _REQUIRED:
+                raise FormatError(f"{source}: missing key '{dotted}'")
+            out[key] = default
+            continue
+        value = values[key]
+        accepted = types if isinstance(types, tuple) else (types,)
+        if isinstance(value, bool) and bool not in accepted:
+            ok = False
+        else:
+            ok = isinstance(value, accepted)
+        if not ok:
+            raise FormatError(f"{source}: '{dotted}' must be {_type_name(types)}, got {value!r}")
+        choices = _CHOICES.get(path)
+        if choices and value not in choices:
+            raise FormatError(f"{source}: '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
+        out[key] = float(value) if accepted == _NUMBER else value
+    return out
+
+
+def apply_overrides(values, overrides, source="--set"):
+    """Apply ``key.sub=value`` strings (values parsed as YAML) to a nested mapping, in order."""
+    values = copy.deepcopy(values)
+    for item in overrides:
+        if "=" not in item:
+            raise FormatError(f"{source}: expected key=value, got {item!r}")
+        dotted, text = item.split("=", 1)
+        keys = dotted.strip().split(".")
+        try:
+            value = yaml.safe_load(text) if text.strip() else None
+        except yaml.YAMLError as error:
+            raise FormatError(f"{source} {item!r}: the value is not valid YAML: {error}") from None
+        node = values
+        for key in keys[:-1]:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        node[keys[-1]] = value
+    return values
+
+
+def parse_job(values, source="<job>", overrides=()):
+    if values is None:
+        values = {}
+    if not isinstance(values, dict):
+        raise FormatError(f"{source}: a job file must be a mapping of keys, got {type(values).__name__}")
+    job = _validate(apply_overrides(values, overrides), SCHEMA, source)
+    if job["batch_size"] <= 0:
+        raise FormatError(f"{source}: 'batch_size' must be positive, got {job['batch_size']}")
+    if (job["steps"] is None) == (job["epochs"] is None):
+        raise FormatError(f"{source}: give exactly one of 'steps' and 'epochs'")
+    for key in ("steps", "epochs"):
+        if job[key] is not None and job[key] < 0:
+            raise FormatError(f"{source}: '{key}' must be non-negative, got {job[key]}")
+    if job["data"]["kind"] == "hdf5" and not job["data"]["path"]:
+        raise FormatError(f"{source}: 'data.path' is needed when data.kind is hdf5")
+    if job["checkpoint"]["every"] is not None and job["checkpoint"]["every"] <= 0:
+        raise FormatError(f"{source}: 'checkpoint.every' must be positive, got {job['checkpoint']['every']}")
+    if job["log"]["every"] <= 0:
+        raise FormatError(f"{source}: 'log.every' must be positive, got {job['log']['every']}")
+    if job["resume"] not in ("auto", True, False):
+        raise FormatError(f"{source}: 'resume' must be auto, true or false, got {job['resume']!r}")
+    return job
+
+
+def load_job(path, overrides=()):
+    values, _ = read_yaml(path, "job file")
+    return parse_job(values, str(path), overrides)
