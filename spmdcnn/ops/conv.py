@@ -2,13 +2,23 @@
 
     y[n, k, i, j] = b[k] + sum_{c, p, q} w[k, c, p, q] * xpad[n, c, i*sh + p*dh, j*sw + q*dw]
 
-Samples are processed in blocks so that the column buffer stays near ``COLUMN_BYTES``; the block's columns
-are laid out (C, kH, kW, Nb, oH, oW) so that one GEMM covers the whole block. The backward pass rebuilds the
-columns block by block instead of keeping them from the forward pass: memory stays proportional to the
-activations, not to kH*kW times them. A 1x1, stride-1, unpadded convolution needs no columns at all.
+Samples are processed in blocks so that the column buffer stays near ``COLUMN_BYTES``; a block's columns are
+laid out (C, kH, kW, Nb, positions) so that one GEMM covers the whole block. Backward rebuilds the columns
+block by block rather than keeping them from forward: memory stays proportional to the activations, not to
+kH*kW times them. Copies are split over samples between threads (``parallel.parallel_for``).
+
+Three paths:
+- pointwise (1x1, stride 1, no padding): no columns at all, one batched matmul per direction;
+- stride 1 ("shifted rows"): every output row is computed over the full padded width Wp, so the window of
+  kernel position (p, q) is one contiguous run ``xpad_flat[n, c, p*dh*Wp + q*dw :][: oH*Wp]``; im2col and
+  col2im become long contiguous copies, at the price of computing (Wp - oW) discarded columns per row;
+- strided: classic im2col with strided window views.
 """
 
+import numpy as np
+
 from .. import backend
+from .parallel import parallel_for
 from .window import output_extent, pad_spatial, pair, sides, window_slice
 
 COLUMN_BYTES = 48 << 20
@@ -37,30 +47,105 @@ class ConvGeometry:
         return f"ConvGeometry(stride={self.stride}, padding={self.padding}, dilation={self.dilation})"
 
 
-def _block_size(N, row_bytes):
-    return max(1, min(N, COLUMN_BYTES // max(row_bytes, 1)))
+class _Layout:
+    """Where each kernel position's window lies, for one input size; shared by forward and backward."""
+
+    def __init__(self, x_shape, kH, kW, geometry):
+        N, C, H, W = x_shape
+        self.C, self.H, self.W, self.kH, self.kW = C, H, W, kH, kW
+        self.geometry = geometry
+        (self.top, bottom), (self.left, right) = geometry.padding
+        self.Hp, self.Wp = H + self.top + bottom, W + self.left + right
+        self.oH, self.oW = geometry.output_shape(H, W, kH, kW)
+        self.shifted = geometry.stride == (1, 1)
+        # positions per sample: whole padded rows when shifted, the output grid otherwise
+        self.P = self.oH * self.Wp if self.shifted else self.oH * self.oW
+        dh, dw = geometry.dilation
+        self.tail = (kW - 1) * dw if self.shifted else 0     # the last window runs past the plane's end
+        self.offsets = [(p, q, p * dh * self.Wp + q * dw) for p in range(kH) for q in range(kW)]
+        self.block = max(1, min(N, COLUMN_BYTES // max(C * kH * kW * self.P * 4, 1)))
+
+    def padded(self, x, out=None):
+        """The block ``x`` zero-padded: (Nb, C, Hp*Wp + tail) when shifted, (Nb, C, Hp, Wp) otherwise."""
+        if not self.shifted:
+            return pad_spatial(x, self.geometry.padding)
+        xp = backend.array_module(x)
+        nb = x.shape[0]
+        flat = xp.zeros((nb, self.C, self.Hp * self.Wp + self.tail), dtype=x.dtype)
+        plane = flat[:, :, :self.Hp * self.Wp].reshape(nb, self.C, self.Hp, self.Wp)
+        plane[:, :, self.top:self.top + self.H, self.left:self.left + self.W] = x
+        return flat
+
+    def unpad(self, gpad):
+        """The interior of a padded gradient block (the adjoint of :meth:`padded`)."""
+        nb = gpad.shape[0]
+        if self.shifted:
+            gpad = gpad[:, :, :self.Hp * self.Wp].reshape(nb, self.C, self.Hp, self.Wp)
+        return gpad[:, :, self.top:self.top + self.H, self.left:self.left + self.W]
+
+    def window(self, xpad, p, q, offset):
+        """The input read by kernel position (p, q) for every position: (Nb, C, P) or (Nb, C, oH, oW)."""
+        if self.shifted:
+            return xpad[:, :, offset:offset + self.P]
+        (sh, sw), (dh, dw) = self.geometry.stride, self.geometry.dilation
+        return xpad[:, :, window_slice(p * dh, self.oH, sh), window_slice(q * dw, self.oW, sw)]
+
+    def im2col(self, xpad, columns):
+        """Fill ``columns`` (C, kH, kW, Nb, P) with every window of the padded block."""
+        def copy(n0, n1):
+            for p, q, offset in self.offsets:
+                window = self.window(xpad[n0:n1], p, q, offset)
+                columns[:, p, q, n0:n1] = window.reshape(n1 - n0, self.C, self.P).transpose(1, 0, 2) \
+                    if self.shifted else window.transpose(1, 0, 2, 3).reshape(self.C, n1 - n0, self.P)
+        if not self.shifted:
+            copy = self._strided_copy(xpad, columns)
+        _split(columns, copy, xpad.shape[0])
+        return columns
+
+    def _strided_copy(self, xpad, columns):
+        view = columns.reshape(self.C, self.kH, self.kW, -1, self.oH, self.oW)
+
+        def copy(n0, n1):
+            for p, q, offset in self.offsets:
+                view[:, p, q, n0:n1] = self.window(xpad[n0:n1], p, q, offset).transpose(1, 0, 2, 3)  # (C,Nb,oH,oW)
+        return copy
+
+    def col2im(self, columns, gpad):
+        """Adjoint of :meth:`im2col`: add every window of ``columns`` back into the padded gradient block."""
+        view = columns if self.shifted else columns.reshape(self.C, self.kH, self.kW, -1, self.oH, self.oW)
+
+        def add(n0, n1):
+            for p, q, offset in self.offsets:
+                target = self.window(gpad[n0:n1], p, q, offset)
+                source = view[:, p, q, n0:n1]
+                target += source.transpose(1, 0, 2) if self.shifted else source.transpose(1, 0, 2, 3)
+        _split(columns, add, gpad.shape[0])
+        return gpad
+
+    def to_positions(self, g, out):
+        """``g`` (Nb, K, oH, oW) as the GEMM's (K, Nb, P): discarded columns of shifted rows are zero."""
+        nb, K = g.shape[0], g.shape[1]
+        if self.shifted:
+            grid = out.reshape(K, nb, self.oH, self.Wp)
+            grid[:, :, :, self.oW:] = 0
+            grid[:, :, :, :self.oW] = g.transpose(1, 0, 2, 3)  # (K, Nb, oH, oW)
+        else:
+            out.reshape(K, nb, self.oH, self.oW)[...] = g.transpose(1, 0, 2, 3)
+        return out
+
+    def from_positions(self, product, nb):
+        """The GEMM's (K, Nb*P) as (Nb, K, oH, oW) (a view)."""
+        K = product.shape[0]
+        grid = product.reshape(K, nb, self.oH, self.P // self.oH)[:, :, :, :self.oW]
+        return grid.transpose(1, 0, 2, 3)
 
 
-def im2col(xpad, kH, kW, oH, oW, geometry, out):
-    """Fill ``out`` (C, kH, kW, Nb, oH, oW) with the windows of ``xpad`` (Nb, C, Hp, Wp)."""
-    (sh, sw), (dh, dw) = geometry.stride, geometry.dilation
-    for p in range(kH):
-        rows = window_slice(p * dh, oH, sh)
-        for q in range(kW):
-            cols = window_slice(q * dw, oW, sw)
-            out[:, p, q] = xpad[:, :, rows, cols].transpose(1, 0, 2, 3)  # (C, Nb, oH, oW)
-    return out
-
-
-def col2im(columns, kH, kW, oH, oW, geometry, gxpad):
-    """Adjoint of :func:`im2col`: add every window of ``columns`` back into ``gxpad`` (Nb, C, Hp, Wp)."""
-    (sh, sw), (dh, dw) = geometry.stride, geometry.dilation
-    for p in range(kH):
-        rows = window_slice(p * dh, oH, sh)
-        for q in range(kW):
-            cols = window_slice(q * dw, oW, sw)
-            gxpad[:, :, rows, cols] += columns[:, p, q].transpose(1, 0, 2, 3)  # (Nb, C, oH, oW)
-    return gxpad
+def _split(array, body, count):
+    """Threads over samples on the host; one call on a GPU, whose kernels are parallel already."""
+    if isinstance(array, np.ndarray):
+        parallel_for(body, count)
+    else:
+        body(0, count)
 
 
 def conv2d_forward(x, w, b, geometry, need_input_grad=True):
@@ -76,28 +161,26 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
     oH, oW = geometry.output_shape(H, W, kH, kW)
     y = xp.empty((N, K, oH, oW), dtype=x.dtype)
     w2 = w.reshape(K, C * kH * kW)
-    bias = None if b is None else b.reshape(1, K, 1)
+    saved = (x, w, b is not None, geometry, need_input_grad)
     if geometry.is_pointwise(kH, kW):
         xp.matmul(w2, x.reshape(N, C, H * W), out=y.reshape(N, K, H * W))  # (N, K, HW)
-        if bias is not None:
-            y.reshape(N, K, oH * oW)[...] += bias
-    else:
-        Nb = _block_size(N, C * kH * kW * oH * oW * x.itemsize)
-        columns = xp.empty((C, kH, kW, Nb, oH, oW), dtype=x.dtype)
-        product = xp.empty((K, Nb * oH * oW), dtype=x.dtype)
-        for n0 in range(0, N, Nb):
-            n1 = min(N, n0 + Nb)
-            cols = im2col(pad_spatial(x[n0:n1], geometry.padding), kH, kW, oH, oW, geometry,
-                          columns[:, :, :, :n1 - n0])
-            part = product[:, :(n1 - n0) * oH * oW]
-            xp.matmul(w2, cols.reshape(C * kH * kW, -1), out=part)
-            part = part.reshape(K, n1 - n0, oH * oW).transpose(1, 0, 2)  # (Nb, K, oH*oW)
-            target = y[n0:n1].reshape(n1 - n0, K, oH * oW)
-            if bias is None:
-                target[...] = part
-            else:
-                xp.add(part, bias, out=target)
-    saved = (x, w, b is not None, geometry, need_input_grad)
+        if b is not None:
+            y += b.reshape(1, K, 1, 1)
+        return y, saved
+    layout = _Layout(x.shape, kH, kW, geometry)
+    Nb, P = layout.block, layout.P
+    columns = xp.empty((C, kH, kW, Nb, P), dtype=x.dtype)
+    product = xp.empty((K, Nb * P), dtype=x.dtype)
+    for n0 in range(0, N, Nb):
+        nb = min(N, n0 + Nb) - n0
+        cols = layout.im2col(layout.padded(x[n0:n0 + nb]), columns[:, :, :, :nb])
+        part = product[:, :nb * P]
+        xp.matmul(w2, cols.reshape(C * kH * kW, nb * P), out=part)
+        block = layout.from_positions(part, nb)
+        if b is None:
+            y[n0:n0 + nb] = block
+        else:
+            xp.add(block, b.reshape(1, K, 1, 1), out=y[n0:n0 + nb])
     return y, saved
 
 
@@ -110,36 +193,35 @@ def conv2d_backward(gy, saved, gw_out=None):
     xp = backend.array_module(gy)
     N, C, H, W = x.shape
     K, _, kH, kW = w.shape
-    _, _, oH, oW = gy.shape
     w2 = w.reshape(K, C * kH * kW)
     gb = gy.sum(axis=(0, 2, 3)) if has_bias else None
-    gy_nkp = gy.reshape(N, K, oH * oW)
+    gw2 = None if gw_out is None else gw_out.reshape(K, C * kH * kW)
     if geometry.is_pointwise(kH, kW):
-        x_ncp = x.reshape(N, C, H * W)
-        gw2 = None if gw_out is None else gw_out.reshape(K, C)
+        gy_nkp, x_ncp = gy.reshape(N, K, H * W), x.reshape(N, C, H * W)
         gw2 = xp.matmul(gy_nkp.transpose(1, 0, 2).reshape(K, -1), x_ncp.transpose(1, 0, 2).reshape(C, -1).T,
                         out=gw2)  # (K, N*HW) @ (N*HW, C)
         gx = xp.matmul(w2.T, gy_nkp).reshape(N, C, H, W) if need_input_grad else None  # (N, C, HW)
         return gx, gw2.reshape(w.shape), gb
-    (top, bottom), (left, right) = geometry.padding
-    Hp, Wp = H + top + bottom, W + left + right
-    Nb = _block_size(N, C * kH * kW * oH * oW * x.itemsize)
-    columns = xp.empty((C, kH, kW, Nb, oH, oW), dtype=x.dtype)
-    gw2 = xp.zeros((K, C * kH * kW), dtype=x.dtype) if gw_out is None else gw_out.reshape(K, C * kH * kW)
-    gw2[...] = 0
+    layout = _Layout(x.shape, kH, kW, geometry)
+    Nb, P = layout.block, layout.P
+    columns = xp.empty((C, kH, kW, Nb, P), dtype=x.dtype)
+    positions = xp.empty((K, Nb * P), dtype=x.dtype)
+    gw_block = xp.empty((K, C * kH * kW), dtype=x.dtype) if N > Nb else None
     gx = xp.empty_like(x) if need_input_grad else None
     for n0 in range(0, N, Nb):
-        n1 = min(N, n0 + Nb)
-        nb = n1 - n0
-        cols = im2col(pad_spatial(x[n0:n1], geometry.padding), kH, kW, oH, oW, geometry, columns[:, :, :, :nb])
-        cols = cols.reshape(C * kH * kW, nb * oH * oW)
-        gy_block = gy_nkp[n0:n1].transpose(1, 0, 2).reshape(K, nb * oH * oW)  # (K, Nb*oH*oW)
-        gw2 += gy_block @ cols.T
+        nb = min(N, n0 + Nb) - n0
+        cols = layout.im2col(layout.padded(x[n0:n0 + nb]), columns[:, :, :, :nb]).reshape(C * kH * kW, nb * P)
+        g = layout.to_positions(gy[n0:n0 + nb], positions[:, :nb * P])      # (K, Nb*P)
+        if n0 == 0:
+            gw2 = xp.matmul(g, cols.T, out=gw2)
+        else:
+            gw2 += xp.matmul(g, cols.T, out=gw_block)
         if need_input_grad:
-            xp.matmul(w2.T, gy_block, out=cols)
-            gxpad = xp.zeros((nb, C, Hp, Wp), dtype=x.dtype)
-            col2im(cols.reshape(C, kH, kW, nb, oH, oW), kH, kW, oH, oW, geometry, gxpad)
-            gx[n0:n1] = gxpad[:, :, top:top + H, left:left + W]
+            xp.matmul(w2.T, g, out=cols)                                     # the columns' gradient
+            gpad = layout.padded(xp.zeros((nb, C, H, W), dtype=x.dtype)) if layout.shifted else \
+                xp.zeros((nb, C, layout.Hp, layout.Wp), dtype=x.dtype)
+            layout.col2im(cols.reshape(C, kH, kW, nb, P), gpad)
+            gx[n0:n0 + nb] = layout.unpad(gpad)
     if need_input_grad:
         assert gx.shape == x.shape
     return gx, gw2.reshape(w.shape), gb

@@ -5,7 +5,10 @@ order on ties, as PyTorch's CPU kernel does; average pooling counts the padding,
 kH*kW (with floor mode no window leaves the padded input).
 """
 
+import numpy as np
+
 from .. import backend
+from .parallel import parallel_for
 from .window import output_extent, pad_spatial, pair, sides, window_slice
 
 
@@ -36,22 +39,35 @@ class PoolGeometry:
 
 
 def maxpool2d_forward(x, geometry):
-    """``y[n, c, i, j] = max`` over the window; saves the winning kernel position of each output."""
+    """``y[n, c, i, j] = max`` over the window; saves the winning kernel position of each output.
+
+    The winner is tracked with modular uint8 arithmetic, ``idx += better * (index - idx)``, which is several
+    times faster than masked assignment and keeps the first maximum on ties.
+    """
     xp = backend.array_module(x)
     N, C, H, W = x.shape
     oH, oW = geometry.output_shape(H, W)
     xpad = pad_spatial(x, geometry.padding, value=-xp.inf)
-    y = None
     positions = geometry.kernel[0] * geometry.kernel[1]
-    argmax = xp.zeros((N, C, oH, oW), dtype=xp.uint8 if positions <= 256 else xp.int32)
-    for index, rows, cols in geometry.windows(oH, oW):
-        window = xpad[:, :, rows, cols]
-        if y is None:
-            y = window.copy()
-            continue
-        better = window > y
-        xp.copyto(y, window, where=better)
-        xp.copyto(argmax, index, where=better)
+    index_type = xp.uint8 if positions <= 256 else xp.uint32
+    y = xp.empty((N, C, oH, oW), dtype=x.dtype)
+    argmax = xp.zeros((N, C, oH, oW), dtype=index_type)
+
+    def run(n0, n1):
+        best, winner = y[n0:n1], argmax[n0:n1]
+        better = xp.empty(best.shape, dtype=bool)
+        step = xp.empty(best.shape, dtype=index_type)
+        for index, rows, cols in geometry.windows(oH, oW):
+            window = xpad[n0:n1, :, rows, cols]
+            if index == 0:
+                best[...] = window
+                continue
+            xp.greater(window, best, out=better)
+            xp.maximum(best, window, out=best)
+            xp.subtract(index_type(index), winner, out=step)
+            step *= better
+            winner += step
+    _split(xp, run, N)
     return y, (x.shape, argmax, geometry)
 
 
@@ -63,10 +79,24 @@ def maxpool2d_backward(gy, saved):
     (top, bottom), (left, right) = geometry.padding
     gxpad = xp.zeros((N, C, H + top + bottom, W + left + right), dtype=gy.dtype)
     _, _, oH, oW = gy.shape
-    for index, rows, cols in geometry.windows(oH, oW):
-        gxpad[:, :, rows, cols] += xp.where(argmax == index, gy, 0)
-    gx = gxpad[:, :, top:top + H, left:left + W]
-    return xp.ascontiguousarray(gx)
+
+    def run(n0, n1):
+        share = xp.empty((n1 - n0,) + gy.shape[1:], dtype=gy.dtype)
+        hit = xp.empty(share.shape, dtype=bool)
+        for index, rows, cols in geometry.windows(oH, oW):
+            xp.equal(argmax[n0:n1], index, out=hit)
+            xp.multiply(gy[n0:n1], hit, out=share)
+            gxpad[n0:n1, :, rows, cols] += share
+    _split(xp, run, N)
+    return xp.ascontiguousarray(gxpad[:, :, top:top + H, left:left + W])
+
+
+def _split(xp, body, count):
+    """Threads over samples on the host; one call on a GPU, whose kernels are parallel already."""
+    if xp is np:
+        parallel_for(body, count)
+    else:
+        body(0, count)
 
 
 def avgpool2d_forward(x, geometry):

@@ -3,9 +3,12 @@
     g = grad + weight_decay * w;   v = momentum * v + g;   w -= lr * v          (nesterov: w -= lr * (g + momentum * v))
 
 It runs over the flat parameter array in cache-sized blocks, so each step reads w, grad and v once and writes
-w and v once, whatever the number of tensors.
+w and v once, whatever the number of tensors; on the host the blocks are shared out between threads.
 """
 
+import numpy as np
+
+from ..ops.parallel import parallel_for
 from .params import FlatStore
 
 BLOCK = 1 << 16
@@ -26,11 +29,19 @@ class SGD:
     def step(self, weights, grads, lr=None):
         """Update the flat array ``weights`` in place from the flat array ``grads``."""
         lr = self.lr if lr is None else float(lr)
+        blocks = -(-weights.size // BLOCK)
+        if self.xp is np:
+            parallel_for(lambda b0, b1: self._update(weights, grads, lr, b0 * BLOCK, b1 * BLOCK), blocks)
+        else:
+            self._update(weights, grads, lr, 0, weights.size, block=weights.size)
+
+    def _update(self, weights, grads, lr, begin, end, block=BLOCK):
         xp = self.xp
         mu, wd = self.momentum, self.weight_decay
-        g = xp.empty(min(BLOCK, weights.size), dtype=weights.dtype)
-        for start in range(0, weights.size, BLOCK):
-            stop = min(start + BLOCK, weights.size)
+        end = min(end, weights.size)
+        g = xp.empty(min(block, max(end - begin, 0)), dtype=weights.dtype)
+        for start in range(begin, end, block):
+            stop = min(start + block, end)
             w, grad, gb = weights[start:stop], grads[start:stop], g[:stop - start]
             if wd:
                 xp.multiply(w, wd, out=gb)

@@ -1,0 +1,38 @@
+"""A small thread pool for memory-bound array loops that NumPy runs on one core (copies, element-wise updates).
+
+NumPy releases the GIL inside such loops, so splitting a loop over disjoint slices runs it on all cores the
+process may use. The pool has as many threads as BLAS is given (``SPMDCNN_NUM_THREADS``, else
+``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, else the CPUs this process may run on): under ``mpiexec`` with
+one thread per rank it stays out of the other ranks' way.
+"""
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+
+_pool = None
+
+
+def num_threads():
+    for variable in ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        value = os.environ.get(variable, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def parallel_for(body, count, min_items=1):
+    """Run ``body(start, stop)`` over ``range(count)`` split into one contiguous part per thread."""
+    global _pool
+    threads = min(num_threads(), count // max(min_items, 1))
+    if threads <= 1:
+        body(0, count)
+        return
+    if _pool is None or _pool._max_workers < threads:
+        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="spmdcnn")
+    bounds = [count * i // threads for i in range(threads + 1)]
+    futures = [_pool.submit(body, bounds[i], bounds[i + 1]) for i in range(threads)]
+    for future in futures:
+        future.result()
