@@ -49,6 +49,15 @@ class Expander:
             if not isinstance(block["layers"], list) or not block["layers"]:
                 raise FormatError(f"{source}: block '{name}': 'layers' must be a non-empty list")
         self.flat = []
+        for name in self.blocks:
+            self._check_not_recursive(name, ())
+
+    def _check_not_recursive(self, name, stack):
+        if name in stack:
+            raise FormatError(f"{self.source}: block '{name}' contains itself ({' -> '.join(stack + (name,))})")
+        for inner in self.blocks[name]["layers"]:
+            if isinstance(inner, dict) and inner.get("block") in self.blocks:
+                self._check_not_recursive(inner["block"], stack + (name,))
 
     def _entry_name(self, entry, index, prefix):
         where = f"{self.source}: layer #{index + 1}" + (f" of '{prefix.rstrip('.')}'" if prefix else "")
@@ -80,7 +89,7 @@ class Expander:
                               f"(blocks: {', '.join(sorted(self.blocks)) or 'none'})")
         return self.blocks[name]
 
-    def expand(self, entries, prefix, formals, stack=(), group_of=None):
+    def expand(self, entries, prefix, formals, group_of=None):
         """Append ``(layer, top-level entry name)`` for the flat layers of ``entries`` (one scope)."""
         if not isinstance(entries, list) or not entries:
             raise FormatError(f"{self.source}: 'layers' must be a non-empty list")
@@ -114,7 +123,7 @@ class Expander:
             group = group_of or name
             if "block" in entry:
                 check_keys(entry, _INSTANCE_KEYS, where, required=("block",))
-                self._instance(entry, full, resolved, stack, group)
+                self._instance(entry, full, resolved, group)
             else:
                 layer = {k: v for k, v in entry.items() if k != "inputs"}
                 layer["name"] = full
@@ -122,11 +131,9 @@ class Expander:
                 self.flat.append((layer, group))
             previous = scope[name]
 
-    def _instance(self, entry, full, resolved, stack, group):
+    def _instance(self, entry, full, resolved, group):
         where = f"{self.source}: layer '{full}'"
         block_name = entry["block"]
-        if block_name in stack:
-            raise FormatError(f"{where}: block '{block_name}' contains itself ({' -> '.join(stack + (block_name,))})")
         block = self._block(entry, full)
         given = entry.get("args") or {}
         if not isinstance(given, dict):
@@ -145,7 +152,7 @@ class Expander:
             raise FormatError(f"{where}: block '{block_name}' takes {len(formal_names)} input(s), "
                               f"got {len(resolved)}")
         layers = _substitute(block["layers"], args, f"{where} (block '{block_name}')")
-        self.expand(layers, full + ".", dict(zip(formal_names, resolved)), stack + (block_name,), group)
+        self.expand(layers, full + ".", dict(zip(formal_names, resolved)), group)
 
 
 def expand_layers(model, source):

@@ -1,0 +1,185 @@
+"""Every bad model is one clear error naming the file and the layer."""
+
+import textwrap
+
+import pytest
+
+from spmdcnn.graph import load_model
+from spmdcnn.io.yamlfile import FormatError
+
+GOOD_LAYERS = """\
+  - {name: conv1, op: conv2d, out_channels: 4, kernel: 3}
+  - {name: relu1, op: relu}
+  - {name: flat, op: flatten}
+  - {name: fc, op: linear, out_features: 3}
+  - {name: loss, op: softmax_cross_entropy}
+"""
+
+
+def write(tmp_path, layers, input_shape="[3, 8, 8]", extra=""):
+    path = tmp_path / "bad.yaml"
+    path.write_text(f"name: bad\ninput: {input_shape}\n{extra}layers:\n" + textwrap.dedent(layers))
+    return str(path)
+
+
+def expect_error(path, *fragments):
+    with pytest.raises(FormatError) as info:
+        load_model(path)
+    message = str(info.value)
+    assert path in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_the_good_model_loads(tmp_path):
+    graph = load_model(write(tmp_path, GOOD_LAYERS))
+    assert graph.by_name["fc"].out_shape == (3,)
+
+
+def test_unknown_op(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("op: relu", "op: gelu"))
+    expect_error(path, "relu1", "unknown op", "gelu")
+
+
+def test_unknown_key(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("kernel: 3}", "kernel: 3, strides: 2}"))
+    expect_error(path, "conv1", "strides")
+
+
+def test_missing_key(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("out_features: 3", "bias: true"))
+    expect_error(path, "fc", "out_features")
+
+
+def test_wrong_type(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("out_channels: 4", "out_channels: four"))
+    expect_error(path, "conv1", "out_channels")
+
+
+def test_shape_that_becomes_zero(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("kernel: 3}", "kernel: 9}"))
+    expect_error(path, "conv1", "empty output")
+
+
+def test_negative_output_size_from_pooling(tmp_path):
+    layers = GOOD_LAYERS.replace("  - {name: relu1, op: relu}\n",
+                                 "  - {name: relu1, op: relu}\n  - {name: pool, op: maxpool2d, kernel: 7}\n")
+    expect_error(write(tmp_path, layers), "pool", "empty output")
+
+
+def test_non_positive_input_shape(tmp_path):
+    expect_error(write(tmp_path, GOOD_LAYERS, input_shape="[3, 0, 8]"), "input")
+
+
+def test_unknown_input_name(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("{name: relu1, op: relu}", "{name: relu1, op: relu, inputs: [conv9]}"))
+    expect_error(path, "relu1", "unknown input", "conv9")
+
+
+def test_cycle(tmp_path):
+    layers = GOOD_LAYERS.replace("{name: conv1, op: conv2d, out_channels: 4, kernel: 3}",
+                                 "{name: conv1, op: conv2d, out_channels: 4, kernel: 3, inputs: [relu1]}")
+    expect_error(write(tmp_path, layers), "cycle", "conv1", "relu1")
+
+
+def test_duplicate_name(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("{name: relu1, op: relu}", "{name: conv1, op: relu}"))
+    expect_error(path, "conv1", "twice")
+
+
+def test_loss_must_be_last(tmp_path):
+    layers = GOOD_LAYERS.replace("  - {name: loss, op: softmax_cross_entropy}\n", "") + \
+        "  - {name: relu9, op: relu}\n"
+    expect_error(write(tmp_path, layers), "softmax_cross_entropy")
+
+
+def test_dangling_layer(tmp_path):
+    layers = GOOD_LAYERS + ""
+    layers = layers.replace("  - {name: flat, op: flatten}\n",
+                            "  - {name: side, op: relu, inputs: [conv1]}\n  - {name: flat, op: flatten, inputs: [relu1]}\n")
+    expect_error(write(tmp_path, layers), "side", "used by no layer")
+
+
+def test_linear_needs_flat_input(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("  - {name: flat, op: flatten}\n", ""))
+    expect_error(path, "fc", "flatten")
+
+
+def test_add_needs_matching_shapes(tmp_path):
+    layers = GOOD_LAYERS.replace("  - {name: relu1, op: relu}\n",
+                                 "  - {name: relu1, op: relu}\n  - {name: pool, op: maxpool2d, kernel: 2}\n"
+                                 "  - {name: sum, op: add, inputs: [relu1, pool]}\n")
+    expect_error(write(tmp_path, layers), "sum", "same shape")
+
+
+def test_concat_needs_matching_spatial_size(tmp_path):
+    layers = GOOD_LAYERS.replace("  - {name: relu1, op: relu}\n",
+                                 "  - {name: relu1, op: relu}\n  - {name: pool, op: maxpool2d, kernel: 2}\n"
+                                 "  - {name: cat, op: concat, inputs: [relu1, pool]}\n")
+    expect_error(write(tmp_path, layers), "cat", "height and width")
+
+
+def test_dropout_probability_range(tmp_path):
+    layers = GOOD_LAYERS.replace("{name: relu1, op: relu}", "{name: relu1, op: dropout, p: 1.5}")
+    expect_error(write(tmp_path, layers), "relu1", "[0, 1]")
+
+
+def test_pool_padding_at_most_half_the_kernel(tmp_path):
+    layers = GOOD_LAYERS.replace("  - {name: relu1, op: relu}\n",
+                                 "  - {name: relu1, op: relu}\n  - {name: pool, op: maxpool2d, kernel: 2, padding: 2}\n")
+    expect_error(write(tmp_path, layers), "pool", "half the kernel")
+
+
+def test_missing_top_level_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\nlayers:\n" + GOOD_LAYERS)
+    expect_error(str(path), "input")
+
+
+def test_unknown_top_level_key(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\ninput: [3, 8, 8]\nlayer: []\nlayers:\n" + GOOD_LAYERS)
+    expect_error(str(path), "'layer'")
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("name: bad\ninput: [3, 8, 8\nlayers: []\n")
+    expect_error(str(path), "line")
+
+
+def test_missing_file(tmp_path):
+    expect_error(str(tmp_path / "nope.yaml"), "not found")
+
+
+BLOCKS = """\
+blocks:
+  unit:
+    args: {out: null, kernel: 3}
+    layers:
+      - {name: conv, op: conv2d, out_channels: $out, kernel: $kernel, padding: 1}
+      - {name: relu, op: relu}
+"""
+
+
+def test_blocks_expand_with_nested_names(tmp_path):
+    layers = "  - {name: b1, block: unit, args: {out: 5}}\n" + GOOD_LAYERS.split("\n", 2)[2]
+    graph = load_model(write(tmp_path, layers, extra=BLOCKS))
+    assert [l.name for l in graph.layers][:2] == ["b1.conv", "b1.relu"]
+    assert graph.by_name["b1.conv"].out_shape == (5, 8, 8)
+    assert graph.by_name["flat"].inputs == ["b1.relu"]
+
+
+def test_block_errors(tmp_path):
+    rest = GOOD_LAYERS.split("\n", 2)[2]
+    expect_error(write(tmp_path, "  - {name: b1, block: nope}\n" + rest, extra=BLOCKS), "b1", "unknown block")
+    expect_error(write(tmp_path, "  - {name: b1, block: unit}\n" + rest, extra=BLOCKS), "b1", "'out'")
+    expect_error(write(tmp_path, "  - {name: b1, block: unit, args: {out: 2, size: 1}}\n" + rest, extra=BLOCKS),
+                 "b1", "size")
+    bad_ref = BLOCKS.replace("$kernel", "$kernal")
+    expect_error(write(tmp_path, "  - {name: b1, block: unit, args: {out: 2}}\n" + rest, extra=bad_ref),
+                 "b1", "$kernal")
+    recursive = BLOCKS + "      - {name: again, block: unit, args: {out: 1}}\n"
+    expect_error(write(tmp_path, "  - {name: b1, block: unit, args: {out: 2}}\n" + rest, extra=recursive),
+                 "contains itself")

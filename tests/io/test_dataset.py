@@ -1,0 +1,347 @@
+"""Dataset HDF5 (DESIGN.md §3.6) and the synthetic source: scaling, normalisation, batch order, errors."""
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from spmdcnn.graph import load_model
+from spmdcnn.io.dataset import DataError, HDF5Dataset, SyntheticData, sample_order
+from spmdcnn.io.yamlfile import FormatError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+TINY = os.path.join(ROOT, "models", "tiny_cnn.yaml")
+
+N, C, H, W = 23, 3, 5, 4
+
+
+def write_dataset(path, images, labels=None, image_attrs=None, file_attrs=None):
+    with h5py.File(path, "w") as f:
+        if images is not None:
+            f.create_dataset("images", data=images)
+            f["images"].attrs.update(image_attrs or {})
+        if labels is not None:
+            f.create_dataset("labels", data=labels)
+        f.attrs.update(file_attrs or {})
+    return str(path)
+
+
+def uint8_images(n=N, shape=(C, H, W), seed=0):
+    return np.random.default_rng(seed).integers(0, 256, size=(n, *shape), dtype=np.uint8)
+
+
+def float_images(n=N, shape=(C, H, W), seed=0):
+    return np.random.default_rng(seed).standard_normal((n, *shape)).astype(np.float32)
+
+
+def labels_for(n=N):
+    # Label i identifies sample i, so every batch says which samples it holds.
+    return np.arange(n, dtype=np.int64)
+
+
+@pytest.fixture
+def opened():
+    handles = []
+
+    def open_(*args, **kwargs):
+        dataset = HDF5Dataset(*args, **kwargs)
+        handles.append(dataset)
+        return dataset
+
+    yield open_
+    for dataset in handles:
+        dataset.close()
+
+
+def expect_error(path, *fragments, **kwargs):
+    with pytest.raises(DataError) as info:
+        dataset = HDF5Dataset(path, **kwargs)
+        dataset.close()
+    message = str(info.value)
+    assert str(path) in message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+# --- values -------------------------------------------------------------------------------------------------------
+
+def test_uint8_images_are_scaled_then_normalised_per_channel(tmp_path, opened):
+    images = uint8_images()
+    mean, std = np.array([0.4, 0.5, 0.6]), np.array([0.2, 0.25, 0.3])
+    path = write_dataset(tmp_path / "d.h5", images, labels_for(), {"mean": mean, "std": std})
+    dataset = opened(path, shuffle=False)
+    x, y = dataset.read(np.arange(N))
+    expected = (images.astype(np.float64) / 255 - mean[None, :, None, None]) / std[None, :, None, None]
+    assert x.dtype == np.float32 and x.shape == (N, C, H, W)
+    np.testing.assert_allclose(x, expected, rtol=1e-5, atol=1e-6)
+    assert y.dtype == np.int64
+    np.testing.assert_array_equal(y, labels_for())
+
+
+def test_uint8_images_without_attributes_are_only_scaled(tmp_path, opened):
+    images = uint8_images()
+    images[0, 0, 0, 0], images[1, 0, 0, 0] = 0, 255
+    path = write_dataset(tmp_path / "d.h5", images, labels_for())
+    x, _ = opened(path, shuffle=False).read(np.arange(N))
+    np.testing.assert_allclose(x, images / 255.0, rtol=1e-6)
+    assert x[0, 0, 0, 0] == 0 and x[1, 0, 0, 0] == pytest.approx(1.0)
+
+
+def test_float32_images_without_attributes_are_unchanged(tmp_path, opened):
+    images = float_images() * 300  # values far outside [0, 1]: nothing may divide by 255
+    path = write_dataset(tmp_path / "d.h5", images, labels_for())
+    x, _ = opened(path, shuffle=False).read(np.arange(N))
+    assert x.dtype == np.float32
+    np.testing.assert_array_equal(x, images)
+
+
+def test_float32_images_are_normalised_but_not_scaled(tmp_path, opened):
+    images = float_images()
+    mean, std = np.array([1.0, -2.0, 0.5]), np.array([2.0, 4.0, 0.5])
+    path = write_dataset(tmp_path / "d.h5", images, labels_for(), {"mean": mean, "std": std})
+    x, _ = opened(path, shuffle=False).read(np.arange(N))
+    np.testing.assert_allclose(x, (images - mean[None, :, None, None]) / std[None, :, None, None], rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_read_as_float64(tmp_path, opened):
+    images = uint8_images()
+    path = write_dataset(tmp_path / "d.h5", images, labels_for())
+    x, _ = opened(path).read([3, 1], dtype=np.float64)
+    assert x.dtype == np.float64
+    np.testing.assert_array_equal(x, images[[3, 1]] / 255.0)
+
+
+def test_read_returns_unsorted_and_repeated_indices_in_the_requested_order(tmp_path, opened):
+    images = uint8_images()
+    path = write_dataset(tmp_path / "d.h5", images, labels_for())
+    indices = [7, 2, 7, 0, 22, 2, 15]
+    x, y = opened(path).read(indices)
+    np.testing.assert_array_equal(y, indices)
+    np.testing.assert_allclose(x, images[indices] / 255.0, rtol=1e-6)
+
+
+# --- batch order -----------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("batch", [1, 4, 7])
+def test_batches_without_shuffle_are_consecutive_samples(tmp_path, opened, batch):
+    images = uint8_images()
+    path = write_dataset(tmp_path / "d.h5", images, labels_for())
+    dataset = opened(path, seed=5, shuffle=False)
+    assert dataset.batches_per_epoch(batch) == N // batch
+    for epoch in (0, 3):
+        for s in range(N // batch):
+            x, y = dataset.batch(epoch, s, batch)
+            np.testing.assert_array_equal(y, np.arange(s * batch, (s + 1) * batch))
+            np.testing.assert_allclose(x, images[s * batch:(s + 1) * batch] / 255.0, rtol=1e-6)
+
+
+def test_batches_with_shuffle_follow_the_permutation_of_seed_and_epoch(tmp_path, opened):
+    images = uint8_images()
+    path = write_dataset(tmp_path / "d.h5", images, labels_for())
+    dataset = opened(path, seed=9, shuffle=True)
+    B = 5
+    for epoch in (0, 1, 2):
+        order = sample_order(N, epoch, 9, True)
+        assert sorted(order.tolist()) == list(range(N))  # a permutation
+        seen = []
+        for s in range(dataset.batches_per_epoch(B)):
+            x, y = dataset.batch(epoch, s, B)
+            np.testing.assert_array_equal(y, order[s * B:(s + 1) * B])
+            np.testing.assert_allclose(x, images[order[s * B:(s + 1) * B]] / 255.0, rtol=1e-6)
+            seen.extend(y.tolist())
+        assert len(set(seen)) == len(seen) == (N // B) * B  # no sample twice in an epoch
+
+
+def test_sample_order_is_a_fixed_function_of_seed_and_epoch():
+    np.testing.assert_array_equal(sample_order(50, 0, 0, False), np.arange(50))
+    np.testing.assert_array_equal(sample_order(50, 7, 3, False), np.arange(50))
+    a = sample_order(50, 2, 3, True)
+    np.testing.assert_array_equal(a, sample_order(50, 2, 3, True))
+    assert not np.array_equal(a, np.arange(50))
+    assert not np.array_equal(a, sample_order(50, 3, 3, True))   # another epoch
+    assert not np.array_equal(a, sample_order(50, 2, 4, True))   # another seed
+
+
+def test_same_seed_epoch_and_step_give_the_same_batch_in_another_reader(tmp_path, opened):
+    path = write_dataset(tmp_path / "d.h5", uint8_images(), labels_for())
+    first, second = opened(path, seed=2), opened(path, seed=2)
+    for epoch, s in ((0, 0), (1, 3), (4, 2)):
+        x1, y1 = first.batch(epoch, s, 4)
+        second.batch(epoch, (s + 1) % 5, 4)  # reading something else in between changes nothing
+        x2, y2 = second.batch(epoch, s, 4)
+        np.testing.assert_array_equal(x1, x2)
+        np.testing.assert_array_equal(y1, y2)
+    y0 = [first.batch(0, s, 4)[1] for s in range(5)]
+    y1 = [first.batch(1, s, 4)[1] for s in range(5)]
+    assert not np.array_equal(np.concatenate(y0), np.concatenate(y1))
+    other_seed = opened(path, seed=3)
+    assert not np.array_equal(np.concatenate(y0), np.concatenate([other_seed.batch(0, s, 4)[1] for s in range(5)]))
+
+
+def test_dataset_properties_and_matching_model(tmp_path, opened):
+    graph = load_model(TINY)
+    path = write_dataset(tmp_path / "d.h5", uint8_images(6, graph.input_shape), labels_for(6))
+    dataset = opened(path)
+    assert dataset.num_samples == 6
+    assert dataset.sample_shape == graph.input_shape
+    dataset.check_model(graph)
+
+
+def test_a_scalar_mean_and_std_apply_to_every_channel(tmp_path, opened):
+    images = uint8_images()
+    path = write_dataset(tmp_path / "d.h5", images, labels_for(), {"mean": 0.5, "std": 0.25})
+    x, _ = opened(path).read(np.arange(N))
+    np.testing.assert_allclose(x, (images / 255.0 - 0.5) / 0.25, rtol=1e-5, atol=1e-6)
+
+
+# --- errors ---------------------------------------------------------------------------------------------------------
+
+def test_data_error_is_a_format_error():
+    assert issubclass(DataError, FormatError) and issubclass(DataError, ValueError)
+
+
+def test_missing_file(tmp_path):
+    expect_error(tmp_path / "absent.h5", "not found")
+
+
+def test_not_hdf5(tmp_path):
+    path = tmp_path / "d.h5"
+    path.write_text("images,labels\n1,2\n")
+    expect_error(path, "not HDF5")
+
+
+@pytest.mark.parametrize("absent", ["images", "labels"])
+def test_missing_array(tmp_path, absent):
+    images = uint8_images() if absent != "images" else None
+    labels = labels_for() if absent != "labels" else None
+    expect_error(write_dataset(tmp_path / "d.h5", images, labels), f"/{absent}")
+
+
+@pytest.mark.parametrize("shape", [(N, H, W), (N, C, H, W, 1), (N,)])
+def test_images_of_the_wrong_ndim(tmp_path, shape):
+    images = np.zeros(shape, dtype=np.uint8)
+    expect_error(write_dataset(tmp_path / "d.h5", images, labels_for()), "/images", "(N, C, H, W)")
+
+
+def test_images_of_an_unsupported_dtype(tmp_path):
+    images = np.zeros((N, C, H, W), dtype=np.int16)
+    expect_error(write_dataset(tmp_path / "d.h5", images, labels_for()), "/images", "int16")
+
+
+@pytest.mark.parametrize("labels", [np.arange(N - 1), np.arange(N + 1), np.zeros((N, 1), dtype=np.int64)])
+def test_labels_not_one_per_image(tmp_path, labels):
+    expect_error(write_dataset(tmp_path / "d.h5", uint8_images(), labels), "/labels", f"({N},)")
+
+
+def test_labels_that_are_not_integers(tmp_path):
+    expect_error(write_dataset(tmp_path / "d.h5", uint8_images(), labels_for().astype(np.float32)), "/labels")
+
+
+@pytest.mark.parametrize("std", [[1.0, 0.0, 1.0], [1.0, -0.5, 1.0], 0.0])
+def test_non_positive_std(tmp_path, std):
+    path = write_dataset(tmp_path / "d.h5", uint8_images(), labels_for(), {"mean": [0.5] * C, "std": std})
+    expect_error(path, "'std'")
+
+
+def test_non_positive_std_in_the_file_attributes(tmp_path):
+    path = write_dataset(tmp_path / "d.h5", uint8_images(), labels_for(), file_attrs={"std": [1.0, 1.0, -1.0]})
+    expect_error(path, "'std'")
+
+
+def test_mean_of_the_wrong_length(tmp_path):
+    path = write_dataset(tmp_path / "d.h5", uint8_images(), labels_for(), {"mean": [0.5, 0.5]})
+    expect_error(path, "'mean'", "3")
+
+
+def test_images_that_do_not_match_the_model_input(tmp_path, opened):
+    graph = load_model(TINY)  # input [3, 15, 13]
+    C_, H_, W_ = graph.input_shape
+    path = write_dataset(tmp_path / "d.h5", uint8_images(4, (C_, W_, H_)), labels_for(4))
+    with pytest.raises(DataError) as info:
+        opened(path).check_model(graph)
+    message = str(info.value)
+    assert path in message and "tiny_cnn" in message
+    assert str([C_, W_, H_]) in message and str([C_, H_, W_]) in message
+
+
+def test_images_with_other_channels_than_the_model(tmp_path, opened):
+    graph = load_model(TINY)
+    _, H_, W_ = graph.input_shape
+    path = write_dataset(tmp_path / "d.h5", uint8_images(4, (1, H_, W_)), labels_for(4))
+    with pytest.raises(DataError, match="tiny_cnn") as info:
+        opened(path).check_model(graph)
+    assert path in str(info.value)
+
+
+def test_a_batch_bigger_than_the_dataset_is_refused_per_epoch(tmp_path, opened):
+    path = write_dataset(tmp_path / "d.h5", uint8_images(), labels_for())
+    dataset = opened(path)
+    assert dataset.batches_per_epoch(N) == 1
+    with pytest.raises(DataError) as info:
+        dataset.batches_per_epoch(N + 1)
+    assert path in str(info.value) and str(N) in str(info.value)
+
+
+def test_a_batch_bigger_than_the_dataset_is_refused_when_read(tmp_path, opened):
+    """batch() must never hand out an incomplete batch: asking for more samples than the file holds is an error,
+    not a silently shorter batch (an epoch has floor(N / B) batches)."""
+    path = write_dataset(tmp_path / "d.h5", uint8_images(), labels_for())
+    dataset = opened(path, shuffle=False)
+    with pytest.raises(DataError) as info:
+        dataset.batch(0, 0, N + 1)
+    assert path in str(info.value)
+
+
+def test_a_refused_file_is_closed(tmp_path):
+    """After a DataError the reader holds no handle on the file: it can be rewritten at once, even while the
+    exception (and its traceback) is still alive."""
+    path = write_dataset(tmp_path / "d.h5", uint8_images(), None)
+    with pytest.raises(DataError) as info:
+        HDF5Dataset(path)
+    with h5py.File(path, "w") as f:  # fails with "file is already open" while a handle leaks
+        f.create_dataset("images", data=uint8_images())
+        f.create_dataset("labels", data=labels_for())
+    assert info.value is not None
+    dataset = HDF5Dataset(path)
+    assert dataset.num_samples == N
+    dataset.close()
+
+
+# --- synthetic data ------------------------------------------------------------------------------------------------
+
+def test_synthetic_batches_are_a_fixed_function_of_seed_epoch_and_step():
+    shape = (3, 15, 13)
+    a, b = SyntheticData(shape, 10, num_samples=64, seed=4), SyntheticData(shape, 10, num_samples=64, seed=4)
+    x1, y1 = a.batch(2, 5, 8)
+    b.batch(0, 0, 8)
+    x2, y2 = b.batch(2, 5, 8)
+    np.testing.assert_array_equal(x1, x2)
+    np.testing.assert_array_equal(y1, y2)
+    for other in (a.batch(3, 5, 8), a.batch(2, 6, 8), SyntheticData(shape, 10, 64, seed=5).batch(2, 5, 8)):
+        assert not np.array_equal(x1, other[0])
+
+
+def test_synthetic_shapes_dtypes_and_label_range():
+    data = SyntheticData((2, 7, 9), 5, num_samples=100, seed=0)
+    labels = []
+    for s in range(20):
+        x, y = data.batch(0, s, 16)
+        assert x.shape == (16, 2, 7, 9) and x.dtype == np.float32
+        assert y.shape == (16,) and y.dtype == np.int64
+        assert y.min() >= 0 and y.max() < 5
+        assert np.all(np.isfinite(x))
+        labels.extend(y.tolist())
+    assert set(labels) == set(range(5))
+    x64, _ = data.batch(0, 0, 3, dtype=np.float64)
+    assert x64.dtype == np.float64
+    np.testing.assert_allclose(x64, data.batch(0, 0, 3)[0], rtol=1e-6)
+
+
+def test_synthetic_batches_per_epoch():
+    data = SyntheticData((3, 4, 4), 10, num_samples=100)
+    assert data.batches_per_epoch(8) == 12
+    assert data.batches_per_epoch(1000) == 1
+    assert data.num_samples == 100 and data.sample_shape == (3, 4, 4)

@@ -1,0 +1,297 @@
+"""Job YAML (DESIGN.md §3.3): defaults, ``--set`` overrides, and one clear error per bad key or value."""
+
+import os
+import textwrap
+
+import pytest
+
+from spmdcnn.io.job import SCHEMA, apply_overrides, load_job, parse_job
+from spmdcnn.io.yamlfile import FormatError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+MINIMAL = "model: models/tiny_cnn.yaml\nbatch_size: 8\nsteps: 5\n"
+
+
+def write(tmp_path, text, name="job.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return str(path)
+
+
+def expect_error(path, *fragments, overrides=()):
+    with pytest.raises(FormatError) as info:
+        load_job(path, overrides)
+    message = str(info.value)
+    assert path in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+# --- defaults ---------------------------------------------------------------------------------------------------
+
+def test_defaults_are_filled_in(tmp_path):
+    job = load_job(write(tmp_path, MINIMAL))
+    assert job == {
+        "model": "models/tiny_cnn.yaml", "batch_size": 8, "steps": 5, "epochs": None,
+        "data": {"kind": "synthetic", "path": None, "shuffle": True, "seed": 0, "num_samples": 50_000},
+        "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False},
+        "plan": "auto", "machine": None, "backend": "auto", "dtype": "float32", "init": None,
+        "checkpoint": {"path": None, "every": None}, "resume": "auto", "seed": 0,
+        "log": {"every": 10, "metrics": None},
+    }
+
+
+def test_every_schema_key_appears_in_a_parsed_job(tmp_path):
+    job = load_job(write(tmp_path, MINIMAL))
+    for key, rule in SCHEMA.items():
+        assert key in job
+        if isinstance(rule, dict):
+            assert set(job[key]) == set(rule)
+
+
+def test_a_partial_section_keeps_the_other_defaults(tmp_path):
+    job = load_job(write(tmp_path, MINIMAL + "optimizer: {lr: 0.5, momentum: 0.9}\ndata: {seed: 4}\n"))
+    assert job["optimizer"] == {"kind": "sgd", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False}
+    assert job["data"] == {"kind": "synthetic", "path": None, "shuffle": True, "seed": 4, "num_samples": 50_000}
+
+
+def test_an_empty_section_gets_the_defaults(tmp_path):
+    job = load_job(write(tmp_path, MINIMAL + "checkpoint:\n"))
+    assert job["checkpoint"] == {"path": None, "every": None}
+
+
+def test_integer_rates_become_floats(tmp_path):
+    job = load_job(write(tmp_path, MINIMAL + "optimizer: {lr: 1, weight_decay: 0}\n"))
+    assert job["optimizer"]["lr"] == 1.0 and isinstance(job["optimizer"]["lr"], float)
+    assert isinstance(job["optimizer"]["weight_decay"], float)
+
+
+def test_the_full_documented_example_is_accepted(tmp_path):
+    path = write(tmp_path, """\
+        model: models/alexnet.yaml
+        batch_size: 256
+        steps: 1000
+        data: {kind: hdf5, path: data/train.h5, shuffle: true, seed: 0}
+        optimizer: {kind: sgd, lr: 0.01, momentum: 0.9, weight_decay: 0.0005}
+        plan: auto
+        machine: jobs/machines/local.yaml
+        backend: auto
+        dtype: float32
+        init: null
+        checkpoint: {path: ckpt/run.h5, every: 100}
+        resume: auto
+        seed: 0
+        log: {every: 10, metrics: ckpt/metrics.jsonl}
+        """)
+    job = load_job(path)
+    assert job["data"] == {"kind": "hdf5", "path": "data/train.h5", "shuffle": True, "seed": 0,
+                           "num_samples": 50_000}
+    assert job["optimizer"]["weight_decay"] == 0.0005
+    assert job["checkpoint"] == {"path": "ckpt/run.h5", "every": 100}
+    assert job["machine"] == "jobs/machines/local.yaml"
+
+
+def test_the_quickstart_job_loads():
+    job = load_job(os.path.join(ROOT, "jobs", "quickstart.yaml"))
+    assert job["model"] == "models/cifar_cnn.yaml"
+    assert job["steps"] == 60 and job["epochs"] is None
+
+
+@pytest.mark.parametrize("text, value", [("auto", "auto"), ("true", True), ("false", False)])
+def test_resume_choices(tmp_path, text, value):
+    resume = load_job(write(tmp_path, MINIMAL + f"resume: {text}\n"))["resume"]
+    assert resume == value and type(resume) is type(value)
+
+
+def test_epochs_instead_of_steps(tmp_path):
+    job = load_job(write(tmp_path, "model: m.yaml\nbatch_size: 2\nepochs: 3\n"))
+    assert job["epochs"] == 3 and job["steps"] is None
+
+
+# --- overrides ------------------------------------------------------------------------------------------------
+
+def test_overrides_of_nested_and_top_level_keys(tmp_path):
+    path = write(tmp_path, MINIMAL + "optimizer: {lr: 0.01, momentum: 0.9}\n")
+    job = load_job(path, ["optimizer.lr=0.1", "data.path=x", "batch_size=32", "data.shuffle=false",
+                          "checkpoint.every=7", "plan=null"])
+    assert job["optimizer"]["lr"] == 0.1
+    assert job["optimizer"]["momentum"] == 0.9  # untouched neighbour
+    assert job["data"]["path"] == "x"
+    assert job["batch_size"] == 32
+    assert job["data"]["shuffle"] is False
+    assert job["checkpoint"]["every"] == 7
+    assert job["plan"] is None
+
+
+def test_override_values_are_parsed_as_yaml(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    job = load_job(path, ["seed=0x10", "data.seed=7", "optimizer.nesterov=true", "log.metrics=m.jsonl",
+                          "optimizer.lr=1.0e-3"])
+    assert job["seed"] == 16 and job["data"]["seed"] == 7 and job["optimizer"]["nesterov"] is True
+    assert job["log"]["metrics"] == "m.jsonl"
+    assert job["optimizer"]["lr"] == pytest.approx(1e-3)
+
+
+def test_later_overrides_win_and_value_may_contain_equals(tmp_path):
+    job = load_job(write(tmp_path, MINIMAL), ["optimizer.lr=0.2", "optimizer.lr=0.3", "data.path=a=b.h5"])
+    assert job["optimizer"]["lr"] == 0.3
+    assert job["data"]["path"] == "a=b.h5"
+
+
+def test_overrides_can_swap_steps_for_epochs(tmp_path):
+    job = load_job(write(tmp_path, MINIMAL), ["steps=null", "epochs=2"])
+    assert job["steps"] is None and job["epochs"] == 2
+
+
+def test_apply_overrides_does_not_modify_its_input():
+    values = {"optimizer": {"lr": 0.01}}
+    out = apply_overrides(values, ["optimizer.lr=0.5", "data.kind=hdf5"])
+    assert values == {"optimizer": {"lr": 0.01}}
+    assert out == {"optimizer": {"lr": 0.5}, "data": {"kind": "hdf5"}}
+
+
+def test_an_override_without_equals_is_refused():
+    with pytest.raises(FormatError, match="key=value") as info:
+        apply_overrides({}, ["optimizer.lr"])
+    assert "optimizer.lr" in str(info.value)
+
+
+def test_an_override_with_invalid_yaml_is_refused():
+    with pytest.raises(FormatError, match="optimizer.lr"):
+        apply_overrides({}, ["optimizer.lr=[0.1"])
+
+
+def test_an_override_of_an_unknown_key_is_refused_naming_it(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    expect_error(path, "optimizer.lrr", overrides=["optimizer.lrr=0.1"])
+
+
+def test_an_override_of_the_wrong_type_is_refused_naming_it(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    expect_error(path, "'optimizer.lr'", "fast", overrides=["optimizer.lr=fast"])
+
+
+# --- unknown keys and wrong types --------------------------------------------------------------------------------
+
+def test_unknown_top_level_key(tmp_path):
+    message = expect_error(write(tmp_path, MINIMAL + "learning_rate: 0.1\n"), "learning_rate")
+    assert "unknown" in message
+
+
+@pytest.mark.parametrize("section, key", [("optimizer", "lrr"), ("data", "paht"), ("checkpoint", "evry"),
+                                          ("log", "metric")])
+def test_unknown_nested_key(tmp_path, section, key):
+    path = write(tmp_path, MINIMAL + f"{section}: {{{key}: 1}}\n")
+    message = expect_error(path, f"{section}.{key}")
+    assert "unknown" in message
+
+
+@pytest.mark.parametrize("text, key", [
+    ("batch_size: abc", "'batch_size'"),
+    ("batch_size: 8.5", "'batch_size'"),
+    ("batch_size: true", "'batch_size'"),
+    ("steps: ten", "'steps'"),
+    ("seed: [1]", "'seed'"),
+    ("model: 3", "'model'"),
+    ("optimizer: {lr: fast}", "'optimizer.lr'"),
+    ("optimizer: {lr: true}", "'optimizer.lr'"),
+    ("optimizer: {nesterov: 1}", "'optimizer.nesterov'"),
+    ("data: {shuffle: 3}", "'data.shuffle'"),
+    ("data: {shuffle: 'yes please'}", "'data.shuffle'"),
+    ("data: {seed: 1.5}", "'data.seed'"),
+    ("checkpoint: {every: often}", "'checkpoint.every'"),
+    ("log: {every: null}", "'log.every'"),
+    ("plan: 4", "'plan'"),
+])
+def test_wrong_types_are_refused_naming_the_key(tmp_path, text, key):
+    body = "\n".join(line for line in MINIMAL.splitlines() if not line.startswith(text.split(":")[0] + ":"))
+    expect_error(write(tmp_path, body + "\n" + text + "\n"), key, "must be")
+
+
+@pytest.mark.parametrize("value", ["3", "fast", "[]", "false", "[kind, synthetic]"])
+def test_a_section_that_is_not_a_mapping_is_refused(tmp_path, value):
+    """``data: []`` is as wrong as ``data: 3``: a section is a mapping (or empty, for its defaults)."""
+    expect_error(write(tmp_path, MINIMAL + f"data: {value}\n"), "data", "mapping")
+
+
+def test_a_job_that_is_not_a_mapping(tmp_path):
+    expect_error(write(tmp_path, "- model: m.yaml\n"), "mapping")
+
+
+def test_an_empty_job_lacks_the_model(tmp_path):
+    expect_error(write(tmp_path, ""), "missing", "'model'")
+
+
+# --- required keys and combinations --------------------------------------------------------------------------
+
+def test_missing_model(tmp_path):
+    expect_error(write(tmp_path, "batch_size: 8\nsteps: 1\n"), "missing", "'model'")
+
+
+def test_missing_batch_size(tmp_path):
+    expect_error(write(tmp_path, "model: m.yaml\nsteps: 1\n"), "missing", "'batch_size'")
+
+
+@pytest.mark.parametrize("batch", [0, -4])
+def test_non_positive_batch_size(tmp_path, batch):
+    expect_error(write(tmp_path, f"model: m.yaml\nbatch_size: {batch}\nsteps: 1\n"), "'batch_size'", "positive")
+
+
+def test_both_steps_and_epochs(tmp_path):
+    expect_error(write(tmp_path, MINIMAL + "epochs: 2\n"), "'steps'", "'epochs'")
+
+
+def test_neither_steps_nor_epochs(tmp_path):
+    expect_error(write(tmp_path, "model: m.yaml\nbatch_size: 8\n"), "'steps'", "'epochs'")
+
+
+def test_negative_steps(tmp_path):
+    expect_error(write(tmp_path, "model: m.yaml\nbatch_size: 8\nsteps: -1\n"), "'steps'")
+
+
+def test_hdf5_data_without_a_path(tmp_path):
+    expect_error(write(tmp_path, MINIMAL + "data: {kind: hdf5}\n"), "data.path", "hdf5")
+
+
+def test_hdf5_data_with_a_path_given_by_override(tmp_path):
+    job = load_job(write(tmp_path, MINIMAL + "data: {kind: hdf5}\n"), ["data.path=train.h5"])
+    assert job["data"]["kind"] == "hdf5" and job["data"]["path"] == "train.h5"
+
+
+@pytest.mark.parametrize("text, key, bad", [
+    ("backend: tpu", "'backend'", "tpu"),
+    ("dtype: float16", "'dtype'", "float16"),
+    ("data: {kind: csv}", "'data.kind'", "csv"),
+    ("optimizer: {kind: adam}", "'optimizer.kind'", "adam"),
+])
+def test_bad_choices(tmp_path, text, key, bad):
+    message = expect_error(write(tmp_path, MINIMAL + text + "\n"), key, bad)
+    assert "one of" in message
+
+
+@pytest.mark.parametrize("value", ["maybe", "'yes please'", "1", "[]"])
+def test_resume_other_than_auto_true_false(tmp_path, value):
+    expect_error(write(tmp_path, MINIMAL + f"resume: {value}\n"), "'resume'")
+
+
+@pytest.mark.parametrize("text, key", [("checkpoint: {every: 0}", "checkpoint.every"),
+                                       ("log: {every: 0}", "log.every")])
+def test_non_positive_intervals(tmp_path, text, key):
+    expect_error(write(tmp_path, MINIMAL + text + "\n"), key, "positive")
+
+
+# --- file problems -----------------------------------------------------------------------------------------
+
+def test_missing_job_file(tmp_path):
+    expect_error(str(tmp_path / "absent.yaml"), "not found")
+
+
+def test_invalid_yaml_names_the_line(tmp_path):
+    expect_error(write(tmp_path, MINIMAL + "optimizer: {lr: 0.1\n"), "not valid YAML", "line")
+
+
+def test_parse_job_uses_the_given_source_in_errors():
+    with pytest.raises(FormatError, match=r"^from-test: unknown key 'bogus'"):
+        parse_job({"model": "m", "batch_size": 1, "steps": 1, "bogus": 1}, "from-test")

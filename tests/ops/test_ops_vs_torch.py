@@ -1,0 +1,564 @@
+"""Every op's forward and backward against ``torch.nn.functional`` on the same inputs, float64 and float32.
+
+PyTorch gets ``y`` and, through autograd on ``sum(y * R)``, the gradients that spmdcnn's backward must return for
+``gy = R``. Per-side padding, which PyTorch's ops do not take, goes through ``F.pad`` first.
+"""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spmdcnn.ops import conv
+from spmdcnn.ops.add import add_backward, add_forward
+from spmdcnn.ops.batchnorm import batchnorm2d_backward, batchnorm2d_forward
+from spmdcnn.ops.concat import concat_backward, concat_forward
+from spmdcnn.ops.conv import ConvGeometry, conv2d_backward, conv2d_forward
+from spmdcnn.ops.flatten import flatten_backward, flatten_forward
+from spmdcnn.ops.linear import linear_backward, linear_forward
+from spmdcnn.ops.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from spmdcnn.ops.pool import (PoolGeometry, avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
+                              global_avgpool_forward, maxpool2d_backward, maxpool2d_forward)
+from spmdcnn.ops.relu import relu_backward, relu_forward
+from spmdcnn.ops.window import sides
+
+TOLERANCE = {np.float64: 1e-10, np.float32: 1e-5}
+DTYPES = [np.float64, np.float32]
+
+
+def assert_close(actual, expected, dtype, what="value"):
+    """Equal up to ``TOLERANCE[dtype]`` relative to the element and to the largest magnitude of ``expected``."""
+    expected = np.asarray(expected)
+    assert actual is not None, f"{what}: missing"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    assert actual.dtype == np.dtype(dtype), f"{what}: dtype {actual.dtype}, expected {np.dtype(dtype)}"
+    tol = TOLERANCE[dtype]
+    scale = float(np.abs(expected).max()) if expected.size else 0.0
+    np.testing.assert_allclose(actual, expected, rtol=tol, atol=tol * scale, err_msg=what)
+
+
+def torch_run(function, inputs, R):
+    """``y = function(*inputs)`` in PyTorch and the gradient of ``sum(y * R)`` wrt every input."""
+    tensors = [torch.tensor(a, requires_grad=True) for a in inputs]
+    y = function(*tensors)
+    (y * torch.from_numpy(R)).sum().backward()
+    return y.detach().numpy(), [t.grad.numpy() for t in tensors]
+
+
+def random(rng, shape, dtype):
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def torch_pad(x, padding, value=0.0):
+    (top, bottom), (left, right) = sides(padding)
+    return F.pad(x, (left, right, top, bottom), value=value)
+
+
+# ------------------------------------------------------------------------------------------------- conv2d
+
+# name: x shape, w shape, stride, padding, dilation, bias
+CONV_CASES = {
+    "pointwise": ((2, 3, 4, 5), (4, 3, 1, 1), 1, 0, 1, True),
+    "pointwise_nobias": ((3, 2, 3, 3), (5, 2, 1, 1), 1, 0, 1, False),
+    "stride1_3x3_pad1": ((2, 3, 5, 7), (4, 3, 3, 3), 1, 1, 1, True),
+    "stride1_rect_pad_hw": ((2, 2, 6, 5), (3, 2, 2, 3), 1, [1, 2], 1, True),
+    "stride1_dilated_per_side": ((2, 3, 7, 6), (2, 3, 3, 2), 1, [[2, 0], [1, 3]], [2, 3], True),
+    "stride1_1x1_padded": ((1, 2, 3, 4), (3, 2, 1, 1), 1, 1, 1, False),
+    "stride1_kernel_fills_input": ((2, 2, 4, 5), (3, 2, 4, 5), 1, 0, 1, True),
+    "stride1_7x7_pad3": ((2, 3, 9, 11), (8, 3, 7, 7), 1, 3, 1, True),
+    "strided_2_pad1_odd": ((2, 3, 7, 9), (4, 3, 3, 3), 2, 1, 1, True),
+    "strided_rect": ((3, 2, 8, 11), (3, 2, 3, 2), [2, 3], [1, 0], 1, False),
+    "strided_dilated_per_side": ((2, 3, 9, 10), (2, 3, 3, 3), [3, 2], [[1, 2], [0, 1]], [2, 3], True),
+    "strided_only_w": ((2, 2, 5, 6), (2, 2, 3, 3), [1, 2], 1, 1, True),
+    "strided_only_h_dilated": ((2, 2, 8, 5), (2, 2, 2, 3), [2, 1], [[0, 1], [2, 0]], [3, 1], False),
+    "strided_1x1": ((2, 3, 5, 5), (2, 3, 1, 1), 2, 0, 1, True),
+    "stride_beyond_kernel": ((1, 2, 7, 7), (2, 2, 2, 2), 3, 0, 1, True),
+    "alexnet_conv1_like": ((2, 3, 23, 23), (4, 3, 11, 11), 4, 2, 1, True),
+}
+
+
+def torch_conv(stride, padding, dilation):
+    def run(x, w, b=None):
+        return F.conv2d(torch_pad(x, padding), w, b, stride=stride, dilation=dilation)
+    return run
+
+
+def conv_reference(case, dtype, seed=0):
+    """Inputs, ``R`` and PyTorch's ``y, [gx, gw, gb]`` for one case."""
+    x_shape, w_shape, stride, padding, dilation, bias = CONV_CASES[case]
+    rng = np.random.default_rng(seed)
+    x, w = random(rng, x_shape, dtype), random(rng, w_shape, dtype)
+    b = random(rng, w_shape[0], dtype) if bias else None
+    geometry = ConvGeometry(stride, padding, dilation)
+    oH, oW = geometry.output_shape(x_shape[2], x_shape[3], w_shape[2], w_shape[3])
+    R = random(rng, (x_shape[0], w_shape[0], oH, oW), dtype)
+    inputs = [x, w] + ([b] if bias else [])
+    y, grads = torch_run(torch_conv(geometry.stride, padding, geometry.dilation), inputs, R)
+    return (x, w, b, geometry, R), y, grads + ([] if bias else [None])
+
+
+def check_conv(case, dtype, need_input_grad=True, gw_out=None, seed=0):
+    (x, w, b, geometry, R), y_ref, (gx_ref, gw_ref, gb_ref) = conv_reference(case, dtype, seed)
+    x_copy, w_copy = x.copy(), w.copy()
+    y, saved = conv2d_forward(x, w, b, geometry, need_input_grad=need_input_grad)
+    assert_close(y, y_ref, dtype, "y")
+    gx, gw, gb = conv2d_backward(R, saved, gw_out=gw_out)
+    if need_input_grad:
+        assert_close(gx, gx_ref, dtype, "gx")
+    else:
+        assert gx is None
+    assert_close(gw, gw_ref, dtype, "gw")
+    if gb_ref is None:
+        assert gb is None
+    else:
+        assert_close(gb, gb_ref, dtype, "gb")
+    np.testing.assert_array_equal(x, x_copy, err_msg="conv2d changed its input")
+    np.testing.assert_array_equal(w, w_copy, err_msg="conv2d changed its weight")
+    return gw
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(CONV_CASES))
+def test_conv2d(case, dtype):
+    check_conv(case, dtype)
+
+
+@pytest.mark.parametrize("case", ["pointwise", "stride1_dilated_per_side", "strided_rect"])
+def test_conv2d_without_input_gradient(case):
+    check_conv(case, np.float64, need_input_grad=False)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["pointwise", "stride1_3x3_pad1", "strided_dilated_per_side"])
+def test_conv2d_writes_weight_gradient_into_gw_out(case, dtype):
+    w_shape = CONV_CASES[case][1]
+    gw_out = np.full(w_shape, np.nan, dtype=dtype)   # stale content must be overwritten, not added to
+    gw = check_conv(case, dtype, gw_out=gw_out)
+    assert np.shares_memory(gw, gw_out)
+    np.testing.assert_array_equal(gw_out, gw)
+
+
+def set_block(monkeypatch, case, block):
+    """Make the column buffer hold ``block`` samples; the case's batch is padded to 5 samples."""
+    x_shape, w_shape, stride, padding, dilation, _ = CONV_CASES[case]
+    geometry = ConvGeometry(stride, padding, dilation)
+    layout = conv._Layout((5,) + x_shape[1:], w_shape[2], w_shape[3], geometry)
+    per_sample = x_shape[1] * w_shape[2] * w_shape[3] * layout.P * 4
+    monkeypatch.setattr(conv, "COLUMN_BYTES", block * per_sample)
+    assert conv._Layout((5,) + x_shape[1:], w_shape[2], w_shape[3], geometry).block == block
+
+
+BLOCK_CASES = ["stride1_3x3_pad1", "stride1_dilated_per_side", "strided_2_pad1_odd", "strided_dilated_per_side"]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block", [1, 2, 3])
+@pytest.mark.parametrize("case", BLOCK_CASES)
+def test_conv2d_in_sample_blocks(monkeypatch, case, block, dtype):
+    x_shape = CONV_CASES[case][0]
+    monkeypatch.setitem(CONV_CASES, case, ((5,) + x_shape[1:],) + CONV_CASES[case][1:])
+    set_block(monkeypatch, case, block)
+    check_conv(case, dtype, seed=3)
+    w_shape = CONV_CASES[case][1]
+    gw_out = np.full(w_shape, np.nan, dtype=dtype)
+    gw = check_conv(case, dtype, need_input_grad=False, gw_out=gw_out, seed=4)
+    assert np.shares_memory(gw, gw_out)
+
+
+@pytest.mark.parametrize("case", BLOCK_CASES)
+def test_conv2d_blocks_do_not_change_results(monkeypatch, case):
+    x_shape, w_shape, stride, padding, dilation, bias = CONV_CASES[case]
+    rng = np.random.default_rng(5)
+    x, w, b = rng.standard_normal((5,) + x_shape[1:]), rng.standard_normal(w_shape), rng.standard_normal(w_shape[0])
+    geometry = ConvGeometry(stride, padding, dilation)
+    y_whole, saved = conv2d_forward(x, w, b, geometry)
+    R = rng.standard_normal(y_whole.shape)
+    whole = conv2d_backward(R, saved)
+    monkeypatch.setitem(CONV_CASES, case, ((5,) + x_shape[1:],) + CONV_CASES[case][1:])
+    set_block(monkeypatch, case, 2)
+    y_blocks, saved = conv2d_forward(x, w, b, geometry)
+    np.testing.assert_allclose(y_blocks, y_whole, rtol=1e-13, atol=1e-13)
+    for got, expected in zip(conv2d_backward(R, saved), whole):
+        np.testing.assert_allclose(got, expected, rtol=1e-13, atol=1e-13)
+
+
+# ------------------------------------------------------------------------------------------------ pooling
+
+# name: x shape, kernel, stride, padding
+POOL_CASES = {
+    "k2_default_stride": ((2, 3, 6, 8), 2, None, 0),
+    "k3_s2_pad1_odd": ((2, 2, 7, 9), 3, 2, 1),
+    "rect_pad_hw": ((1, 3, 7, 6), [3, 2], [2, 1], [1, 0]),
+    "overlapping_s1": ((2, 2, 5, 5), 3, 1, 1),
+    "per_side_padding": ((2, 2, 6, 7), [2, 3], [2, 2], [[1, 0], [0, 2]]),
+    "stride_beyond_kernel": ((1, 2, 9, 8), 2, 3, 0),
+    "floor_drops_last_rows": ((3, 2, 8, 10), 3, 2, 0),
+    "kernel_16x16": ((1, 2, 17, 18), 16, 1, 0),
+    "kernel_17x17_wide_index": ((1, 2, 18, 19), 17, 1, 0),
+}
+
+
+def torch_pool(function, geometry, padding, pad_value):
+    def run(x):
+        return function(torch_pad(x, padding, pad_value), geometry.kernel, geometry.stride)
+    return run
+
+
+def check_pool(case, dtype, x, forward, backward, torch_function, pad_value):
+    _, kernel, stride, padding = POOL_CASES[case]
+    geometry = PoolGeometry(kernel, stride, padding)
+    x_copy = x.copy()
+    y, saved = forward(x, geometry)
+    R = random(np.random.default_rng(1), y.shape, dtype)
+    y_ref, (gx_ref,) = torch_run(torch_pool(torch_function, geometry, padding, pad_value), [x], R)
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(backward(R, saved), gx_ref, dtype, "gx")
+    np.testing.assert_array_equal(x, x_copy, err_msg="pooling changed its input")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_maxpool2d(case, dtype):
+    x = random(np.random.default_rng(6), POOL_CASES[case][0], dtype)
+    check_pool(case, dtype, x, maxpool2d_forward, maxpool2d_backward, F.max_pool2d, -np.inf)
+
+
+@pytest.mark.parametrize("values", ["all_equal", "integers", "negative_integers"])
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_maxpool2d_ties_go_to_first_maximum(case, values):
+    """PyTorch's CPU kernel keeps the first maximum of a window in row-major order; so must spmdcnn."""
+    shape = POOL_CASES[case][0]
+    rng = np.random.default_rng(7)
+    if values == "all_equal":
+        x = np.full(shape, 0.5)
+    elif values == "integers":
+        x = rng.integers(0, 3, shape).astype(np.float64)
+    else:
+        x = -rng.integers(1, 3, shape).astype(np.float64)   # below zero: padding must still never win
+    check_pool(case, np.float64, x, maxpool2d_forward, maxpool2d_backward, F.max_pool2d, -np.inf)
+
+
+def test_maxpool2d_tie_winner_is_explicitly_the_first():
+    x = np.array([[[[1.0, 3.0, 3.0], [3.0, 2.0, 3.0]]]])
+    y, saved = maxpool2d_forward(x, PoolGeometry([2, 3], 1))
+    assert y.shape == (1, 1, 1, 1) and y[0, 0, 0, 0] == 3.0
+    gx = maxpool2d_backward(np.ones_like(y), saved)
+    np.testing.assert_array_equal(gx, [[[[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(POOL_CASES))
+def test_avgpool2d(case, dtype):
+    x = random(np.random.default_rng(8), POOL_CASES[case][0], dtype)
+
+    def torch_avg(x, kernel, stride):
+        return F.avg_pool2d(x, kernel, stride, count_include_pad=True)
+    check_pool(case, dtype, x, avgpool2d_forward, avgpool2d_backward, torch_avg, 0.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["max", "avg"])
+@pytest.mark.parametrize("kernel,stride,padding", [(3, 2, 1), ([3, 2], [1, 2], [1, 1]), (2, None, [1, 0])])
+def test_pool_symmetric_padding_like_torch_padding_argument(kernel, stride, padding, kind, dtype):
+    """``padding: p`` / ``[ph, pw]`` is PyTorch's own padding argument, with no F.pad in between."""
+    x = random(np.random.default_rng(9), (2, 3, 7, 8), dtype)
+    geometry = PoolGeometry(kernel, stride, padding)
+    forward, backward = (maxpool2d_forward, maxpool2d_backward) if kind == "max" else \
+        (avgpool2d_forward, avgpool2d_backward)
+    y, saved = forward(x, geometry)
+    R = random(np.random.default_rng(10), y.shape, dtype)
+    if kind == "max":
+        def function(t):
+            return F.max_pool2d(t, geometry.kernel, geometry.stride, [p[0] for p in geometry.padding])
+    else:
+        def function(t):
+            return F.avg_pool2d(t, geometry.kernel, geometry.stride, [p[0] for p in geometry.padding],
+                                count_include_pad=True)
+    y_ref, (gx_ref,) = torch_run(function, [x], R)
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(backward(R, saved), gx_ref, dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (3, 2, 1, 1), (1, 4, 6, 1)])
+def test_global_avgpool(shape, dtype):
+    rng = np.random.default_rng(11)
+    x = random(rng, shape, dtype)
+    y, saved = global_avgpool_forward(x)
+    R = random(rng, y.shape, dtype)
+    y_ref, (gx_ref,) = torch_run(lambda t: F.adaptive_avg_pool2d(t, 1), [x], R)
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(global_avgpool_backward(R, saved), gx_ref, dtype, "gx")
+
+
+# ------------------------------------------------------------------------------------- element-wise, shape
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (7, 5)])
+def test_relu(shape, dtype):
+    rng = np.random.default_rng(12)
+    x = random(rng, shape, dtype)
+    x.flat[::7] = 0.0   # PyTorch's gradient at 0 is 0
+    y, saved = relu_forward(x)
+    R = random(rng, y.shape, dtype)
+    y_ref, (gx_ref,) = torch_run(F.relu, [x], R)
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(relu_backward(R, saved), gx_ref, dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_flatten(dtype):
+    rng = np.random.default_rng(13)
+    x = random(rng, (3, 4, 5, 2), dtype)
+    y, saved = flatten_forward(x)
+    R = random(rng, y.shape, dtype)
+    y_ref, (gx_ref,) = torch_run(lambda t: torch.flatten(t, 1), [x], R)
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(flatten_backward(R, saved), gx_ref, dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("channels", [(3, 1, 2), (2, 5)])
+def test_concat(channels, dtype):
+    rng = np.random.default_rng(14)
+    xs = [random(rng, (2, c, 3, 5), dtype) for c in channels]
+    y, saved = concat_forward(xs)
+    R = random(rng, y.shape, dtype)
+    y_ref, grads_ref = torch_run(lambda *ts: torch.cat(ts, dim=1), xs, R)
+    assert_close(y, y_ref, dtype, "y")
+    grads = concat_backward(R, saved)
+    assert len(grads) == len(xs)
+    for i, (g, g_ref) in enumerate(zip(grads, grads_ref)):
+        assert_close(np.asarray(g), g_ref, dtype, f"gx{i}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("count", [2, 3, 4])
+def test_add(count, dtype):
+    rng = np.random.default_rng(15)
+    xs = [random(rng, (2, 3, 4, 5), dtype) for _ in range(count)]
+    copies = [x.copy() for x in xs]
+    y, saved = add_forward(xs)
+    R = random(rng, y.shape, dtype)
+    y_ref, grads_ref = torch_run(lambda *ts: sum(ts[1:], ts[0]), xs, R)
+    assert_close(y, y_ref, dtype, "y")
+    for x, x_copy in zip(xs, copies):
+        np.testing.assert_array_equal(x, x_copy, err_msg="add changed an input")
+    grads = add_backward(R, saved)
+    assert len(grads) == count
+    for i, (g, g_ref) in enumerate(zip(grads, grads_ref)):
+        assert_close(g, g_ref, dtype, f"gx{i}")
+
+
+# ----------------------------------------------------------------------------------------------- linear
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,bias", [((5, 7, 3), True), ((1, 4, 6), True), ((4, 9, 2), False)])
+def test_linear(shape, bias, dtype):
+    N, F_in, F_out = shape
+    rng = np.random.default_rng(16)
+    x, w = random(rng, (N, F_in), dtype), random(rng, (F_out, F_in), dtype)
+    b = random(rng, F_out, dtype) if bias else None
+    y, saved = linear_forward(x, w, b)
+    R = random(rng, y.shape, dtype)
+    y_ref, grads_ref = torch_run(F.linear, [x, w] + ([b] if bias else []), R)
+    assert_close(y, y_ref, dtype, "y")
+    gx, gw, gb = linear_backward(R, saved)
+    assert_close(gx, grads_ref[0], dtype, "gx")
+    assert_close(gw, grads_ref[1], dtype, "gw")
+    if bias:
+        assert_close(gb, grads_ref[2], dtype, "gb")
+    else:
+        assert gb is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_without_input_gradient_into_gw_out(dtype):
+    rng = np.random.default_rng(17)
+    x, w, b = random(rng, (6, 5), dtype), random(rng, (4, 5), dtype), random(rng, 4, dtype)
+    y, saved = linear_forward(x, w, b, need_input_grad=False)
+    R = random(rng, y.shape, dtype)
+    _, grads_ref = torch_run(F.linear, [x, w, b], R)
+    gw_out = np.full(w.shape, np.nan, dtype=dtype)
+    gx, gw, gb = linear_backward(R, saved, gw_out=gw_out)
+    assert gx is None
+    assert np.shares_memory(gw, gw_out)
+    assert_close(gw_out, grads_ref[1], dtype, "gw_out")
+    assert_close(gb, grads_ref[2], dtype, "gb")
+
+
+# -------------------------------------------------------------------------------------------- batchnorm
+
+def bn_inputs(rng, shape, dtype):
+    C = shape[1]
+    x = (3.0 * rng.standard_normal(shape) + 1.5).astype(dtype)
+    gamma, beta = random(rng, C, dtype), random(rng, C, dtype)
+    running_mean, running_var = random(rng, C, dtype), rng.uniform(0.5, 2.0, C).astype(dtype)
+    return x, gamma, beta, running_mean, running_var
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,eps,momentum", [((4, 3, 5, 7), 1e-5, 0.1), ((2, 5, 1, 1), 1e-3, 0.3),
+                                                ((1, 2, 3, 4), 1e-5, 1.0)])
+def test_batchnorm2d_training(shape, eps, momentum, dtype):
+    rng = np.random.default_rng(18)
+    x, gamma, beta, running_mean, running_var = bn_inputs(rng, shape, dtype)
+    torch_mean, torch_var = torch.tensor(running_mean), torch.tensor(running_var)
+    x_copy = x.copy()
+    y, saved = batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=eps, momentum=momentum,
+                                   training=True)
+    R = random(rng, y.shape, dtype)
+
+    def function(t, g, b):
+        return F.batch_norm(t, torch_mean, torch_var, g, b, training=True, momentum=momentum, eps=eps)
+    y_ref, (gx_ref, ggamma_ref, gbeta_ref) = torch_run(function, [x, gamma, beta], R)
+    assert_close(y, y_ref, dtype, "y")
+    # running statistics are updated in place; the variance estimate is unbiased, as PyTorch's
+    assert_close(running_mean, torch_mean.numpy(), dtype, "running_mean")
+    assert_close(running_var, torch_var.numpy(), dtype, "running_var")
+    np.testing.assert_array_equal(x, x_copy, err_msg="batchnorm changed its input")
+    gx, ggamma, gbeta = batchnorm2d_backward(R, saved)
+    assert_close(gx, gx_ref, dtype, "gx")
+    assert_close(ggamma, ggamma_ref, dtype, "ggamma")
+    assert_close(gbeta, gbeta_ref, dtype, "gbeta")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batchnorm2d_tile_with_reduce_and_global_count(dtype):
+    """A tile whose ``reduce`` adds the partial sums of two identical tiles, with ``count`` the global M, computes
+    what one device computes on the global batch ``concat([x, x])``."""
+    rng = np.random.default_rng(19)
+    x, gamma, beta, running_mean, running_var = bn_inputs(rng, (3, 2, 4, 5), dtype)
+    mean_tile, var_tile = running_mean.copy(), running_var.copy()
+    y, saved = batchnorm2d_forward(x, gamma, beta, mean_tile, var_tile, training=True,
+                                   reduce=lambda partial: 2 * partial, count=2 * 3 * 4 * 5)
+    y_whole, saved_whole = batchnorm2d_forward(np.concatenate([x, x]), gamma, beta, running_mean, running_var,
+                                               training=True)
+    assert_close(y, y_whole[:3], dtype, "y")
+    assert_close(mean_tile, running_mean, dtype, "running_mean")
+    assert_close(var_tile, running_var, dtype, "running_var")   # unbiased with the global M
+    R = random(rng, y.shape, dtype)
+    gx, ggamma, gbeta = batchnorm2d_backward(R, saved)
+    gx_whole, ggamma_whole, gbeta_whole = batchnorm2d_backward(np.concatenate([R, R]), saved_whole)
+    assert_close(gx, gx_whole[:3], dtype, "gx")
+    assert_close(ggamma, ggamma_whole, dtype, "ggamma")
+    assert_close(gbeta, gbeta_whole, dtype, "gbeta")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batchnorm2d_eval(dtype):
+    rng = np.random.default_rng(20)
+    x, gamma, beta, running_mean, running_var = bn_inputs(rng, (3, 4, 5, 3), dtype)
+    mean_copy, var_copy = running_mean.copy(), running_var.copy()
+    y, saved = batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-3, momentum=0.1,
+                                   training=False)
+    R = random(rng, y.shape, dtype)
+
+    def function(t):
+        return F.batch_norm(t, torch.tensor(mean_copy), torch.tensor(var_copy), torch.tensor(gamma),
+                            torch.tensor(beta), training=False, momentum=0.1, eps=1e-3)
+    y_ref, (gx_ref,) = torch_run(function, [x], R)
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(batchnorm2d_backward(R, saved)[0], gx_ref, dtype, "gx")
+    np.testing.assert_array_equal(running_mean, mean_copy, err_msg="eval mode changed running_mean")
+    np.testing.assert_array_equal(running_var, var_copy, err_msg="eval mode changed running_var")
+
+
+# ------------------------------------------------------------------------------------------------- loss
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("N,F_,total", [(6, 5, None), (6, 5, 16), (1, 3, None), (8, 10, 9)])
+def test_softmax_cross_entropy(N, F_, total, dtype):
+    rng = np.random.default_rng(21)
+    logits = (4.0 * rng.standard_normal((N, F_))).astype(dtype)
+    logits[0, 0] = 60.0   # large logits must not overflow
+    labels = rng.integers(0, F_, N)
+    logits_copy = logits.copy()
+    loss, saved = softmax_cross_entropy_forward(logits, labels, total)
+    gloss = 0.75
+    divisor = N if total is None else total
+
+    def function(t):
+        return F.cross_entropy(t, torch.from_numpy(labels), reduction="sum") / divisor
+    t = torch.tensor(logits, requires_grad=True)
+    loss_ref = function(t)
+    (gloss * loss_ref).backward()
+    if total is None:
+        torch.testing.assert_close(loss_ref, F.cross_entropy(t, torch.from_numpy(labels)))  # the mean
+    assert isinstance(loss, float)
+    np.testing.assert_allclose(loss, loss_ref.item(), rtol=TOLERANCE[dtype])
+    assert_close(softmax_cross_entropy_backward(gloss, saved), t.grad.numpy(), dtype, "glogits")
+    np.testing.assert_array_equal(logits, logits_copy, err_msg="the loss changed its logits")
+
+
+def test_softmax_cross_entropy_shares_sum_to_the_global_mean():
+    """Tiles holding some samples each return their share; the shares add up to the global mean."""
+    rng = np.random.default_rng(22)
+    logits = rng.standard_normal((7, 4))
+    labels = rng.integers(0, 4, 7)
+    whole, saved = softmax_cross_entropy_forward(logits, labels)
+    parts = [softmax_cross_entropy_forward(logits[a:b], labels[a:b], total=7) for a, b in ((0, 3), (3, 7))]
+    np.testing.assert_allclose(sum(loss for loss, _ in parts), whole, rtol=1e-14)
+    grads = [softmax_cross_entropy_backward(1.0, s) for _, s in parts]
+    np.testing.assert_allclose(np.concatenate(grads), softmax_cross_entropy_backward(1.0, saved), rtol=1e-14)
+
+
+# ------------------------------------------------------------------------------------- non-contiguous views
+
+@pytest.mark.parametrize("case", ["pointwise", "stride1_dilated_per_side", "strided_2_pad1_odd", "strided_1x1"])
+def test_conv2d_accepts_non_contiguous_views(case):
+    """The runtime hands over views: ``gy`` split off by concat's backward, inputs sliced from a larger array."""
+    (x, w, b, geometry, R), y_ref, grads_ref = conv_reference(case, np.float64, seed=23)
+    wide_x = np.zeros((x.shape[0], x.shape[1] + 2) + x.shape[2:])
+    wide_x[:, 1:-1] = x
+    y, saved = conv2d_forward(wide_x[:, 1:-1], w, b, geometry)
+    assert_close(y, y_ref, np.float64, "y")
+    gy = concat_backward(concat_forward([R, np.zeros_like(R)])[0], [R.shape[1], R.shape[1]])[0]
+    assert not gy.flags.c_contiguous
+    for got, expected, name in zip(conv2d_backward(gy, saved), grads_ref, ("gx", "gw", "gb")):
+        if expected is None:
+            assert got is None
+        else:
+            assert_close(got, expected, np.float64, name)
+
+
+def test_pool_batchnorm_relu_accept_non_contiguous_gradients():
+    rng = np.random.default_rng(24)
+    x = rng.standard_normal((2, 3, 6, 7))
+
+    def strided_like(shape):
+        gy = rng.standard_normal((shape[0], 2 * shape[1]) + shape[2:])[:, ::2]
+        assert not gy.flags.c_contiguous
+        return gy, np.ascontiguousarray(gy)
+
+    geometry = PoolGeometry(3, 2, 1)
+    for forward, backward in ((maxpool2d_forward, maxpool2d_backward), (avgpool2d_forward, avgpool2d_backward)):
+        y, saved = forward(x, geometry)
+        gy, dense = strided_like(y.shape)
+        np.testing.assert_array_equal(backward(gy, saved), backward(dense, saved))
+    gy, dense = strided_like(x.shape)
+    _, saved = batchnorm2d_forward(x, np.ones(3), np.zeros(3), np.zeros(3), np.ones(3), training=True)
+    for a, b in zip(batchnorm2d_backward(gy, saved), batchnorm2d_backward(dense, saved)):
+        np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-14)
+    _, saved = relu_forward(x)
+    np.testing.assert_array_equal(relu_backward(gy, saved), relu_backward(dense, saved))
+
+
+# --------------------------------------------------------------------------------------------------- errors
+
+def test_conv2d_rejects_channel_mismatch():
+    with pytest.raises(ValueError, match="3 channels.*expects 2"):
+        conv2d_forward(np.zeros((1, 3, 4, 4)), np.zeros((2, 2, 3, 3)), None, ConvGeometry())
+
+
+@pytest.mark.parametrize("labels,fragment", [([0, 3], r"\[0, 3\)"), ([-1, 0], r"\[0, 3\)"), ([0], "labels of shape")])
+def test_softmax_cross_entropy_rejects_bad_labels(labels, fragment):
+    with pytest.raises(ValueError, match=fragment):
+        softmax_cross_entropy_forward(np.zeros((2, 3)), np.array(labels))
+
+
+@pytest.mark.parametrize("make", [lambda: ConvGeometry(stride=[1, 2, 3]), lambda: PoolGeometry([2, 2, 2]),
+                                  lambda: ConvGeometry(padding=[1, 2, 3]), lambda: ConvGeometry(dilation=(1,))])
+def test_geometry_rejects_malformed_pairs(make):
+    with pytest.raises(ValueError, match="expected an int or \\[h, w\\]"):
+        make()

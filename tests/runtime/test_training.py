@@ -1,0 +1,139 @@
+"""The training loop: checkpoints, metrics, resume and init (DESIGN.md §3.3-3.5)."""
+
+import json
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from spmdcnn.graph import load_model
+from spmdcnn.io.checkpoint import CheckpointError, load_checkpoint
+from spmdcnn.io.job import parse_job
+from spmdcnn.runtime.executor import Executor
+from spmdcnn.runtime.train import Trainer
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+
+
+def make_job(tmp_path, **overrides):
+    job = {"model": os.path.join(MODELS, "tiny_cnn.yaml"), "batch_size": 8, "steps": 6,
+           "data": {"kind": "synthetic", "num_samples": 32, "seed": 3},
+           "optimizer": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-4},
+           "checkpoint": {"path": str(tmp_path / "run.h5"), "every": 2},
+           "log": {"every": 1, "metrics": str(tmp_path / "metrics.jsonl")}, "dtype": "float64", "seed": 5}
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(job.get(key), dict):
+            job[key] = {**job[key], **value}
+        else:
+            job[key] = value
+    return parse_job(job, "test-job")
+
+
+def quiet(_line):
+    pass
+
+
+def test_training_writes_checkpoint_and_metrics(tmp_path):
+    result = Trainer(make_job(tmp_path), log=quiet).run()
+    assert result["steps"] == 6 and len(result["losses"]) == 6
+    ckpt = load_checkpoint(tmp_path / "run.h5")
+    assert ckpt.step == 6 and ckpt.epoch == 1           # 4 batches of 8 per epoch of 32 samples
+    assert set(ckpt.params) == set(load_model(os.path.join(MODELS, "tiny_cnn.yaml")).param_shapes())
+    assert ckpt.momentum and ckpt.buffers
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4, 5, 6]
+    assert all({"loss", "images_per_s", "accuracy"} <= set(line) for line in lines)
+    assert [line["loss"] for line in lines] == result["losses"]
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_training_reduces_the_loss(tmp_path):
+    job = make_job(tmp_path, steps=40, data={"num_samples": 320},
+                   checkpoint={"path": None, "every": None}, log={"every": 40, "metrics": None})
+    losses = Trainer(job, log=quiet).run()["losses"]
+    assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
+
+
+def test_resumed_run_equals_uninterrupted_run_bit_for_bit(tmp_path):
+    whole = tmp_path / "whole"
+    parts = tmp_path / "parts"
+    whole.mkdir()
+    parts.mkdir()
+    uninterrupted = Trainer(make_job(whole), log=quiet).run()["losses"]
+    first = Trainer(make_job(parts, steps=3), log=quiet).run()["losses"]
+    assert load_checkpoint(parts / "run.h5").step == 3
+    second = Trainer(make_job(parts), log=quiet)
+    assert second.start_step == 3
+    rest = second.run()["losses"]
+    assert first + rest == uninterrupted
+    a, b = load_checkpoint(whole / "run.h5"), load_checkpoint(parts / "run.h5")
+    for name in a.params:
+        assert np.array_equal(a.params[name], b.params[name]), name
+        assert np.array_equal(a.momentum[name], b.momentum[name]), name
+    for name in a.buffers:
+        assert np.array_equal(a.buffers[name], b.buffers[name]), name
+    steps = [json.loads(line)["step"] for line in (parts / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_init_loads_weights_only(tmp_path):
+    Trainer(make_job(tmp_path, steps=2), log=quiet).run()
+    source = load_checkpoint(tmp_path / "run.h5")
+    other = tmp_path / "other"
+    other.mkdir()
+    trainer = Trainer(make_job(other, steps=0, init=str(tmp_path / "run.h5")), log=quiet)
+    assert trainer.start_step == 0
+    for name, value in source.params.items():
+        assert np.array_equal(trainer.executor.params[name], value)
+    assert not trainer.optimizer.velocity.flat.any()
+
+
+def test_resume_wins_over_init(tmp_path):
+    Trainer(make_job(tmp_path, steps=2), log=quiet).run()
+    trainer = Trainer(make_job(tmp_path, init="/nonexistent.h5"), log=quiet)
+    assert trainer.start_step == 2
+
+
+def test_resume_true_needs_a_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="no checkpoint"):
+        Trainer(make_job(tmp_path, resume=True), log=quiet)
+
+
+def test_resume_false_starts_over(tmp_path):
+    Trainer(make_job(tmp_path, steps=2), log=quiet).run()
+    assert Trainer(make_job(tmp_path, resume=False), log=quiet).start_step == 0
+
+
+def test_checkpoint_of_another_model_is_refused(tmp_path):
+    Trainer(make_job(tmp_path, steps=1), log=quiet).run()
+    with pytest.raises(CheckpointError, match="does not fit model"):
+        Trainer(make_job(tmp_path, model=os.path.join(MODELS, "small_resnet.yaml")), log=quiet)
+
+
+def test_epochs_and_hdf5_data(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as f:
+        f["images"] = rng.integers(0, 256, (20, 3, 15, 13), dtype=np.uint8)
+        f["labels"] = rng.integers(0, 10, 20)
+        f["images"].attrs["mean"] = [0.5, 0.4, 0.3]
+        f["images"].attrs["std"] = [0.2, 0.25, 0.3]
+    job = make_job(tmp_path, steps=None, epochs=2, batch_size=6,
+                   data={"kind": "hdf5", "path": str(path), "shuffle": True})
+    result = Trainer(job, log=quiet).run()
+    assert result["steps"] == 2 * (20 // 6)
+
+
+def test_first_layer_computes_no_input_gradient():
+    graph = load_model(os.path.join(MODELS, "alexnet.yaml"))
+    executor = Executor(graph)
+    assert not executor.needs_input_grad(graph.layers[0])
+    assert executor.needs_input_grad(graph.by_name["conv2"])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+def test_nonfinite_loss_stops_the_run(tmp_path):
+    job = make_job(tmp_path, optimizer={"lr": 1e30}, steps=6, checkpoint={"path": None, "every": None})
+    with pytest.raises(FloatingPointError, match="loss"):
+        Trainer(job, log=quiet).run()
