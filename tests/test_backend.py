@@ -1,0 +1,37 @@
+import numpy as np
+import pytest
+
+from spmdcnn import backend
+
+
+def test_numpy_is_the_default_without_a_gpu(monkeypatch):
+    monkeypatch.setattr(backend, "_cupy", lambda: None)
+    assert backend.get_array_module("auto") is np
+    assert backend.get_array_module("numpy") is np
+
+
+def test_cupy_asked_for_but_missing_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(backend, "_cupy", lambda: None)
+    with pytest.raises(RuntimeError, match="CuPy is not installed"):
+        backend.get_array_module("cupy")
+
+
+def test_unknown_backend_and_dtype():
+    with pytest.raises(ValueError, match="unknown backend"):
+        backend.get_array_module("tpu")
+    with pytest.raises(ValueError, match="unsupported dtype"):
+        backend.resolve_dtype("float16")
+    assert backend.resolve_dtype("float64") == np.float64
+
+
+def test_array_module_of_numpy_arrays():
+    assert backend.array_module(np.zeros(2)) is np
+
+
+@pytest.mark.parametrize("variable", ["OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK"])
+def test_local_rank_from_the_launcher(monkeypatch, variable):
+    for name in backend._LOCAL_RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    assert backend.local_rank() == 0
+    monkeypatch.setenv(variable, "3")
+    assert backend.local_rank() == 3
