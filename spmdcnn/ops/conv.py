@@ -50,7 +50,7 @@ class ConvGeometry:
 class _Layout:
     """Where each kernel position's window lies, for one input size; shared by forward and backward."""
 
-    def __init__(self, x_shape, kH, kW, geometry):
+    def __init__(self, x_shape, kH, kW, geometry, itemsize):
         N, C, H, W = x_shape
         self.C, self.H, self.W, self.kH, self.kW = C, H, W, kH, kW
         self.geometry = geometry
@@ -63,7 +63,7 @@ class _Layout:
         dh, dw = geometry.dilation
         self.tail = (kW - 1) * dw if self.shifted else 0     # the last window runs past the plane's end
         self.offsets = [(p, q, p * dh * self.Wp + q * dw) for p in range(kH) for q in range(kW)]
-        self.block = max(1, min(N, COLUMN_BYTES // max(C * kH * kW * self.P * 4, 1)))
+        self.block = max(1, min(N, COLUMN_BYTES // max(C * kH * kW * self.P * itemsize, 1)))
 
     def padded(self, x, out=None):
         """The block ``x`` zero-padded: (Nb, C, Hp*Wp + tail) when shifted, (Nb, C, Hp, Wp) otherwise."""
@@ -159,6 +159,8 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
     if Cw != C:
         raise ValueError(f"conv2d: input has {C} channels, weight expects {Cw}")
     oH, oW = geometry.output_shape(H, W, kH, kW)
+    if oH <= 0 or oW <= 0:
+        raise ValueError(f"conv2d: a {kH}x{kW} kernel with {geometry} over a {H}x{W} input gives an empty output")
     y = xp.empty((N, K, oH, oW), dtype=x.dtype)
     w2 = w.reshape(K, C * kH * kW)
     saved = (x, w, b is not None, geometry, need_input_grad)
@@ -167,7 +169,7 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
         if b is not None:
             y += b.reshape(1, K, 1, 1)
         return y, saved
-    layout = _Layout(x.shape, kH, kW, geometry)
+    layout = _Layout(x.shape, kH, kW, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
     columns = xp.empty((C, kH, kW, Nb, P), dtype=x.dtype)
     product = xp.empty((K, Nb * P), dtype=x.dtype)
@@ -202,7 +204,7 @@ def conv2d_backward(gy, saved, gw_out=None):
                         out=gw2)  # (K, N*HW) @ (N*HW, C)
         gx = xp.matmul(w2.T, gy_nkp).reshape(N, C, H, W) if need_input_grad else None  # (N, C, HW)
         return gx, gw2.reshape(w.shape), gb
-    layout = _Layout(x.shape, kH, kW, geometry)
+    layout = _Layout(x.shape, kH, kW, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
     columns = xp.empty((C, kH, kW, Nb, P), dtype=x.dtype)
     positions = xp.empty((K, Nb * P), dtype=x.dtype)

@@ -174,7 +174,6 @@ def test_conv2d_blocks_do_not_change_results(monkeypatch, case):
     y_whole, saved = conv2d_forward(x, w, b, geometry)
     R = rng.standard_normal(y_whole.shape)
     whole = conv2d_backward(R, saved)
-    monkeypatch.setitem(CONV_CASES, case, ((5,) + x_shape[1:],) + CONV_CASES[case][1:])
     set_block(monkeypatch, case, 2)
     y_blocks, saved = conv2d_forward(x, w, b, geometry)
     np.testing.assert_allclose(y_blocks, y_whole, rtol=1e-13, atol=1e-13)
