@@ -43,6 +43,9 @@ def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, st
     os.makedirs(directory, exist_ok=True)
     handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
     os.close(handle)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(temporary, 0o666 & ~umask)      # mkstemp's file is private; a checkpoint is an ordinary file
     try:
         with h5py.File(temporary, "w") as f:
             f.attrs.update(format=FORMAT, step=int(step), epoch=int(epoch), model=model_text, plan=plan_text or "",
@@ -108,10 +111,16 @@ class Checkpoint:
                                   + "; ".join(details))
 
 
-def _read_group(group):
+def _read_group(group, where):
+    if not isinstance(group, h5py.Group):
+        raise CheckpointError(f"/{where} is a dataset where a group of layers belongs")
     arrays = {}
     for layer, sub in group.items():
+        if not isinstance(sub, h5py.Group):
+            raise CheckpointError(f"/{where}/{layer} is a dataset where a group of tensors belongs")
         for kind, dataset in sub.items():
+            if not isinstance(dataset, h5py.Dataset):
+                raise CheckpointError(f"/{where}/{layer}/{kind} is a group where an array belongs")
             arrays[f"{layer}.{kind}"] = dataset[()]
     return arrays
 
@@ -130,14 +139,20 @@ def load_checkpoint(path):
             for key in ("step", "epoch", "model"):
                 if key not in attrs:
                     raise CheckpointError(f"{path}: checkpoint lacks the attribute {key!r}")
-            params = _read_group(f["params"])
-            buffers = _read_group(f["buffers"]) if "buffers" in f else {}
-            momentum = _read_group(f["optimizer/momentum"]) if "optimizer/momentum" in f else {}
+            if "params" not in f:
+                raise CheckpointError("it has no /params group")
+            params = _read_group(f["params"], "params")
+            buffers = _read_group(f["buffers"], "buffers") if "buffers" in f else {}
+            momentum = _read_group(f["optimizer/momentum"], "optimizer/momentum") if "optimizer/momentum" in f else {}
             state = {key: _plain(value) for key, value in f["state"].attrs.items()} if "state" in f else {}
-    except CheckpointError:
-        raise
-    except (OSError, KeyError, ValueError) as error:
-        raise CheckpointError(f"{path}: cannot read checkpoint (truncated or corrupt?): {error}") from None
+    except CheckpointError as error:
+        message = str(error)
+        if message.startswith(path):
+            raise
+        raise CheckpointError(f"{path}: not a valid spmdcnn checkpoint: {message}") from None
+    except Exception as error:  # h5py reports damage as OSError, RuntimeError, KeyError, TypeError, ...
+        raise CheckpointError(f"{path}: cannot read checkpoint (truncated or corrupt?): "
+                              f"{type(error).__name__}: {error}") from None
     return Checkpoint(path, attrs, params, buffers, momentum, state)
 
 

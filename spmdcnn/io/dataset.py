@@ -37,6 +37,13 @@ class HDF5Dataset:
             raise DataError(f"{self.path}: dataset not found") from None
         except OSError as error:
             raise DataError(f"{self.path}: cannot open dataset (not HDF5, or unreadable): {error}") from None
+        try:
+            self._validate()
+        except BaseException:
+            self.file.close()
+            raise
+
+    def _validate(self):
         for key in ("images", "labels"):
             if key not in self.file:
                 raise DataError(f"{self.path}: dataset lacks /{key} (expected /images (N, C, H, W) and /labels (N,))")
@@ -97,6 +104,9 @@ class HDF5Dataset:
         return out, labels.astype(np.int64)
 
     def batch(self, epoch, s, batch, dtype=np.float32):
+        if not 0 <= s < self.batches_per_epoch(batch):
+            raise DataError(f"{self.path}: batch {s} of {batch} samples lies outside an epoch of "
+                            f"{self.num_samples} samples")
         order = sample_order(self.num_samples, epoch, self.seed, self.shuffle)
         return self.read(order[s * batch:(s + 1) * batch], dtype)
 

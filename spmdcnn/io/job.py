@@ -76,7 +76,8 @@ def _validate(values, schema, source, prefix=()):
         path = prefix + (key,)
         dotted = ".".join(path)
         if isinstance(rule, dict):
-            out[key] = _validate(values.get(key) or {}, rule, source, path)
+            section = values.get(key)
+            out[key] = _validate({} if section is None else section, rule, source, path)
             continue
         types, default = rule
         if key not in values:
@@ -86,6 +87,8 @@ def _validate(values, schema, source, prefix=()):
             continue
         value = values[key]
         accepted = types if isinstance(types, tuple) else (types,)
+        if accepted == _NUMBER and isinstance(value, str):
+            value = _number(value)          # YAML 1.1 reads 1e-3 (no dot) as a string
         if isinstance(value, bool) and bool not in accepted:
             ok = False
         else:
@@ -97,6 +100,13 @@ def _validate(values, schema, source, prefix=()):
             raise FormatError(f"{source}: '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
         out[key] = float(value) if accepted == _NUMBER else value
     return out
+
+
+def _number(text):
+    try:
+        return float(text)
+    except ValueError:
+        return text
 
 
 def apply_overrides(values, overrides, source="--set"):

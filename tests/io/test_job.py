@@ -295,3 +295,10 @@ def test_invalid_yaml_names_the_line(tmp_path):
 def test_parse_job_uses_the_given_source_in_errors():
     with pytest.raises(FormatError, match=r"^from-test: unknown key 'bogus'"):
         parse_job({"model": "m", "batch_size": 1, "steps": 1, "bogus": 1}, "from-test")
+
+
+def test_exponent_numbers_without_a_dot_are_numbers():
+    """YAML 1.1 reads 1e-3 as a string; number keys take it as the number it spells."""
+    from spmdcnn.io.job import parse_job
+    job = parse_job({"model": "m.yaml", "batch_size": 2, "steps": 1}, "job.yaml", ["optimizer.lr=1e-3"])
+    assert job["optimizer"]["lr"] == 1e-3

@@ -127,10 +127,10 @@ def test_conv2d_gradients(case):
 def test_conv2d_gradients_in_sample_blocks(monkeypatch, case, block):
     x_shape, w_shape, stride, padding, dilation, bias = CONV_CASES[case]
     x_shape = (5,) + x_shape[1:]   # 5 samples: blocks of 2 leave a partial last block
-    layout = conv._Layout(x_shape, w_shape[2], w_shape[3], ConvGeometry(stride, padding, dilation))
-    per_sample = x_shape[1] * w_shape[2] * w_shape[3] * layout.P * 4
+    layout = conv._Layout(x_shape, w_shape[2], w_shape[3], ConvGeometry(stride, padding, dilation), 8)
+    per_sample = x_shape[1] * w_shape[2] * w_shape[3] * layout.P * 8    # float64
     monkeypatch.setattr(conv, "COLUMN_BYTES", block * per_sample)
-    assert conv._Layout(x_shape, w_shape[2], w_shape[3], ConvGeometry(stride, padding, dilation)).block == block
+    assert conv._Layout(x_shape, w_shape[2], w_shape[3], ConvGeometry(stride, padding, dilation), 8).block == block
     conv_gradient_check(x_shape, w_shape, stride, padding, dilation, bias, seed=7)
 
 

@@ -138,14 +138,15 @@ def test_conv2d_writes_weight_gradient_into_gw_out(case, dtype):
     np.testing.assert_array_equal(gw_out, gw)
 
 
-def set_block(monkeypatch, case, block):
+def set_block(monkeypatch, case, block, dtype):
     """Make the column buffer hold ``block`` samples; the case's batch is padded to 5 samples."""
     x_shape, w_shape, stride, padding, dilation, _ = CONV_CASES[case]
     geometry = ConvGeometry(stride, padding, dilation)
-    layout = conv._Layout((5,) + x_shape[1:], w_shape[2], w_shape[3], geometry)
-    per_sample = x_shape[1] * w_shape[2] * w_shape[3] * layout.P * 4
+    itemsize = np.dtype(dtype).itemsize
+    layout = conv._Layout((5,) + x_shape[1:], w_shape[2], w_shape[3], geometry, itemsize)
+    per_sample = x_shape[1] * w_shape[2] * w_shape[3] * layout.P * itemsize
     monkeypatch.setattr(conv, "COLUMN_BYTES", block * per_sample)
-    assert conv._Layout((5,) + x_shape[1:], w_shape[2], w_shape[3], geometry).block == block
+    assert conv._Layout((5,) + x_shape[1:], w_shape[2], w_shape[3], geometry, itemsize).block == block
 
 
 BLOCK_CASES = ["stride1_3x3_pad1", "stride1_dilated_per_side", "strided_2_pad1_odd", "strided_dilated_per_side"]
@@ -157,7 +158,7 @@ BLOCK_CASES = ["stride1_3x3_pad1", "stride1_dilated_per_side", "strided_2_pad1_o
 def test_conv2d_in_sample_blocks(monkeypatch, case, block, dtype):
     x_shape = CONV_CASES[case][0]
     monkeypatch.setitem(CONV_CASES, case, ((5,) + x_shape[1:],) + CONV_CASES[case][1:])
-    set_block(monkeypatch, case, block)
+    set_block(monkeypatch, case, block, dtype)
     check_conv(case, dtype, seed=3)
     w_shape = CONV_CASES[case][1]
     gw_out = np.full(w_shape, np.nan, dtype=dtype)
@@ -174,7 +175,7 @@ def test_conv2d_blocks_do_not_change_results(monkeypatch, case):
     y_whole, saved = conv2d_forward(x, w, b, geometry)
     R = rng.standard_normal(y_whole.shape)
     whole = conv2d_backward(R, saved)
-    set_block(monkeypatch, case, 2)
+    set_block(monkeypatch, case, 2, np.float64)
     y_blocks, saved = conv2d_forward(x, w, b, geometry)
     np.testing.assert_allclose(y_blocks, y_whole, rtol=1e-13, atol=1e-13)
     for got, expected in zip(conv2d_backward(R, saved), whole):
