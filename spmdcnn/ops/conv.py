@@ -19,7 +19,8 @@ import numpy as np
 
 from .. import backend
 from .parallel import parallel_for
-from .window import output_extent, pad_spatial, pair, sides, window_slice
+from .scratch import scratch
+from .window import output_extent, pair, sides, window_slice
 
 COLUMN_BYTES = 48 << 20
 
@@ -65,23 +66,28 @@ class _Layout:
         self.offsets = [(p, q, p * dh * self.Wp + q * dw) for p in range(kH) for q in range(kW)]
         self.block = max(1, min(N, COLUMN_BYTES // max(C * kH * kW * self.P * itemsize, 1)))
 
-    def padded(self, x, out=None):
-        """The block ``x`` zero-padded: (Nb, C, Hp*Wp + tail) when shifted, (Nb, C, Hp, Wp) otherwise."""
-        if not self.shifted:
-            return pad_spatial(x, self.geometry.padding)
-        xp = backend.array_module(x)
-        nb = x.shape[0]
-        flat = xp.zeros((nb, self.C, self.Hp * self.Wp + self.tail), dtype=x.dtype)
-        plane = flat[:, :, :self.Hp * self.Wp].reshape(nb, self.C, self.Hp, self.Wp)
-        plane[:, :, self.top:self.top + self.H, self.left:self.left + self.W] = x
-        return flat
+    def zeros(self, xp, nb, dtype, slot):
+        """A zeroed padded block: (Nb, C, Hp*Wp + tail) when shifted, (Nb, C, Hp, Wp) otherwise."""
+        shape = (nb, self.C, self.Hp * self.Wp + self.tail) if self.shifted else (nb, self.C, self.Hp, self.Wp)
+        block = scratch(xp, slot, shape, dtype)
+        block[...] = 0
+        return block
 
-    def unpad(self, gpad):
-        """The interior of a padded gradient block (the adjoint of :meth:`padded`)."""
-        nb = gpad.shape[0]
+    def interior(self, block):
+        """The view of a padded block that holds the unpadded tensor."""
+        nb = block.shape[0]
         if self.shifted:
-            gpad = gpad[:, :, :self.Hp * self.Wp].reshape(nb, self.C, self.Hp, self.Wp)
-        return gpad[:, :, self.top:self.top + self.H, self.left:self.left + self.W]
+            block = block[:, :, :self.Hp * self.Wp].reshape(nb, self.C, self.Hp, self.Wp)
+        return block[:, :, self.top:self.top + self.H, self.left:self.left + self.W]
+
+    def padded(self, x):
+        """The block ``x`` zero-padded (in scratch memory)."""
+        xp = backend.array_module(x)
+        if not self.shifted and self.geometry.padding == ((0, 0), (0, 0)):
+            return x
+        block = self.zeros(xp, x.shape[0], x.dtype, "conv.padded")
+        self.interior(block)[...] = x
+        return block
 
     def window(self, xpad, p, q, offset):
         """The input read by kernel position (p, q) for every position: (Nb, C, P) or (Nb, C, oH, oW)."""
@@ -171,8 +177,8 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
         return y, saved
     layout = _Layout(x.shape, kH, kW, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
-    columns = xp.empty((C, kH, kW, Nb, P), dtype=x.dtype)
-    product = xp.empty((K, Nb * P), dtype=x.dtype)
+    columns = scratch(xp, "conv.columns", (C, kH, kW, Nb, P), x.dtype)
+    product = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
     for n0 in range(0, N, Nb):
         nb = min(N, n0 + Nb) - n0
         cols = layout.im2col(layout.padded(x[n0:n0 + nb]), columns[:, :, :, :nb])
@@ -206,9 +212,9 @@ def conv2d_backward(gy, saved, gw_out=None):
         return gx, gw2.reshape(w.shape), gb
     layout = _Layout(x.shape, kH, kW, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
-    columns = xp.empty((C, kH, kW, Nb, P), dtype=x.dtype)
-    positions = xp.empty((K, Nb * P), dtype=x.dtype)
-    gw_block = xp.empty((K, C * kH * kW), dtype=x.dtype) if N > Nb else None
+    columns = scratch(xp, "conv.columns", (C, kH, kW, Nb, P), x.dtype)
+    positions = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
+    gw_block = scratch(xp, "conv.gw", (K, C * kH * kW), x.dtype) if N > Nb else None
     gx = xp.empty_like(x) if need_input_grad else None
     for n0 in range(0, N, Nb):
         nb = min(N, n0 + Nb) - n0
@@ -220,10 +226,9 @@ def conv2d_backward(gy, saved, gw_out=None):
             gw2 += xp.matmul(g, cols.T, out=gw_block)
         if need_input_grad:
             xp.matmul(w2.T, g, out=cols)                                     # the columns' gradient
-            gpad = layout.padded(xp.zeros((nb, C, H, W), dtype=x.dtype)) if layout.shifted else \
-                xp.zeros((nb, C, layout.Hp, layout.Wp), dtype=x.dtype)
+            gpad = layout.zeros(xp, nb, x.dtype, "conv.gpad")
             layout.col2im(cols.reshape(C, kH, kW, nb, P), gpad)
-            gx[n0:n0 + nb] = layout.unpad(gpad)
+            gx[n0:n0 + nb] = layout.interior(gpad)
     if need_input_grad:
         assert gx.shape == x.shape
     return gx, gw2.reshape(w.shape), gb
