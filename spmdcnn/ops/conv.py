@@ -7,8 +7,9 @@ laid out (C, kH, kW, Nb, positions) so that one GEMM covers the whole block. Bac
 block by block rather than keeping them from forward: memory stays proportional to the activations, not to
 kH*kW times them. Copies are split over samples between threads (``parallel.parallel_for``).
 
-Three paths:
-- pointwise (1x1, stride 1, no padding): no columns at all, one batched matmul per direction;
+Paths:
+- pointwise (1x1, stride 1, no padding): no columns at all, one batched matmul per direction; a strided 1x1
+  convolution without padding subsamples its input first and then takes this path;
 - stride 1 ("shifted rows"): every output row is computed over the full padded width Wp, so the window of
   kernel position (p, q) is one contiguous run ``xpad_flat[n, c, p*dh*Wp + q*dw :][: oH*Wp]``; im2col and
   col2im become long contiguous copies, at the price of computing (Wp - oW) discarded columns per row;
@@ -159,7 +160,6 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
 
     Returns ``y, saved``; ``need_input_grad=False`` (the network's first layer) lets backward skip ``gx``.
     """
-    xp = backend.array_module(x)
     N, C, H, W = x.shape
     K, Cw, kH, kW = w.shape
     if Cw != C:
@@ -167,14 +167,25 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
     oH, oW = geometry.output_shape(H, W, kH, kW)
     if oH <= 0 or oW <= 0:
         raise ValueError(f"conv2d: a {kH}x{kW} kernel with {geometry} over a {H}x{W} input gives an empty output")
+    if (kH, kW) == (1, 1) and geometry.padding == ((0, 0), (0, 0)) and geometry.stride != (1, 1):
+        # a strided 1x1 convolution reads every s-th pixel: subsample, then a pointwise product
+        sh, sw = geometry.stride
+        y, inner = conv2d_forward(x[:, :, ::sh, ::sw].copy(), w, b, ConvGeometry(), need_input_grad)
+        return y, ("subsample", inner, x.shape, geometry)
+    return _columns_forward(x, w, b, geometry, oH, oW), ("direct", x, w, b is not None, geometry, need_input_grad)
+
+
+def _columns_forward(x, w, b, geometry, oH, oW):
+    xp = backend.array_module(x)
+    N, C, H, W = x.shape
+    K, _, kH, kW = w.shape
     y = xp.empty((N, K, oH, oW), dtype=x.dtype)
     w2 = w.reshape(K, C * kH * kW)
-    saved = (x, w, b is not None, geometry, need_input_grad)
     if geometry.is_pointwise(kH, kW):
         xp.matmul(w2, x.reshape(N, C, H * W), out=y.reshape(N, K, H * W))  # (N, K, HW)
         if b is not None:
             y += b.reshape(1, K, 1, 1)
-        return y, saved
+        return y
     layout = _Layout(x.shape, kH, kW, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C, kH, kW, Nb, P), x.dtype)
@@ -189,7 +200,7 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
             y[n0:n0 + nb] = block
         else:
             xp.add(block, b.reshape(1, K, 1, 1), out=y[n0:n0 + nb])
-    return y, saved
+    return y
 
 
 def conv2d_backward(gy, saved, gw_out=None):
@@ -197,6 +208,21 @@ def conv2d_backward(gy, saved, gw_out=None):
 
     ``gw`` is written into ``gw_out`` (shaped like the weight) when given.
     """
+    kind = saved[0]
+    xp = backend.array_module(gy)
+    if kind == "subsample":
+        _, inner, x_shape, geometry = saved
+        gx_sub, gw, gb = conv2d_backward(gy, inner, gw_out)
+        gx = None
+        if gx_sub is not None:
+            sh, sw = geometry.stride
+            gx = xp.zeros(x_shape, dtype=gy.dtype)
+            gx[:, :, ::sh, ::sw] = gx_sub
+        return gx, gw, gb
+    return _columns_backward(gy, saved[1:], gw_out)
+
+
+def _columns_backward(gy, saved, gw_out):
     x, w, has_bias, geometry, need_input_grad = saved
     xp = backend.array_module(gy)
     N, C, H, W = x.shape

@@ -1,0 +1,53 @@
+"""Each convolution path (columns, pointwise, subsampled 1x1) against PyTorch, float64."""
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from spmdcnn.ops.conv import ConvGeometry, conv2d_backward, conv2d_forward
+
+# x shape, w shape, stride, padding ((top, bottom), (left, right)), dilation, expected path
+CASES = {
+    "alexnet_conv1": ((2, 3, 27, 27), (4, 3, 11, 11), 4, ((2, 2), (2, 2)), 1, "direct"),
+    "resnet_conv1": ((2, 3, 17, 15), (4, 3, 7, 7), 2, ((3, 3), (3, 3)), 1, "direct"),
+    "even_kernel_odd_input": ((2, 2, 13, 11), (3, 2, 8, 6), 2, ((1, 2), (3, 0)), 1, "direct"),
+    "uneven_strides": ((1, 2, 14, 19), (3, 2, 6, 9), (2, 3), ((0, 1), (2, 2)), 1, "direct"),
+    "stride_2_3x3": ((2, 3, 9, 10), (4, 3, 3, 3), 2, ((1, 1), (1, 1)), 1, "direct"),
+    "subsample_1x1": ((2, 5, 9, 8), (6, 5, 1, 1), 2, ((0, 0), (0, 0)), 1, "subsample"),
+    "subsample_1x1_uneven": ((2, 5, 9, 8), (6, 5, 1, 1), (3, 2), ((0, 0), (0, 0)), 1, "subsample"),
+    "pointwise": ((2, 5, 4, 3), (6, 5, 1, 1), 1, ((0, 0), (0, 0)), 1, "direct"),
+    "dilated_strided": ((2, 2, 15, 15), (3, 2, 5, 5), 2, ((2, 2), (1, 3)), 2, "direct"),
+}
+
+
+def reference(x, w, b, stride, padding, dilation, gy):
+    (top, bottom), (left, right) = padding
+    tx, tw, tb = (torch.tensor(a, requires_grad=True) for a in (x, w, b))
+    y = F.conv2d(F.pad(tx, (left, right, top, bottom)), tw, tb, stride=stride, dilation=dilation)
+    y.backward(torch.tensor(gy))
+    return y.detach().numpy(), tx.grad.numpy(), tw.grad.numpy(), tb.grad.numpy()
+
+
+@pytest.mark.parametrize("need_input_grad", [True, False])
+@pytest.mark.parametrize("case", list(CASES))
+def test_path_matches_pytorch(case, need_input_grad):
+    x_shape, w_shape, stride, padding, dilation, path = CASES[case]
+    rng = np.random.default_rng(len(case))
+    x, w, b = rng.standard_normal(x_shape), rng.standard_normal(w_shape), rng.standard_normal(w_shape[0])
+    geometry = ConvGeometry(stride, padding, dilation)
+    y, saved = conv2d_forward(x, w, b, geometry, need_input_grad=need_input_grad)
+    assert saved[0] == path
+    gy = rng.standard_normal(y.shape)
+    gw_out = np.full(w.shape, np.nan)
+    gx, gw, gb = conv2d_backward(gy, saved, gw_out=gw_out)
+    ry, rgx, rgw, rgb = reference(x, w, b, geometry.stride, padding, geometry.dilation, gy)
+    np.testing.assert_allclose(y, ry, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(gw, rgw, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(gw_out, rgw, rtol=1e-11, atol=1e-11)
+    np.testing.assert_allclose(gb, rgb, rtol=1e-11, atol=1e-11)
+    if need_input_grad:
+        np.testing.assert_allclose(gx, rgx, rtol=1e-11, atol=1e-11)
+        assert gx.shape == x.shape
+    else:
+        assert gx is None
