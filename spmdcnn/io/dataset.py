@@ -121,7 +121,7 @@ class SyntheticData:
 
     GRID = 4
 
-    def __init__(self, sample_shape, num_classes, num_samples=50_000, seed=0, signal=1.0):
+    def __init__(self, sample_shape, num_classes, num_samples=50_000, seed=0, signal=0.2):
         self.sample_shape = tuple(sample_shape)
         self.num_classes = int(num_classes)
         self.num_samples = int(num_samples)
