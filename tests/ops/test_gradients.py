@@ -21,6 +21,7 @@ from spmdcnn.ops.loss import softmax_cross_entropy_backward, softmax_cross_entro
 from spmdcnn.ops.pool import (PoolGeometry, avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
                               global_avgpool_forward, maxpool2d_backward, maxpool2d_forward)
 from spmdcnn.ops.relu import relu_backward, relu_forward
+from conv_cases import CONV_CASES
 
 STEP = 1e-6          # central differences: truncation ~STEP**2, rounding ~1e-16 * |L| / STEP
 RTOL = 1e-6
@@ -77,23 +78,6 @@ def distinct(rng, shape, spacing=1e-2):
 
 # ------------------------------------------------------------------------------------------------- conv2d
 
-# name: x shape, w shape, stride, padding, dilation, bias
-CONV_CASES = {
-    "pointwise": ((2, 3, 4, 5), (4, 3, 1, 1), 1, 0, 1, True),
-    "pointwise_nobias": ((3, 2, 3, 3), (5, 2, 1, 1), 1, 0, 1, False),
-    "stride1_3x3_pad1": ((2, 3, 5, 7), (4, 3, 3, 3), 1, 1, 1, True),
-    "stride1_rect_pad_hw": ((2, 2, 6, 5), (3, 2, 2, 3), 1, [1, 2], 1, True),
-    "stride1_dilated_per_side": ((2, 3, 7, 6), (2, 3, 3, 2), 1, [[2, 0], [1, 3]], [2, 3], True),
-    "stride1_1x1_padded": ((1, 2, 3, 4), (3, 2, 1, 1), 1, 1, 1, False),
-    "stride1_kernel_fills_input": ((2, 2, 4, 5), (3, 2, 4, 5), 1, 0, 1, True),
-    "strided_2_pad1_odd": ((2, 3, 7, 9), (4, 3, 3, 3), 2, 1, 1, True),
-    "strided_rect": ((3, 2, 8, 11), (3, 2, 3, 2), [2, 3], [1, 0], 1, False),
-    "strided_dilated_per_side": ((2, 3, 9, 10), (2, 3, 3, 3), [3, 2], [[1, 2], [0, 1]], [2, 3], True),
-    "strided_only_w": ((2, 2, 5, 6), (2, 2, 3, 3), [1, 2], 1, 1, True),
-    "strided_only_h_dilated": ((2, 2, 8, 5), (2, 2, 2, 3), [2, 1], [[0, 1], [2, 0]], [3, 1], False),
-    "strided_1x1": ((2, 3, 5, 5), (2, 3, 1, 1), 2, 0, 1, True),
-    "stride_beyond_kernel": ((1, 2, 7, 7), (2, 2, 2, 2), 3, 0, 1, True),
-}
 
 
 def conv_gradient_check(x_shape, w_shape, stride, padding, dilation, bias, seed):

@@ -21,6 +21,7 @@ from spmdcnn.ops.pool import (PoolGeometry, avgpool2d_backward, avgpool2d_forwar
                               global_avgpool_forward, maxpool2d_backward, maxpool2d_forward)
 from spmdcnn.ops.relu import relu_backward, relu_forward
 from spmdcnn.ops.window import sides
+from conv_cases import CONV_CASES
 
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-5}
 DTYPES = [np.float64, np.float32]
@@ -56,25 +57,6 @@ def torch_pad(x, padding, value=0.0):
 
 # ------------------------------------------------------------------------------------------------- conv2d
 
-# name: x shape, w shape, stride, padding, dilation, bias
-CONV_CASES = {
-    "pointwise": ((2, 3, 4, 5), (4, 3, 1, 1), 1, 0, 1, True),
-    "pointwise_nobias": ((3, 2, 3, 3), (5, 2, 1, 1), 1, 0, 1, False),
-    "stride1_3x3_pad1": ((2, 3, 5, 7), (4, 3, 3, 3), 1, 1, 1, True),
-    "stride1_rect_pad_hw": ((2, 2, 6, 5), (3, 2, 2, 3), 1, [1, 2], 1, True),
-    "stride1_dilated_per_side": ((2, 3, 7, 6), (2, 3, 3, 2), 1, [[2, 0], [1, 3]], [2, 3], True),
-    "stride1_1x1_padded": ((1, 2, 3, 4), (3, 2, 1, 1), 1, 1, 1, False),
-    "stride1_kernel_fills_input": ((2, 2, 4, 5), (3, 2, 4, 5), 1, 0, 1, True),
-    "stride1_7x7_pad3": ((2, 3, 9, 11), (8, 3, 7, 7), 1, 3, 1, True),
-    "strided_2_pad1_odd": ((2, 3, 7, 9), (4, 3, 3, 3), 2, 1, 1, True),
-    "strided_rect": ((3, 2, 8, 11), (3, 2, 3, 2), [2, 3], [1, 0], 1, False),
-    "strided_dilated_per_side": ((2, 3, 9, 10), (2, 3, 3, 3), [3, 2], [[1, 2], [0, 1]], [2, 3], True),
-    "strided_only_w": ((2, 2, 5, 6), (2, 2, 3, 3), [1, 2], 1, 1, True),
-    "strided_only_h_dilated": ((2, 2, 8, 5), (2, 2, 2, 3), [2, 1], [[0, 1], [2, 0]], [3, 1], False),
-    "strided_1x1": ((2, 3, 5, 5), (2, 3, 1, 1), 2, 0, 1, True),
-    "stride_beyond_kernel": ((1, 2, 7, 7), (2, 2, 2, 2), 3, 0, 1, True),
-    "alexnet_conv1_like": ((2, 3, 23, 23), (4, 3, 11, 11), 4, 2, 1, True),
-}
 
 
 def torch_conv(stride, padding, dilation):
