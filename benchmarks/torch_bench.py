@@ -40,7 +40,7 @@ def main():
     del executor
     net.train()
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    images, labels = SyntheticData(graph.input_shape, graph.num_classes).batch(0, 0, args.batch)
+    images, labels = SyntheticData(graph.input_shape, graph.num_classes, args.batch).batch(0, 0, args.batch)
     images, labels = torch.from_numpy(images), torch.from_numpy(labels)
     times = []
     for step in range(args.warmup + args.steps):

@@ -28,24 +28,34 @@ def array_module(x):
 
 
 def get_array_module(name="auto"):
-    """Resolve a job's ``backend`` key ('auto', 'numpy' or 'cupy') to an array module."""
-    if name == "numpy":
+    """Resolve a job's ``backend`` key ('auto', 'numpy' or 'cupy') to an array module.
+
+    'auto' is NumPy until the GPU runtime (cuDNN kernels, device transports) is in place; 'cupy' runs the same
+    kernels on CuPy arrays, on the GPU picked by :func:`bind_device`.
+    """
+    if name in ("numpy", "auto"):
         return np
-    if name not in ("auto", "cupy"):
+    if name != "cupy":
         raise ValueError(f"backend: unknown backend {name!r}; expected one of auto, numpy, cupy")
     cupy = _cupy()
-    usable = False
+    count = 0
     if cupy is not None:
         try:
-            usable = cupy.cuda.runtime.getDeviceCount() > 0
+            count = cupy.cuda.runtime.getDeviceCount()
         except Exception:  # no driver, no device: CuPy imports but cannot run
-            usable = False
-    if usable:
-        return cupy
-    if name == "cupy":
+            count = 0
+    if count == 0:
         raise RuntimeError("backend: 'cupy' was asked for but CuPy is not installed or sees no GPU "
                            "(install spmdcnn[gpu-cuda12] or spmdcnn[gpu-cuda13])")
-    return np
+    bind_device(cupy, count)
+    return cupy
+
+
+def bind_device(cupy, count):
+    """Use GPU ``local rank mod count``: one rank per GPU when a node runs as many ranks as it has GPUs."""
+    device = local_rank() % count
+    cupy.cuda.Device(device).use()
+    return device
 
 
 def resolve_dtype(name):

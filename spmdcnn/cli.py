@@ -113,8 +113,12 @@ def build_parser():
     parser.add_argument("--version", action="version", version=f"spmdcnn {__version__}")
     parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # --debug is accepted after the subcommand too; SUPPRESS keeps a subcommand from resetting it to False
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show Python tracebacks for errors")
 
-    p = sub.add_parser("model", help="describe a model: layers, output shapes, parameters, FLOPs",
+    p = sub.add_parser("model", parents=[common], help="describe a model: layers, output shapes, parameters, FLOPs",
                        description="Print a model's layers with output shape, parameter count and forward FLOPs, "
                                    "and the totals. Block instances are shown as one row unless --expand.")
     p.add_argument("model", help="model YAML file (models/*.yaml)")
@@ -123,7 +127,7 @@ def build_parser():
     p.add_argument("--expand", action="store_true", help="show every layer instead of one row per block")
     p.set_defaults(run=cmd_model)
 
-    p = sub.add_parser("train", help="train a model as a job YAML describes",
+    p = sub.add_parser("train", parents=[common], help="train a model as a job YAML describes",
                        description="Run a training job (jobs/*.yaml): logs loss and images/s, writes metrics and "
                                    "checkpoints, resumes from checkpoint.path when it exists.")
     p.add_argument("job", help="job YAML file")
@@ -131,7 +135,7 @@ def build_parser():
                    help="override a job key, e.g. --set optimizer.lr=0.1 (repeatable)")
     p.set_defaults(run=cmd_train)
 
-    p = sub.add_parser("bench", help="time training iterations on synthetic data",
+    p = sub.add_parser("bench", parents=[common], help="time training iterations on synthetic data",
                        description="Time whole training iterations (forward, backward, SGD update) after a warm-up;"
                                    " print images/s and peak memory.")
     p.add_argument("model", help="model YAML file")
@@ -144,10 +148,10 @@ def build_parser():
     p.add_argument("--json", action="store_true", help="print JSON (images_per_s, peak_memory_bytes, ...)")
     p.set_defaults(run=cmd_bench)
 
-    p = sub.add_parser("checkpoint", help="inspect checkpoints",
+    p = sub.add_parser("checkpoint", parents=[common], help="inspect checkpoints",
                        description="Inspect spmdcnn checkpoints (HDF5).")
     csub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
-    c = csub.add_parser("info", help="describe a checkpoint: model, step, tensors, state")
+    c = csub.add_parser("info", parents=[common], help="describe a checkpoint: model, step, tensors, state")
     c.add_argument("file", help="checkpoint HDF5 file")
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(run=cmd_checkpoint)
@@ -163,6 +167,8 @@ def main(argv=None):
     for name in ("batch", "steps"):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) <= 0:
             parser.error(f"--{name} must be positive")
+    if getattr(args, "warmup", 0) < 0:
+        parser.error("--warmup must be zero or positive")
     try:
         return args.run(args)
     except BrokenPipeError:  # the output went to a pipe that closed early (| head)
@@ -171,6 +177,12 @@ def main(argv=None):
     except KeyboardInterrupt:
         print("spmdcnn: interrupted", file=sys.stderr)
         return 130
+    except MemoryError as error:
+        if args.debug:
+            raise
+        print(f"spmdcnn: error: out of memory ({error or 'allocation failed'}); use a smaller batch or model",
+              file=sys.stderr)
+        return 2
     except (ValueError, OSError, FloatingPointError, RuntimeError) as error:
         if args.debug:
             raise

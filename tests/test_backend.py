@@ -4,7 +4,7 @@ import pytest
 from spmdcnn import backend
 
 
-def test_numpy_is_the_default_without_a_gpu(monkeypatch):
+def test_numpy_is_the_default(monkeypatch):
     monkeypatch.setattr(backend, "_cupy", lambda: None)
     assert backend.get_array_module("auto") is np
     assert backend.get_array_module("numpy") is np
@@ -14,6 +14,33 @@ def test_cupy_asked_for_but_missing_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(backend, "_cupy", lambda: None)
     with pytest.raises(RuntimeError, match="CuPy is not installed"):
         backend.get_array_module("cupy")
+
+
+def test_cupy_binds_the_local_ranks_gpu(monkeypatch):
+    used = []
+
+    class FakeDevice:
+        def __init__(self, index):
+            self.index = index
+
+        def use(self):
+            used.append(self.index)
+
+    class FakeCupy:
+        class cuda:
+            Device = FakeDevice
+
+            class runtime:
+                @staticmethod
+                def getDeviceCount():
+                    return 4
+
+    monkeypatch.setattr(backend, "_cupy", lambda: FakeCupy)
+    for name in backend._LOCAL_RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "6")
+    assert backend.get_array_module("cupy") is FakeCupy
+    assert used == [2]
 
 
 def test_unknown_backend_and_dtype():

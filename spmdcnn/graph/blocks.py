@@ -45,9 +45,18 @@ class Expander:
         if not isinstance(self.blocks, dict):
             raise FormatError(f"{source}: 'blocks' must be a mapping of block name to definition")
         for name, block in self.blocks.items():
-            check_keys(block, _BLOCK_KEYS, f"{source}: block '{name}'", required=("layers",))
+            where = f"{source}: block '{name}'"
+            check_keys(block, _BLOCK_KEYS, where, required=("layers",))
             if not isinstance(block["layers"], list) or not block["layers"]:
-                raise FormatError(f"{source}: block '{name}': 'layers' must be a non-empty list")
+                raise FormatError(f"{where}: 'layers' must be a non-empty list")
+            if not isinstance(block.get("args") or {}, dict):
+                raise FormatError(f"{where}: 'args' must be a mapping of argument name to default, "
+                                  f"got {block['args']!r}")
+            formals = block.get("inputs", ["in"])
+            if not isinstance(formals, list) or not formals or not all(isinstance(f, str) for f in formals):
+                raise FormatError(f"{where}: 'inputs' must be a list of names, got {formals!r}")
+            if "output" in block and not isinstance(block["output"], str):
+                raise FormatError(f"{where}: 'output' must be a layer name, got {block['output']!r}")
         self.flat = []
         for name in self.blocks:
             self._check_not_recursive(name, ())
@@ -68,6 +77,8 @@ class Expander:
             raise FormatError(f"{where}: every layer needs a 'name' (a non-empty string)")
         if name == DATA:
             raise FormatError(f"{where}: the layer name {DATA!r} is reserved for the network's input")
+        if "/" in name or any(ch.isspace() for ch in name):
+            raise FormatError(f"{where}: layer name {name!r} may not contain '/' or spaces (it names HDF5 groups)")
         return name
 
     def _output_of(self, entry, full):

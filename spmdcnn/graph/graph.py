@@ -100,24 +100,27 @@ def _execution_order(flat, source):
         for ref in entry["inputs"]:
             if ref != DATA and ref not in names:
                 raise FormatError(f"{source}: layer '{entry['name']}': unknown input {ref!r}")
-    done, order, visiting = {DATA}, [], []
     by_name = {entry["name"]: entry for entry in flat}
-
-    def visit(name):
-        if name in done:
-            return
-        if name in visiting:
-            cycle = visiting[visiting.index(name):] + [name]
-            raise FormatError(f"{source}: layer '{name}': its inputs form a cycle ({' -> '.join(cycle)})")
-        visiting.append(name)
-        for ref in by_name[name]["inputs"]:
-            visit(ref)
-        visiting.pop()
-        done.add(name)
-        order.append(by_name[name])
-
-    for entry in flat:
-        visit(entry["name"])
+    done, order = {DATA}, []
+    for root in flat:
+        # depth-first from each layer in file order, with an explicit stack (no recursion limit)
+        if root["name"] in done:
+            continue
+        path, on_path = [(root["name"], iter(root["inputs"]))], {root["name"]}
+        while path:
+            name, pending = path[-1]
+            ref = next(pending, None)
+            if ref is None:
+                path.pop()
+                on_path.discard(name)
+                done.add(name)
+                order.append(by_name[name])
+            elif ref in on_path:
+                cycle = [n for n, _ in path][[n for n, _ in path].index(ref):] + [ref]
+                raise FormatError(f"{source}: layer '{ref}': its inputs form a cycle ({' -> '.join(cycle)})")
+            elif ref not in done:
+                path.append((ref, iter(by_name[ref]["inputs"])))
+                on_path.add(ref)
     return order
 
 
@@ -135,7 +138,7 @@ def parse_model(data, source="<model>", text=""):
     for entry in flat:
         name, op = entry["name"], entry.get("op")
         where = f"{source}: layer '{name}'"
-        if op not in opspec.KEYS:
+        if not isinstance(op, str) or op not in opspec.KEYS:
             known = ", ".join(sorted(opspec.KEYS))
             raise FormatError(f"{where}: unknown op {op!r} (known ops: {known})")
         given = {k: v for k, v in entry.items() if k not in ("name", "op", "inputs")}

@@ -88,8 +88,10 @@ def normalise(op, given, where):
             attrs[key] = float(value)
     if op == "dropout" and not 0.0 <= attrs["p"] <= 1.0:
         raise LayerError(f"{where}: dropout 'p' must lie in [0, 1], got {attrs['p']}")
-    if op == "batchnorm2d" and attrs["eps"] <= 0:
-        raise LayerError(f"{where}: 'eps' must be positive, got {attrs['eps']}")
+    if op == "batchnorm2d" and not 0 < attrs["eps"] < float("inf"):
+        raise LayerError(f"{where}: 'eps' must be a positive number, got {attrs['eps']}")
+    if op == "batchnorm2d" and not 0.0 <= attrs["momentum"] <= 1.0:
+        raise LayerError(f"{where}: 'momentum' must lie in [0, 1], got {attrs['momentum']}")
     return attrs
 
 
@@ -102,9 +104,8 @@ def _image(shape, op, where):
 def _window_out(H, W, kernel, stride, padding, dilation, where, what):
     (kH, kW), (sh, sw), (dh, dw) = pair(kernel), pair(stride), pair(dilation)
     (top, bottom), (left, right) = sides(padding)
-    if 2 * top > kH or 2 * left > kW:
-        if what == "pooling":
-            raise LayerError(f"{where}: padding {padding} must be at most half the kernel {kernel} (as in PyTorch)")
+    if what == "pooling" and (2 * top > kH or 2 * left > kW):
+        raise LayerError(f"{where}: padding {padding} must be at most half the kernel {kernel} (as in PyTorch)")
     oH = output_extent(H, kH, sh, top, bottom, dh)
     oW = output_extent(W, kW, sw, left, right, dw)
     if oH <= 0 or oW <= 0:
@@ -113,75 +114,99 @@ def _window_out(H, W, kernel, stride, padding, dilation, where, what):
     return oH, oW
 
 
+def _conv2d(attrs, in_shapes, where):
+    C, H, W = _image(in_shapes[0], "conv2d", where)
+    K = attrs["out_channels"]
+    kH, kW = pair(attrs["kernel"])
+    oH, oW = _window_out(H, W, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], where,
+                         "convolution")
+    params = {"weight": (K, C, kH, kW)}
+    flops = 2 * K * C * kH * kW * oH * oW
+    if attrs["bias"]:
+        params["bias"] = (K,)
+        flops += K * oH * oW
+    return (K, oH, oW), params, {}, flops
+
+
+def _pool(attrs, in_shapes, where):
+    C, H, W = _image(in_shapes[0], "pooling", where)
+    stride = attrs["kernel"] if attrs["stride"] is None else attrs["stride"]
+    oH, oW = _window_out(H, W, attrs["kernel"], stride, attrs["padding"], 1, where, "pooling")
+    kH, kW = pair(attrs["kernel"])
+    return (C, oH, oW), {}, {}, C * oH * oW * kH * kW
+
+
+def _global_avgpool(attrs, in_shapes, where):
+    C, H, W = _image(in_shapes[0], "global_avgpool", where)
+    return (C, 1, 1), {}, {}, C * H * W
+
+
+def _batchnorm2d(attrs, in_shapes, where):
+    C, H, W = _image(in_shapes[0], "batchnorm2d", where)
+    return in_shapes[0], {"weight": (C,), "bias": (C,)}, {"running_mean": (C,), "running_var": (C,)}, 4 * C * H * W
+
+
+def _elementwise(attrs, in_shapes, where):
+    return in_shapes[0], {}, {}, _size(in_shapes[0])
+
+
+def _flatten(attrs, in_shapes, where):
+    if len(in_shapes[0]) < 1:
+        raise LayerError(f"{where}: flatten needs a tensor input, got a scalar")
+    return (_size(in_shapes[0]),), {}, {}, 0
+
+
+def _linear(attrs, in_shapes, where):
+    x = in_shapes[0]
+    if len(x) != 1:
+        raise LayerError(f"{where}: linear needs a flat input (F,), got shape {tuple(x)}; add a flatten layer "
+                         "before it")
+    F = attrs["out_features"]
+    params = {"weight": (F, x[0])}
+    flops = 2 * F * x[0]
+    if attrs["bias"]:
+        params["bias"] = (F,)
+        flops += F
+    return (F,), params, {}, flops
+
+
+def _concat(attrs, in_shapes, where):
+    for shape in in_shapes:
+        _image(shape, "concat", where)
+    if len({shape[1:] for shape in in_shapes}) != 1:
+        raise LayerError(f"{where}: concat inputs must agree in height and width, got "
+                         f"{', '.join(str(tuple(s)) for s in in_shapes)}")
+    return (sum(s[0] for s in in_shapes),) + tuple(in_shapes[0][1:]), {}, {}, 0
+
+
+def _add(attrs, in_shapes, where):
+    if len(set(in_shapes)) != 1:
+        raise LayerError(f"{where}: add inputs must have the same shape, got "
+                         f"{', '.join(str(tuple(s)) for s in in_shapes)}")
+    return in_shapes[0], {}, {}, (len(in_shapes) - 1) * _size(in_shapes[0])
+
+
+def _loss(attrs, in_shapes, where):
+    if len(in_shapes[0]) != 1:
+        raise LayerError(f"{where}: softmax_cross_entropy needs logits (F,), got shape {tuple(in_shapes[0])}")
+    return (), {}, {}, 4 * in_shapes[0][0]
+
+
+INFER = {"conv2d": _conv2d, "maxpool2d": _pool, "avgpool2d": _pool, "global_avgpool": _global_avgpool,
+         "batchnorm2d": _batchnorm2d, "relu": _elementwise, "dropout": _elementwise, "flatten": _flatten,
+         "linear": _linear, "concat": _concat, "add": _add, "softmax_cross_entropy": _loss}
+
+
 def infer(op, attrs, in_shapes, where):
     """``(out_shape, params, buffers, flops)`` of one layer; params and buffers map name -> shape."""
-    x = in_shapes[0]
-    params, buffers = {}, {}
     if op in MULTI_INPUT:
         if len(in_shapes) < 2:
             raise LayerError(f"{where}: op '{op}' needs at least two inputs, got {len(in_shapes)}")
     elif len(in_shapes) != 1:
         raise LayerError(f"{where}: op '{op}' takes one input, got {len(in_shapes)}")
-    if op == "conv2d":
-        C, H, W = _image(x, op, where)
-        K = attrs["out_channels"]
-        kH, kW = pair(attrs["kernel"])
-        oH, oW = _window_out(H, W, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"],
-                             where, "convolution")
-        params["weight"] = (K, C, kH, kW)
-        flops = 2 * K * C * kH * kW * oH * oW
-        if attrs["bias"]:
-            params["bias"] = (K,)
-            flops += K * oH * oW
-        return (K, oH, oW), params, buffers, flops
-    if op in ("maxpool2d", "avgpool2d"):
-        C, H, W = _image(x, op, where)
-        stride = attrs["kernel"] if attrs["stride"] is None else attrs["stride"]
-        oH, oW = _window_out(H, W, attrs["kernel"], stride, attrs["padding"], 1, where, "pooling")
-        kH, kW = pair(attrs["kernel"])
-        return (C, oH, oW), params, buffers, C * oH * oW * kH * kW
-    if op == "global_avgpool":
-        C, H, W = _image(x, op, where)
-        return (C, 1, 1), params, buffers, C * H * W
-    if op == "batchnorm2d":
-        C, H, W = _image(x, op, where)
-        params.update(weight=(C,), bias=(C,))
-        buffers.update(running_mean=(C,), running_var=(C,))
-        return x, params, buffers, 4 * C * H * W
-    if op in ELEMENTWISE:
-        return x, params, buffers, _size(x)
-    if op == "flatten":
-        if len(x) < 1:
-            raise LayerError(f"{where}: flatten needs a tensor input, got a scalar")
-        return (_size(x),), params, buffers, 0
-    if op == "linear":
-        if len(x) != 1:
-            raise LayerError(f"{where}: linear needs a flat input (F,), got shape {tuple(x)}; "
-                             "add a flatten layer before it")
-        F = attrs["out_features"]
-        params["weight"] = (F, x[0])
-        flops = 2 * F * x[0]
-        if attrs["bias"]:
-            params["bias"] = (F,)
-            flops += F
-        return (F,), params, buffers, flops
-    if op == "concat":
-        for shape in in_shapes:
-            _image(shape, op, where)
-        if len({shape[1:] for shape in in_shapes}) != 1:
-            raise LayerError(f"{where}: concat inputs must agree in height and width, got "
-                             f"{', '.join(str(tuple(s)) for s in in_shapes)}")
-        return (sum(s[0] for s in in_shapes),) + tuple(x[1:]), params, buffers, 0
-    if op == "add":
-        if len(set(in_shapes)) != 1:
-            raise LayerError(f"{where}: add inputs must have the same shape, got "
-                             f"{', '.join(str(tuple(s)) for s in in_shapes)}")
-        return x, params, buffers, (len(in_shapes) - 1) * _size(x)
-    if op == "softmax_cross_entropy":
-        if len(x) != 1:
-            raise LayerError(f"{where}: softmax_cross_entropy needs logits (F,), got shape {tuple(x)}")
-        return (), params, buffers, 4 * x[0]
-    raise LayerError(f"{where}: unknown op '{op}'")
+    if op not in INFER:
+        raise LayerError(f"{where}: unknown op '{op}'")
+    return INFER[op](attrs, [tuple(shape) for shape in in_shapes], where)
 
 
 def _size(shape):

@@ -10,7 +10,7 @@ which; the file at ``path`` is replaced only by a complete new one, so a crash w
 
 import datetime
 import os
-import tempfile
+import uuid
 
 import h5py
 import numpy as np
@@ -41,11 +41,7 @@ def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, st
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-    os.close(handle)
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(temporary, 0o666 & ~umask)      # mkstemp's file is private; a checkpoint is an ordinary file
+    temporary = _create_aside(path)
     try:
         with h5py.File(temporary, "w") as f:
             f.attrs.update(format=FORMAT, step=int(step), epoch=int(epoch), model=model_text, plan=plan_text or "",
@@ -63,6 +59,17 @@ def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, st
             os.unlink(temporary)
         raise
     _fsync_directory(directory)
+
+
+def _create_aside(path):
+    """Create an empty, uniquely named file beside ``path`` with the ordinary permissions (umask applies)."""
+    while True:
+        temporary = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+        try:
+            os.close(os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            return temporary
+        except FileExistsError:
+            continue
 
 
 def _fsync_directory(directory):

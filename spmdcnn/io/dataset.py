@@ -12,6 +12,7 @@ floor(N / B) batches (the incomplete last one is dropped). uint8 images are divi
 import h5py
 import numpy as np
 
+from ..counters import global_indices, stream_key, uniform
 from .yamlfile import FormatError
 
 
@@ -25,7 +26,32 @@ def sample_order(num_samples, epoch, seed, shuffle):
     return np.random.default_rng([int(seed), int(epoch)]).permutation(num_samples)
 
 
-class HDF5Dataset:
+class _Source:
+    """What both data sources share: the epoch's sample order (cached) and batches cut from it."""
+
+    path = "<data>"
+    _order = (None, None)
+
+    def batches_per_epoch(self, batch):
+        count = self.num_samples // batch
+        if count == 0:
+            raise DataError(f"{self.path}: {self.num_samples} samples cannot fill one batch of {batch}")
+        return count
+
+    def batch(self, epoch, s, batch, dtype=np.float32):
+        """Images and labels of batch ``s`` of ``epoch``: ``order(epoch)[s*batch : (s+1)*batch]``."""
+        if not 0 <= s < self.batches_per_epoch(batch):
+            raise DataError(f"{self.path}: batch {s} of {batch} samples lies outside an epoch of "
+                            f"{self.num_samples} samples")
+        if self._order[0] != epoch:
+            self._order = (epoch, sample_order(self.num_samples, epoch, self.seed, self.shuffle))
+        return self.read(self._order[1][s * batch:(s + 1) * batch], dtype)
+
+    def close(self):
+        pass
+
+
+class HDF5Dataset(_Source):
     """Random access to an HDF5 dataset; reads only the samples (and, later, rows and columns) asked for."""
 
     def __init__(self, path, seed=0, shuffle=True):
@@ -54,6 +80,7 @@ class HDF5Dataset:
         if self.labels.shape != (self.images.shape[0],) or self.labels.dtype.kind not in "iu":
             raise DataError(f"{self.path}: /labels must be ({self.images.shape[0]},) integers, got "
                             f"{self.labels.shape} {self.labels.dtype}")
+        self.all_labels = self.labels[()].astype(np.int64)   # small: read once, for checks and batches
         C = self.images.shape[1]
         self.mean = self._channel_attr("mean", C)
         self.std = self._channel_attr("std", C)
@@ -81,19 +108,22 @@ class HDF5Dataset:
         if self.sample_shape != graph.input_shape:
             raise DataError(f"{self.path}: images are {list(self.sample_shape)} (C, H, W) but model '{graph.name}' "
                             f"takes {list(graph.input_shape)}")
-
-    def batches_per_epoch(self, batch):
-        count = self.num_samples // batch
-        if count == 0:
-            raise DataError(f"{self.path}: {self.num_samples} samples cannot fill one batch of {batch}")
-        return count
+        if self.num_samples:
+            low, high = int(self.all_labels.min()), int(self.all_labels.max())
+            if low < 0 or high >= graph.num_classes:
+                raise DataError(f"{self.path}: labels range over [{low}, {high}] but model '{graph.name}' has "
+                                f"{graph.num_classes} classes (labels must lie in [0, {graph.num_classes - 1}])")
 
     def read(self, indices, dtype=np.float32):
         """Images (as ``dtype``, scaled and normalised) and int64 labels of the samples ``indices``."""
-        # h5py reads a selection only in increasing order: read the distinct samples sorted, then reorder.
-        unique, inverse = np.unique(np.asarray(indices), return_inverse=True)
-        images = self.images[unique][inverse]
-        labels = self.labels[unique][inverse]
+        # Read the distinct samples in increasing order, one contiguous run at a time (h5py's fancy indexing
+        # is far slower), then put them in the order asked for.
+        unique, inverse = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
+        images = np.empty((len(unique),) + self.sample_shape, dtype=self.images.dtype)
+        breaks = np.flatnonzero(np.diff(unique) != 1) + 1
+        for a, b in zip(np.concatenate(([0], breaks)), np.concatenate((breaks, [len(unique)]))):
+            self.images.read_direct(images, np.s_[unique[a]:unique[b - 1] + 1], np.s_[a:b])
+        images, labels = images[inverse], self.all_labels[unique][inverse]
         out = images.astype(dtype)
         if self.images.dtype == np.uint8:
             out /= 255
@@ -101,47 +131,49 @@ class HDF5Dataset:
             out -= self.mean.reshape(1, -1, 1, 1).astype(out.dtype)
         if self.std is not None:
             out /= self.std.reshape(1, -1, 1, 1).astype(out.dtype)
-        return out, labels.astype(np.int64)
-
-    def batch(self, epoch, s, batch, dtype=np.float32):
-        if not 0 <= s < self.batches_per_epoch(batch):
-            raise DataError(f"{self.path}: batch {s} of {batch} samples lies outside an epoch of "
-                            f"{self.num_samples} samples")
-        order = sample_order(self.num_samples, epoch, self.seed, self.shuffle)
-        return self.read(order[s * batch:(s + 1) * batch], dtype)
+        return out, labels
 
     def close(self):
         self.file.close()
 
 
-class SyntheticData:
-    """Learnable synthetic images, a fixed function of (seed, epoch, batch index): each class has a fixed
-    random pattern on a coarse 4x4 grid per channel (so patterns stay small for 1000 classes), stretched over
-    the image and added to unit noise."""
+class SyntheticData(_Source):
+    """Learnable synthetic images; sample ``i`` is a fixed function of (seed, i), so any part of any batch can be
+    made alone. Its label is drawn uniformly; its image is the label's fixed pattern (a coarse 4x4 grid per
+    channel, stretched over the image, times ``signal``) plus uniform noise of unit variance, both from
+    counter-based streams keyed by the seed."""
 
     GRID = 4
+    path = "synthetic data"
 
-    def __init__(self, sample_shape, num_classes, num_samples=50_000, seed=0, signal=0.2):
+    def __init__(self, sample_shape, num_classes, num_samples=50_000, seed=0, signal=0.5, shuffle=True):
         self.sample_shape = tuple(sample_shape)
         self.num_classes = int(num_classes)
         self.num_samples = int(num_samples)
-        self.seed, self.signal = seed, signal
+        self.seed, self.signal, self.shuffle = seed, float(signal), shuffle
+        if self.num_samples <= 0:
+            raise DataError(f"{self.path}: num_samples must be positive, got {self.num_samples}")
         C = self.sample_shape[0]
         self.patterns = np.random.default_rng([int(seed), 0x5EED]).standard_normal(
             (self.num_classes, C, self.GRID, self.GRID)).astype(np.float32)
+        self._label_key = stream_key(seed, "synthetic labels")
+        self._image_key = stream_key(seed, "synthetic images")
 
     def check_model(self, graph):
         pass
 
-    def batches_per_epoch(self, batch):
-        return max(1, self.num_samples // batch)
-
-    def batch(self, epoch, s, batch, dtype=np.float32):
-        rng = np.random.default_rng([int(self.seed), int(epoch), int(s)])
-        labels = rng.integers(0, self.num_classes, size=batch)
-        images = rng.standard_normal((batch,) + self.sample_shape, dtype=np.float32)
+    def read(self, indices, dtype=np.float32):
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
+            raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
+        labels = (uniform(np, self._label_key, indices.astype(np.uint64)) * self.num_classes).astype(np.int64)
+        shape = (len(indices),) + self.sample_shape
+        element = global_indices(np, shape, global_shape=(self.num_samples,) + self.sample_shape, rows=indices)
+        images = uniform(np, self._image_key, element)
+        images -= 0.5
+        images *= 12 ** 0.5                                     # uniform noise with unit variance
         _, H, W = self.sample_shape
         rows = np.arange(H) * self.GRID // H
         cols = np.arange(W) * self.GRID // W
         images += self.signal * self.patterns[labels][:, :, rows[:, None], cols[None, :]]
-        return images.astype(dtype, copy=False), labels.astype(np.int64)
+        return images.astype(dtype), labels

@@ -24,7 +24,8 @@ SCHEMA = {
         "path": ((str, type(None)), None),
         "shuffle": (bool, True),
         "seed": (int, 0),
-        "num_samples": (int, 50_000),
+        "num_samples": (int, 50_000),        # synthetic data: samples per epoch
+        "signal": (_NUMBER, 0.5),            # synthetic data: strength of the class patterns against unit noise
     },
     "optimizer": {
         "kind": (str, "sgd"),
@@ -140,6 +141,13 @@ def parse_job(values, source="<job>", overrides=()):
         raise FormatError(f"{source}: 'batch_size' must be positive, got {job['batch_size']}")
     if (job["steps"] is None) == (job["epochs"] is None):
         raise FormatError(f"{source}: give exactly one of 'steps' and 'epochs'")
+    for key in ("seed",):
+        if job[key] < 0:
+            raise FormatError(f"{source}: '{key}' must be non-negative, got {job[key]}")
+    if job["data"]["seed"] < 0:
+        raise FormatError(f"{source}: 'data.seed' must be non-negative, got {job['data']['seed']}")
+    if job["data"]["num_samples"] <= 0:
+        raise FormatError(f"{source}: 'data.num_samples' must be positive, got {job['data']['num_samples']}")
     for key in ("steps", "epochs"):
         if job[key] is not None and job[key] < 0:
             raise FormatError(f"{source}: '{key}' must be non-negative, got {job[key]}")

@@ -9,7 +9,9 @@ Backward:  gbeta = sum(gy), ggamma = sum(gy * xhat),
 
 Every per-channel sum goes through ``reduce`` (identity on one device): when a tensor is split over N, H or W,
 the runtime passes a function that adds the partial sums of all tiles holding the same channels, so the
-statistics are those of the global batch whatever the split. ``count`` is the global M.
+statistics are those of the global batch whatever the split. ``count`` is the global M. Forward reduces twice
+(the mean, then the squared deviations from it: two passes keep the variance accurate whatever the mean);
+backward reduces its two sums at once, stacked as (2, C).
 """
 
 from .. import backend
@@ -39,6 +41,9 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, mom
         y = x * _per_channel(scale) + _per_channel((beta - running_mean * gamma * inv_std).astype(x.dtype))
         return y, ("eval", scale)
     M = N * H * W if count is None else count
+    if M <= 1:
+        raise ValueError(f"batchnorm2d: training needs more than one value per channel, got {M} "
+                         f"(batch {N}, {H}x{W}); use a larger batch")
     mean = reduce(_channel_sum(xp, x)) / M
     centred = x - _per_channel(mean.astype(x.dtype))
     var = reduce(_channel_sum(xp, centred * centred)) / M
@@ -60,8 +65,7 @@ def batchnorm2d_backward(gy, saved):
         scale = saved[1]
         return gy * _per_channel(scale), None, None
     _, xhat, gamma, inv_std, M, reduce = saved
-    gbeta = reduce(_channel_sum(xp, gy))
-    ggamma = reduce(_channel_sum(xp, gy * xhat))
+    gbeta, ggamma = reduce(xp.stack([_channel_sum(xp, gy), _channel_sum(xp, gy * xhat)]))   # one reduction
     gx = gy - _per_channel((gbeta / M).astype(gy.dtype))
     gx -= xhat * _per_channel((ggamma / M).astype(gy.dtype))
     gx *= _per_channel(gamma * inv_std)

@@ -229,13 +229,11 @@ def _columns_backward(gy, saved, gw_out):
     K, _, kH, kW = w.shape
     w2 = w.reshape(K, C * kH * kW)
     gb = gy.sum(axis=(0, 2, 3)) if has_bias else None
-    gw2 = None if gw_out is None else gw_out.reshape(K, C * kH * kW)
+    direct = gw_out is not None and gw_out.flags.c_contiguous
+    gw2 = gw_out.reshape(K, C * kH * kW) if direct else None
     if geometry.is_pointwise(kH, kW):
-        gy_nkp, x_ncp = gy.reshape(N, K, H * W), x.reshape(N, C, H * W)
-        gw2 = xp.matmul(gy_nkp.transpose(1, 0, 2).reshape(K, -1), x_ncp.transpose(1, 0, 2).reshape(C, -1).T,
-                        out=gw2)  # (K, N*HW) @ (N*HW, C)
-        gx = xp.matmul(w2.T, gy_nkp).reshape(N, C, H, W) if need_input_grad else None  # (N, C, HW)
-        return gx, gw2.reshape(w.shape), gb
+        gw2, gx = _pointwise_backward(gy, x, w2, gw2, need_input_grad)
+        return gx, _into(gw2.reshape(w.shape), gw_out, direct), gb
     layout = _Layout(x.shape, kH, kW, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C, kH, kW, Nb, P), x.dtype)
@@ -257,4 +255,39 @@ def _columns_backward(gy, saved, gw_out):
             gx[n0:n0 + nb] = layout.interior(gpad)
     if need_input_grad:
         assert gx.shape == x.shape
-    return gx, gw2.reshape(w.shape), gb
+    return gx, _into(gw2.reshape(w.shape), gw_out, direct), gb
+
+
+def _into(gw, gw_out, direct):
+    """``gw`` in ``gw_out`` when one was given: already there when the GEMMs wrote it ``direct``ly (a
+    contiguous ``gw_out``), copied otherwise."""
+    if gw_out is None:
+        return gw
+    if not direct:
+        gw_out[...] = gw
+    return gw_out
+
+
+def _pointwise_backward(gy, x, w2, gw2, need_input_grad):
+    """1x1 convolution: ``gw = sum_n gy[n] @ x[n].T`` over sample blocks (bounded copies), ``gx = w.T @ gy``."""
+    xp = backend.array_module(gy)
+    N, C, H, W = x.shape
+    K = w2.shape[0]
+    HW = H * W
+    gy_nkp, x_ncp = gy.reshape(N, K, HW), x.reshape(N, C, HW)
+    Nb = max(1, min(N, COLUMN_BYTES // max((K + C) * HW * x.itemsize, 1)))
+    if gw2 is None:
+        gw2 = xp.empty((K, C), dtype=x.dtype)
+    part = scratch(xp, "conv.gw", (K, C), x.dtype) if N > Nb else None
+    for n0 in range(0, N, Nb):
+        nb = min(N, n0 + Nb) - n0
+        g = scratch(xp, "conv.product", (K, nb, HW), x.dtype)
+        g[...] = gy_nkp[n0:n0 + nb].transpose(1, 0, 2)                   # (K, Nb, HW)
+        xs = scratch(xp, "conv.columns", (C, nb, HW), x.dtype)
+        xs[...] = x_ncp[n0:n0 + nb].transpose(1, 0, 2)                   # (C, Nb, HW)
+        if n0 == 0:
+            xp.matmul(g.reshape(K, -1), xs.reshape(C, -1).T, out=gw2)
+        else:
+            gw2 += xp.matmul(g.reshape(K, -1), xs.reshape(C, -1).T, out=part)
+    gx = xp.matmul(w2.T, gy_nkp).reshape(N, C, H, W) if need_input_grad else None   # (N, C, HW)
+    return gw2, gx

@@ -7,9 +7,11 @@ one thread per rank it stays out of the other ranks' way.
 """
 
 import os
-from concurrent.futures import ThreadPoolExecutor
+import threading
+from concurrent.futures import ThreadPoolExecutor, wait
 
 _pool = None
+_pool_lock = threading.Lock()
 
 
 def num_threads():
@@ -23,16 +25,26 @@ def num_threads():
         return os.cpu_count() or 1
 
 
-def parallel_for(body, count, min_items=1):
-    """Run ``body(start, stop)`` over ``range(count)`` split into one contiguous part per thread."""
+def _executor():
     global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=num_threads(), thread_name_prefix="spmdcnn")
+        return _pool
+
+
+def parallel_for(body, count, min_items=1):
+    """Run ``body(start, stop)`` over ``range(count)`` split into one contiguous part per thread.
+
+    Returns only when every part has finished, also when one of them raised (the first error is re-raised):
+    no part may still be writing into memory the caller reuses.
+    """
     threads = min(num_threads(), count // max(min_items, 1))
     if threads <= 1:
         body(0, count)
         return
-    if _pool is None or _pool._max_workers < threads:
-        _pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="spmdcnn")
     bounds = [count * i // threads for i in range(threads + 1)]
-    futures = [_pool.submit(body, bounds[i], bounds[i + 1]) for i in range(threads)]
+    futures = [_executor().submit(body, bounds[i], bounds[i + 1]) for i in range(threads)]
+    wait(futures)
     for future in futures:
         future.result()

@@ -20,7 +20,8 @@ def make_data(job, graph):
         data = HDF5Dataset(spec["path"], seed=spec["seed"], shuffle=spec["shuffle"])
         data.check_model(graph)
         return data
-    return SyntheticData(graph.input_shape, graph.num_classes, spec["num_samples"], seed=spec["seed"])
+    return SyntheticData(graph.input_shape, graph.num_classes, spec["num_samples"], seed=spec["seed"],
+                         signal=spec["signal"], shuffle=spec["shuffle"])
 
 
 def make_optimizer(job, graph, xp, dtype):
@@ -44,16 +45,56 @@ def restore(executor, optimizer, ckpt, weights_only=False):
             optimizer.velocity[name][...] = xp.asarray(ckpt.momentum[name], dtype=executor.dtype)
 
 
+TRIVIAL_PLAN = "format: spmdcnn-plan/1\ndevices: 1\ndefault: {n: 1}\n"
+
+# What fixes the sequence of batches, dropout masks and steps: a resumed run must agree on all of them.
+RESUME_KEYS = ("batch_size", "seed", "data.kind", "data.path", "data.seed", "data.shuffle", "data.num_samples")
+
+
+def _cursor(job):
+    """The job's data cursor identity, as stored in a checkpoint's /state."""
+    data = job["data"]
+    return {"batch_size": job["batch_size"], "seed": job["seed"], "data.kind": data["kind"],
+            "data.path": os.path.abspath(data["path"]) if data["path"] else "",
+            "data.seed": data["seed"], "data.shuffle": data["shuffle"],
+            "data.num_samples": data["num_samples"] if data["kind"] == "synthetic" else 0}
+
+
 def write_checkpoint(path, executor, optimizer, step, epoch, job, graph):
     host = backend.to_numpy
-    save_checkpoint(
-        path, model_text=graph.text,
-        params={name: host(v) for name, v in executor.params.items()},
-        buffers={name: host(v) for name, v in executor.buffers.items()},
-        momentum={name: host(v) for name, v in optimizer.velocity.items()} if optimizer.velocity else {},
-        step=step, epoch=epoch, plan_text="",
-        state={"step": step, "epoch": epoch, "seed": job["seed"], "data_seed": job["data"]["seed"],
-               "shuffle": job["data"]["shuffle"]})
+    try:
+        save_checkpoint(
+            path, model_text=graph.text,
+            params={name: host(v) for name, v in executor.params.items()},
+            buffers={name: host(v) for name, v in executor.buffers.items()},
+            momentum={name: host(v) for name, v in optimizer.velocity.items()} if optimizer.velocity else {},
+            step=step, epoch=epoch, plan_text=TRIVIAL_PLAN, state={"step": step, "epoch": epoch, **_cursor(job)})
+    except OSError as error:
+        raise CheckpointError(f"checkpoint.path {path}: cannot write the checkpoint: {error}") from None
+
+
+def check_resumable(ckpt, job):
+    """Refuse to resume when the job would read other batches or masks than the run that wrote ``ckpt``."""
+    expected = _cursor(job)
+    changed = [f"{key} {ckpt.state[key]!r} -> {expected[key]!r}" for key in RESUME_KEYS
+               if key in ckpt.state and ckpt.state[key] != expected[key]]
+    if changed:
+        raise CheckpointError(f"{ckpt.path}: the job differs from the run that wrote this checkpoint in "
+                              f"{', '.join(changed)}; resuming would not continue that run. Restore those keys, "
+                              "or start a new run from its weights with init: and another checkpoint.path")
+
+
+def _check_writable(path, what):
+    """Fail before training, not hours later, when an output path cannot be written."""
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        os.makedirs(directory, exist_ok=True)
+        probe = os.path.join(directory, f".spmdcnn-write-test-{os.getpid()}")
+        with open(probe, "w", encoding="utf-8"):
+            pass
+        os.unlink(probe)
+    except OSError as error:
+        raise CheckpointError(f"{what} {path}: cannot write there: {error}") from None
 
 
 class Trainer:
@@ -65,13 +106,20 @@ class Trainer:
         self.graph = load_model(job["model"])
         self.xp = backend.get_array_module(job["backend"])
         self.dtype = backend.resolve_dtype(job["dtype"])
+        for key, what in ((("checkpoint", "path"), "checkpoint.path"), (("log", "metrics"), "log.metrics")):
+            if job[key[0]][key[1]]:
+                _check_writable(job[key[0]][key[1]], what)
         self.data = make_data(job, self.graph)
-        self.batch = job["batch_size"]
-        self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
-        self.total_steps = job["steps"] if job["steps"] is not None else job["epochs"] * self.steps_per_epoch
-        self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"])
-        self.optimizer = make_optimizer(job, self.graph, self.xp, self.dtype)
-        self.start_step = self._load_start()
+        try:
+            self.batch = job["batch_size"]
+            self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
+            self.total_steps = job["steps"] if job["steps"] is not None else job["epochs"] * self.steps_per_epoch
+            self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"])
+            self.optimizer = make_optimizer(job, self.graph, self.xp, self.dtype)
+            self.start_step = self._load_start()
+        except BaseException:
+            self.data.close()
+            raise
 
     def _load_start(self):
         job = self.job
@@ -81,6 +129,7 @@ class Trainer:
             raise CheckpointError(f"resume: true, but there is no checkpoint at checkpoint.path ({path!r})")
         if resume in ("auto", True) and path and os.path.exists(path):
             ckpt = load_checkpoint(path)
+            check_resumable(ckpt, job)
             restore(self.executor, self.optimizer, ckpt)
             self.log(f"resumed from {path} at step {ckpt.step}")
             return ckpt.step
@@ -90,63 +139,94 @@ class Trainer:
         return 0
 
     def run(self):
-        job, graph, executor, xp = self.job, self.graph, self.executor, self.xp
-        every = job["log"]["every"]
-        metrics = _open_metrics(job["log"]["metrics"], resumed=self.start_step > 0)
+        """Train from ``start_step`` to the end; returns ``{"steps", "losses"}`` (losses of this run's steps)."""
+        job, graph = self.job, self.graph
+        metrics = _open_metrics(job["log"]["metrics"], self.start_step)
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
-                 f"backend {xp.__name__}, {self.dtype.name}; one process")
+                 f"backend {self.xp.__name__}, {self.dtype.name}; one process")
         history = []
-        interval_start, interval_losses, interval_correct = time.perf_counter(), [], 0
+        interval = _Interval()
         step = self.start_step
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
         try:
             while step < self.total_steps:
-                epoch, s = divmod(step, self.steps_per_epoch)
-                images, labels = self.data.batch(epoch, s, self.batch, self.dtype)
-                loss, correct, _ = executor.forward(xp.asarray(images), xp.asarray(labels), step=step)
-                executor.backward()
-                self.optimizer.step(executor.params.flat, executor.grads.flat)
-                if not np.isfinite(loss):
-                    raise FloatingPointError(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
+                loss, correct = self._step(step)
                 step += 1
                 history.append(loss)
-                interval_losses.append(loss)
-                interval_correct += correct
-                if step % every == 0 or step == self.total_steps:
-                    elapsed = time.perf_counter() - interval_start
-                    record = {"step": step, "epoch": epoch, "loss": loss,
-                              "loss_avg": float(np.mean(interval_losses)),
-                              "accuracy": interval_correct / (len(interval_losses) * self.batch),
-                              "images_per_s": len(interval_losses) * self.batch / elapsed,
-                              "lr": self.optimizer.lr}
-                    self.log(f"step {step:>6}/{self.total_steps}  epoch {epoch}  loss {loss:.4f}  "
-                             f"(avg {record['loss_avg']:.4f})  acc {record['accuracy']:.3f}  "
-                             f"{record['images_per_s']:.1f} images/s")
-                    if metrics:
-                        metrics.write(json.dumps(record) + "\n")
-                        metrics.flush()
-                    interval_start, interval_losses, interval_correct = time.perf_counter(), [], 0
+                interval.add(loss, correct)
+                if step % job["log"]["every"] == 0 or step == self.total_steps:
+                    self._report(step, loss, interval, metrics)
+                    interval = _Interval()
                 if ckpt_path and ckpt_every and step % ckpt_every == 0 and step < self.total_steps:
-                    write_checkpoint(ckpt_path, executor, self.optimizer, step, step // self.steps_per_epoch,
-                                     job, graph)
+                    self._checkpoint(step)
             if ckpt_path:
-                write_checkpoint(ckpt_path, executor, self.optimizer, step, step // self.steps_per_epoch, job, graph)
+                self._checkpoint(step)
                 self.log(f"checkpoint written to {ckpt_path} (step {step})")
         finally:
             if metrics:
                 metrics.close()
+            self.data.close()
         return {"steps": step, "losses": history}
 
+    def _step(self, step):
+        xp, executor = self.xp, self.executor
+        epoch, s = divmod(step, self.steps_per_epoch)
+        images, labels = self.data.batch(epoch, s, self.batch, self.dtype)
+        loss, correct, _ = executor.forward(xp.asarray(images), xp.asarray(labels), step=step)
+        executor.backward()
+        self.optimizer.step(executor.params.flat, executor.grads.flat)
+        if not np.isfinite(loss):
+            raise FloatingPointError(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
+        return loss, correct
 
-def _open_metrics(path, resumed):
+    def _report(self, step, loss, interval, metrics):
+        elapsed = time.perf_counter() - interval.start
+        count = len(interval.losses)
+        record = {"step": step, "epoch": (step - 1) // self.steps_per_epoch, "loss": loss,
+                  "loss_avg": float(np.mean(interval.losses)), "accuracy": interval.correct / (count * self.batch),
+                  "images_per_s": count * self.batch / elapsed, "lr": self.optimizer.lr}
+        self.log(f"step {step:>6}/{self.total_steps}  epoch {record['epoch']}  loss {loss:.4f}  "
+                 f"(avg {record['loss_avg']:.4f})  acc {record['accuracy']:.3f}  "
+                 f"{record['images_per_s']:.1f} images/s")
+        if metrics:
+            metrics.write(json.dumps(record) + "\n")
+            metrics.flush()
+
+    def _checkpoint(self, step):
+        write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, step,
+                         step // self.steps_per_epoch, self.job, self.graph)
+
+
+class _Interval:
+    """Losses and right answers since the last log line."""
+
+    def __init__(self):
+        self.start, self.losses, self.correct = time.perf_counter(), [], 0
+
+    def add(self, loss, correct):
+        self.losses.append(loss)
+        self.correct += correct
+
+
+def _open_metrics(path, start_step):
+    """The metrics file: new for a new run; on resume, kept up to ``start_step`` (lines a crashed run wrote
+    after its last checkpoint are dropped, since the resumed run writes them again)."""
     if not path:
         return None
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    return open(path, "a" if resumed else "w", encoding="utf-8")
+    kept = []
+    if start_step and os.path.exists(path):
+        with open(path, encoding="utf-8") as previous:
+            for line in previous:
+                try:
+                    if json.loads(line).get("step", 0) <= start_step:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+                except ValueError:       # a line cut short by a crash
+                    continue
+    handle = open(path, "w", encoding="utf-8")
+    handle.writelines(kept)
+    return handle
 
 
 def train(job, log=None):
     return Trainer(job, log).run()
-

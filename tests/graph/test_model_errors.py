@@ -183,3 +183,35 @@ def test_block_errors(tmp_path):
     recursive = BLOCKS + "      - {name: again, block: unit, args: {out: 1}}\n"
     expect_error(write(tmp_path, "  - {name: b1, block: unit, args: {out: 2}}\n" + rest, extra=recursive),
                  "contains itself")
+
+
+def test_op_of_the_wrong_type(tmp_path):
+    expect_error(write(tmp_path, GOOD_LAYERS.replace("op: relu", "op: [relu]")), "relu1", "unknown op")
+
+
+def test_layer_name_with_a_slash(tmp_path):
+    path = write(tmp_path, GOOD_LAYERS.replace("{name: relu1,", "{name: relu/1,").replace("]", "]"))
+    expect_error(path, "relu/1", "'/'")
+
+
+def test_malformed_block_definitions(tmp_path):
+    rest = GOOD_LAYERS.split("\n", 2)[2]
+    instance = "  - {name: b1, block: unit, args: {out: 2}}\n" + rest
+    expect_error(write(tmp_path, instance, extra=BLOCKS.replace("args: {out: null, kernel: 3}", "args: [1]")),
+                 "block 'unit'", "'args'")
+    expect_error(write(tmp_path, instance, extra=BLOCKS.replace("    args:", "    inputs: 5\n    args:")),
+                 "block 'unit'", "'inputs'")
+    expect_error(write(tmp_path, instance, extra=BLOCKS.replace("    args:", "    output: [relu]\n    args:")),
+                 "block 'unit'", "'output'")
+
+
+def test_a_long_model_listed_backwards_is_ordered_without_recursion_limits(tmp_path):
+    count = 1500
+    entries = [f"  - {{name: r{i}, op: relu, inputs: [{f'r{i - 1}' if i else 'data'}]}}" for i in range(count)]
+    entries += [f"  - {{name: flat, op: flatten, inputs: [r{count - 1}]}}",
+                "  - {name: fc, op: linear, out_features: 2, inputs: [flat]}",
+                "  - {name: loss, op: softmax_cross_entropy, inputs: [fc]}"]
+    path = tmp_path / "deep.yaml"
+    path.write_text("name: deep\ninput: [1, 4, 4]\nlayers:\n" + "\n".join(reversed(entries)) + "\n")
+    graph = load_model(str(path))
+    assert [layer.name for layer in graph.layers[:2]] == ["r0", "r1"] and graph.loss.name == "loss"

@@ -328,7 +328,7 @@ def test_synthetic_shapes_dtypes_and_label_range():
     data = SyntheticData((2, 7, 9), 5, num_samples=100, seed=0)
     labels = []
     for s in range(20):
-        x, y = data.batch(0, s, 16)
+        x, y = data.batch(s // 6, s % 6, 16)
         assert x.shape == (16, 2, 7, 9) and x.dtype == np.float32
         assert y.shape == (16,) and y.dtype == np.int64
         assert y.min() >= 0 and y.max() < 5
@@ -343,5 +343,26 @@ def test_synthetic_shapes_dtypes_and_label_range():
 def test_synthetic_batches_per_epoch():
     data = SyntheticData((3, 4, 4), 10, num_samples=100)
     assert data.batches_per_epoch(8) == 12
-    assert data.batches_per_epoch(1000) == 1
+    with pytest.raises(DataError, match="cannot fill one batch"):
+        data.batches_per_epoch(1000)
+    with pytest.raises(DataError, match="outside an epoch"):
+        data.batch(0, 12, 8)
     assert data.num_samples == 100 and data.sample_shape == (3, 4, 4)
+    with pytest.raises(DataError, match="positive"):
+        SyntheticData((3, 4, 4), 10, num_samples=0)
+
+
+def test_synthetic_samples_do_not_depend_on_the_batch_they_are_in():
+    """Sample i is a function of (seed, i): any subset, in any order, reads the same values (a tile can make
+    its part alone)."""
+    data = SyntheticData((3, 5, 6), 7, num_samples=50, seed=2)
+    whole, labels = data.read(np.arange(50))
+    some = np.array([41, 3, 17, 3])
+    part, part_labels = data.read(some)
+    np.testing.assert_array_equal(part, whole[some])
+    np.testing.assert_array_equal(part_labels, labels[some])
+    order = sample_order(50, 4, 2, True)
+    x, y = data.batch(4, 1, 10)
+    np.testing.assert_array_equal(x, whole[order[10:20]])
+    np.testing.assert_array_equal(y, labels[order[10:20]])
+    assert abs(float(whole.std()) - np.sqrt(1 + 0.25 * 1.0)) < 0.2     # unit noise plus the class pattern

@@ -35,7 +35,7 @@ def test_defaults_are_filled_in(tmp_path):
     job = load_job(write(tmp_path, MINIMAL))
     assert job == {
         "model": "models/tiny_cnn.yaml", "batch_size": 8, "steps": 5, "epochs": None,
-        "data": {"kind": "synthetic", "path": None, "shuffle": True, "seed": 0, "num_samples": 50_000},
+        "data": {"kind": "synthetic", "path": None, "shuffle": True, "seed": 0, "num_samples": 50_000, "signal": 0.5},
         "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False},
         "plan": "auto", "machine": None, "backend": "auto", "dtype": "float32", "init": None,
         "checkpoint": {"path": None, "every": None}, "resume": "auto", "seed": 0,
@@ -54,7 +54,7 @@ def test_every_schema_key_appears_in_a_parsed_job(tmp_path):
 def test_a_partial_section_keeps_the_other_defaults(tmp_path):
     job = load_job(write(tmp_path, MINIMAL + "optimizer: {lr: 0.5, momentum: 0.9}\ndata: {seed: 4}\n"))
     assert job["optimizer"] == {"kind": "sgd", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False}
-    assert job["data"] == {"kind": "synthetic", "path": None, "shuffle": True, "seed": 4, "num_samples": 50_000}
+    assert job["data"] == {"kind": "synthetic", "path": None, "shuffle": True, "seed": 4, "num_samples": 50_000, "signal": 0.5}
 
 
 def test_an_empty_section_gets_the_defaults(tmp_path):
@@ -87,7 +87,7 @@ def test_the_full_documented_example_is_accepted(tmp_path):
         """)
     job = load_job(path)
     assert job["data"] == {"kind": "hdf5", "path": "data/train.h5", "shuffle": True, "seed": 0,
-                           "num_samples": 50_000}
+                           "num_samples": 50_000, "signal": 0.5}
     assert job["optimizer"]["weight_decay"] == 0.0005
     assert job["checkpoint"] == {"path": "ckpt/run.h5", "every": 100}
     assert job["machine"] == "jobs/machines/local.yaml"

@@ -51,3 +51,32 @@ def test_path_matches_pytorch(case, need_input_grad):
         assert gx.shape == x.shape
     else:
         assert gx is None
+
+
+@pytest.mark.parametrize("case", ["pointwise", "stride_2_3x3", "subsample_1x1"])
+def test_a_non_contiguous_gw_out_receives_the_gradient(case):
+    x_shape, w_shape, stride, padding, dilation, _ = CASES[case]
+    rng = np.random.default_rng(0)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    y, saved = conv2d_forward(x, w, None, ConvGeometry(stride, padding, dilation))
+    gy = rng.standard_normal(y.shape)
+    _, expected, _ = conv2d_backward(gy, saved)
+    holder = np.zeros(w_shape[:3] + (w_shape[3] + 2,))
+    gw_out = holder[..., 1:1 + w_shape[3]]                 # a strided view, not reshapeable in place
+    _, gw, _ = conv2d_backward(gy, saved, gw_out=gw_out)
+    assert gw is gw_out
+    np.testing.assert_array_equal(gw_out, expected)
+
+
+def test_pointwise_weight_gradient_in_sample_blocks(monkeypatch):
+    from spmdcnn.ops import conv
+    rng = np.random.default_rng(1)
+    x, w = rng.standard_normal((7, 5, 4, 3)), rng.standard_normal((6, 5, 1, 1))
+    y, saved = conv2d_forward(x, w, None, ConvGeometry())
+    gy = rng.standard_normal(y.shape)
+    _, whole, _ = conv2d_backward(gy, saved)
+    monkeypatch.setattr(conv, "COLUMN_BYTES", 2 * (5 + 6) * 12 * 8)      # two samples per block
+    _, blocked, _ = conv2d_backward(gy, saved)
+    np.testing.assert_allclose(blocked, whole, rtol=1e-12)
+    _, _, rgw, _ = reference(x, w, np.zeros(6), (1, 1), ((0, 0), (0, 0)), (1, 1), gy)
+    np.testing.assert_allclose(blocked, rgw, rtol=1e-11)

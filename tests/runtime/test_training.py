@@ -49,7 +49,7 @@ def test_training_writes_checkpoint_and_metrics(tmp_path):
 
 
 def test_training_reduces_the_loss(tmp_path):
-    job = make_job(tmp_path, steps=40, data={"num_samples": 320},
+    job = make_job(tmp_path, steps=40, data={"num_samples": 320, "signal": 1.0},
                    checkpoint={"path": None, "every": None}, log={"every": 40, "metrics": None})
     losses = Trainer(job, log=quiet).run()["losses"]
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
@@ -137,3 +137,60 @@ def test_nonfinite_loss_stops_the_run(tmp_path):
     job = make_job(tmp_path, optimizer={"lr": 1e30}, steps=6, checkpoint={"path": None, "every": None})
     with pytest.raises(FloatingPointError, match="loss"):
         Trainer(job, log=quiet).run()
+
+
+def test_resume_refuses_a_job_that_would_read_other_batches(tmp_path):
+    Trainer(make_job(tmp_path, steps=2), log=quiet).run()
+    with pytest.raises(CheckpointError, match="batch_size 8 -> 4"):
+        Trainer(make_job(tmp_path, batch_size=4), log=quiet)
+    with pytest.raises(CheckpointError, match="data.seed"):
+        Trainer(make_job(tmp_path, data={"seed": 99}), log=quiet)
+    # the optimizer's settings may change on resume (a new learning rate, say)
+    assert Trainer(make_job(tmp_path, optimizer={"lr": 0.01}), log=quiet).start_step == 2
+
+
+def test_metrics_of_a_crashed_run_are_trimmed_on_resume(tmp_path):
+    Trainer(make_job(tmp_path, steps=2), log=quiet).run()
+    metrics = tmp_path / "metrics.jsonl"
+    # a crash after step 3 was logged but before its checkpoint, with a torn last line
+    metrics.write_text(metrics.read_text() + json.dumps({"step": 3, "loss": 1.0}) + "\n" + '{"step": 4, "lo')
+    Trainer(make_job(tmp_path, steps=5), log=quiet).run()
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]
+
+
+def test_an_unwritable_checkpoint_path_fails_before_training(tmp_path):
+    (tmp_path / "blocker").write_text("a file where a directory should be")
+    with pytest.raises(CheckpointError, match="checkpoint.path"):
+        Trainer(make_job(tmp_path, checkpoint={"path": str(tmp_path / "blocker" / "run.h5")}), log=quiet)
+    with pytest.raises(CheckpointError, match="log.metrics"):
+        Trainer(make_job(tmp_path, log={"metrics": str(tmp_path / "blocker" / "m.jsonl")}), log=quiet)
+
+
+def test_checkpoint_records_the_trivial_plan_and_the_data_cursor(tmp_path):
+    Trainer(make_job(tmp_path, steps=2), log=quiet).run()
+    ckpt = load_checkpoint(tmp_path / "run.h5")
+    assert "format: spmdcnn-plan/1" in ckpt.plan_text and "devices: 1" in ckpt.plan_text
+    assert ckpt.state["batch_size"] == 8 and ckpt.state["data.kind"] == "synthetic"
+    assert ckpt.state["step"] == 2
+
+
+def test_the_dataset_is_closed_after_the_run(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as f:
+        f["images"] = rng.integers(0, 256, (16, 3, 15, 13), dtype=np.uint8)
+        f["labels"] = rng.integers(0, 10, 16)
+    trainer = Trainer(make_job(tmp_path, steps=2, data={"kind": "hdf5", "path": str(path)}), log=quiet)
+    trainer.run()
+    with h5py.File(path, "w"):          # would fail if the run still held the file open
+        pass
+
+
+def test_labels_outside_the_model_classes_are_refused_before_training(tmp_path):
+    path = tmp_path / "train.h5"
+    with h5py.File(path, "w") as f:
+        f["images"] = np.zeros((16, 3, 15, 13), dtype=np.uint8)
+        f["labels"] = np.arange(16)                    # tiny_cnn has 10 classes
+    with pytest.raises(Exception, match=r"labels range over \[0, 15\]"):
+        Trainer(make_job(tmp_path, data={"kind": "hdf5", "path": str(path)}), log=quiet)
