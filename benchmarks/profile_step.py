@@ -12,6 +12,7 @@ import argparse
 import collections
 import time
 
+import spmdcnn  # noqa: F401  (first: it tunes OpenBLAS before NumPy loads it)
 import numpy as np
 
 from spmdcnn.graph import load_model
