@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conv_cases import CONV_CASES as SHARED_CASES
 from spmdcnn.ops.conv import ConvGeometry, conv2d_backward, conv2d_forward
 
 # x shape, w shape, stride, padding ((top, bottom), (left, right)), dilation, expected path
@@ -80,3 +81,26 @@ def test_pointwise_weight_gradient_in_sample_blocks(monkeypatch):
     np.testing.assert_allclose(blocked, whole, rtol=1e-12)
     _, _, rgw, _ = reference(x, w, np.zeros(6), (1, 1), ((0, 0), (0, 0)), (1, 1), gy)
     np.testing.assert_allclose(blocked, rgw, rtol=1e-11)
+
+
+@pytest.mark.parametrize("blocks", [False, True])             # one block / one sample per block
+@pytest.mark.parametrize("waste", [0.0, float("inf")])          # strided copies / shifted rows, forced
+@pytest.mark.parametrize("case", [name for name, c in SHARED_CASES.items() if c[2] == 1 and c[1][2:] != (1, 1)])
+def test_stride1_layouts_both_match_pytorch(monkeypatch, case, waste, blocks):
+    from spmdcnn.ops import conv
+    monkeypatch.setattr(conv, "SHIFTED_WASTE", waste)
+    if blocks:
+        monkeypatch.setattr(conv, "COLUMN_BYTES", 1)
+    x_shape, w_shape, stride, padding, dilation, _ = SHARED_CASES[case]
+    geometry = ConvGeometry(stride, padding, dilation)
+    layout = conv._Layout(x_shape, w_shape[2], w_shape[3], geometry, 8)
+    assert layout.shifted == (waste > 0)
+    assert layout.block == (1 if blocks else x_shape[0])
+    rng = np.random.default_rng(3)
+    x, w, b = rng.standard_normal(x_shape), rng.standard_normal(w_shape), rng.standard_normal(w_shape[0])
+    y, saved = conv2d_forward(x, w, b, geometry)
+    gy = rng.standard_normal(y.shape)
+    gx, gw, gb = conv2d_backward(gy, saved)
+    ry, rgx, rgw, rgb = reference(x, w, b, geometry.stride, geometry.padding, geometry.dilation, gy)
+    for got, expected in ((y, ry), (gx, rgx), (gw, rgw), (gb, rgb)):
+        np.testing.assert_allclose(got, expected, rtol=1e-11, atol=1e-11)

@@ -1,0 +1,27 @@
+"""The benchmark scripts run (on a tiny model), so the numbers in benchmarks/README.md stay reproducible."""
+
+import json
+import os
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(*args):
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_vs_pytorch_reports_both_sides_and_the_ratio():
+    summary = json.loads(run("benchmarks/vs_pytorch.py", "models/tiny_cnn.yaml", "--batch", "4", "--steps", "2",
+                             "--warmup", "1", "--rounds", "1", "--json"))
+    assert summary["spmdcnn_images_per_s"] > 0 and summary["pytorch_images_per_s"] > 0
+    assert summary["ratio"] == summary["spmdcnn_images_per_s"] / summary["pytorch_images_per_s"]
+    assert summary["spmdcnn_peak_memory_mib"] > 0 and summary["pytorch_peak_memory_mib"] > 0
+
+
+def test_profile_step_names_the_layers_and_the_gemm_floor():
+    out = run("benchmarks/profile_step.py", "models/small_resnet.yaml", "--batch", "4", "--steps", "1")
+    assert "per op" in out and "conv2d" in out and "GFLOP per iteration" in out
