@@ -78,7 +78,7 @@ def main():
     scale = 1e3 / args.steps
     print(f"{graph.name}, batch {args.batch}: {per_step * 1e3:.0f} ms per iteration "
           f"({args.batch / per_step:.1f} images/s); BLAS {blas_info()}")
-    print(f"\nslowest layers (ms per iteration):")
+    print("\nslowest layers (ms per iteration):")
     for (name, op, phase), seconds in spent.most_common(args.top):
         print(f"  {name:<28} {op:<22} {phase:<9} {seconds * scale:8.1f}")
     by_op = collections.Counter()

@@ -2,7 +2,7 @@
 
 from dataclasses import dataclass, field
 
-from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml
+from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
 from .blocks import DATA, expand_layers
 
@@ -33,10 +33,6 @@ class Layer:
                 count *= extent
             total += count
         return total
-
-    def param_names(self):
-        """Global parameter names, ``<layer>.<name>``, as PyTorch's state dicts spell them."""
-        return [f"{self.name}.{p}" for p in self.params]
 
 
 class Graph:
@@ -164,6 +160,3 @@ def load_model(path):
     data, text = read_yaml(path, "model file")
     return parse_model(data, str(path), text)
 
-
-def model_from_text(text, source="<checkpoint>"):
-    return parse_model(load_yaml_text(text, source), source, text)

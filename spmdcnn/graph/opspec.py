@@ -28,7 +28,6 @@ KEYS = {
     "softmax_cross_entropy": {},
 }
 MULTI_INPUT = {"concat", "add"}
-ELEMENTWISE = {"relu", "dropout"}
 
 
 class LayerError(FormatError):

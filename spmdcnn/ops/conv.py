@@ -101,35 +101,29 @@ class _Layout:
         (sh, sw), (dh, dw) = self.geometry.stride, self.geometry.dilation
         return xpad[:, :, window_slice(p * dh, self.oH, sh), window_slice(q * dw, self.oW, sw)]
 
+    def _columns_view(self, columns):
+        """``columns`` (C, kH, kW, Nb, P) indexed like the windows: P stays flat for shifted rows."""
+        return columns if self.shifted else columns.reshape(self.C, self.kH, self.kW, -1, self.oH, self.oW)
+
     def im2col(self, xpad, columns):
         """Fill ``columns`` (C, kH, kW, Nb, P) with every window of the padded block."""
+        view = self._columns_view(columns)
+
         def copy(n0, n1):
             for p, q, offset in self.offsets:
-                window = self.window(xpad[n0:n1], p, q, offset)
-                columns[:, p, q, n0:n1] = window.reshape(n1 - n0, self.C, self.P).transpose(1, 0, 2) \
-                    if self.shifted else window.transpose(1, 0, 2, 3).reshape(self.C, n1 - n0, self.P)
-        if not self.shifted:
-            copy = self._strided_copy(xpad, columns)
+                window = self.window(xpad[n0:n1], p, q, offset)            # (Nb, C, P) or (Nb, C, oH, oW)
+                view[:, p, q, n0:n1] = window.swapaxes(0, 1)
         _split(columns, copy, xpad.shape[0])
         return columns
 
-    def _strided_copy(self, xpad, columns):
-        view = columns.reshape(self.C, self.kH, self.kW, -1, self.oH, self.oW)
-
-        def copy(n0, n1):
-            for p, q, offset in self.offsets:
-                view[:, p, q, n0:n1] = self.window(xpad[n0:n1], p, q, offset).transpose(1, 0, 2, 3)  # (C,Nb,oH,oW)
-        return copy
-
     def col2im(self, columns, gpad):
         """Adjoint of :meth:`im2col`: add every window of ``columns`` back into the padded gradient block."""
-        view = columns if self.shifted else columns.reshape(self.C, self.kH, self.kW, -1, self.oH, self.oW)
+        view = self._columns_view(columns)
 
         def add(n0, n1):
             for p, q, offset in self.offsets:
                 target = self.window(gpad[n0:n1], p, q, offset)
-                source = view[:, p, q, n0:n1]
-                target += source.transpose(1, 0, 2) if self.shifted else source.transpose(1, 0, 2, 3)
+                target += view[:, p, q, n0:n1].swapaxes(0, 1)
         _split(columns, add, gpad.shape[0])
         return gpad
 

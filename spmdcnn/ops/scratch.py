@@ -30,7 +30,3 @@ def scratch(xp, slot, shape, dtype):
         buffer = buffers[key] = np.empty(size, dtype=dtype)
     return buffer[:size].reshape(shape)
 
-
-def release():
-    """Drop this thread's scratch buffers (for a process that is done with training)."""
-    _local.buffers = {}
