@@ -127,8 +127,8 @@ def _conv2d(attrs, in_shapes, where):
     return (K, oH, oW), params, {}, flops
 
 
-def _pool(attrs, in_shapes, where):
-    C, H, W = _image(in_shapes[0], "pooling", where)
+def _pool(attrs, in_shapes, where, op):
+    C, H, W = _image(in_shapes[0], op, where)
     stride = attrs["kernel"] if attrs["stride"] is None else attrs["stride"]
     oH, oW = _window_out(H, W, attrs["kernel"], stride, attrs["padding"], 1, where, "pooling")
     kH, kW = pair(attrs["kernel"])
@@ -191,7 +191,8 @@ def _loss(attrs, in_shapes, where):
     return (), {}, {}, 4 * in_shapes[0][0]
 
 
-INFER = {"conv2d": _conv2d, "maxpool2d": _pool, "avgpool2d": _pool, "global_avgpool": _global_avgpool,
+INFER = {"conv2d": _conv2d, "maxpool2d": lambda *args: _pool(*args, "maxpool2d"),
+         "avgpool2d": lambda *args: _pool(*args, "avgpool2d"), "global_avgpool": _global_avgpool,
          "batchnorm2d": _batchnorm2d, "relu": _elementwise, "dropout": _elementwise, "flatten": _flatten,
          "linear": _linear, "concat": _concat, "add": _add, "softmax_cross_entropy": _loss}
 
