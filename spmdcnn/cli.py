@@ -180,7 +180,7 @@ def main(argv=None):
     except MemoryError as error:
         if args.debug:
             raise
-        print(f"spmdcnn: error: out of memory ({error or 'allocation failed'}); use a smaller batch or model",
+        print(f"spmdcnn: error: out of memory ({str(error) or 'allocation failed'}); use a smaller batch or model",
               file=sys.stderr)
         return 2
     except (ValueError, OSError, FloatingPointError, RuntimeError) as error:

@@ -183,10 +183,20 @@ def describe(path):
              f"step         {ckpt.step} (epoch {ckpt.epoch})",
              f"parameters   {count:,} in {len(ckpt.params)} tensors; {len(ckpt.buffers)} buffers; "
              f"momentum {'yes' if ckpt.momentum else 'no'}",
-             f"plan         {'recorded' if ckpt.plan_text.strip() else 'none (single device)'}"]
+             f"plan         {_plan_summary(ckpt.plan_text)}"]
     if ckpt.state:
         lines.append("state        " + ", ".join(f"{k}={v}" for k, v in sorted(ckpt.state.items())))
     return "\n".join(lines)
+
+
+def _plan_summary(text):
+    import yaml
+    try:
+        plan = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        return "unreadable"
+    devices = plan.get("devices", 1) if isinstance(plan, dict) else 1
+    return "single device" if devices == 1 else f"{devices} devices"
 
 
 def _model_name(text):

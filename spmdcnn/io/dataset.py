@@ -9,10 +9,12 @@ floor(N / B) batches (the incomplete last one is dropped). uint8 images are divi
 ``mean`` and ``std`` where the file has them.
 """
 
+import zlib
+
 import h5py
 import numpy as np
 
-from ..counters import global_indices, stream_key, uniform
+from ..counters import stream_key, uniform
 from .yamlfile import FormatError
 
 
@@ -50,9 +52,16 @@ class _Source:
     def close(self):
         pass
 
+    def identity(self):
+        """What fixes every batch this source yields (a resumed run must see the same): ``{key: value}``."""
+        return {"data.kind": self.kind, "data.num_samples": self.num_samples, "data.seed": int(self.seed),
+                "data.shuffle": bool(self.shuffle), "data.sample_shape": "x".join(map(str, self.sample_shape))}
+
 
 class HDF5Dataset(_Source):
     """Random access to an HDF5 dataset; reads only the samples (and, later, rows and columns) asked for."""
+
+    kind = "hdf5"
 
     def __init__(self, path, seed=0, shuffle=True):
         self.path = str(path)
@@ -114,6 +123,10 @@ class HDF5Dataset(_Source):
                 raise DataError(f"{self.path}: labels range over [{low}, {high}] but model '{graph.name}' has "
                                 f"{graph.num_classes} classes (labels must lie in [0, {graph.num_classes - 1}])")
 
+    def identity(self):
+        # the labels' checksum tells a replaced or reordered file from the one a run started with
+        return {**super().identity(), "data.labels_crc32": zlib.crc32(self.all_labels.tobytes())}
+
     def read(self, indices, dtype=np.float32):
         """Images (as ``dtype``, scaled and normalised) and int64 labels of the samples ``indices``."""
         # h5py reads a point selection only in increasing order: read the distinct samples sorted (one
@@ -136,11 +149,12 @@ class HDF5Dataset(_Source):
 
 class SyntheticData(_Source):
     """Learnable synthetic images; sample ``i`` is a fixed function of (seed, i), so any part of any batch can be
-    made alone. Its label is drawn uniformly; its image is the label's fixed pattern (a coarse 4x4 grid per
-    channel, stretched over the image, times ``signal``) plus uniform noise of unit variance, both from
-    counter-based streams keyed by the seed."""
+    made alone. Its label comes from a counter-based hash of (seed, i); its image is the label's fixed pattern
+    (a coarse 4x4 grid per channel, stretched over the image, times ``signal``) plus standard normal noise
+    from a generator keyed by (seed, i)."""
 
     GRID = 4
+    kind = "synthetic"
     path = "synthetic data"
 
     def __init__(self, sample_shape, num_classes, num_samples=50_000, seed=0, signal=0.5, shuffle=True):
@@ -150,27 +164,30 @@ class SyntheticData(_Source):
         self.seed, self.signal, self.shuffle = seed, float(signal), shuffle
         if self.num_samples <= 0:
             raise DataError(f"{self.path}: num_samples must be positive, got {self.num_samples}")
-        C = self.sample_shape[0]
-        self.patterns = np.random.default_rng([int(seed), 0x5EED]).standard_normal(
+        C, H, W = self.sample_shape
+        patterns = np.random.default_rng([int(seed), 0x5EED]).standard_normal(
             (self.num_classes, C, self.GRID, self.GRID)).astype(np.float32)
+        # pattern cell (r, c) covers the rows with r == h * GRID // H and the columns with c == w * GRID // W
+        self._row_counts = np.bincount(np.arange(H) * self.GRID // H, minlength=self.GRID)
+        self._col_counts = np.bincount(np.arange(W) * self.GRID // W, minlength=self.GRID)
+        self._coarse = patterns * np.float32(signal)
         self._label_key = stream_key(seed, "synthetic labels")
-        self._image_key = stream_key(seed, "synthetic images")
 
     def check_model(self, graph):
         pass
+
+    def identity(self):
+        return {**super().identity(), "data.signal": self.signal}
 
     def read(self, indices, dtype=np.float32):
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
         labels = (uniform(np, self._label_key, indices.astype(np.uint64)) * self.num_classes).astype(np.int64)
-        shape = (len(indices),) + self.sample_shape
-        element = global_indices(np, shape, global_shape=(self.num_samples,) + self.sample_shape, rows=indices)
-        images = uniform(np, self._image_key, element)
-        images -= 0.5
-        images *= 12 ** 0.5                                     # uniform noise with unit variance
-        _, H, W = self.sample_shape
-        rows = np.arange(H) * self.GRID // H
-        cols = np.arange(W) * self.GRID // W
-        images += self.signal * self.patterns[labels][:, :, rows[:, None], cols[None, :]]
-        return images.astype(dtype), labels
+        images = np.empty((len(indices),) + self.sample_shape, dtype=dtype)
+        for row, (index, label) in enumerate(zip(indices.tolist(), labels.tolist())):
+            noise = np.random.default_rng([int(self.seed), 0x1A6E, index]).standard_normal(
+                self.sample_shape, dtype=np.float32)
+            noise += np.repeat(np.repeat(self._coarse[label], self._row_counts, axis=1), self._col_counts, axis=2)
+            images[row] = noise
+        return images, labels

@@ -141,11 +141,9 @@ def parse_job(values, source="<job>", overrides=()):
         raise FormatError(f"{source}: 'batch_size' must be positive, got {job['batch_size']}")
     if (job["steps"] is None) == (job["epochs"] is None):
         raise FormatError(f"{source}: give exactly one of 'steps' and 'epochs'")
-    for key in ("seed",):
-        if job[key] < 0:
-            raise FormatError(f"{source}: '{key}' must be non-negative, got {job[key]}")
-    if job["data"]["seed"] < 0:
-        raise FormatError(f"{source}: 'data.seed' must be non-negative, got {job['data']['seed']}")
+    for key, value in (("seed", job["seed"]), ("data.seed", job["data"]["seed"])):
+        if not 0 <= value < 2 ** 63:
+            raise FormatError(f"{source}: '{key}' must lie in [0, 2**63), got {value}")
     if job["data"]["num_samples"] <= 0:
         raise FormatError(f"{source}: 'data.num_samples' must be positive, got {job['data']['num_samples']}")
     for key in ("steps", "epochs"):

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor, wait
 
 _pool = None
 _pool_lock = threading.Lock()
+_inside = threading.local()      # set in the pool's threads: a nested parallel_for runs inline, never waits
 
 
 def num_threads():
@@ -40,11 +41,18 @@ def parallel_for(body, count, min_items=1):
     no part may still be writing into memory the caller reuses.
     """
     threads = min(num_threads(), count // max(min_items, 1))
-    if threads <= 1:
+    if threads <= 1 or getattr(_inside, "active", False):
         body(0, count)
         return
     bounds = [count * i // threads for i in range(threads + 1)]
-    futures = [_executor().submit(body, bounds[i], bounds[i + 1]) for i in range(threads)]
+
+    def part(start, stop):
+        _inside.active = True
+        try:
+            body(start, stop)
+        finally:
+            _inside.active = False
+    futures = [_executor().submit(part, bounds[i], bounds[i + 1]) for i in range(threads)]
     wait(futures)
     for future in futures:
         future.result()

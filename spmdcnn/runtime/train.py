@@ -3,6 +3,7 @@
 import json
 import os
 import time
+import uuid
 
 import numpy as np
 
@@ -12,13 +13,18 @@ from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import HDF5Dataset, SyntheticData
 from .executor import Executor
 from .optimizer import SGD
+from .resume import check_resumable, state_for, trim_metrics
 
 
 def make_data(job, graph):
     spec = job["data"]
     if spec["kind"] == "hdf5":
         data = HDF5Dataset(spec["path"], seed=spec["seed"], shuffle=spec["shuffle"])
-        data.check_model(graph)
+        try:
+            data.check_model(graph)
+        except BaseException:
+            data.close()
+            raise
         return data
     return SyntheticData(graph.input_shape, graph.num_classes, spec["num_samples"], seed=spec["seed"],
                          signal=spec["signal"], shuffle=spec["shuffle"])
@@ -47,20 +53,8 @@ def restore(executor, optimizer, ckpt, weights_only=False):
 
 TRIVIAL_PLAN = "format: spmdcnn-plan/1\ndevices: 1\ndefault: {n: 1}\n"
 
-# What fixes the sequence of batches, dropout masks and steps: a resumed run must agree on all of them.
-RESUME_KEYS = ("batch_size", "seed", "data.kind", "data.path", "data.seed", "data.shuffle", "data.num_samples")
 
-
-def _cursor(job):
-    """The job's data cursor identity, as stored in a checkpoint's /state."""
-    data = job["data"]
-    return {"batch_size": job["batch_size"], "seed": job["seed"], "data.kind": data["kind"],
-            "data.path": os.path.abspath(data["path"]) if data["path"] else "",
-            "data.seed": data["seed"], "data.shuffle": data["shuffle"],
-            "data.num_samples": data["num_samples"] if data["kind"] == "synthetic" else 0}
-
-
-def write_checkpoint(path, executor, optimizer, step, epoch, job, graph):
+def write_checkpoint(path, executor, optimizer, state, graph):
     host = backend.to_numpy
     try:
         save_checkpoint(
@@ -68,28 +62,21 @@ def write_checkpoint(path, executor, optimizer, step, epoch, job, graph):
             params={name: host(v) for name, v in executor.params.items()},
             buffers={name: host(v) for name, v in executor.buffers.items()},
             momentum={name: host(v) for name, v in optimizer.velocity.items()} if optimizer.velocity else {},
-            step=step, epoch=epoch, plan_text=TRIVIAL_PLAN, state={"step": step, "epoch": epoch, **_cursor(job)})
-    except OSError as error:
+            step=state["step"], epoch=state["epoch"], plan_text=TRIVIAL_PLAN, state=state)
+    except (OSError, TypeError, ValueError) as error:
         raise CheckpointError(f"checkpoint.path {path}: cannot write the checkpoint: {error}") from None
-
-
-def check_resumable(ckpt, job):
-    """Refuse to resume when the job would read other batches or masks than the run that wrote ``ckpt``."""
-    expected = _cursor(job)
-    changed = [f"{key} {ckpt.state[key]!r} -> {expected[key]!r}" for key in RESUME_KEYS
-               if key in ckpt.state and ckpt.state[key] != expected[key]]
-    if changed:
-        raise CheckpointError(f"{ckpt.path}: the job differs from the run that wrote this checkpoint in "
-                              f"{', '.join(changed)}; resuming would not continue that run. Restore those keys, "
-                              "or start a new run from its weights with init: and another checkpoint.path")
 
 
 def _check_writable(path, what):
     """Fail before training, not hours later, when an output path cannot be written."""
+    if os.path.isdir(path):
+        raise CheckpointError(f"{what} {path}: is a directory; give a file path")
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise CheckpointError(f"{what} {path}: the file exists and is not writable")
     directory = os.path.dirname(os.path.abspath(path))
     try:
         os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".spmdcnn-write-test-{os.getpid()}")
+        probe = os.path.join(directory, f".spmdcnn-write-test-{uuid.uuid4().hex}")
         with open(probe, "w", encoding="utf-8"):
             pass
         os.unlink(probe)
@@ -129,7 +116,8 @@ class Trainer:
             raise CheckpointError(f"resume: true, but there is no checkpoint at checkpoint.path ({path!r})")
         if resume in ("auto", True) and path and os.path.exists(path):
             ckpt = load_checkpoint(path)
-            check_resumable(ckpt, job)
+            ckpt.check_model(self.graph)
+            check_resumable(ckpt, job, self.data, self.graph)
             restore(self.executor, self.optimizer, ckpt)
             self.log(f"resumed from {path} at step {ckpt.step}")
             return ckpt.step
@@ -141,7 +129,7 @@ class Trainer:
     def run(self):
         """Train from ``start_step`` to the end; returns ``{"steps", "losses"}`` (losses of this run's steps)."""
         job, graph = self.job, self.graph
-        metrics = _open_metrics(job["log"]["metrics"], self.start_step)
+        metrics = None
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
                  f"backend {self.xp.__name__}, {self.dtype.name}; one process")
@@ -150,6 +138,7 @@ class Trainer:
         step = self.start_step
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
         try:
+            metrics = _open_metrics(job["log"]["metrics"], self.start_step)
             while step < self.total_steps:
                 loss, correct = self._step(step)
                 step += 1
@@ -194,8 +183,8 @@ class Trainer:
             metrics.flush()
 
     def _checkpoint(self, step):
-        write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, step,
-                         step // self.steps_per_epoch, self.job, self.graph)
+        state = state_for(self.job, self.data, step, step // self.steps_per_epoch)
+        write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.graph)
 
 
 class _Interval:
@@ -210,22 +199,13 @@ class _Interval:
 
 
 def _open_metrics(path, start_step):
-    """The metrics file: new for a new run; on resume, kept up to ``start_step`` (lines a crashed run wrote
-    after its last checkpoint are dropped, since the resumed run writes them again)."""
+    """The metrics file: new for a new run; on resume, kept up to ``start_step`` and appended to."""
     if not path:
         return None
-    kept = []
     if start_step and os.path.exists(path):
-        with open(path, encoding="utf-8") as previous:
-            for line in previous:
-                try:
-                    if json.loads(line).get("step", 0) <= start_step:
-                        kept.append(line if line.endswith("\n") else line + "\n")
-                except ValueError:       # a line cut short by a crash
-                    continue
-    handle = open(path, "w", encoding="utf-8")
-    handle.writelines(kept)
-    return handle
+        trim_metrics(path, start_step)
+        return open(path, "a", encoding="utf-8")
+    return open(path, "w", encoding="utf-8")
 
 
 def train(job, log=None):

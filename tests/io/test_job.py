@@ -302,3 +302,11 @@ def test_exponent_numbers_without_a_dot_are_numbers():
     from spmdcnn.io.job import parse_job
     job = parse_job({"model": "m.yaml", "batch_size": 2, "steps": 1}, "job.yaml", ["optimizer.lr=1e-3"])
     assert job["optimizer"]["lr"] == 1e-3
+
+
+def test_seeds_must_fit_in_64_bits():
+    from spmdcnn.io.job import parse_job
+    from spmdcnn.io.yamlfile import FormatError
+    for key in ("seed=18446744073709551616", "data.seed=-1"):
+        with pytest.raises(FormatError, match="2\\*\\*63"):
+            parse_job({"model": "m.yaml", "batch_size": 2, "steps": 1}, "job.yaml", [key])

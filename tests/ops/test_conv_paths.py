@@ -104,3 +104,13 @@ def test_stride1_layouts_both_match_pytorch(monkeypatch, case, waste, blocks):
     ry, rgx, rgw, rgb = reference(x, w, b, geometry.stride, geometry.padding, geometry.dilation, gy)
     for got, expected in ((y, ry), (gx, rgx), (gw, rgw), (gb, rgb)):
         np.testing.assert_allclose(got, expected, rtol=1e-11, atol=1e-11)
+
+
+def test_nested_parallel_for_runs_inline():
+    from spmdcnn.ops.parallel import parallel_for
+    seen = []
+
+    def outer(start, stop):
+        parallel_for(lambda a, b: seen.append((a, b)), 4)
+    parallel_for(outer, 4)
+    assert sorted(seen) == [(0, 4)] * len(seen) and len(seen) >= 1

@@ -49,7 +49,7 @@ def test_training_writes_checkpoint_and_metrics(tmp_path):
 
 
 def test_training_reduces_the_loss(tmp_path):
-    job = make_job(tmp_path, steps=40, data={"num_samples": 320, "signal": 1.0},
+    job = make_job(tmp_path, steps=40, data={"num_samples": 320, "signal": 2.0},
                    checkpoint={"path": None, "every": None}, log={"every": 40, "metrics": None})
     losses = Trainer(job, log=quiet).run()["losses"]
     assert np.mean(losses[-5:]) < 0.7 * np.mean(losses[:5])
@@ -194,3 +194,45 @@ def test_labels_outside_the_model_classes_are_refused_before_training(tmp_path):
         f["labels"] = np.arange(16)                    # tiny_cnn has 10 classes
     with pytest.raises(Exception, match=r"labels range over \[0, 15\]"):
         Trainer(make_job(tmp_path, data={"kind": "hdf5", "path": str(path)}), log=quiet)
+
+
+def test_a_dataset_copied_elsewhere_resumes_but_a_changed_one_does_not(tmp_path):
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, (16, 3, 15, 13), dtype=np.uint8)
+    labels = rng.integers(0, 10, 16)
+    for name, stored in (("a.h5", labels), ("copy.h5", labels), ("other.h5", (labels + 1) % 10)):
+        with h5py.File(tmp_path / name, "w") as f:
+            f["images"], f["labels"] = images, stored
+    data = {"kind": "hdf5"}
+    Trainer(make_job(tmp_path, steps=2, data={**data, "path": str(tmp_path / "a.h5")}), log=quiet).run()
+    moved = Trainer(make_job(tmp_path, steps=4, data={**data, "path": str(tmp_path / "copy.h5")}), log=quiet)
+    assert moved.start_step == 2
+    moved.data.close()
+    with pytest.raises(CheckpointError, match="data.labels_crc32"):
+        Trainer(make_job(tmp_path, data={**data, "path": str(tmp_path / "other.h5")}), log=quiet)
+
+
+def test_resume_refuses_other_synthetic_data_and_another_model(tmp_path):
+    Trainer(make_job(tmp_path, steps=2), log=quiet).run()
+    with pytest.raises(CheckpointError, match="data.signal"):
+        Trainer(make_job(tmp_path, data={"signal": 2.0}), log=quiet)
+    changed = tmp_path / "tiny_changed.yaml"
+    changed.write_text(open(os.path.join(MODELS, "tiny_cnn.yaml")).read().replace("p: 0.25", "p: 0.5"))
+    with pytest.raises(CheckpointError, match="model's layers"):
+        Trainer(make_job(tmp_path, model=str(changed)), log=quiet)
+    # an unused data.path in a synthetic job is no part of the run
+    assert Trainer(make_job(tmp_path, data={"path": "/nowhere.h5"}), log=quiet).start_step == 2
+
+
+def test_a_directory_as_checkpoint_path_is_refused_before_training(tmp_path):
+    (tmp_path / "ckdir").mkdir()
+    with pytest.raises(CheckpointError, match="is a directory"):
+        Trainer(make_job(tmp_path, resume=False, checkpoint={"path": str(tmp_path / "ckdir")}), log=quiet)
+
+
+def test_odd_metrics_lines_do_not_block_a_resume(tmp_path):
+    Trainer(make_job(tmp_path, steps=2), log=quiet).run()
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text(metrics.read_text() + "[1, 2]\n" + '{"step": null}\n' + '{"step": 9}\n')
+    Trainer(make_job(tmp_path, steps=3), log=quiet).run()
+    assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
