@@ -12,155 +12,88 @@ FORWARD = {}
 BACKWARD = {}
 
 
-def _register(op):
-    def wrap(pair):
-        FORWARD[op], BACKWARD[op] = pair()
-        return pair
-    return wrap
-
-
 def _param(ctx, layer, kind):
     name = f"{layer.name}.{kind}"
     return ctx.params[name] if name in ctx.params else None
 
 
-@_register("conv2d")
-def _conv():
-    def forward(layer, xs, ctx):
-        a = layer.attrs
-        geometry = conv.ConvGeometry(a["stride"], a["padding"], a["dilation"])
-        return conv.conv2d_forward(xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"), geometry,
-                                   need_input_grad=ctx.needs_input_grad(layer))
+def _pool_geometry(layer):
+    a = layer.attrs
+    return pool.PoolGeometry(a["kernel"], a["stride"], a["padding"])
 
-    def backward(layer, gy, saved, ctx):
-        gx, _, gb = conv.conv2d_backward(gy, saved, gw_out=ctx.grads[f"{layer.name}.weight"])
+
+def _one_input(op, forward, backward, configure=None):
+    """An op without parameters on one input: ``forward(x[, configure(layer)])``, ``backward(gy, saved)``."""
+    def run_forward(layer, xs, ctx):
+        return forward(xs[0]) if configure is None else forward(xs[0], configure(layer))
+
+    def run_backward(layer, gy, saved, ctx):
+        return [backward(gy, saved)]
+    FORWARD[op], BACKWARD[op] = run_forward, run_backward
+
+
+def _many_inputs(op, forward, backward):
+    FORWARD[op] = lambda layer, xs, ctx: forward(xs)
+    BACKWARD[op] = lambda layer, gy, saved, ctx: backward(gy, saved)
+
+
+_one_input("relu", relu.relu_forward, relu.relu_backward)
+_one_input("flatten", flatten.flatten_forward, flatten.flatten_backward)
+_one_input("global_avgpool", pool.global_avgpool_forward, pool.global_avgpool_backward)
+_one_input("maxpool2d", pool.maxpool2d_forward, pool.maxpool2d_backward, _pool_geometry)
+_one_input("avgpool2d", pool.avgpool2d_forward, pool.avgpool2d_backward, _pool_geometry)
+_many_inputs("concat", concat.concat_forward, concat.concat_backward)
+_many_inputs("add", add.add_forward, add.add_backward)
+
+
+def _weighted(op, forward, backward, configure=None):
+    """conv2d and linear: weight (and bias) from ``ctx.params``; ``gw`` written straight into ``ctx.grads``."""
+    def run_forward(layer, xs, ctx):
+        extra = () if configure is None else (configure(layer),)
+        return forward(xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"), *extra,
+                       need_input_grad=ctx.needs_input_grad(layer))
+
+    def run_backward(layer, gy, saved, ctx):
+        gx, _, gb = backward(gy, saved, gw_out=ctx.grads[f"{layer.name}.weight"])
         if gb is not None:
             ctx.grads[f"{layer.name}.bias"][...] = gb
         return [gx]
-    return forward, backward
+    FORWARD[op], BACKWARD[op] = run_forward, run_backward
 
 
-@_register("linear")
-def _linear():
-    def forward(layer, xs, ctx):
-        return linear.linear_forward(xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"),
-                                     need_input_grad=ctx.needs_input_grad(layer))
-
-    def backward(layer, gy, saved, ctx):
-        gx, _, gb = linear.linear_backward(gy, saved, gw_out=ctx.grads[f"{layer.name}.weight"])
-        if gb is not None:
-            ctx.grads[f"{layer.name}.bias"][...] = gb
-        return [gx]
-    return forward, backward
+def _conv_geometry(layer):
+    a = layer.attrs
+    return conv.ConvGeometry(a["stride"], a["padding"], a["dilation"])
 
 
-@_register("maxpool2d")
-def _maxpool():
-    def forward(layer, xs, ctx):
-        a = layer.attrs
-        return pool.maxpool2d_forward(xs[0], pool.PoolGeometry(a["kernel"], a["stride"], a["padding"]))
-
-    def backward(layer, gy, saved, ctx):
-        return [pool.maxpool2d_backward(gy, saved)]
-    return forward, backward
+_weighted("conv2d", conv.conv2d_forward, conv.conv2d_backward, _conv_geometry)
+_weighted("linear", linear.linear_forward, linear.linear_backward)
 
 
-@_register("avgpool2d")
-def _avgpool():
-    def forward(layer, xs, ctx):
-        a = layer.attrs
-        return pool.avgpool2d_forward(xs[0], pool.PoolGeometry(a["kernel"], a["stride"], a["padding"]))
-
-    def backward(layer, gy, saved, ctx):
-        return [pool.avgpool2d_backward(gy, saved)]
-    return forward, backward
+def _batchnorm_forward(layer, xs, ctx):
+    a = layer.attrs
+    return batchnorm.batchnorm2d_forward(
+        xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"),
+        ctx.buffers[f"{layer.name}.running_mean"], ctx.buffers[f"{layer.name}.running_var"],
+        eps=a["eps"], momentum=a["momentum"], training=ctx.training)
 
 
-@_register("global_avgpool")
-def _global_avgpool():
-    def forward(layer, xs, ctx):
-        return pool.global_avgpool_forward(xs[0])
-
-    def backward(layer, gy, saved, ctx):
-        return [pool.global_avgpool_backward(gy, saved)]
-    return forward, backward
+def _batchnorm_backward(layer, gy, saved, ctx):
+    gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)
+    ctx.grads[f"{layer.name}.weight"][...] = ggamma
+    ctx.grads[f"{layer.name}.bias"][...] = gbeta
+    return [gx]
 
 
-@_register("relu")
-def _relu():
-    def forward(layer, xs, ctx):
-        return relu.relu_forward(xs[0])
-
-    def backward(layer, gy, saved, ctx):
-        return [relu.relu_backward(gy, saved)]
-    return forward, backward
+def _dropout_forward(layer, xs, ctx):
+    if not ctx.training:
+        return xs[0], None
+    key = dropout.stream_key(ctx.seed, ctx.step, layer.name)
+    return dropout.dropout_forward(xs[0], layer.attrs["p"], key)
 
 
-@_register("batchnorm2d")
-def _batchnorm():
-    def forward(layer, xs, ctx):
-        a = layer.attrs
-        return batchnorm.batchnorm2d_forward(
-            xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"),
-            ctx.buffers[f"{layer.name}.running_mean"], ctx.buffers[f"{layer.name}.running_var"],
-            eps=a["eps"], momentum=a["momentum"], training=ctx.training)
-
-    def backward(layer, gy, saved, ctx):
-        gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)
-        ctx.grads[f"{layer.name}.weight"][...] = ggamma
-        ctx.grads[f"{layer.name}.bias"][...] = gbeta
-        return [gx]
-    return forward, backward
-
-
-@_register("dropout")
-def _dropout():
-    def forward(layer, xs, ctx):
-        if not ctx.training:
-            return xs[0], None
-        key = dropout.stream_key(ctx.seed, ctx.step, layer.name)
-        return dropout.dropout_forward(xs[0], layer.attrs["p"], key)
-
-    def backward(layer, gy, saved, ctx):
-        return [dropout.dropout_backward(gy, saved)]
-    return forward, backward
-
-
-@_register("flatten")
-def _flatten():
-    def forward(layer, xs, ctx):
-        return flatten.flatten_forward(xs[0])
-
-    def backward(layer, gy, saved, ctx):
-        return [flatten.flatten_backward(gy, saved)]
-    return forward, backward
-
-
-@_register("concat")
-def _concat():
-    def forward(layer, xs, ctx):
-        return concat.concat_forward(xs)
-
-    def backward(layer, gy, saved, ctx):
-        return concat.concat_backward(gy, saved)
-    return forward, backward
-
-
-@_register("add")
-def _add():
-    def forward(layer, xs, ctx):
-        return add.add_forward(xs)
-
-    def backward(layer, gy, saved, ctx):
-        return add.add_backward(gy, saved)
-    return forward, backward
-
-
-@_register("softmax_cross_entropy")
-def _loss():
-    def forward(layer, xs, ctx):
-        return loss.softmax_cross_entropy_forward(xs[0], ctx.labels)
-
-    def backward(layer, gy, saved, ctx):
-        return [loss.softmax_cross_entropy_backward(gy, saved)]
-    return forward, backward
+FORWARD["batchnorm2d"], BACKWARD["batchnorm2d"] = _batchnorm_forward, _batchnorm_backward
+FORWARD["dropout"] = _dropout_forward
+BACKWARD["dropout"] = lambda layer, gy, saved, ctx: [dropout.dropout_backward(gy, saved)]
+FORWARD["softmax_cross_entropy"] = lambda layer, xs, ctx: loss.softmax_cross_entropy_forward(xs[0], ctx.labels)
+BACKWARD["softmax_cross_entropy"] = lambda layer, gy, saved, ctx: [loss.softmax_cross_entropy_backward(gy, saved)]
