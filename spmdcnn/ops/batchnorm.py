@@ -14,20 +14,47 @@ statistics are those of the global batch whatever the split. ``count`` is the gl
 backward reduces its two sums at once, stacked as (2, C).
 """
 
+import numpy as np
+
 from .. import backend
+from .parallel import parallel_for
+from .scratch import scratch
 
 
 def _identity(partial):
     return partial
 
 
-def _channel_sum(xp, a):
-    # float64 accumulation keeps the statistics of large batches accurate in float32.
-    return a.sum(axis=(0, 2, 3), dtype=xp.float64)
-
-
 def _per_channel(v):
-    return v.reshape(1, -1, 1, 1)
+    return v.reshape(1, -1, 1)
+
+
+def _blocks(xp, N, body):
+    """``body(n0, n1)`` over sample blocks: threads on the host, one call on a GPU."""
+    if xp is np:
+        parallel_for(body, N)
+    else:
+        body(0, N)
+
+
+def _sums(xp, a):
+    """Per-channel sums of a (N, C, HW) array: a BLAS product with ones per (n, c), then float64 over N."""
+    return (a @ xp.ones(a.shape[2], dtype=a.dtype)).sum(axis=0, dtype=xp.float64)
+
+
+def _centred_dots(xp, a, x, mean):
+    """Per-channel ``sum(a * (x - mean))`` over (N, HW), two-pass accurate, without a full-size temporary."""
+    N, C, HW = x.shape
+    partial = xp.empty((N, C), dtype=xp.float64)
+    shift = _per_channel(mean.astype(x.dtype))
+
+    def run(n0, n1):
+        centred = scratch(xp, "batchnorm.centred", (1, C, HW), x.dtype)    # one sample: stays in cache
+        for n in range(n0, n1):
+            xp.subtract(x[n:n + 1], shift, out=centred)
+            partial[n] = xp.einsum("ncp,ncp->c", a[n:n + 1], centred)
+    _blocks(xp, N, run)
+    return partial.sum(axis=0)
 
 
 def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1, training=True,
@@ -35,39 +62,58 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, mom
     """Returns ``y, saved``; in training also updates ``running_mean`` and ``running_var`` in place."""
     xp = backend.array_module(x)
     N, C, H, W = x.shape
+    x3 = x.reshape(N, C, H * W)
     if not training:
         inv_std = 1.0 / xp.sqrt(running_var + eps)
         scale = (gamma * inv_std).astype(x.dtype)
-        y = x * _per_channel(scale) + _per_channel((beta - running_mean * gamma * inv_std).astype(x.dtype))
-        return y, ("eval", scale)
+        shift = (beta - running_mean * gamma * inv_std).astype(x.dtype)
+        y = x3 * _per_channel(scale)
+        y += _per_channel(shift)
+        return y.reshape(x.shape), ("eval", scale)
     M = N * H * W if count is None else count
     if M <= 1:
         raise ValueError(f"batchnorm2d: training needs more than one value per channel, got {M} "
                          f"(batch {N}, {H}x{W}); use a larger batch")
-    mean = reduce(_channel_sum(xp, x)) / M
-    centred = x - _per_channel(mean.astype(x.dtype))
-    var = reduce(_channel_sum(xp, centred * centred)) / M
+    mean = reduce(_sums(xp, x3)) / M
+    var = reduce(_centred_dots(xp, x3, x3, mean)) / M       # sum((x - mean) * (x - mean)), since sum(x - mean) = 0
     inv_std = 1.0 / xp.sqrt(var + eps)
-    xhat = centred
-    xhat *= _per_channel(inv_std.astype(x.dtype))
-    y = xhat * _per_channel(gamma) + _per_channel(beta)
+    scale = gamma * inv_std.astype(x.dtype)
+    y = x3 * _per_channel(scale)
+    y += _per_channel((beta - mean * scale).astype(x.dtype))
     running_mean *= 1.0 - momentum
     running_mean += (momentum * mean).astype(running_mean.dtype)
     running_var *= 1.0 - momentum
     running_var += (momentum * var * (M / max(M - 1, 1))).astype(running_var.dtype)
-    return y, ("train", xhat, gamma, inv_std.astype(x.dtype), M, reduce)
+    return y.reshape(x.shape), ("train", x3, mean, gamma, inv_std, M, reduce)
 
 
 def batchnorm2d_backward(gy, saved):
-    """Gradients ``gx, ggamma, gbeta``; ``ggamma`` and ``gbeta`` are already summed by ``reduce``."""
+    """Gradients ``gx, ggamma, gbeta``; ``ggamma`` and ``gbeta`` are already summed by ``reduce``.
+
+    With xhat = (x - mean) * inv_std: gx = gamma*inv_std * (gy - gbeta/M) - gamma*inv_std^2*ggamma/M * (x - mean).
+    """
     xp = backend.array_module(gy)
     if saved[0] == "eval":
         scale = saved[1]
-        return gy * _per_channel(scale), None, None
-    _, xhat, gamma, inv_std, M, reduce = saved
-    gbeta, ggamma = reduce(xp.stack([_channel_sum(xp, gy), _channel_sum(xp, gy * xhat)]))   # one reduction
-    gx = gy - _per_channel((gbeta / M).astype(gy.dtype))
-    gx -= xhat * _per_channel((ggamma / M).astype(gy.dtype))
-    gx *= _per_channel(gamma * inv_std)
-    assert gx.shape == gy.shape
-    return gx, ggamma.astype(gy.dtype), gbeta.astype(gy.dtype)
+        return gy * _per_channel(scale).reshape(1, -1, 1, 1), None, None
+    _, x3, mean, gamma, inv_std, M, reduce = saved
+    gy3 = gy.reshape(x3.shape)
+    gbeta, dot = reduce(xp.stack([_sums(xp, gy3), _centred_dots(xp, gy3, x3, mean)]))    # one reduction
+    ggamma = dot * inv_std
+    k1 = (gamma * inv_std).astype(gy.dtype)
+    k2 = _per_channel((gamma * inv_std * inv_std * ggamma / M).astype(gy.dtype))
+    k3 = _per_channel((gamma * inv_std * gbeta / M).astype(gy.dtype))
+    shift = _per_channel(mean.astype(gy.dtype))
+    gx = xp.empty_like(gy3)
+
+    def run(n0, n1):
+        centred = scratch(xp, "batchnorm.centred", (1,) + x3.shape[1:], gy.dtype)
+        for n in range(n0, n1):
+            block = gx[n:n + 1]
+            xp.multiply(gy3[n:n + 1], _per_channel(k1), out=block)
+            xp.subtract(x3[n:n + 1], shift, out=centred)   # (x - mean) first: no cancellation when |mean| >> std
+            centred *= k2
+            block -= centred
+            block -= k3
+    _blocks(xp, gy.shape[0], run)
+    return gx.reshape(gy.shape), ggamma.astype(gy.dtype), gbeta.astype(gy.dtype)

@@ -19,13 +19,14 @@ def dropout_mask(xp, shape, p, key, start=None, global_shape=None):
     return bits53(xp, key, global_indices(xp, shape, start, global_shape)) >= xp.uint64(int(round(p * (1 << 53))))
 
 
-def dropout_forward(x, p, key, start=None, global_shape=None):
+def dropout_forward(x, p, key, start=None, global_shape=None, inplace=False):
+    """``inplace=True`` writes ``y`` over ``x`` (the caller guarantees nothing else reads ``x``)."""
     xp = backend.array_module(x)
     if p == 0.0:
         return x, None
     keep = dropout_mask(xp, x.shape, p, key, start, global_shape)
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
-    y = x * keep
+    y = xp.multiply(x, keep, out=x if inplace else None)
     y *= scale
     return y, (keep, scale)
 

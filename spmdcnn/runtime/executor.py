@@ -12,6 +12,19 @@ from . import kernels
 from .params import FlatStore, initial_value
 
 
+INPLACE_OPS = ("relu", "dropout", "add")
+
+
+def _overwritable_input(graph, layer):
+    """The first input of an in-place-capable layer that is produced by a layer and read by no other."""
+    if layer.op not in INPLACE_OPS:
+        return None
+    for index, ref in enumerate(layer.inputs):
+        if ref != DATA and len(graph.consumers[ref]) == 1:
+            return index
+    return None
+
+
 class Executor:
     """Parameters, gradients and buffers of one model, and its forward and backward passes."""
 
@@ -31,6 +44,8 @@ class Executor:
         for layer in graph.layers:
             self._requires_grad[layer.name] = bool(layer.params) or any(
                 self._requires_grad[ref] for ref in layer.inputs)
+        self._overwritable = {layer.name: _overwritable_input(graph, layer) for layer in graph.layers}
+        self._keep = ()
         self.reset_parameters(seed)
 
     def reset_parameters(self, seed):
@@ -43,6 +58,11 @@ class Executor:
     def needs_input_grad(self, layer):
         return any(self._requires_grad[ref] for ref in layer.inputs)
 
+    def overwritable(self, layer):
+        """Index of an input ``layer`` may overwrite with its output (read by no one else), or None."""
+        # outputs handed back through ``keep`` (tests) must stay as computed, views included: no overwriting then
+        return None if self._keep else self._overwritable[layer.name]
+
     def forward(self, images, labels, step=0, training=True, keep=()):
         """Run the network; returns ``(loss, correct, kept)`` where ``correct`` counts right predictions and
         ``kept`` maps each name in ``keep`` to that layer's output."""
@@ -52,6 +72,7 @@ class Executor:
         remaining = {name: len(users) for name, users in graph.consumers.items()}
         outputs = {DATA: images}
         kept = {}
+        self._keep = keep
         self._saved = {}
         loss = correct = None
         for layer in graph.layers:

@@ -3,7 +3,12 @@ parameters and gradients.
 
 ``forward(layer, xs, ctx) -> (y, saved)`` and ``backward(layer, gy, saved, ctx) -> [gx per input]``; a backward
 writes parameter gradients into ``ctx.grads`` and returns None for inputs that need no gradient. ``ctx`` is the
-executor: ``params``, ``grads``, ``buffers``, ``training``, ``step``, ``seed``, ``labels``, ``needs_input_grad``.
+executor: ``params``, ``grads``, ``buffers``, ``training``, ``step``, ``seed``, ``labels``, ``needs_input_grad``,
+``overwritable``.
+
+No op keeps its *output* for backward (conv2d, linear and batchnorm2d keep their input; the others keep masks,
+indices or nothing). So relu, dropout and add may write their output over an input that no other layer reads:
+``ctx.overwritable(layer)`` names that input, if any.
 """
 
 from ..ops import add, batchnorm, concat, conv, dropout, flatten, linear, loss, pool, relu
@@ -37,13 +42,15 @@ def _many_inputs(op, forward, backward):
     BACKWARD[op] = lambda layer, gy, saved, ctx: backward(gy, saved)
 
 
-_one_input("relu", relu.relu_forward, relu.relu_backward)
+FORWARD["relu"] = lambda layer, xs, ctx: relu.relu_forward(xs[0], inplace=ctx.overwritable(layer) == 0)
+BACKWARD["relu"] = lambda layer, gy, saved, ctx: [relu.relu_backward(gy, saved)]
 _one_input("flatten", flatten.flatten_forward, flatten.flatten_backward)
 _one_input("global_avgpool", pool.global_avgpool_forward, pool.global_avgpool_backward)
 _one_input("maxpool2d", pool.maxpool2d_forward, pool.maxpool2d_backward, _pool_geometry)
 _one_input("avgpool2d", pool.avgpool2d_forward, pool.avgpool2d_backward, _pool_geometry)
 _many_inputs("concat", concat.concat_forward, concat.concat_backward)
-_many_inputs("add", add.add_forward, add.add_backward)
+FORWARD["add"] = lambda layer, xs, ctx: add.add_forward(xs, inplace=ctx.overwritable(layer))
+BACKWARD["add"] = lambda layer, gy, saved, ctx: add.add_backward(gy, saved)
 
 
 def _weighted(op, forward, backward, configure=None):
@@ -89,7 +96,7 @@ def _dropout_forward(layer, xs, ctx):
     if not ctx.training:
         return xs[0], None
     key = dropout.stream_key(ctx.seed, ctx.step, layer.name)
-    return dropout.dropout_forward(xs[0], layer.attrs["p"], key)
+    return dropout.dropout_forward(xs[0], layer.attrs["p"], key, inplace=ctx.overwritable(layer) == 0)
 
 
 FORWARD["batchnorm2d"], BACKWARD["batchnorm2d"] = _batchnorm_forward, _batchnorm_backward
