@@ -14,10 +14,8 @@ statistics are those of the global batch whatever the split. ``count`` is the gl
 backward reduces its two sums at once, stacked as (2, C).
 """
 
-import numpy as np
-
 from .. import backend
-from .parallel import parallel_for
+from .parallel import over_samples
 from .scratch import scratch
 
 
@@ -27,14 +25,6 @@ def _identity(partial):
 
 def _per_channel(v):
     return v.reshape(1, -1, 1)
-
-
-def _blocks(xp, N, body):
-    """``body(n0, n1)`` over sample blocks: threads on the host, one call on a GPU."""
-    if xp is np:
-        parallel_for(body, N)
-    else:
-        body(0, N)
 
 
 def _sums(xp, a):
@@ -53,7 +43,7 @@ def _centred_dots(xp, a, x, mean):
         for n in range(n0, n1):
             xp.subtract(x[n:n + 1], shift, out=centred)
             partial[n] = xp.einsum("ncp,ncp->c", a[n:n + 1], centred)
-    _blocks(xp, N, run)
+    over_samples(xp, run, N)
     return partial.sum(axis=0)
 
 
@@ -115,5 +105,5 @@ def batchnorm2d_backward(gy, saved):
             centred *= k2
             block -= centred
             block -= k3
-    _blocks(xp, gy.shape[0], run)
+    over_samples(xp, run, gy.shape[0])
     return gx.reshape(gy.shape), ggamma.astype(gy.dtype), gbeta.astype(gy.dtype)

@@ -17,10 +17,9 @@ Paths:
 - strided (and narrow stride-1 maps): classic im2col with strided window views.
 """
 
-import numpy as np
 
 from .. import backend
-from .parallel import parallel_for
+from .parallel import over_samples
 from .scratch import scratch
 from .window import output_extent, pair, sides, window_slice
 
@@ -113,7 +112,7 @@ class _Layout:
             for p, q, offset in self.offsets:
                 window = self.window(xpad[n0:n1], p, q, offset)            # (Nb, C, P) or (Nb, C, oH, oW)
                 view[:, p, q, n0:n1] = window.swapaxes(0, 1)
-        _split(columns, copy, xpad.shape[0])
+        over_samples(backend.array_module(columns), copy, xpad.shape[0])
         return columns
 
     def col2im(self, columns, gpad):
@@ -124,7 +123,7 @@ class _Layout:
             for p, q, offset in self.offsets:
                 target = self.window(gpad[n0:n1], p, q, offset)
                 target += view[:, p, q, n0:n1].swapaxes(0, 1)
-        _split(columns, add, gpad.shape[0])
+        over_samples(backend.array_module(columns), add, gpad.shape[0])
         return gpad
 
     def to_positions(self, g, out):
@@ -143,14 +142,6 @@ class _Layout:
         K = product.shape[0]
         grid = product.reshape(K, nb, self.oH, self.P // self.oH)[:, :, :, :self.oW]
         return grid.transpose(1, 0, 2, 3)
-
-
-def _split(array, body, count):
-    """Threads over samples on the host; one call on a GPU, whose kernels are parallel already."""
-    if isinstance(array, np.ndarray):
-        parallel_for(body, count)
-    else:
-        body(0, count)
 
 
 def conv2d_forward(x, w, b, geometry, need_input_grad=True):

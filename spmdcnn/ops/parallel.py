@@ -56,3 +56,12 @@ def parallel_for(body, count, min_items=1):
     wait(futures)
     for future in futures:
         future.result()
+
+
+def over_samples(xp, body, count):
+    """``body(start, stop)`` over ``count`` samples: split between threads on the host (NumPy), one call on a
+    GPU, whose kernels are parallel already."""
+    if xp.__name__ == "numpy":
+        parallel_for(body, count)
+    else:
+        body(0, count)

@@ -5,10 +5,8 @@ order on ties, as PyTorch's CPU kernel does; average pooling counts the padding,
 kH*kW (with floor mode no window leaves the padded input).
 """
 
-import numpy as np
-
 from .. import backend
-from .parallel import parallel_for
+from .parallel import over_samples
 from .window import output_extent, pad_spatial, pair, sides, window_slice
 
 
@@ -67,7 +65,7 @@ def maxpool2d_forward(x, geometry):
             xp.subtract(index_type(index), winner, out=step)
             step *= better
             winner += step
-    _split(xp, run, N)
+    over_samples(xp, run, N)
     return y, (x.shape, argmax, geometry)
 
 
@@ -87,16 +85,8 @@ def maxpool2d_backward(gy, saved):
             xp.equal(argmax[n0:n1], index, out=hit)
             xp.multiply(gy[n0:n1], hit, out=share)
             gxpad[n0:n1, :, rows, cols] += share
-    _split(xp, run, N)
+    over_samples(xp, run, N)
     return xp.ascontiguousarray(gxpad[:, :, top:top + H, left:left + W])
-
-
-def _split(xp, body, count):
-    """Threads over samples on the host; one call on a GPU, whose kernels are parallel already."""
-    if xp is np:
-        parallel_for(body, count)
-    else:
-        body(0, count)
 
 
 def avgpool2d_forward(x, geometry):
