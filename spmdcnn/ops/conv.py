@@ -17,7 +17,6 @@ Paths:
 - strided (and narrow stride-1 maps): classic im2col with strided window views.
 """
 
-
 from .. import backend
 from .parallel import over_samples
 from .scratch import scratch
