@@ -5,7 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conv_cases import CONV_CASES as SHARED_CASES
+from op_cases import CONV_CASES as SHARED_CASES
 from spmdcnn.ops.conv import ConvGeometry, conv2d_backward, conv2d_forward
 
 # x shape, w shape, stride, padding ((top, bottom), (left, right)), dilation, expected path

@@ -21,7 +21,7 @@ from spmdcnn.ops.loss import softmax_cross_entropy_backward, softmax_cross_entro
 from spmdcnn.ops.pool import (PoolGeometry, avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
                               global_avgpool_forward, maxpool2d_backward, maxpool2d_forward)
 from spmdcnn.ops.relu import relu_backward, relu_forward
-from conv_cases import CONV_CASES
+from op_cases import CONV_CASES, POOL_CASES
 
 STEP = 1e-6          # central differences: truncation ~STEP**2, rounding ~1e-16 * |L| / STEP
 RTOL = 1e-6
@@ -120,15 +120,6 @@ def test_conv2d_gradients_in_sample_blocks(monkeypatch, case, block):
 
 # ------------------------------------------------------------------------------------------------ pooling
 
-# name: x shape, kernel, stride, padding
-POOL_CASES = {
-    "k2_default_stride": ((2, 3, 6, 8), 2, None, 0),
-    "k3_s2_pad1_odd": ((2, 2, 7, 9), 3, 2, 1),
-    "rect_pad_hw": ((1, 3, 7, 6), [3, 2], [2, 1], [1, 0]),
-    "overlapping_s1": ((2, 2, 5, 5), 3, 1, 1),
-    "per_side_padding": ((2, 2, 6, 7), [2, 3], [2, 2], [[1, 0], [0, 2]]),
-    "stride_beyond_kernel": ((1, 2, 9, 8), 2, 3, 0),
-}
 
 
 @pytest.mark.parametrize("case", list(POOL_CASES))

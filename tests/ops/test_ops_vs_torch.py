@@ -21,7 +21,7 @@ from spmdcnn.ops.pool import (PoolGeometry, avgpool2d_backward, avgpool2d_forwar
                               global_avgpool_forward, maxpool2d_backward, maxpool2d_forward)
 from spmdcnn.ops.relu import relu_backward, relu_forward
 from spmdcnn.ops.window import sides
-from conv_cases import CONV_CASES
+from op_cases import CONV_CASES, POOL_CASES
 
 TOLERANCE = {np.float64: 1e-10, np.float32: 1e-5}
 DTYPES = [np.float64, np.float32]
@@ -166,18 +166,6 @@ def test_conv2d_blocks_do_not_change_results(monkeypatch, case):
 
 # ------------------------------------------------------------------------------------------------ pooling
 
-# name: x shape, kernel, stride, padding
-POOL_CASES = {
-    "k2_default_stride": ((2, 3, 6, 8), 2, None, 0),
-    "k3_s2_pad1_odd": ((2, 2, 7, 9), 3, 2, 1),
-    "rect_pad_hw": ((1, 3, 7, 6), [3, 2], [2, 1], [1, 0]),
-    "overlapping_s1": ((2, 2, 5, 5), 3, 1, 1),
-    "per_side_padding": ((2, 2, 6, 7), [2, 3], [2, 2], [[1, 0], [0, 2]]),
-    "stride_beyond_kernel": ((1, 2, 9, 8), 2, 3, 0),
-    "floor_drops_last_rows": ((3, 2, 8, 10), 3, 2, 0),
-    "kernel_16x16": ((1, 2, 17, 18), 16, 1, 0),
-    "kernel_17x17_wide_index": ((1, 2, 18, 19), 17, 1, 0),
-}
 
 
 def torch_pool(function, geometry, padding, pad_value):

@@ -1,4 +1,5 @@
-"""Convolution cases shared by the gradient and PyTorch tests: every path, odd sizes, per-side padding."""
+"""Convolution and pooling cases shared by the gradient and PyTorch tests: every path, odd sizes, per-side
+padding."""
 
 # name: x shape, w shape, stride, padding, dilation, bias
 CONV_CASES = {
@@ -18,4 +19,18 @@ CONV_CASES = {
     "strided_1x1": ((2, 3, 5, 5), (2, 3, 1, 1), 2, 0, 1, True),
     "stride_beyond_kernel": ((1, 2, 7, 7), (2, 2, 2, 2), 3, 0, 1, True),
     "alexnet_conv1_like": ((2, 3, 23, 23), (4, 3, 11, 11), 4, 2, 1, True),
+}
+
+
+# name: x shape, kernel, stride, padding
+POOL_CASES = {
+    "k2_default_stride": ((2, 3, 6, 8), 2, None, 0),
+    "k3_s2_pad1_odd": ((2, 2, 7, 9), 3, 2, 1),
+    "rect_pad_hw": ((1, 3, 7, 6), [3, 2], [2, 1], [1, 0]),
+    "overlapping_s1": ((2, 2, 5, 5), 3, 1, 1),
+    "per_side_padding": ((2, 2, 6, 7), [2, 3], [2, 2], [[1, 0], [0, 2]]),
+    "stride_beyond_kernel": ((1, 2, 9, 8), 2, 3, 0),
+    "floor_drops_last_rows": ((3, 2, 8, 10), 3, 2, 0),
+    "kernel_16x16": ((1, 2, 17, 18), 16, 1, 0),
+    "kernel_17x17_wide_index": ((1, 2, 18, 19), 17, 1, 0),
 }
