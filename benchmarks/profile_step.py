@@ -63,7 +63,7 @@ def main():
                 return result
             table[op] = timed
     executor = Executor(graph, np, np.float32)
-    optimizer = SGD(graph.param_shapes(), np.float32, np, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    optimizer = SGD(executor.params.shapes, np.float32, np, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     images, labels = SyntheticData(graph.input_shape, graph.num_classes, args.batch).batch(0, 0, args.batch)
     for step in range(args.steps + 1):
         if step == 1:

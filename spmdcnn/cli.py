@@ -3,6 +3,7 @@
 import argparse
 import json
 import sys
+import traceback
 
 from . import __version__
 
@@ -71,10 +72,12 @@ def cmd_model(args):
 
 
 def cmd_train(args):
+    from .comm import World
     from .io.job import load_job
     from .runtime.train import train
-    job = load_job(args.job, args.set)
-    train(job)
+    world = World.create()
+    job = world.agree(lambda: load_job(args.job, args.set))
+    train(job, world=world)
     return 0
 
 
@@ -174,20 +177,33 @@ def main(argv=None):
     except BrokenPipeError:  # the output went to a pipe that closed early (| head)
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt:
-        print("spmdcnn: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as error:
+        return _fail("spmdcnn: interrupted", error, 130)
     except MemoryError as error:
-        if args.debug:
-            raise
-        print(f"spmdcnn: error: out of memory ({str(error) or 'allocation failed'}); use a smaller batch or model",
-              file=sys.stderr)
-        return 2
+        _debug(args)
+        return _fail(f"spmdcnn: error: out of memory ({str(error) or 'allocation failed'}); use a smaller batch "
+                     "or model", error)
     except (ValueError, OSError, FloatingPointError, RuntimeError) as error:
-        if args.debug:
+        _debug(args)
+        return _fail(f"spmdcnn: error: {error}", error)
+    except Exception as error:          # a bug: under MPI the other ranks must not be left waiting
+        traceback.print_exc()
+        return _fail(f"spmdcnn: error: internal error {type(error).__name__}: {error}", error, 1)
+
+
+def _debug(args):
+    """With --debug, the traceback: raised in one process, printed under MPI (where the job must still end)."""
+    if args.debug:
+        from .comm.guard import world_size
+        if world_size() == 1:
             raise
-        print(f"spmdcnn: error: {error}", file=sys.stderr)
-        return 2
+        traceback.print_exc()
+
+
+def _fail(message, error, status=2):
+    """Print the error and end this process, or under MPI the whole job (see :mod:`spmdcnn.comm.guard`)."""
+    from .comm.guard import fail
+    return fail(message, error, status)
 
 
 if __name__ == "__main__":

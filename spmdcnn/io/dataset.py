@@ -40,14 +40,22 @@ class _Source:
             raise DataError(f"{self.path}: {self.num_samples} samples cannot fill one batch of {batch}")
         return count
 
-    def batch(self, epoch, s, batch, dtype=np.float32):
-        """Images and labels of batch ``s`` of ``epoch``: ``order(epoch)[s*batch : (s+1)*batch]``."""
+    def indices(self, epoch, s, batch):
+        """The samples of batch ``s`` of ``epoch``: ``order(epoch)[s*batch : (s+1)*batch]``."""
         if not 0 <= s < self.batches_per_epoch(batch):
             raise DataError(f"{self.path}: batch {s} of {batch} samples lies outside an epoch of "
                             f"{self.num_samples} samples")
         if self._order[0] != epoch:
             self._order = (epoch, sample_order(self.num_samples, epoch, self.seed, self.shuffle))
-        return self.read(self._order[1][s * batch:(s + 1) * batch], dtype)
+        return self._order[1][s * batch:(s + 1) * batch]
+
+    def batch(self, epoch, s, batch, dtype=np.float32):
+        """Images and labels of batch ``s`` of ``epoch``, whole."""
+        return self.read(self.indices(epoch, s, batch), dtype)
+
+    def tiles(self, epoch, s, batch, dtype=np.float32):
+        """Batch ``s`` of ``epoch`` as a :class:`Batch`, from which each tile reads only its box."""
+        return Batch(self, self.indices(epoch, s, batch), dtype)
 
     def close(self):
         pass
@@ -58,8 +66,29 @@ class _Source:
                 "data.shuffle": bool(self.shuffle), "data.sample_shape": "x".join(map(str, self.sample_shape))}
 
 
+class Batch:
+    """One batch of a source; ``images(box)`` reads the box ``(n, c, h, w)`` of it (global batch coordinates),
+    ``labels(lo, hi)`` the labels of samples ``lo..hi-1`` of the batch."""
+
+    def __init__(self, source, indices, dtype):
+        self.source, self.indices, self.dtype = source, np.asarray(indices), dtype
+        self.size = len(self.indices)
+
+    def images(self, box):
+        (n0, n1), *region = box
+        return self.source.read(self.indices[n0:n1], self.dtype, region)[0]
+
+    def labels(self, lo, hi):
+        return self.source.read_labels(self.indices[lo:hi])
+
+
+def _ranges(region, shape):
+    """``(c, h, w)`` ranges, the whole sample when ``region`` is None."""
+    return [tuple(r) for r in region] if region is not None else [(0, extent) for extent in shape]
+
+
 class HDF5Dataset(_Source):
-    """Random access to an HDF5 dataset; reads only the samples (and, later, rows and columns) asked for."""
+    """Random access to an HDF5 dataset; reads only the samples, channels, rows and columns asked for."""
 
     kind = "hdf5"
 
@@ -127,21 +156,28 @@ class HDF5Dataset(_Source):
         # the labels' checksum tells a replaced or reordered file from the one a run started with
         return {**super().identity(), "data.labels_crc32": zlib.crc32(self.all_labels.tobytes())}
 
-    def read(self, indices, dtype=np.float32):
-        """Images (as ``dtype``, scaled and normalised) and int64 labels of the samples ``indices``."""
+    def read(self, indices, dtype=np.float32, region=None):
+        """Images (as ``dtype``, scaled and normalised) and int64 labels of the samples ``indices``; only the
+        channel, row and column ranges of ``region`` (``[(c0, c1), (h0, h1), (w0, w1)]``) when given."""
         # h5py reads a point selection only in increasing order: read the distinct samples sorted (one
         # selection, faster than a read per contiguous run), then put them in the order asked for.
         unique, inverse = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
-        images = self.images[unique]
-        images, labels = images[inverse], self.all_labels[unique][inverse]
+        (c0, c1), (h0, h1), (w0, w1) = _ranges(region, self.sample_shape)
+        if len(unique) and c1 > c0 and h1 > h0 and w1 > w0:
+            images = self.images[unique, c0:c1, h0:h1, w0:w1][inverse]
+        else:
+            images = np.zeros((len(inverse), c1 - c0, h1 - h0, w1 - w0), dtype=self.images.dtype)
         out = images.astype(dtype)
         if self.images.dtype == np.uint8:
             out /= 255
         if self.mean is not None:
-            out -= self.mean.reshape(1, -1, 1, 1).astype(out.dtype)
+            out -= self.mean[c0:c1].reshape(1, -1, 1, 1).astype(out.dtype)
         if self.std is not None:
-            out /= self.std.reshape(1, -1, 1, 1).astype(out.dtype)
-        return out, labels
+            out /= self.std[c0:c1].reshape(1, -1, 1, 1).astype(out.dtype)
+        return out, self.read_labels(indices)
+
+    def read_labels(self, indices):
+        return self.all_labels[np.asarray(indices, dtype=np.int64)]
 
     def close(self):
         self.file.close()
@@ -179,15 +215,20 @@ class SyntheticData(_Source):
     def identity(self):
         return {**super().identity(), "data.signal": self.signal}
 
-    def read(self, indices, dtype=np.float32):
+    def read_labels(self, indices):
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
-        labels = (uniform(np, self._label_key, indices.astype(np.uint64)) * self.num_classes).astype(np.int64)
-        images = np.empty((len(indices),) + self.sample_shape, dtype=dtype)
-        for row, (index, label) in enumerate(zip(indices.tolist(), labels.tolist())):
+        return (uniform(np, self._label_key, indices.astype(np.uint64)) * self.num_classes).astype(np.int64)
+
+    def read(self, indices, dtype=np.float32, region=None):
+        """Like :meth:`HDF5Dataset.read`; a sample is made whole (it is a function of (seed, i)), then cut."""
+        labels = self.read_labels(indices)
+        (c0, c1), (h0, h1), (w0, w1) = _ranges(region, self.sample_shape)
+        images = np.empty((len(labels), c1 - c0, h1 - h0, w1 - w0), dtype=dtype)
+        for row, (index, label) in enumerate(zip(np.asarray(indices).tolist(), labels.tolist())):
             noise = np.random.default_rng([int(self.seed), 0x1A6E, index]).standard_normal(
                 self.sample_shape, dtype=np.float32)
             noise += np.repeat(np.repeat(self._coarse[label], self._row_counts, axis=1), self._col_counts, axis=2)
-            images[row] = noise
+            images[row] = noise[c0:c1, h0:h1, w0:w1]
         return images, labels

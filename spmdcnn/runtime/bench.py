@@ -33,7 +33,7 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     xp = backend.get_array_module(backend_name)
     dtype = backend.resolve_dtype(dtype)
     executor = Executor(graph, xp, dtype, seed=seed)
-    optimizer = SGD(graph.param_shapes(), dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch, dtype)
     images, labels = xp.asarray(images), xp.asarray(labels)
     times = []

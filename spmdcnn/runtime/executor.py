@@ -1,16 +1,25 @@
-"""The single-device executor: runs a Graph's forward and backward passes on whole tensors.
+"""The executor: runs this rank's tiles of a Graph under a Plan, forward and backward.
 
-Activations are dropped as soon as their last consumer has run (backward keeps only what each op saved);
-gradients of tensors read by several layers are summed; layers whose inputs need no gradient (the first
-convolution) skip computing it.
+Per layer, in execution order, every rank takes part in the layer's exchange (sending the parts of its producer
+tiles others need, assembling the input boxes its own tile reads) and then, if it holds a tile, computes it.
+Backward runs the layers in reverse: the tile's backward, then the exchange's adjoint, which sums input-box
+gradients into the producer tiles. After backward, each replica group sums its parameter gradients.
+
+Activations are dropped as soon as the last consumer's exchange has run (backward keeps only what each op
+saved); layers whose inputs need no gradient (the first convolution) skip computing it; relu, dropout and add
+write over an input nobody else reads. With no plan, the executor runs the whole network in this process (one
+tile per layer), for any batch size.
 """
 
 import numpy as np
 
+from ..comm import World
 from ..graph.blocks import DATA
+from ..tiling.boxes import relative
+from ..tiling.plan import named
 from . import kernels
 from .params import FlatStore, initial_value
-
+from .program import Program
 
 INPLACE_OPS = ("relu", "dropout", "add")
 
@@ -25,17 +34,38 @@ def _overwritable_input(graph, layer):
     return None
 
 
-class Executor:
-    """Parameters, gradients and buffers of one model, and its forward and backward passes."""
+class ArrayBatch:
+    """A global batch held in memory; each tile reads its box of it."""
 
-    def __init__(self, graph, xp=np, dtype=np.float32, seed=0):
+    def __init__(self, images, labels):
+        self._images, self._labels = images, labels
+        self.size = len(labels)
+
+    def images(self, box):
+        return self._images[tuple(slice(lo, hi) for lo, hi in box)]
+
+    def labels(self, lo, hi):
+        return self._labels[lo:hi]
+
+
+class Executor:
+    """Parameters, gradients and buffers of this rank's shards, and the forward and backward passes.
+
+    ``plan=None`` runs the whole model in this process (batch size free); otherwise ``plan`` and ``world``
+    (a :class:`~spmdcnn.comm.World`) fix the tiles of this rank.
+    """
+
+    def __init__(self, graph, xp=np, dtype=np.float32, seed=0, plan=None, world=None):
         self.graph = graph
         self.xp = xp
         self.dtype = np.dtype(dtype)
         self.seed = seed
-        self.params = FlatStore(graph.param_shapes(), self.dtype, xp)
-        self.grads = FlatStore(graph.param_shapes(), self.dtype, xp)
-        self.buffers = FlatStore(graph.buffer_shapes(), self.dtype, xp)
+        self.world = world or World(None)
+        self.plan = plan
+        self.program = self._program(plan.batch if plan else 1)
+        self.params = FlatStore(self.program.param_shapes, self.dtype, xp)
+        self.grads = FlatStore(self.program.param_shapes, self.dtype, xp)
+        self.buffers = FlatStore(self.program.buffer_shapes, self.dtype, xp)
         self.training = True
         self.step = 0
         self.labels = None
@@ -46,14 +76,27 @@ class Executor:
                 self._requires_grad[ref] for ref in layer.inputs)
         self._overwritable = {layer.name: _overwritable_input(graph, layer) for layer in graph.layers}
         self._keep = ()
+        self._site = None
         self.reset_parameters(seed)
 
+    def _program(self, batch):
+        plan = self.plan or named("data", self.graph, batch, 1)
+        return Program(self.graph, plan, self.world, self.dtype, self.xp)
+
+    @property
+    def shards(self):
+        """``{name: (c0, c1)}``: the rows of each global tensor this rank holds."""
+        return self.program.shards
+
     def reset_parameters(self, seed):
-        """PyTorch's default initialisation, keyed by (seed, tensor name)."""
+        """PyTorch's default initialisation, keyed by (seed, tensor name), sliced to this rank's shards."""
         for layer in self.graph.layers:
             for kind in list(layer.params) + list(layer.buffers):
+                name = f"{layer.name}.{kind}"
                 store = self.params if kind in layer.params else self.buffers
-                store[f"{layer.name}.{kind}"][...] = self.xp.asarray(initial_value(layer, kind, seed), self.dtype)
+                if name in store:
+                    c0, c1 = self.shards[name]
+                    store[name][...] = self.xp.asarray(initial_value(layer, kind, seed)[c0:c1], self.dtype)
 
     def needs_input_grad(self, layer):
         return any(self._requires_grad[ref] for ref in layer.inputs)
@@ -63,55 +106,101 @@ class Executor:
         # outputs handed back through ``keep`` (tests) must stay as computed, views included: no overwriting then
         return None if self._keep else self._overwritable[layer.name]
 
-    def forward(self, images, labels, step=0, training=True, keep=()):
-        """Run the network; returns ``(loss, correct, kept)`` where ``correct`` counts right predictions and
-        ``kept`` maps each name in ``keep`` to that layer's output."""
-        graph = self.graph
+    def site(self, layer):
+        """This rank's :class:`~spmdcnn.runtime.program.Site` of ``layer`` (kernels read padding, offsets, ...)."""
+        return self.program.sites[layer.name]
+
+    def _batch_program(self, size):
+        if self.plan is None and self.program.plan.batch != size:
+            self.program = self._program(size)
+        elif self.plan is not None and size != self.plan.batch:
+            raise ValueError(f"the plan is for batch {self.plan.batch}, got a batch of {size}")
+
+    def forward(self, images, labels=None, step=0, training=True, keep=()):
+        """Run the network on a batch: ``images, labels`` arrays of the global batch, or a batch object with
+        ``images(box)``, ``labels(lo, hi)`` and ``size`` (each tile reads only its box).
+
+        Returns ``(loss, correct, kept)``: the global mean loss, the number of right predictions over the global
+        batch, and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds."""
+        batch = images if labels is None else ArrayBatch(images, labels)
+        self._batch_program(batch.size)
+        graph, program = self.graph, self.program
         self.training, self.step = training, step
-        self.labels = labels
         remaining = {name: len(users) for name, users in graph.consumers.items()}
-        outputs = {DATA: images}
-        kept = {}
+        outputs, kept = {}, {}
         self._keep = keep
         self._saved = {}
-        loss = correct = None
+        loss = correct = 0.0
         for layer in graph.layers:
-            xs = [outputs[ref] for ref in layer.inputs]
-            if layer is graph.loss:
-                logits = xs[0]
-                correct = int((logits.argmax(axis=1) == labels).sum())
-            y, saved = kernels.FORWARD[layer.op](layer, xs, self)
-            if training and self._requires_grad[layer.name]:
-                self._saved[layer.name] = saved
-            outputs[layer.name] = y
-            if layer.name in keep:
-                kept[layer.name] = y
+            site = program.sites[layer.name]
+            inputs = self._gather_inputs(layer, site, outputs, batch)
             for ref in layer.inputs:
                 remaining[ref] -= 1
                 if remaining[ref] == 0:
-                    del outputs[ref]
+                    outputs.pop(ref, None)
+            if site.box is None:
+                continue
+            xs = [inputs[slot] for slot in range(len(layer.inputs))]
+            if layer is graph.loss:
+                (n0, n1), = site.box
+                self.labels = self.xp.asarray(batch.labels(n0, n1))
+                correct = int((xs[0].argmax(axis=1) == self.labels).sum())
+            y, saved = kernels.FORWARD[layer.op](layer, xs, self)
+            if training and self._requires_grad[layer.name]:
+                self._saved[layer.name] = saved
             if layer is graph.loss:
                 loss = y
-        return loss, correct, kept
+            else:
+                outputs[layer.name] = y
+            if layer.name in keep:
+                kept[layer.name] = y
+        loss, correct = self.world.sum_scalars(loss, correct)
+        return loss, int(round(correct)), kept
+
+    def _gather_inputs(self, layer, site, outputs, batch):
+        """``{slot: input box array}`` for this rank's tile of ``layer`` (empty when it holds none)."""
+        inputs = {}
+        if site.exchange is not None:
+            sources = {slot: outputs[ref] for slot, ref in enumerate(layer.inputs) if ref in outputs}
+            needs = {} if site.box is None else {
+                slot: need.box for slot, (ref, need) in enumerate(zip(layer.inputs, site.needs)) if ref != DATA}
+            inputs = site.exchange.forward(sources, needs)
+        if site.box is not None:
+            for slot, ref in enumerate(layer.inputs):
+                if ref == DATA:
+                    inputs[slot] = self.xp.asarray(batch.images(site.needs[slot].box), dtype=self.dtype)
+        return inputs
 
     def backward(self, keep=()):
-        """Backpropagate from the loss of the last :meth:`forward`; fills ``self.grads``.
-
-        Returns the gradients of the outputs named in ``keep`` (for tests)."""
-        graph = self.graph
-        pending = {graph.loss.name: 1.0}
-        kept = {}
+        """Backpropagate from the loss of the last :meth:`forward`; fills ``self.grads`` (summed over replica
+        groups). Returns ``{name: gradient of this rank's tile}`` for the outputs named in ``keep``."""
+        graph, program = self.graph, self.program
+        pending, kept = {}, {}
+        if program.sites[graph.loss.name].box is not None:
+            pending[graph.loss.name] = 1.0
         for layer in reversed(graph.layers):
+            site = program.sites[layer.name]
             saved = self._saved.pop(layer.name, None)
-            if layer.name not in pending:
+            slots = {slot for slot, ref in enumerate(layer.inputs) if self._requires_grad[ref]}
+            if not self._requires_grad[layer.name]:
                 continue
-            gy = pending.pop(layer.name)
-            if layer.name in keep:
-                kept[layer.name] = gy
-            gxs = kernels.BACKWARD[layer.op](layer, gy, saved, self)
-            for ref, gx in zip(layer.inputs, gxs):
-                if gx is None or not self._requires_grad[ref]:
-                    continue
+            gxs = {}
+            if site.box is not None:
+                gy = pending.pop(layer.name)
+                if layer.name in keep:
+                    kept[layer.name] = gy
+                gxs = dict(enumerate(kernels.BACKWARD[layer.op](layer, gy, saved, self)))
+            if not slots:
+                continue
+            back = site.exchange.adjoint({s: gxs[s] for s in slots if s in gxs}, program.input_tiles(layer), slots)
+            for slot, gx in back.items():
+                ref = layer.inputs[slot]
                 pending[ref] = gx if ref not in pending else pending[ref] + gx
         self._saved = {}
+        self._sum_gradients()
         return kept
+
+    def _sum_gradients(self):
+        offsets = self.grads.offsets
+        for group, first, last in self.program.buckets:
+            self.program.groups.allreduce(group, self.grads.flat[offsets[first][0]:offsets[last][1]])

@@ -4,7 +4,8 @@ parameters and gradients.
 ``forward(layer, xs, ctx) -> (y, saved)`` and ``backward(layer, gy, saved, ctx) -> [gx per input]``; a backward
 writes parameter gradients into ``ctx.grads`` and returns None for inputs that need no gradient. ``ctx`` is the
 executor: ``params``, ``grads``, ``buffers``, ``training``, ``step``, ``seed``, ``labels``, ``needs_input_grad``,
-``overwritable``.
+``overwritable``, and ``site(layer)``: this rank's tile of the layer (its padding, global offset and shape,
+the batchnorm reduction over the replica group, the global batch).
 
 No op keeps its *output* for backward (conv2d, linear and batchnorm2d keep their input; the others keep masks,
 indices or nothing). So relu, dropout and add may write their output over an input that no other layer reads:
@@ -22,15 +23,15 @@ def _param(ctx, layer, kind):
     return ctx.params[name] if name in ctx.params else None
 
 
-def _pool_geometry(layer):
+def _pool_geometry(layer, ctx):
     a = layer.attrs
-    return pool.PoolGeometry(a["kernel"], a["stride"], a["padding"])
+    return pool.PoolGeometry(a["kernel"], a["stride"], ctx.site(layer).padding)
 
 
 def _one_input(op, forward, backward, configure=None):
     """An op without parameters on one input: ``forward(x[, configure(layer)])``, ``backward(gy, saved)``."""
     def run_forward(layer, xs, ctx):
-        return forward(xs[0]) if configure is None else forward(xs[0], configure(layer))
+        return forward(xs[0]) if configure is None else forward(xs[0], configure(layer, ctx))
 
     def run_backward(layer, gy, saved, ctx):
         return [backward(gy, saved)]
@@ -56,7 +57,7 @@ BACKWARD["add"] = lambda layer, gy, saved, ctx: add.add_backward(gy, saved)
 def _weighted(op, forward, backward, configure=None):
     """conv2d and linear: weight (and bias) from ``ctx.params``; ``gw`` written straight into ``ctx.grads``."""
     def run_forward(layer, xs, ctx):
-        extra = () if configure is None else (configure(layer),)
+        extra = () if configure is None else (configure(layer, ctx),)
         return forward(xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"), *extra,
                        need_input_grad=ctx.needs_input_grad(layer))
 
@@ -68,9 +69,9 @@ def _weighted(op, forward, backward, configure=None):
     FORWARD[op], BACKWARD[op] = run_forward, run_backward
 
 
-def _conv_geometry(layer):
+def _conv_geometry(layer, ctx):
     a = layer.attrs
-    return conv.ConvGeometry(a["stride"], a["padding"], a["dilation"])
+    return conv.ConvGeometry(a["stride"], ctx.site(layer).padding, a["dilation"])
 
 
 _weighted("conv2d", conv.conv2d_forward, conv.conv2d_backward, _conv_geometry)
@@ -82,7 +83,12 @@ def _batchnorm_forward(layer, xs, ctx):
     return batchnorm.batchnorm2d_forward(
         xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"),
         ctx.buffers[f"{layer.name}.running_mean"], ctx.buffers[f"{layer.name}.running_var"],
-        eps=a["eps"], momentum=a["momentum"], training=ctx.training)
+        eps=a["eps"], momentum=a["momentum"], training=ctx.training, **_statistics(ctx.site(layer)))
+
+
+def _statistics(site):
+    """Batchnorm sums over the tiles of the replica group, divided by the global count."""
+    return {"reduce": site.reduce, "count": site.count} if site.reduce is not None else {"count": site.count}
 
 
 def _batchnorm_backward(layer, gy, saved, ctx):
@@ -96,11 +102,14 @@ def _dropout_forward(layer, xs, ctx):
     if not ctx.training:
         return xs[0], None
     key = dropout.stream_key(ctx.seed, ctx.step, layer.name)
-    return dropout.dropout_forward(xs[0], layer.attrs["p"], key, inplace=ctx.overwritable(layer) == 0)
+    site = ctx.site(layer)
+    return dropout.dropout_forward(xs[0], layer.attrs["p"], key, start=site.start, global_shape=site.global_shape,
+                                   inplace=ctx.overwritable(layer) == 0)
 
 
 FORWARD["batchnorm2d"], BACKWARD["batchnorm2d"] = _batchnorm_forward, _batchnorm_backward
 FORWARD["dropout"] = _dropout_forward
 BACKWARD["dropout"] = lambda layer, gy, saved, ctx: [dropout.dropout_backward(gy, saved)]
-FORWARD["softmax_cross_entropy"] = lambda layer, xs, ctx: loss.softmax_cross_entropy_forward(xs[0], ctx.labels)
+FORWARD["softmax_cross_entropy"] = lambda layer, xs, ctx: loss.softmax_cross_entropy_forward(
+    xs[0], ctx.labels, total=ctx.site(layer).total)
 BACKWARD["softmax_cross_entropy"] = lambda layer, gy, saved, ctx: [loss.softmax_cross_entropy_backward(gy, saved)]

@@ -8,12 +8,15 @@ import uuid
 import numpy as np
 
 from .. import backend
+from ..comm import World
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import HDF5Dataset, SyntheticData
+from ..tiling.plan import load_plan
 from .executor import Executor
 from .optimizer import SGD
 from .resume import check_resumable, state_for, trim_metrics
+from .shards import gather_global, scatter_global
 
 
 def make_data(job, graph):
@@ -30,41 +33,37 @@ def make_data(job, graph):
                          signal=spec["signal"], shuffle=spec["shuffle"])
 
 
-def make_optimizer(job, graph, xp, dtype):
+def make_optimizer(job, executor):
     spec = job["optimizer"]
-    return SGD(graph.param_shapes(), dtype, xp, lr=spec["lr"], momentum=spec["momentum"],
+    return SGD(executor.params.shapes, executor.dtype, executor.xp, lr=spec["lr"], momentum=spec["momentum"],
                weight_decay=spec["weight_decay"], nesterov=spec["nesterov"])
 
 
 def restore(executor, optimizer, ckpt, weights_only=False):
-    """Copy a checkpoint's global arrays into the executor (and the optimizer's momentum)."""
-    xp = executor.xp
+    """Copy this rank's shards of a checkpoint's global arrays into the executor (and the optimizer's momentum)."""
     ckpt.check_model(executor.graph)
-    for name, array in ckpt.params.items():
-        executor.params[name][...] = xp.asarray(array, dtype=executor.dtype)
-    for name, array in ckpt.buffers.items():
-        executor.buffers[name][...] = xp.asarray(array, dtype=executor.dtype)
-    if weights_only or optimizer.velocity is None:
-        return
-    for name in optimizer.velocity:
-        if name in ckpt.momentum:
-            optimizer.velocity[name][...] = xp.asarray(ckpt.momentum[name], dtype=executor.dtype)
+    scatter_global(executor, executor.params, ckpt.params)
+    scatter_global(executor, executor.buffers, ckpt.buffers)
+    if not weights_only and optimizer.velocity is not None:
+        scatter_global(executor, optimizer.velocity, ckpt.momentum)
 
 
-TRIVIAL_PLAN = "format: spmdcnn-plan/1\ndevices: 1\ndefault: {n: 1}\n"
+def write_checkpoint(path, executor, optimizer, state, plan_text):
+    """Gather the global arrays on rank 0 and write them there; every rank learns whether it worked."""
+    params = gather_global(executor, executor.params)
+    buffers = gather_global(executor, executor.buffers)
+    momentum = gather_global(executor, optimizer.velocity) if optimizer.velocity else {}
 
-
-def write_checkpoint(path, executor, optimizer, state, graph):
-    host = backend.to_numpy
-    try:
-        save_checkpoint(
-            path, model_text=graph.text,
-            params={name: host(v) for name, v in executor.params.items()},
-            buffers={name: host(v) for name, v in executor.buffers.items()},
-            momentum={name: host(v) for name, v in optimizer.velocity.items()} if optimizer.velocity else {},
-            step=state["step"], epoch=state["epoch"], plan_text=TRIVIAL_PLAN, state=state)
-    except (OSError, TypeError, ValueError) as error:
-        raise CheckpointError(f"checkpoint.path {path}: cannot write the checkpoint: {error}") from None
+    def write():
+        if executor.world.rank != 0:
+            return
+        try:
+            save_checkpoint(path, model_text=executor.graph.text, params=params, buffers=buffers,
+                            momentum=momentum, step=state["step"], epoch=state["epoch"], plan_text=plan_text,
+                            state=state)
+        except (OSError, TypeError, ValueError) as error:
+            raise CheckpointError(f"checkpoint.path {path}: cannot write the checkpoint: {error}") from None
+    executor.world.agree(write)
 
 
 def _check_writable(path, what):
@@ -84,31 +83,58 @@ def _check_writable(path, what):
         raise CheckpointError(f"{what} {path}: cannot write there: {error}") from None
 
 
-class Trainer:
-    """One training run of a validated job (see :func:`spmdcnn.io.job.load_job`)."""
+class NonFiniteLoss(FloatingPointError):
+    collective = True          # the loss is the same on every rank: each stops at the same step
 
-    def __init__(self, job, log=None):
+
+class Trainer:
+    """One training run of a validated job (see :func:`spmdcnn.io.job.load_job`) on the ranks of ``world``.
+
+    Setup runs in two phases. First every rank loads what it needs alone (model, plan, data; rank 0 also checks
+    the output paths and reads the checkpoint): an error anywhere stops every rank with one message. Then the
+    ranks check they hold the same model, plan and job, build their tiles (collectively) and restore the
+    checkpoint rank 0 read.
+    """
+
+    def __init__(self, job, log=None, world=None):
         self.job = job
-        self.log = log or (lambda line: print(line, flush=True))
+        self.world = world or World.create()
+        self.rank = self.world.rank
+        say = log or (lambda line: print(line, flush=True))
+        self.log = say if self.rank == 0 else (lambda line: None)
+        self.data = None
+        try:
+            ckpt = self.world.agree(self._load)
+            self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
+                                   "job": json.dumps(job, sort_keys=True, default=str)})
+            ckpt = self.world.bcast(ckpt)
+            self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"], plan=self.plan,
+                                     world=self.world)
+            self.optimizer = make_optimizer(job, self.executor)
+            self.start_step = self._restore(ckpt)
+        except BaseException:
+            if self.data is not None:
+                self.data.close()
+            raise
+
+    def _load(self):
+        """Phase one, without communication: returns ``(kind, checkpoint)`` read on rank 0."""
+        job = self.job
         self.graph = load_model(job["model"])
         self.xp = backend.get_array_module(job["backend"])
         self.dtype = backend.resolve_dtype(job["dtype"])
-        for key, what in ((("checkpoint", "path"), "checkpoint.path"), (("log", "metrics"), "log.metrics")):
-            if job[key[0]][key[1]]:
-                _check_writable(job[key[0]][key[1]], what)
+        self.batch = job["batch_size"]
+        self.plan = load_plan(job["plan"], self.graph, self.batch, self.world.size)
+        if self.rank == 0:
+            for key, what in ((("checkpoint", "path"), "checkpoint.path"), (("log", "metrics"), "log.metrics")):
+                if job[key[0]][key[1]]:
+                    _check_writable(job[key[0]][key[1]], what)
         self.data = make_data(job, self.graph)
-        try:
-            self.batch = job["batch_size"]
-            self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
-            self.total_steps = job["steps"] if job["steps"] is not None else job["epochs"] * self.steps_per_epoch
-            self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"])
-            self.optimizer = make_optimizer(job, self.graph, self.xp, self.dtype)
-            self.start_step = self._load_start()
-        except BaseException:
-            self.data.close()
-            raise
+        self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
+        self.total_steps = job["steps"] if job["steps"] is not None else job["epochs"] * self.steps_per_epoch
+        return self._read_checkpoint() if self.rank == 0 else None
 
-    def _load_start(self):
+    def _read_checkpoint(self):
         job = self.job
         path = job["checkpoint"]["path"]
         resume = job["resume"]
@@ -118,27 +144,39 @@ class Trainer:
             ckpt = load_checkpoint(path)
             ckpt.check_model(self.graph)
             check_resumable(ckpt, job, self.data, self.graph)
-            restore(self.executor, self.optimizer, ckpt)
-            self.log(f"resumed from {path} at step {ckpt.step}")
-            return ckpt.step
+            return "resume", ckpt
         if job["init"]:
-            restore(self.executor, self.optimizer, load_checkpoint(job["init"]), weights_only=True)
-            self.log(f"initial weights from {job['init']}")
-        return 0
+            ckpt = load_checkpoint(job["init"])
+            ckpt.check_model(self.graph)
+            return "init", ckpt
+        return None
+
+    def _restore(self, found):
+        if found is None:
+            return 0
+        kind, ckpt = found
+        restore(self.executor, self.optimizer, ckpt, weights_only=kind == "init")
+        if kind == "init":
+            self.log(f"initial weights from {self.job['init']}")
+            return 0
+        self.log(f"resumed from {ckpt.path} at step {ckpt.step}")
+        return ckpt.step
 
     def run(self):
         """Train from ``start_step`` to the end; returns ``{"steps", "losses"}`` (losses of this run's steps)."""
         job, graph = self.job, self.graph
         metrics = None
+        where = "one process" if self.world.size == 1 else f"{self.world.size} ranks"
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
-                 f"backend {self.xp.__name__}, {self.dtype.name}; one process")
+                 f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
         history = []
         interval = _Interval()
         step = self.start_step
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
         try:
-            metrics = _open_metrics(job["log"]["metrics"], self.start_step)
+            if self.rank == 0:
+                metrics = _open_metrics(job["log"]["metrics"], self.start_step)
             while step < self.total_steps:
                 loss, correct = self._step(step)
                 step += 1
@@ -159,14 +197,13 @@ class Trainer:
         return {"steps": step, "losses": history}
 
     def _step(self, step):
-        xp, executor = self.xp, self.executor
+        executor = self.executor
         epoch, s = divmod(step, self.steps_per_epoch)
-        images, labels = self.data.batch(epoch, s, self.batch, self.dtype)
-        loss, correct, _ = executor.forward(xp.asarray(images), xp.asarray(labels), step=step)
+        loss, correct, _ = executor.forward(self.data.tiles(epoch, s, self.batch, self.dtype), step=step)
         executor.backward()
         self.optimizer.step(executor.params.flat, executor.grads.flat)
         if not np.isfinite(loss):
-            raise FloatingPointError(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
+            raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
         return loss, correct
 
     def _report(self, step, loss, interval, metrics):
@@ -184,7 +221,7 @@ class Trainer:
 
     def _checkpoint(self, step):
         state = state_for(self.job, self.data, step, step // self.steps_per_epoch)
-        write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.graph)
+        write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.plan.text)
 
 
 class _Interval:
@@ -208,5 +245,5 @@ def _open_metrics(path, start_step):
     return open(path, "w", encoding="utf-8")
 
 
-def train(job, log=None):
-    return Trainer(job, log).run()
+def train(job, log=None, world=None):
+    return Trainer(job, log, world).run()

@@ -23,7 +23,7 @@ MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 def test_three_sgd_steps_match_pytorch(name, hyper):
     graph = load_model(os.path.join(MODELS, f"{name}.yaml"))
     executor = Executor(graph, np, np.float64, seed=7)
-    optimizer = SGD(graph.param_shapes(), np.float64, np, **hyper)
+    optimizer = SGD(executor.params.shapes, np.float64, np, **hyper)
     net = TorchNet(graph, {k: v.copy() for k, v in executor.params.items()},
                    {k: v.copy() for k, v in executor.buffers.items()}, dropout_masks=spmdcnn_masks(7))
     net.train()

@@ -1,0 +1,13 @@
+"""Communication between ranks: the only package that imports mpi4py (DESIGN.md §5).
+
+- :class:`World` wraps the communicator: timing and byte counters, reductions, agreement checks.
+- :class:`Exchange` moves the boxes between one layer's producers and its tiles, and back (adjoint, summed).
+- :class:`ReplicaGroups` makes the sub-communicators of ranks that share a parameter shard or batchnorm channels.
+- :mod:`.guard` turns an exception on one rank into the end of the whole job, with that rank's message.
+"""
+
+from .exchange import Exchange
+from .groups import ReplicaGroups
+from .world import CollectiveError, World
+
+__all__ = ["CollectiveError", "Exchange", "ReplicaGroups", "World"]

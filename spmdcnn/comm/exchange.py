@@ -1,0 +1,137 @@
+"""Redistribution between a layer's producers and its tiles, and its adjoint.
+
+Forward: every rank assembles the input box each of its tiles needs from the intersections with the producer
+tiles: local pieces are copied (or, when one local producer tile covers the whole box, passed on as a view,
+without a copy), remote ones arrive by message. Backward is the adjoint: the gradient of each needed box goes
+back along the same intersections and is *added* into the producer tile's gradient.
+
+The schedule comes from the plan, identically on every rank, so message sizes are never exchanged. Posting
+order is fixed: all receives, then all sends, then one wait, so no plan can deadlock. A message's tag is its
+input slot; messages between the same pair of ranks with the same tag are matched in the order they are sent,
+so consecutive exchanges cannot mix up.
+"""
+
+import time
+
+import numpy as np
+from ..tiling.boxes import relative, shape_of
+from .world import mpi
+
+TAG_BASE = 100
+
+
+def _host(xp, array):
+    """A contiguous buffer MPI can read (a device array would be synchronised or staged here)."""
+    return np.ascontiguousarray(array)
+
+
+class Exchange:
+    """The part of one layer's redistribution that concerns this rank.
+
+    ``transfers``: the layer's :class:`~spmdcnn.tiling.transfers.Transfer` list (the same on every rank).
+    """
+
+    def __init__(self, world, transfers, dtype, xp=np):
+        self.world, self.dtype, self.xp = world, np.dtype(dtype), xp
+        me = world.rank
+        self.recvs = [t for t in transfers if t.dst == me and t.src != me]
+        self.sends = [t for t in transfers if t.src == me and t.dst != me]
+        self.local = [t for t in transfers if t.src == me and t.dst == me]
+        incoming = {}
+        for t in transfers:
+            if t.dst == me:
+                incoming.setdefault(t.slot, []).append(t)
+        outgoing = {}
+        for t in transfers:
+            if t.src == me:
+                outgoing.setdefault(t.slot, []).append(t)
+        # forward without a copy: one local producer tile covers the whole needed box
+        self.view_in = {slot: ts[0] for slot, ts in incoming.items()
+                        if len(ts) == 1 and ts[0].src == me and ts[0].box == ts[0].dst_box}
+        # backward without a copy: the whole producer tile's gradient is one local needed box's
+        self.view_out = {slot: ts[0] for slot, ts in outgoing.items()
+                         if len(ts) == 1 and ts[0].dst == me and ts[0].box == ts[0].src_box}
+
+    @property
+    def remote(self):
+        return bool(self.recvs or self.sends)
+
+    def forward(self, sources, needs):
+        """Assemble this rank's input boxes.
+
+        ``sources``: ``{slot: array}`` this rank's producer tiles; ``needs``: ``{slot: box}`` the boxes its tile
+        reads. Returns ``{slot: array of the needed box}``.
+        """
+        start = time.perf_counter()
+        comm, xp = self.world.comm, self.xp
+        requests, arrived = [], []
+        for t in self.recvs:
+            buffer = np.empty(shape_of(t.box), dtype=self.dtype)
+            requests.append(comm.Irecv(buffer, source=t.src, tag=TAG_BASE + t.slot))
+            arrived.append((t, buffer))
+        outgoing = []
+        for t in self.sends:
+            buffer = _host(xp, sources[t.slot][relative(t.box, t.src_box)])
+            requests.append(comm.Isend(buffer, dest=t.dst, tag=TAG_BASE + t.slot))
+            outgoing.append(buffer)
+        inputs = {}
+        for slot, box in needs.items():
+            if slot in self.view_in:
+                t = self.view_in[slot]
+                inputs[slot] = sources[slot][relative(t.box, t.src_box)]
+            else:
+                inputs[slot] = xp.empty(shape_of(box), dtype=self.dtype)
+        for t in self.local:
+            if t.slot not in self.view_in:
+                inputs[t.slot][relative(t.box, t.dst_box)] = sources[t.slot][relative(t.box, t.src_box)]
+        if requests:
+            mpi().Request.Waitall(requests)
+        for t, buffer in arrived:
+            inputs[t.slot][relative(t.box, t.dst_box)] = xp.asarray(buffer)
+        self._account(start, sum(b.nbytes for b in outgoing))
+        return inputs
+
+    def adjoint(self, grads, tiles, slots):
+        """Sum the gradients of the needed boxes back into the producer tiles.
+
+        ``grads``: ``{slot: gradient of this rank's needed box}``; ``tiles``: ``{slot: box of this rank's producer
+        tile}``; ``slots``: the inputs that need a gradient. Returns ``{slot: gradient of this rank's producer
+        tile}`` for the slots in ``slots`` where this rank holds a producer tile.
+        """
+        start = time.perf_counter()
+        comm, xp = self.world.comm, self.xp
+        requests, arrived = [], []
+        for t in self.sends:               # the forward's sends come back
+            if t.slot in slots:
+                buffer = np.empty(shape_of(t.box), dtype=self.dtype)
+                requests.append(comm.Irecv(buffer, source=t.dst, tag=TAG_BASE + t.slot))
+                arrived.append((t, buffer))
+        outgoing = []
+        for t in self.recvs:
+            if t.slot in slots:
+                buffer = _host(xp, grads[t.slot][relative(t.box, t.dst_box)])
+                requests.append(comm.Isend(buffer, dest=t.src, tag=TAG_BASE + t.slot))
+                outgoing.append(buffer)
+        result = {}
+        for slot, box in tiles.items():
+            if slot not in slots:
+                continue
+            if slot in self.view_out:
+                t = self.view_out[slot]
+                result[slot] = grads[slot][relative(t.box, t.dst_box)]
+            else:
+                result[slot] = xp.zeros(shape_of(box), dtype=self.dtype)
+        for t in self.local:
+            if t.slot in slots and t.slot not in self.view_out:
+                result[t.slot][relative(t.box, t.src_box)] += grads[t.slot][relative(t.box, t.dst_box)]
+        if requests:
+            mpi().Request.Waitall(requests)
+        for t, buffer in arrived:
+            result[t.slot][relative(t.box, t.src_box)] += xp.asarray(buffer)
+        self._account(start, sum(b.nbytes for b in outgoing))
+        return result
+
+    def _account(self, start, sent):
+        if self.remote:
+            self.world.counters.transfer_s += time.perf_counter() - start
+            self.world.counters.bytes_transferred += sent

@@ -1,0 +1,44 @@
+"""Sub-communicators of replica groups: the ranks holding the same parameter shard (or batchnorm channels).
+
+They are made once per plan, in the same order on every rank (``Split`` is collective over the world), one per
+distinct set of ranks; a set of one rank needs none.
+"""
+
+from .world import mpi
+
+
+class ReplicaGroups:
+    def __init__(self, world, rank_sets):
+        """``rank_sets``: tuples of ranks, the same collection on every rank."""
+        self.world = world
+        self.comms = {}
+        for ranks in sorted({tuple(sorted(r)) for r in rank_sets if len(r) > 1}):
+            member = world.rank in ranks
+            sub = world.comm.Split(0 if member else mpi().UNDEFINED, key=world.rank)
+            if member:
+                self.comms[ranks] = sub
+
+    def reducer(self, ranks):
+        """A function summing an array over the group ``ranks`` (which holds this rank); the identity for one."""
+        ranks = tuple(sorted(ranks))
+        if len(ranks) < 2:
+            return _identity
+        comm = self.comms[ranks]
+        world = self.world
+
+        def reduce(array):
+            return world.allreduce(array.copy() if not array.flags.c_contiguous else array, comm)
+        return reduce
+
+    def allreduce(self, ranks, array):
+        """Sum the contiguous ``array`` over the group ``ranks`` in place."""
+        return self.reducer(ranks)(array)
+
+    def free(self):
+        for comm in self.comms.values():
+            comm.Free()
+        self.comms = {}
+
+
+def _identity(array):
+    return array

@@ -1,0 +1,122 @@
+"""The job's communicator, with the counters ``spmdcnn bench`` reports and the checks every rank runs together."""
+
+import hashlib
+import os
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+# what MPI launchers (mpiexec of MPICH, Open MPI, MVAPICH, Intel MPI; srun with PMI or PMIx) put in the environment
+LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+                      "MPI_LOCALNRANKS")
+
+
+def mpi():
+    """mpi4py's MPI module, imported (and MPI initialised) on first use."""
+    from mpi4py import MPI
+    return MPI
+
+
+def launched():
+    """Whether this process was started by an MPI launcher (``SPMDCNN_MPI=0/1`` overrides the guess)."""
+    forced = os.environ.get("SPMDCNN_MPI")
+    if forced in ("0", "1"):
+        return forced == "1"
+    return any(variable in os.environ for variable in LAUNCHER_VARIABLES)
+
+
+class CollectiveError(RuntimeError):
+    """An error every rank raises at the same point (so no rank is left waiting): rank 0 reports it once and
+    every rank exits normally."""
+
+    collective = True
+
+
+@dataclass
+class Counters:
+    """Seconds and bytes per kind of communication since the last :meth:`World.reset`."""
+
+    transfer_s: float = 0.0        # redistribution between layers (forward and backward), including waiting
+    sync_s: float = 0.0            # gradient allreduce, batchnorm statistics, loss reduction
+    bytes_transferred: int = 0     # bytes this rank sent to other ranks in redistributions
+    bytes_synced: int = 0          # bytes this rank contributed to allreduces
+
+
+class World:
+    """``rank``, ``size`` and collective helpers over an mpi4py communicator.
+
+    ``World.create()`` is COMM_WORLD under an MPI launcher and a one-rank world without MPI otherwise (a process
+    started alone never initialises MPI, which on some clusters' login nodes fails or hangs).
+    """
+
+    def __init__(self, comm=None):
+        self.comm = comm
+        self.rank = 0 if comm is None else comm.Get_rank()
+        self.size = 1 if comm is None else comm.Get_size()
+        self.counters = Counters()
+
+    @classmethod
+    def create(cls):
+        return cls(mpi().COMM_WORLD) if launched() else cls(None)
+
+    def reset(self):
+        self.counters = Counters()
+
+    def allreduce(self, array, comm=None):
+        """Sum ``array`` (a contiguous host array) over ``comm`` in place; returns it."""
+        comm = self.comm if comm is None else comm
+        if comm is not None and comm.Get_size() > 1:
+            start = time.perf_counter()
+            MPI = mpi()
+            comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+            self.counters.sync_s += time.perf_counter() - start
+            self.counters.bytes_synced += array.nbytes
+        return array
+
+    def sum_scalars(self, *values):
+        """The sums over all ranks of a few numbers (float64)."""
+        return tuple(self.allreduce(np.array(values, dtype=np.float64)).tolist())
+
+    def agree(self, fn):
+        """Run ``fn`` on every rank; if it raised anywhere, raise a :class:`CollectiveError` on every rank with the
+        message of the lowest failing rank. Returns ``fn``'s result. With one rank, errors pass unchanged."""
+        if self.size == 1:
+            return fn()
+        try:
+            result, error = fn(), None
+        except (ValueError, OSError, RuntimeError, MemoryError) as failure:
+            result, error = None, failure
+        messages = self.comm.allgather(None if error is None else str(error) or type(error).__name__)
+        failed = [(rank, text) for rank, text in enumerate(messages) if text is not None]
+        if failed:
+            rank, text = failed[0]
+            where = "" if len(failed) == self.size else f" (on rank {rank})"
+            raise CollectiveError(f"{text}{where}") from error
+        return result
+
+    def check_same(self, items):
+        """Stop with one message when the ranks do not hold the same ``items`` (``{what: text}``): the model,
+        plan and job every rank loaded."""
+        digests = {what: hashlib.sha256(text.encode()).hexdigest() for what, text in items.items()}
+        everyone = self.allgather(digests)
+        for what in items:
+            differing = [rank for rank, d in enumerate(everyone) if d[what] != everyone[0][what]]
+            if differing:
+                raise CollectiveError(
+                    f"the ranks do not hold the same {what}: rank {differing[0]} differs from rank 0 "
+                    f"({len(differing)} of {self.size} ranks differ); every rank must read the same files "
+                    "and options")
+
+    def bcast(self, obj, root=0):
+        return self.comm.bcast(obj, root=root) if self.size > 1 else obj
+
+    def gather(self, obj, root=0):
+        return self.comm.gather(obj, root=root) if self.size > 1 else [obj]
+
+    def allgather(self, obj):
+        return self.comm.allgather(obj) if self.size > 1 else [obj]
+
+    def barrier(self):
+        if self.size > 1:
+            self.comm.Barrier()

@@ -1,0 +1,82 @@
+"""A layer's parallel configuration: a degree per dimension of its output, and the devices holding the tiles.
+
+Which dimensions an op may split (DESIGN.md §2): image-shaped outputs (conv, pooling, batchnorm, element-wise,
+concat, add) ``n, c, h, w``; flatten ``n``; linear ``n, c``; the loss ``n`` (its tiles are the per-sample
+losses). The tile with multi-index ``(i_n, i_c, i_h, i_w)`` lives on ``devices[row-major index]``.
+"""
+
+from dataclasses import dataclass
+from itertools import product
+
+from .boxes import part
+
+NAMES = ("n", "c", "h", "w")      # the output's dimensions, in tensor order (rank 2: n, c; the loss: n)
+FIXED_BY_OP = {"flatten": ("n",), "softmax_cross_entropy": ("n",)}
+
+
+def dims_of(layer):
+    """The dimensions of ``layer``'s output that a configuration may split, in tensor order: all of them, except
+    that flatten and the loss split only ``n``."""
+    if layer.op in FIXED_BY_OP:
+        return FIXED_BY_OP[layer.op]
+    return NAMES[:1 + len(layer.out_shape)]
+
+
+def output_shape(layer, batch):
+    """The global output shape a configuration of ``layer`` splits: ``(N, C, H, W)``, ``(N, F)`` for flatten and
+    linear, ``(N,)`` for the loss (one loss per sample)."""
+    if layer.op == "softmax_cross_entropy":
+        return (batch,)
+    return (batch,) + tuple(layer.out_shape)
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """``degrees``, one per dimension of the output (1 where the op may not split), and one device per tile."""
+
+    degrees: tuple
+    devices: tuple
+
+    @property
+    def size(self):
+        return len(self.devices)
+
+    def indices(self):
+        """Tile multi-indices in row-major order (the order of ``devices``)."""
+        return product(*(range(d) for d in self.degrees))
+
+    def tiles(self, shape):
+        """``[(device, box)]`` for every tile of a tensor of ``shape``."""
+        return [(device, self.box(shape, index)) for device, index in zip(self.devices, self.indices())]
+
+    def box(self, shape, index):
+        return tuple(part(extent, degree, i) for extent, degree, i in zip(shape, self.degrees, index))
+
+    def tile_of(self, device, shape):
+        """The box ``device`` holds, or None."""
+        for holder, box in self.tiles(shape):
+            if holder == device:
+                return box
+        return None
+
+    def index_of(self, device):
+        for holder, index in zip(self.devices, self.indices()):
+            if holder == device:
+                return index
+        return None
+
+    def replicas(self, channel_axis=1):
+        """Devices grouped by the channel part they hold: ``{i_c: [devices]}`` (all devices when c is not split).
+
+        Devices in one group hold the same parameter shard (split along c) and the same channels for batchnorm
+        statistics."""
+        groups = {}
+        for device, index in zip(self.devices, self.indices()):
+            key = index[channel_axis] if len(index) > channel_axis else 0
+            groups.setdefault(key, []).append(device)
+        return groups
+
+    def describe(self):
+        """The configuration in plan YAML's flow style: ``{n: 2, h: 2, devices: [0, 1, 2, 3]}``."""
+        text = ", ".join(f"{d}: {k}" for d, k in zip(NAMES, self.degrees) if k != 1) or "n: 1"
+        return f"{{{text}, devices: [{', '.join(map(str, self.devices))}]}}"
