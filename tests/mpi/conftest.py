@@ -1,0 +1,29 @@
+"""Tests that run on any number of ranks: ``mpiexec -n K python -m mpi4py -m pytest tests/mpi`` (tests/test_mpi.py
+launches them for K = 2, 3, 4; a plain ``pytest`` runs them on one rank).
+
+Every check collects its mismatches on each rank and all ranks compare the union (:func:`agree`), so one rank's
+failure fails the test on every rank instead of leaving the others waiting in the next collective.
+"""
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from spmdcnn.comm import World  # noqa: E402
+
+WORLD = World.create()
+
+
+@pytest.fixture
+def world():
+    return WORLD
+
+
+def agree(world, problems):
+    """Fail on every rank when any rank found a problem."""
+    everyone = world.allgather(list(problems))
+    found = [f"rank {rank}: {p}" for rank, items in enumerate(everyone) for p in items]
+    assert not found, "\n".join(found[:20]) + (f"\n... {len(found) - 20} more" if len(found) > 20 else "")

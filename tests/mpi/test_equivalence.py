@@ -1,0 +1,165 @@
+"""Any plan on any number of ranks computes what one process computes (DESIGN.md §3.4): the loss, every layer's
+output and output gradient, every parameter gradient, and the weights, running statistics and momentum after
+three SGD steps, for random per-layer plans (uneven splits, n/c/h/w and mixes, strided, dilated and padded
+windows split over h and w, batchnorm over n and h, concat, add, dropout, permuted and partial device lists,
+idle ranks) and for the named strategies."""
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import agree
+from plans import random_plan, uniform_plan
+from spmdcnn.graph import load_model
+from spmdcnn.runtime.executor import Executor
+from spmdcnn.runtime.optimizer import SGD
+from spmdcnn.tiling.plan import from_mapping, named
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+BATCH = 5              # odd: splits over n are uneven
+STEPS = 3
+HYPER = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=False)
+_REFERENCES = {}
+
+
+def _graph(name):
+    return load_model(os.path.join(MODELS, f"{name}.yaml"))
+
+
+def _batches(graph, dtype):
+    rng = np.random.default_rng(11)
+    images = rng.standard_normal((STEPS, BATCH) + graph.input_shape).astype(dtype)
+    return images, rng.integers(0, graph.num_classes, (STEPS, BATCH))
+
+
+def _run(graph, dtype, plan=None, world=None):
+    """Three SGD steps; returns losses, first-step outputs, output gradients and parameter gradients, and the
+    executor and optimizer at the end."""
+    executor = Executor(graph, np, dtype, seed=5, plan=plan, world=world)
+    optimizer = SGD(executor.params.shapes, dtype, np, **HYPER)
+    images, labels = _batches(graph, dtype)
+    names = [layer.name for layer in graph.layers if layer is not graph.loss]
+    losses, outputs, out_grads, grads = [], {}, {}, {}
+    for step in range(STEPS):
+        keep = names if step == 0 else ()
+        loss, _, kept = executor.forward(images[step], labels[step], step=step, keep=keep)
+        back = executor.backward(keep=keep)
+        if step == 0:
+            outputs = {k: v.copy() for k, v in kept.items()}
+            out_grads = {k: np.array(v, copy=True) for k, v in back.items()}
+            grads = {k: v.copy() for k, v in executor.grads.items()}
+        optimizer.step(executor.params.flat, executor.grads.flat)
+        losses.append(loss)
+    return losses, outputs, out_grads, grads, executor, optimizer
+
+
+def _reference(name, dtype):
+    key = (name, np.dtype(dtype).name)
+    if key not in _REFERENCES:
+        _REFERENCES[key] = _run(_graph(name), dtype)
+    return _REFERENCES[key]
+
+
+# The scale below which a tensor is rounding noise around an exact zero (the gradient of a bias followed by
+# batchnorm, and the momentum it feeds): errors are measured against this scale instead of the tensor's own.
+FLOOR = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-2}
+
+
+def _compare(what, actual, expected, rtol):
+    """A problem message when ``actual`` differs from ``expected`` by more than ``rtol`` of its largest value
+    (or of FLOOR when that is larger)."""
+    expected = np.asarray(expected)
+    if actual.shape != expected.shape:
+        return [f"{what}: shape {actual.shape} != {expected.shape}"]
+    scale = float(np.max(np.abs(expected))) if expected.size else 0.0
+    error = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
+    return [f"{what}: max error {error:.3g} > {rtol:g} x {scale:.3g}"] if error > rtol * max(scale, FLOOR[actual.dtype]) else []
+
+
+def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10):
+    graph = plan.graph
+    ref_losses, ref_outputs, ref_out_grads, ref_grads, ref_exec, ref_opt = _reference(name, dtype)
+    losses, outputs, out_grads, grads, executor, optimizer = _run(graph, dtype, plan, world)
+    problems = []
+    for step, (a, b) in enumerate(zip(losses, ref_losses)):
+        if abs(a - b) > rtol * abs(b):
+            problems.append(f"{plan.source}: loss of step {step}: {a!r} != {b!r}")
+    for layer in graph.layers:
+        site = executor.site(layer)
+        if site.box is None or layer is graph.loss:
+            continue
+        box = tuple(slice(lo, hi) for lo, hi in site.box)
+        problems += _compare(f"{plan.source}: output of {layer.name}", outputs[layer.name],
+                             ref_outputs[layer.name][box], rtol)
+        if layer.name in ref_out_grads:
+            problems += _compare(f"{plan.source}: output gradient of {layer.name}", out_grads[layer.name],
+                                 ref_out_grads[layer.name][box], rtol)
+    for tensor, (c0, c1) in executor.shards.items():
+        if tensor in executor.params:
+            problems += _compare(f"{plan.source}: gradient of {tensor}", grads[tensor], ref_grads[tensor][c0:c1], rtol)
+            problems += _compare(f"{plan.source}: {tensor} after {STEPS} steps", executor.params[tensor],
+                                 ref_exec.params[tensor][c0:c1], rtol)
+            problems += _compare(f"{plan.source}: momentum of {tensor}", optimizer.velocity[tensor],
+                                 ref_opt.velocity[tensor][c0:c1], rtol)
+        else:
+            problems += _compare(f"{plan.source}: {tensor} after {STEPS} steps", executor.buffers[tensor],
+                                 ref_exec.buffers[tensor][c0:c1], rtol)
+    held = sum(executor.site(layer).box is not None for layer in graph.layers)
+    return problems, held
+
+
+MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"]
+
+
+@pytest.mark.parametrize("name", MODELS_UNDER_TEST)
+def test_random_plans_float64(world, name):
+    graph = _graph(name)
+    problems = []
+    for seed in range(6 if name != "cifar_cnn" else 3):
+        found, _ = check_plan(world, name, random_plan(graph, BATCH, world.size, seed=1000 * world.size + seed))
+        problems += found
+    agree(world, problems)
+
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet"])
+def test_random_plans_float32(world, name):
+    graph = _graph(name)
+    problems = []
+    for seed in range(2):
+        plan = random_plan(graph, BATCH, world.size, seed=77 + seed)
+        found, _ = check_plan(world, name, plan, np.float32, rtol=1e-5)
+        problems += found
+    agree(world, problems)
+
+
+@pytest.mark.parametrize("strategy", ["data", "model", "owt"])
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet"])
+def test_named_strategies(world, name, strategy):
+    found, _ = check_plan(world, name, named(strategy, _graph(name), BATCH, world.size))
+    agree(world, found)
+
+
+@pytest.mark.parametrize("spec", [{"h": 2, "w": 2}, {"h": 4}, {"w": 3}, {"n": 2, "h": 2}, {"c": 2, "h": 2}])
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet"])
+def test_spatial_splits(world, name, spec):
+    """Windows with stride, padding, dilation and rectangular kernels split over height and width: halos."""
+    found, _ = check_plan(world, name, uniform_plan(_graph(name), BATCH, world.size, spec))
+    agree(world, found)
+
+
+def test_idle_ranks_and_reversed_devices(world):
+    """Every layer on the last rank only, then on all ranks in reverse order: ranks hold no tile of many layers."""
+    graph = _graph("small_resnet")
+    last = world.size - 1
+    lonely = from_mapping({"format": "spmdcnn-plan/1", "devices": world.size, "default": {"devices": [last]}},
+                          graph, BATCH, world.size, "plan on the last rank")
+    found, held = check_plan(world, "small_resnet", lonely)
+    if world.rank != last and held:
+        found.append(f"rank {world.rank} holds {held} tiles, expected none")
+    reverse = list(range(world.size))[::-1]
+    spread = from_mapping({"format": "spmdcnn-plan/1", "devices": world.size,
+                           "default": {"n": min(world.size, BATCH), "devices": reverse[:min(world.size, BATCH)]}},
+                          graph, BATCH, world.size, "plan on reversed devices")
+    more, _ = check_plan(world, "small_resnet", spread)
+    agree(world, found + more)
