@@ -1,0 +1,44 @@
+"""Checkpoints hold global arrays whatever the plan: gathering the shards gives the one-process tensors, and
+scattering global arrays onto another plan gives each rank its rows."""
+
+import os
+
+import numpy as np
+
+from conftest import agree
+from plans import random_plan
+from spmdcnn.graph import load_model
+from spmdcnn.runtime.executor import Executor
+from spmdcnn.runtime.shards import gather_global, scatter_global
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+
+
+def test_gather_then_scatter_onto_another_plan(world):
+    graph = load_model(os.path.join(MODELS, "small_inception.yaml"))
+    reference = Executor(graph, np, np.float64, seed=9)
+    problems = []
+    for seed in range(3):
+        first = Executor(graph, np, np.float64, seed=9, plan=random_plan(graph, 4, world.size, 40 + seed),
+                         world=world)
+        params, buffers = gather_global(first, first.params), gather_global(first, first.buffers)
+        if world.rank == 0:
+            for store, gathered in ((reference.params, params), (reference.buffers, buffers)):
+                if set(gathered) != set(store):
+                    problems.append(f"seed {seed}: gathered {sorted(set(store) ^ set(gathered))} wrongly")
+                problems += [f"seed {seed}: {name} differs" for name in store
+                             if name in gathered and not np.array_equal(gathered[name], store[name])]
+        else:
+            if params or buffers:
+                problems.append("a rank other than 0 received global arrays")
+        params, buffers = world.bcast(params), world.bcast(buffers)
+        second = Executor(graph, np, np.float64, seed=123, plan=random_plan(graph, 4, world.size, 80 + seed),
+                          world=world)
+        scatter_global(second, second.params, params)
+        scatter_global(second, second.buffers, buffers)
+        for store, full in ((second.params, reference.params), (second.buffers, reference.buffers)):
+            for name in store:
+                c0, c1 = second.shards[name]
+                if not np.array_equal(store[name], full[name][c0:c1]):
+                    problems.append(f"seed {seed}: {name} rows {c0}:{c1} not restored")
+    agree(world, problems)

@@ -1,0 +1,138 @@
+"""Multi-rank runs under ``mpiexec`` (MPICH's from the ``mpich`` wheel, or the system's): the tests in tests/mpi on
+2, 3 and 4 ranks, training that moves between plans and rank counts through a checkpoint, and jobs that must stop
+with one clear message instead of hanging. Every launch has a timeout, so a deadlock fails instead of hanging CI.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+import yaml
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MPIEXEC = shutil.which("mpiexec")
+# one BLAS thread per rank: the ranks share two cores
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "SPMDCNN_NUM_THREADS": "1",
+       "PYTHONUNBUFFERED": "1"}
+
+
+
+def mpiexec(ranks, *args, timeout=300):
+    assert MPIEXEC, "these tests need mpiexec on PATH: pip install mpich (or load the system's MPI)"
+    return subprocess.run([MPIEXEC, "-n", str(ranks), *args], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def spmdcnn(*args):
+    return [sys.executable, "-m", "spmdcnn.cli", *map(str, args)]
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_the_multi_rank_suite(ranks):
+    result = mpiexec(ranks, sys.executable, "-m", "mpi4py", "-m", "pytest", "tests/mpi", "-q", "-p",
+                     "no:cacheprovider", "--timeout", "240", timeout=900)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-3000:]
+    assert result.stdout.count(" passed") >= ranks and " failed" not in result.stdout
+
+
+def write_job(tmp_path, name, **overrides):
+    job = {"model": os.path.join(ROOT, "models", "small_resnet.yaml"), "batch_size": 6, "steps": 6,
+           "data": {"kind": "synthetic", "num_samples": 60, "seed": 3, "signal": 1.0},
+           "optimizer": {"lr": 0.05, "momentum": 0.9, "weight_decay": 1e-3}, "dtype": "float64", "seed": 4,
+           "checkpoint": {"path": str(tmp_path / f"{name}.h5")}, "log": {"every": 1,
+                                                                        "metrics": str(tmp_path / f"{name}.jsonl")}}
+    for key, value in overrides.items():
+        job[key] = value
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(job))
+    return path
+
+
+def write_plan(tmp_path, name, devices, seed):
+    sys.path.insert(0, os.path.join(ROOT, "tests", "mpi"))
+    from plans import random_plan
+    from spmdcnn.graph import load_model
+    plan = random_plan(load_model(os.path.join(ROOT, "models", "small_resnet.yaml")), 6, devices, seed)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(plan.text)
+    return path
+
+
+def losses(path):
+    import json
+    return [json.loads(line)["loss"] for line in open(path, encoding="utf-8")]
+
+
+def test_a_checkpoint_from_4_ranks_resumes_on_2_ranks_under_another_plan(tmp_path):
+    """4 ranks, plan A, 3 steps; then 2 ranks, plan B, to step 6: the same weights and losses as one process
+    running 6 steps without a break."""
+    whole = write_job(tmp_path, "whole")
+    result = subprocess.run(spmdcnn("train", whole, "--set", "plan=data"), cwd=ROOT, env=ENV, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    split = write_job(tmp_path, "split")
+    first = mpiexec(4, *spmdcnn("train", split, "--set", f"plan={write_plan(tmp_path, 'a', 4, 1)}",
+                                "--set", "steps=3"))
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "4 ranks" in first.stdout and first.stdout.count("checkpoint written") == 1
+    second = mpiexec(2, *spmdcnn("train", split, "--set", f"plan={write_plan(tmp_path, 'b', 2, 2)}"))
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "resumed from" in second.stdout and "at step 3" in second.stdout
+    np.testing.assert_allclose(losses(tmp_path / "split.jsonl"), losses(tmp_path / "whole.jsonl"), rtol=1e-10)
+    with h5py.File(tmp_path / "whole.h5") as a, h5py.File(tmp_path / "split.h5") as b:
+        assert a.attrs["step"] == b.attrs["step"] == 6
+        assert "devices: 2" in b.attrs["plan"]
+        for group in ("params", "buffers", "optimizer/momentum"):
+            names = []
+            a[group].visit(lambda n: names.append(n) if isinstance(a[group][n], h5py.Dataset) else None)
+            assert names
+            for name in names:
+                np.testing.assert_allclose(b[group][name][()], a[group][name][()], rtol=1e-10, atol=1e-14,
+                                           err_msg=f"{group}/{name}")
+
+
+@pytest.mark.parametrize("exception", ["RuntimeError", "KeyError"])
+def test_a_failing_rank_ends_the_job_with_its_message(tmp_path, exception):
+    job = write_job(tmp_path, "fail", steps=50)
+    script = os.path.join(ROOT, "tests", "mpi_scripts", "fail_on_one_rank.py")
+    start = time.monotonic()
+    result = mpiexec(3, sys.executable, script, "1", exception, "train", job, "--set", "plan=owt", timeout=120)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert "rank 1" in result.stderr and "injected failure on rank 1" in result.stderr, result.stderr
+    assert elapsed < 60
+
+
+def test_different_plans_on_different_ranks_are_refused(tmp_path):
+    job = write_job(tmp_path, "mixed")
+    assert MPIEXEC, "this test needs mpiexec on PATH: pip install mpich (or load the system's MPI)"
+    result = subprocess.run([MPIEXEC, "-n", "1", *spmdcnn("train", job, "--set", "plan=data"), ":",
+                             "-n", "1", *spmdcnn("train", job, "--set", "plan=model")],
+                            cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("spmdcnn: error:") == 1, result.stderr
+    assert "do not hold the same plan" in result.stderr and "rank 1" in result.stderr
+
+
+def test_a_plan_for_another_device_count_is_refused_once(tmp_path):
+    job = write_job(tmp_path, "count")
+    result = mpiexec(2, *spmdcnn("train", job, "--set", f"plan={write_plan(tmp_path, 'four', 4, 0)}"),
+                     timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("spmdcnn: error:") == 1, result.stderr
+    assert "the plan is for 4 devices, but the job runs on 2" in result.stderr
+
+
+def test_an_error_on_rank_0_alone_stops_every_rank_once(tmp_path):
+    """Only rank 0 checks the output paths: the others must not wait for it forever."""
+    (tmp_path / "taken").mkdir()
+    job = write_job(tmp_path, "paths", checkpoint={"path": str(tmp_path / "taken")})
+    result = mpiexec(3, *spmdcnn("train", job), timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("spmdcnn: error:") == 1, result.stderr
+    assert "is a directory" in result.stderr and "(on rank 0)" in result.stderr
