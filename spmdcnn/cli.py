@@ -82,8 +82,13 @@ def cmd_train(args):
 
 
 def cmd_bench(args):
+    from .comm import World
     from .runtime.bench import bench
-    result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed)
+    world = World.create()
+    result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed, args.plan,
+                   world)
+    if world.rank != 0:
+        return 0
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
@@ -92,8 +97,21 @@ def cmd_bench(args):
     print(f"{result['model']}: batch {result['batch']}, {result['steps']} steps after {result['warmup']} warm-up, "
           f"{result['dtype']} on {result['backend']} (BLAS: {blas})")
     print(f"  {result['images_per_s']:.2f} images/s, {result['step_s_mean'] * 1e3:.1f} ms per step "
-          f"(median {result['step_s_median'] * 1e3:.1f} ms), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB")
+          f"(median {result['step_s_median'] * 1e3:.1f} ms), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB"
+          f"{'' if result['ranks'] == 1 else ' on the largest rank'}")
+    if result["ranks"] > 1 or result["bytes_transferred"]:
+        print(f"  {result['ranks']} ranks, {result['plan']}: per step and rank (mean) compute "
+              f"{result['compute_s'] * 1e3:.1f} ms, transfer {result['transfer_s'] * 1e3:.1f} ms, sync "
+              f"{result['sync_s'] * 1e3:.1f} ms; moved {_format_bytes(result['bytes_transferred'])} between layers "
+              f"and {_format_bytes(result['bytes_synced'])} in allreduces per step (all ranks)")
     return 0
+
+
+def _format_bytes(count):
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
 
 
 def cmd_checkpoint(args):
@@ -148,7 +166,10 @@ def build_parser():
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--json", action="store_true", help="print JSON (images_per_s, peak_memory_bytes, ...)")
+    p.add_argument("--plan", default="data",
+                   help="data, model, owt or a plan YAML file (default data; one process runs the whole model)")
+    p.add_argument("--json", action="store_true", help="print JSON (images_per_s, compute_s, transfer_s, sync_s, "
+                   "bytes_transferred, peak_memory_bytes, ...)")
     p.set_defaults(run=cmd_bench)
 
     p = sub.add_parser("checkpoint", parents=[common], help="inspect checkpoints",

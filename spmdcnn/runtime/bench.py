@@ -1,4 +1,5 @@
-"""``spmdcnn bench``: time whole training iterations (forward, backward, SGD update) on synthetic data."""
+"""``spmdcnn bench``: time whole training iterations (forward, backward, SGD update) on synthetic data, on one
+process or on MPI ranks under a plan, with the time split into compute, transfer and sync."""
 
 import resource
 import statistics
@@ -7,8 +8,10 @@ import time
 import numpy as np
 
 from .. import backend
+from ..comm import World
 from ..graph import load_model
 from ..io.dataset import SyntheticData
+from ..tiling.plan import load_plan
 from .executor import Executor
 from .optimizer import SGD
 
@@ -28,28 +31,52 @@ def blas_info():
             for info in threadpool_info() if info.get("user_api") == "blas"]
 
 
-def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0):
+def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
+          world=None):
+    """Time ``steps`` training iterations after ``warmup`` on the ranks of ``world`` under ``plan``.
+
+    Every iteration starts after a barrier and lasts until the slowest rank is done. The breakdown per rank:
+    ``transfer_s`` (redistribution between layers, including waiting for the peer), ``sync_s`` (gradient
+    allreduce, batchnorm statistics, loss), ``compute_s`` (the rest); bytes are totals over all ranks per iteration.
+    """
+    world = world or World.create()
     graph = load_model(model_path)
     xp = backend.get_array_module(backend_name)
     dtype = backend.resolve_dtype(dtype)
-    executor = Executor(graph, xp, dtype, seed=seed)
+    plan = world.agree(lambda: load_plan(plan, graph, batch, world.size))
+    executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
     optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch, dtype)
     images, labels = xp.asarray(images), xp.asarray(labels)
     times = []
     for step in range(warmup + steps):
+        if step == warmup:
+            world.reset()
+        world.barrier()
         start = time.perf_counter()
         executor.forward(images, labels, step=step)
         executor.backward()
         optimizer.step(executor.params.flat, executor.grads.flat)
         if xp is not np:
             xp.cuda.get_current_stream().synchronize()
+        world.barrier()
         if step >= warmup:
             times.append(time.perf_counter() - start)
+    counters = world.counters
     total = sum(times)
+    own = [counters.transfer_s / steps, counters.sync_s / steps]
+    per_rank = world.allgather({"rank": world.rank, "compute_s": total / steps - sum(own), "transfer_s": own[0],
+                                "sync_s": own[1], "bytes_transferred": counters.bytes_transferred // steps,
+                                "bytes_synced": counters.bytes_synced // steps, "peak_memory_bytes": peak_rss_bytes()})
     return {"model": graph.name, "batch": batch, "steps": steps, "warmup": warmup, "dtype": dtype.name,
-            "backend": xp.__name__, "images_per_s": batch * steps / total if total else float("nan"),
+            "backend": xp.__name__, "ranks": world.size, "plan": plan.source,
+            "images_per_s": batch * steps / total if total else float("nan"),
             "step_s_mean": total / steps if steps else float("nan"),
             "step_s_median": statistics.median(times) if times else float("nan"),
-            "peak_memory_bytes": peak_rss_bytes(), "params": graph.num_params,
-            "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}
+            "compute_s": statistics.mean(r["compute_s"] for r in per_rank),
+            "transfer_s": statistics.mean(r["transfer_s"] for r in per_rank),
+            "sync_s": statistics.mean(r["sync_s"] for r in per_rank),
+            "bytes_transferred": sum(r["bytes_transferred"] for r in per_rank),
+            "bytes_synced": sum(r["bytes_synced"] for r in per_rank),
+            "peak_memory_bytes": max(r["peak_memory_bytes"] for r in per_rank), "per_rank": per_rank,
+            "params": graph.num_params, "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}

@@ -366,3 +366,38 @@ def test_synthetic_samples_do_not_depend_on_the_batch_they_are_in():
     np.testing.assert_array_equal(x, whole[order[10:20]])
     np.testing.assert_array_equal(y, labels[order[10:20]])
     assert abs(float(whole.std()) - np.sqrt(1 + 0.25 * 1.0)) < 0.2     # unit noise plus the class pattern
+
+
+@pytest.mark.parametrize("region", [((0, 3), (0, 5), (0, 4)), ((1, 2), (2, 5), (1, 3)), ((0, 3), (4, 5), (0, 1)),
+                                    ((2, 3), (0, 5), (3, 4))])
+def test_a_region_read_is_the_whole_read_cut(tmp_path, opened, region):
+    """A tile reads only its channels, rows and columns; normalisation uses its channels' mean and std."""
+    path = write_dataset(tmp_path / "d.h5", uint8_images(shape=(3, 5, 4)), labels_for(), image_attrs={
+        "mean": [0.2, 0.4, 0.6], "std": [0.5, 0.25, 2.0]})
+    data = opened(path, shuffle=False)
+    indices = [7, 2, 2, 5]
+    whole, labels = data.read(indices)
+    part, part_labels = data.read(indices, region=region)
+    (c0, c1), (h0, h1), (w0, w1) = region
+    np.testing.assert_array_equal(part, whole[:, c0:c1, h0:h1, w0:w1])
+    np.testing.assert_array_equal(part_labels, labels)
+
+
+def test_synthetic_region_reads_and_tiles_of_a_batch():
+    data = SyntheticData((3, 6, 5), 4, num_samples=40, seed=2)
+    images, labels = data.batch(1, 2, 8)
+    batch = data.tiles(1, 2, 8)
+    assert batch.size == 8
+    box = ((3, 7), (1, 3), (2, 6), (0, 2))
+    np.testing.assert_array_equal(batch.images(box), images[3:7, 1:3, 2:6, 0:2])
+    np.testing.assert_array_equal(batch.labels(3, 7), labels[3:7])
+
+
+def test_tiles_of_an_hdf5_batch_follow_the_epoch_order(tmp_path, opened):
+    path = write_dataset(tmp_path / "d.h5", float_images(shape=(2, 4, 4)), labels_for())
+    data = opened(path, seed=5, shuffle=True)
+    images, labels = data.batch(2, 1, 6)
+    batch = data.tiles(2, 1, 6)
+    box = ((1, 4), (0, 2), (1, 3), (2, 4))
+    np.testing.assert_array_equal(batch.images(box), images[1:4, :, 1:3, 2:4])
+    np.testing.assert_array_equal(batch.labels(0, 6), labels)

@@ -86,3 +86,26 @@ def test_replica_allreduce_is_self_adjoint(world):
             world.allgather(x)
     groups.free()
     agree(world, problems)
+
+
+def test_a_halo_exchange_moves_only_the_halo_rows(world):
+    """Two 3x3 convolutions split over h on every rank: between them, each boundary moves one row each way."""
+    from spmdcnn.graph.graph import parse_model
+    from spmdcnn.tiling.plan import from_mapping
+    N, C, H, W = 2, 3, 12, 5
+    graph = parse_model({"name": "halo", "input": [C, H, W], "layers": [
+        {"name": "a", "op": "conv2d", "out_channels": C, "kernel": 3, "padding": 1},
+        {"name": "b", "op": "conv2d", "out_channels": C, "kernel": 3, "padding": 1},
+        {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 2},
+        {"name": "loss", "op": "softmax_cross_entropy"}]})
+    split = {"h": world.size, "devices": list(range(world.size))}
+    plan = from_mapping({"format": "spmdcnn-plan/1", "devices": world.size, "layers": {"a": split, "b": split}},
+                        graph, N, world.size, "halo plan")
+    program = Program(graph, plan, world, np.float64, np)
+    tile = program.sites["a"].box
+    world.reset()
+    program.sites["b"].exchange.forward({0: np.ones([hi - lo for lo, hi in tile])},
+                                        {0: program.sites["b"].needs[0].box})
+    moved = world.sum_scalars(world.counters.bytes_transferred)[0]
+    expected = (world.size - 1) * 2 * N * C * W * 8
+    agree(world, [] if moved == expected else [f"moved {moved} bytes, expected {expected}"])

@@ -1,0 +1,74 @@
+"""The training loop on ranks: per-rank reads of an HDF5 dataset (only the samples, rows and columns of a rank's
+first-layer tiles) and the same losses as one process."""
+
+import os
+import shutil
+import tempfile
+
+import h5py
+import numpy as np
+
+from conftest import agree
+from plans import uniform_plan
+from spmdcnn.comm import World
+from spmdcnn.graph import load_model
+from spmdcnn.io import dataset
+from spmdcnn.io.job import parse_job
+
+MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny_cnn.yaml")
+
+
+def _dataset(world):
+    """An HDF5 dataset written by rank 0 in a directory every rank sees."""
+    path = None
+    if world.rank == 0:
+        path = os.path.join(tempfile.mkdtemp(prefix="spmdcnn-mpi-"), "data.h5")
+        rng = np.random.default_rng(0)
+        with h5py.File(path, "w") as f:
+            f.create_dataset("images", data=rng.integers(0, 256, (40, 3, 15, 13), dtype=np.uint8))
+            f.create_dataset("labels", data=rng.integers(0, 10, 40))
+            f["images"].attrs.update({"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.3, 0.25]})
+    return world.bcast(path)
+
+
+def _job(data, plan):
+    return parse_job({"model": MODEL, "batch_size": 6, "steps": 4, "dtype": "float64", "plan": plan,
+                      "data": {"kind": "hdf5", "path": data, "shuffle": True, "seed": 1},
+                      "optimizer": {"lr": 0.05, "momentum": 0.9}, "log": {"every": 100}})
+
+
+def test_ranks_read_only_their_boxes_and_train_as_one_process(world, monkeypatch, tmp_path):
+    from spmdcnn.runtime.train import Trainer
+    data = _dataset(world)
+    plan_path = None
+    if world.rank == 0:
+        plan_path = os.path.join(os.path.dirname(data), "plan.yaml")
+        with open(plan_path, "w", encoding="utf-8") as f:
+            f.write(uniform_plan(load_model(MODEL), 6, world.size, {"n": 2, "h": 2}).text)
+    plan_path = world.bcast(plan_path)
+    reference = Trainer(_job(data, "data"), log=lambda line: None, world=World(None)).run()["losses"]
+    regions = []
+    read = dataset.HDF5Dataset.read
+
+    def recording(self, indices, dtype=np.float32, region=None):
+        regions.append((len(indices), region))
+        return read(self, indices, dtype, region)
+    monkeypatch.setattr(dataset.HDF5Dataset, "read", recording)
+    trainer = Trainer(_job(data, plan_path), log=lambda line: None, world=world)
+    losses = trainer.run()["losses"]
+    problems = []
+    if not np.allclose(losses, reference, rtol=1e-10, atol=0):
+        problems.append(f"losses {losses} != one process's {reference}")
+    site = trainer.executor.site(trainer.graph.layers[0])
+    if site.box is None:
+        if regions:
+            problems.append(f"a rank without first-layer tiles read {regions}")
+    else:
+        (n0, n1), *region = site.needs[0].box
+        expected = (n1 - n0, [tuple(r) for r in region])
+        if not regions or any((count, [tuple(r) for r in got]) != expected for count, got in regions):
+            problems.append(f"reads {regions[:2]}, expected {expected} at every step")
+    agree(world, problems)
+    world.barrier()
+    if world.rank == 0:
+        shutil.rmtree(os.path.dirname(data))
