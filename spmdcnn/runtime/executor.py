@@ -15,7 +15,6 @@ import numpy as np
 
 from ..comm import World
 from ..graph.blocks import DATA
-from ..tiling.boxes import relative
 from ..tiling.plan import named
 from . import kernels
 from .params import FlatStore, initial_value

@@ -17,8 +17,9 @@ layer it concerns, before anything runs.
 """
 
 import hashlib
+import json
 
-from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml
+from ..io.yamlfile import FormatError, check_keys as _check_keys, load_yaml_text, read_yaml
 from .config import NAMES, ParallelConfig, dims_of, output_shape
 
 FORMAT = "spmdcnn-plan/1"
@@ -31,14 +32,22 @@ class PlanError(FormatError):
     """A plan that does not fit the model, the batch or the job's devices."""
 
 
+def check_keys(mapping, allowed, where, required=()):
+    try:
+        _check_keys(mapping, allowed, where, required)
+    except FormatError as error:
+        raise PlanError(str(error)) from None
+
+
 class Plan:
     """The configuration of every layer; ``text`` is the canonical YAML (every layer listed)."""
 
     def __init__(self, graph, batch, devices, configs, source):
         self.graph, self.batch, self.devices, self.configs, self.source = graph, batch, devices, configs, source
-        lines = [f"format: {FORMAT}", f"model: {graph.name}", f"batch_size: {batch}", f"devices: {devices}",
-                 "layers:"]
-        lines += [f"  {name}: {config.describe()}" for name, config in configs.items()]
+        # names are quoted (JSON strings are YAML): a layer called "null", "1" or "#fc" must read back as itself
+        lines = [f"format: {FORMAT}", f"model: {json.dumps(graph.name)}", f"batch_size: {batch}",
+                 f"devices: {devices}", "layers:"]
+        lines += [f"  {json.dumps(name)}: {config.describe()}" for name, config in configs.items()]
         self.text = "\n".join(lines) + "\n"
 
     def __getitem__(self, name):
