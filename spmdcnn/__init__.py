@@ -2,10 +2,37 @@
 
 import os
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # spmdcnn runs its own threads (copies, pooling, the optimizer) between BLAS calls. OpenBLAS's worker threads
 # spin for up to ~2**28 cycles after each call before they sleep, taking the cores those threads need; 2**4
 # cycles makes them sleep at once (measured: AlexNet iterations 15-20 % faster). It must be set before NumPy
 # loads OpenBLAS, so it is set here, and only where the user has not set it.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
+
+# how many ranks of this job share the node, as MPICH, Open MPI, MVAPICH and Slurm announce it
+_LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
+                         "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+_THREAD_VARIABLES = ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _share_cores():
+    """Ranks on one node share its cores: without this, each rank's BLAS would start a thread per core and
+    ``mpiexec -n 4`` on 4 cores would run 16 threads. Where the user set no thread count, each rank gets its
+    share of the cores it may run on (all of its cores when the launcher bound it to some)."""
+    if any(variable in os.environ for variable in _THREAD_VARIABLES):
+        return
+    local = next((int(os.environ[v]) for v in _LOCAL_SIZE_VARIABLES if os.environ.get(v, "").isdigit()), 1)
+    if local <= 1:
+        return
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count() or 1
+    bound = usable < (os.cpu_count() or usable)
+    threads = str(usable if bound else max(1, usable // local))
+    for variable in _THREAD_VARIABLES:
+        os.environ[variable] = threads
+
+
+_share_cores()

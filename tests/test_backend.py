@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -62,3 +64,25 @@ def test_local_rank_from_the_launcher(monkeypatch, variable):
     assert backend.local_rank() == 0
     monkeypatch.setenv(variable, "3")
     assert backend.local_rank() == 3
+
+
+def _threads_seen(**env):
+    import subprocess
+    import sys
+    clean = {k: v for k, v in os.environ.items()
+             if k not in ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS",
+                          "MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",
+                          "PMI_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")}
+    code = "import os, spmdcnn; print(os.environ.get('OPENBLAS_NUM_THREADS'), os.environ.get('SPMDCNN_NUM_THREADS'))"
+    out = subprocess.run([sys.executable, "-c", code], env={**clean, **env}, capture_output=True, text=True,
+                         check=True).stdout.split()
+    return out
+
+
+def test_ranks_on_one_node_share_its_cores():
+    cores = len(os.sched_getaffinity(0))
+    assert _threads_seen() == ["None", "None"]                      # alone: BLAS decides
+    share = str(max(1, cores // 2))
+    assert _threads_seen(MPI_LOCALNRANKS="2") == [share, share]
+    assert _threads_seen(OMPI_COMM_WORLD_LOCAL_SIZE="64") == ["1", "1"]
+    assert _threads_seen(MPI_LOCALNRANKS="2", OMP_NUM_THREADS="3") == ["None", "None"]   # the user's choice wins

@@ -136,3 +136,13 @@ def test_an_error_on_rank_0_alone_stops_every_rank_once(tmp_path):
     assert result.returncode == 2
     assert result.stderr.count("spmdcnn: error:") == 1, result.stderr
     assert "is a directory" in result.stderr and "(on rank 0)" in result.stderr
+
+
+def test_the_quick_start_trains_layer_wise_on_two_ranks(tmp_path):
+    result = mpiexec(2, *spmdcnn("train", "jobs/quickstart.yaml", "--set", f"checkpoint.path={tmp_path / 'q.h5'}",
+                                 "--set", f"log.metrics={tmp_path / 'q.jsonl'}"), timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 ranks; plan owt" in result.stdout
+    import json
+    last = json.loads(open(tmp_path / "q.jsonl", encoding="utf-8").read().splitlines()[-1])
+    assert last["step"] == 60 and last["accuracy"] > 0.9
