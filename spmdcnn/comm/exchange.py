@@ -14,6 +14,7 @@ so consecutive exchanges cannot mix up.
 import time
 
 import numpy as np
+from ..backend import to_numpy
 from ..tiling.boxes import relative, shape_of
 from .world import mpi
 
@@ -21,8 +22,14 @@ TAG_BASE = 100
 
 
 def _host(xp, array):
-    """A contiguous buffer MPI can read (a device array would be synchronised or staged here)."""
-    return np.ascontiguousarray(array)
+    """A contiguous host buffer MPI can read: the array itself when it is one; a device array is staged through
+    the host (``get`` synchronises the stream first)."""
+    return np.ascontiguousarray(to_numpy(array))
+
+
+def _direct(xp, target):
+    """Whether MPI can write straight into ``target`` (a contiguous host array)."""
+    return xp is np and target.flags.c_contiguous
 
 
 class Exchange:
@@ -64,16 +71,6 @@ class Exchange:
         """
         start = time.perf_counter()
         comm, xp = self.world.comm, self.xp
-        requests, arrived = [], []
-        for t in self.recvs:
-            buffer = np.empty(shape_of(t.box), dtype=self.dtype)
-            requests.append(comm.Irecv(buffer, source=t.src, tag=TAG_BASE + t.slot))
-            arrived.append((t, buffer))
-        outgoing = []
-        for t in self.sends:
-            buffer = _host(xp, sources[t.slot][relative(t.box, t.src_box)])
-            requests.append(comm.Isend(buffer, dest=t.dst, tag=TAG_BASE + t.slot))
-            outgoing.append(buffer)
         inputs = {}
         for slot, box in needs.items():
             if slot in self.view_in:
@@ -81,13 +78,26 @@ class Exchange:
                 inputs[slot] = sources[slot][relative(t.box, t.src_box)]
             else:
                 inputs[slot] = xp.empty(shape_of(box), dtype=self.dtype)
+        requests, arrived = [], []
+        for t in self.recvs:
+            target = inputs[t.slot][relative(t.box, t.dst_box)]
+            # a contiguous part of the input (a range of samples, say) is received in place
+            buffer = target if _direct(xp, target) else np.empty(shape_of(t.box), dtype=self.dtype)
+            requests.append(comm.Irecv(buffer, source=t.src, tag=TAG_BASE + t.slot))
+            if buffer is not target:
+                arrived.append((target, buffer))
+        outgoing = []
+        for t in self.sends:
+            buffer = _host(xp, sources[t.slot][relative(t.box, t.src_box)])
+            requests.append(comm.Isend(buffer, dest=t.dst, tag=TAG_BASE + t.slot))
+            outgoing.append(buffer)
         for t in self.local:
             if t.slot not in self.view_in:
                 inputs[t.slot][relative(t.box, t.dst_box)] = sources[t.slot][relative(t.box, t.src_box)]
         if requests:
             mpi().Request.Waitall(requests)
-        for t, buffer in arrived:
-            inputs[t.slot][relative(t.box, t.dst_box)] = xp.asarray(buffer)
+        for target, buffer in arrived:
+            target[...] = xp.asarray(buffer)
         self._account(start, sum(b.nbytes for b in outgoing))
         return inputs
 

@@ -27,7 +27,7 @@ class ReplicaGroups:
         world = self.world
 
         def reduce(array):
-            return world.allreduce(array.copy() if not array.flags.c_contiguous else array, comm)
+            return world.allreduce(array if array.flags.c_contiguous else array.copy(), comm)
         return reduce
 
     def allreduce(self, ranks, array):

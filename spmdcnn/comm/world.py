@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend import to_numpy
+
 # what MPI launchers (mpiexec of MPICH, Open MPI, MVAPICH, Intel MPI; srun with PMI or PMIx) put in the environment
 LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
                       "MPI_LOCALNRANKS")
@@ -64,12 +66,16 @@ class World:
         self.counters = Counters()
 
     def allreduce(self, array, comm=None):
-        """Sum ``array`` (a contiguous host array) over ``comm`` in place; returns it."""
+        """Sum the contiguous ``array`` over ``comm`` (the world by default) in place; returns it. A device array
+        is staged through the host."""
         comm = self.comm if comm is None else comm
         if comm is not None and comm.Get_size() > 1:
             start = time.perf_counter()
             MPI = mpi()
-            comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
+            host = to_numpy(array)
+            comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
+            if host is not array:
+                array.set(host)
             self.counters.sync_s += time.perf_counter() - start
             self.counters.bytes_synced += array.nbytes
         return array
