@@ -146,3 +146,20 @@ def test_the_quick_start_trains_layer_wise_on_two_ranks(tmp_path):
     import json
     last = json.loads(open(tmp_path / "q.jsonl", encoding="utf-8").read().splitlines()[-1])
     assert last["step"] == 60 and last["accuracy"] > 0.9
+
+
+def test_errors_every_rank_finds_are_printed_once(tmp_path):
+    result = mpiexec(2, *spmdcnn("bench", tmp_path / "absent.yaml", "--batch", "4"), timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("spmdcnn: error:") == 1 and "model file not found" in result.stderr, result.stderr
+
+
+def test_srun_tasks_that_mpi_sees_as_separate_jobs_are_stopped(tmp_path):
+    """srun with an MPI that does not speak its PMI would start N one-rank jobs racing on one checkpoint."""
+    job = write_job(tmp_path, "srun")
+    env = {k: v for k, v in ENV.items() if k not in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS")}
+    result = subprocess.run(spmdcnn("train", job), cwd=ROOT, env={**env, "SLURM_STEP_NUM_TASKS": "4"},
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "srun started 4 tasks but MPI sees one rank" in result.stderr, result.stderr
+    assert not (tmp_path / "srun.h5").exists()

@@ -1,7 +1,8 @@
 """Sub-communicators of replica groups: the ranks holding the same parameter shard (or batchnorm channels).
 
-They are made once per plan, in the same order on every rank (``Split`` is collective over the world), one per
-distinct set of ranks; a set of one rank needs none.
+They are made in the same order on every rank (``Split`` is collective over the world), one per distinct set of
+ranks, and kept by the world: executors built one after the other (tests, benchmarks, a planner trying plans)
+reuse them instead of using up MPI's communicator ids. A set of one rank needs none.
 """
 
 from .world import mpi
@@ -12,17 +13,22 @@ class ReplicaGroups:
         """``rank_sets``: tuples of ranks, the same collection on every rank."""
         self.world = world
         self.comms = {}
+        made = world.subcomms
         for ranks in sorted({tuple(sorted(r)) for r in rank_sets if len(r) > 1}):
-            member = world.rank in ranks
-            sub = world.comm.Split(0 if member else mpi().UNDEFINED, key=world.rank)
-            if member:
-                self.comms[ranks] = sub
+            if ranks not in made:
+                member = world.rank in ranks
+                sub = world.comm.Split(0 if member else mpi().UNDEFINED, key=world.rank)
+                made[ranks] = sub if member else None
+            if made[ranks] is not None:
+                self.comms[ranks] = made[ranks]
 
     def reducer(self, ranks):
         """A function summing an array over the group ``ranks`` (which holds this rank); the identity for one."""
         ranks = tuple(sorted(ranks))
         if len(ranks) < 2:
             return _identity
+        if ranks not in self.comms:
+            raise ValueError(f"rank {self.world.rank} is not in the replica group {list(ranks)}")
         comm = self.comms[ranks]
         world = self.world
 
@@ -34,10 +40,6 @@ class ReplicaGroups:
         """Sum the contiguous ``array`` over the group ``ranks`` in place."""
         return self.reducer(ranks)(array)
 
-    def free(self):
-        for comm in self.comms.values():
-            comm.Free()
-        self.comms = {}
 
 
 def _identity(array):

@@ -20,12 +20,18 @@ def mpi():
     return MPI
 
 
+def slurm_tasks():
+    """The number of tasks of the Slurm job step this process belongs to (1 outside ``srun``)."""
+    value = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+    return int(value) if value.isdigit() else 1
+
+
 def launched():
     """Whether this process was started by an MPI launcher (``SPMDCNN_MPI=0/1`` overrides the guess)."""
     forced = os.environ.get("SPMDCNN_MPI")
     if forced in ("0", "1"):
         return forced == "1"
-    return any(variable in os.environ for variable in LAUNCHER_VARIABLES)
+    return any(variable in os.environ for variable in LAUNCHER_VARIABLES) or slurm_tasks() > 1
 
 
 class CollectiveError(RuntimeError):
@@ -57,10 +63,20 @@ class World:
         self.rank = 0 if comm is None else comm.Get_rank()
         self.size = 1 if comm is None else comm.Get_size()
         self.counters = Counters()
+        self.subcomms = {}          # sorted ranks -> sub-communicator (None where this rank is not a member)
 
     @classmethod
     def create(cls):
-        return cls(mpi().COMM_WORLD) if launched() else cls(None)
+        if not launched():
+            return cls(None)
+        world = cls(mpi().COMM_WORLD)
+        if world.size == 1 and slurm_tasks() > 1:
+            # each task would train alone, all writing the same checkpoint: stop instead
+            raise RuntimeError(
+                f"srun started {slurm_tasks()} tasks but MPI sees one rank in each: mpi4py does not use the MPI "
+                "that srun's PMI talks to. Use srun --mpi=pmix (or pmi2), or build mpi4py against the site's MPI "
+                "(env MPICC=$(which mpicc) pip install --no-binary=mpi4py mpi4py)")
+        return world
 
     def reset(self):
         self.counters = Counters()
@@ -116,6 +132,12 @@ class World:
 
     def bcast(self, obj, root=0):
         return self.comm.bcast(obj, root=root) if self.size > 1 else obj
+
+    def bcast_array(self, array, root=0):
+        """Broadcast a contiguous host array in place (every rank passes one of the same shape and dtype)."""
+        if self.size > 1:
+            self.comm.Bcast(array, root=root)
+        return array
 
     def gather(self, obj, root=0):
         return self.comm.gather(obj, root=root) if self.size > 1 else [obj]

@@ -40,10 +40,12 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     allreduce, batchnorm statistics, loss), ``compute_s`` (the rest); bytes are totals over all ranks per iteration.
     """
     world = world or World.create()
-    graph = load_model(model_path)
-    xp = backend.get_array_module(backend_name)
-    dtype = backend.resolve_dtype(dtype)
-    plan = world.agree(lambda: load_plan(plan, graph, batch, world.size))
+
+    def load():
+        graph = load_model(model_path)
+        return graph, load_plan(plan, graph, batch, world.size), backend.get_array_module(backend_name), \
+            backend.resolve_dtype(dtype)
+    graph, plan, xp, dtype = world.agree(load)
     executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
     optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch, dtype)

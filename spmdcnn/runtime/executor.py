@@ -21,16 +21,32 @@ from .params import FlatStore, initial_value
 from .program import Program
 
 INPLACE_OPS = ("relu", "dropout", "add")
+VIEW_OPS = ("flatten", "dropout")       # may return their input's memory (a reshape; dropout in eval or p = 0)
 
 
-def _overwritable_input(graph, layer):
-    """The first input of an in-place-capable layer that is produced by a layer and read by no other."""
-    if layer.op not in INPLACE_OPS:
-        return None
-    for index, ref in enumerate(layer.inputs):
-        if ref != DATA and len(graph.consumers[ref]) == 1:
-            return index
-    return None
+def overwritable_inputs(graph):
+    """``{layer: index of the input it may overwrite, or None}`` for every layer.
+
+    An in-place layer may overwrite input ``i`` when no one else can see that memory: the tensor has this layer as
+    its only consumer, and so has every tensor it may share memory with, back through flatten and dropout (which
+    may return their input) and through earlier in-place layers, to a layer's own output (never the data)."""
+    result = {}
+
+    def exclusive(ref):
+        while True:
+            if ref == DATA or len(graph.consumers[ref]) != 1:
+                return False
+            producer = graph.by_name[ref]
+            index = 0 if producer.op in VIEW_OPS else result.get(ref)
+            if index is None:
+                return True
+            ref = producer.inputs[index]
+
+    for layer in graph.layers:
+        result[layer.name] = None
+        if layer.op in INPLACE_OPS:
+            result[layer.name] = next((i for i, ref in enumerate(layer.inputs) if exclusive(ref)), None)
+    return result
 
 
 class ArrayBatch:
@@ -73,7 +89,7 @@ class Executor:
         for layer in graph.layers:
             self._requires_grad[layer.name] = bool(layer.params) or any(
                 self._requires_grad[ref] for ref in layer.inputs)
-        self._overwritable = {layer.name: _overwritable_input(graph, layer) for layer in graph.layers}
+        self._overwritable = overwritable_inputs(graph)
         self._keep = ()
         self._site = None
         self.reset_parameters(seed)

@@ -4,6 +4,7 @@ plan, so a run restores onto any plan and any number of ranks."""
 import numpy as np
 
 from .. import backend
+from ..io.checkpoint import Checkpoint
 
 
 def gather_global(executor, store):
@@ -24,7 +25,8 @@ def gather_global(executor, store):
                 (c0, c1), array = part[name]
                 full[c0:c1] = array
                 covered += c1 - c0
-        assert covered == full.shape[0], f"{name}: shards cover {covered} of {full.shape[0]} rows"
+        if covered != full.shape[0]:
+            raise RuntimeError(f"{name}: the ranks' shards cover {covered} of its {full.shape[0]} rows")
         result[name] = full
     return result
 
@@ -32,8 +34,8 @@ def gather_global(executor, store):
 def _names(graph, store, pieces):
     """Every tensor some rank holds, in the model's order."""
     held = set().union(*(part.keys() for part in pieces))
-    kinds = ("weight", "bias", "running_mean", "running_var")
-    return [f"{layer.name}.{kind}" for layer in graph.layers for kind in kinds if f"{layer.name}.{kind}" in held]
+    return [f"{layer.name}.{kind}" for layer in graph.layers for kind in list(layer.params) + list(layer.buffers)
+            if f"{layer.name}.{kind}" in held]
 
 
 def scatter_global(executor, store, arrays):
@@ -43,3 +45,28 @@ def scatter_global(executor, store, arrays):
         if name in arrays:
             c0, c1 = executor.shards[name]
             store[name][...] = xp.asarray(arrays[name][c0:c1], dtype=executor.dtype)
+
+
+def share_checkpoint(world, found):
+    """Rank 0's ``(kind, Checkpoint)`` (or None) on every rank, its arrays broadcast one at a time (no rank
+    holds more than one extra global tensor in flight, and no message exceeds one tensor)."""
+    if world.size == 1:
+        return found
+    header = None
+    if found is not None:
+        kind, ckpt = found
+        header = (kind, ckpt.path, ckpt.attrs, ckpt.state,
+                  {group: {name: (a.shape, a.dtype.str) for name, a in getattr(ckpt, group).items()}
+                   for group in ("params", "buffers", "momentum")})
+    header = world.bcast(header)
+    if header is None:
+        return None
+    kind, path, attrs, state, layout = header
+    arrays = {}
+    for group, tensors in layout.items():
+        arrays[group] = {}
+        for name, (shape, dtype) in tensors.items():
+            array = np.ascontiguousarray(getattr(found[1], group)[name]) if world.rank == 0 else \
+                np.empty(shape, dtype=dtype)
+            arrays[group][name] = world.bcast_array(array)
+    return kind, Checkpoint(path, attrs, arrays["params"], arrays["buffers"], arrays["momentum"], state)

@@ -16,7 +16,7 @@ from ..tiling.plan import load_plan
 from .executor import Executor
 from .optimizer import SGD
 from .resume import check_resumable, state_for, trim_metrics
-from .shards import gather_global, scatter_global
+from .shards import gather_global, scatter_global, share_checkpoint
 
 
 def make_data(job, graph):
@@ -106,8 +106,10 @@ class Trainer:
         try:
             ckpt = self.world.agree(self._load)
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
-                                   "job": json.dumps(job, sort_keys=True, default=str)})
-            ckpt = self.world.bcast(ckpt)
+                                   "job": json.dumps(job, sort_keys=True, default=str),
+                                   "data (sample count, shape, labels)": json.dumps(
+                                       {**self.data.identity(), "steps": self.total_steps}, sort_keys=True)})
+            ckpt = share_checkpoint(self.world, ckpt)
             self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"], plan=self.plan,
                                      world=self.world)
             self.optimizer = make_optimizer(job, self.executor)
@@ -200,10 +202,10 @@ class Trainer:
         executor = self.executor
         epoch, s = divmod(step, self.steps_per_epoch)
         loss, correct, _ = executor.forward(self.data.tiles(epoch, s, self.batch, self.dtype), step=step)
+        if not np.isfinite(loss):       # before the update: the weights stay those of the last good step
+            raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
         executor.backward()
         self.optimizer.step(executor.params.flat, executor.grads.flat)
-        if not np.isfinite(loss):
-            raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
         return loss, correct
 
     def _report(self, step, loss, interval, metrics):

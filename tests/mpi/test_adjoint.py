@@ -57,7 +57,6 @@ def test_redistribution_is_adjoint_to_its_scatter_add(world, name):
             if abs(total_forward - total_adjoint) > 1e-12 * max(abs(total_forward), 1.0):
                 problems.append(f"{plan.source}: {layer.name}: <F x, y> = {total_forward!r} but "
                                 f"<x, F* y> = {total_adjoint!r}")
-        program.groups.free()
     agree(world, problems)
 
 
@@ -84,7 +83,6 @@ def test_replica_allreduce_is_self_adjoint(world):
                 problems.append(f"group {members}: the allreduce is not the group's sum")
         else:
             world.allgather(x)
-    groups.free()
     agree(world, problems)
 
 

@@ -51,6 +51,8 @@ def _run(graph, dtype, plan=None, world=None):
             grads = {k: v.copy() for k, v in executor.grads.items()}
         optimizer.step(executor.params.flat, executor.grads.flat)
         losses.append(loss)
+    evaluation, _, _ = executor.forward(images[0], labels[0], step=STEPS, training=False)
+    losses.append(evaluation)        # evaluation mode: running statistics, no dropout, in-place layers
     return losses, outputs, out_grads, grads, executor, optimizer
 
 
@@ -84,7 +86,8 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10):
     problems = []
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
         if abs(a - b) > rtol * abs(b):
-            problems.append(f"{plan.source}: loss of step {step}: {a!r} != {b!r}")
+            what = f"step {step}" if step < STEPS else "evaluation"
+            problems.append(f"{plan.source}: loss of {what}: {a!r} != {b!r}")
     for layer in graph.layers:
         site = executor.site(layer)
         if site.box is None or layer is graph.loss:
