@@ -57,6 +57,10 @@ class Site:
 
 
 class Program:
+    """This rank's :class:`Site` per layer, its replica groups, and the layout of its parameter shards:
+    ``param_shapes``/``buffer_shapes`` (flat-store order), ``shards`` (rows of each global tensor), ``owners``
+    (each shard's replica group) and ``buckets`` (the gradient slices summed over each group)."""
+
     def __init__(self, graph, plan, world, dtype, xp):
         self.graph, self.plan, self.world = graph, plan, world
         rank = world.rank

@@ -5,4 +5,5 @@ from .boxes import Box, intersect, part, shape_of
 from .config import ParallelConfig, dims_of, output_shape
 from .plan import Plan, PlanError, load_plan
 
-__all__ = ["Box", "intersect", "part", "shape_of", "ParallelConfig", "dims_of", "output_shape", "Plan", "PlanError", "load_plan"]
+__all__ = ["Box", "intersect", "part", "shape_of", "ParallelConfig", "dims_of", "output_shape", "Plan", "PlanError",
+           "load_plan"]

@@ -166,3 +166,11 @@ def test_idle_ranks_and_reversed_devices(world):
                           graph, BATCH, world.size, "plan on reversed devices")
     more, _ = check_plan(world, "small_resnet", spread)
     agree(world, found + more)
+
+
+def test_a_batch_of_another_size_than_the_plan_is_refused(world):
+    graph = _graph("tiny_cnn")
+    executor = Executor(graph, np, np.float64, plan=named("data", graph, BATCH, world.size), world=world)
+    images, labels = _batches(graph, np.float64)
+    with pytest.raises(ValueError, match=f"the plan is for batch {BATCH}, got a batch of 4"):
+        executor.forward(images[0][:4], labels[0][:4])
