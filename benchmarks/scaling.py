@@ -97,7 +97,8 @@ def main():
     for plan, r in summary["plans"].items():
         print(f"  {os.path.basename(plan):<44} {r['images_per_s']:>9.1f} {r['efficiency']:>6.2f} "
               f"{r['of_ceiling']:>10.2f} {r['compute_s'] * 1e3:>7.1f}ms {r['transfer_s'] * 1e3:>7.1f}ms "
-              f"{r['sync_s'] * 1e3:>6.1f}ms {r['bytes_transferred'] / 2**20:>6.2f} MiB {r['bytes_synced'] / 2**20:>6.2f} MiB")
+              f"{r['sync_s'] * 1e3:>6.1f}ms {r['bytes_transferred'] / 2**20:>6.2f} MiB "
+              f"{r['bytes_synced'] / 2**20:>6.2f} MiB")
 
 
 if __name__ == "__main__":

@@ -76,7 +76,9 @@ def _compare(what, actual, expected, rtol):
         return [f"{what}: shape {actual.shape} != {expected.shape}"]
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
     error = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
-    return [f"{what}: max error {error:.3g} > {rtol:g} x {scale:.3g}"] if error > rtol * max(scale, FLOOR[actual.dtype]) else []
+    if error > rtol * max(scale, FLOOR[actual.dtype]):
+        return [f"{what}: max error {error:.3g} > {rtol:g} x {scale:.3g}"]
+    return []
 
 
 def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10):
