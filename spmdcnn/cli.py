@@ -11,7 +11,9 @@ EXAMPLES = """\
 examples:
   spmdcnn model models/alexnet.yaml --batch 128
   spmdcnn train jobs/quickstart.yaml --set optimizer.lr=0.05
+  mpiexec -n 2 spmdcnn train jobs/quickstart.yaml --set plan=owt
   spmdcnn bench models/alexnet.yaml --batch 32 --steps 5
+  mpiexec -n 2 spmdcnn bench models/alexnet.yaml --batch 32 --plan owt
   spmdcnn checkpoint info ckpt/quickstart.h5
 """
 
@@ -149,8 +151,9 @@ def build_parser():
     p.set_defaults(run=cmd_model)
 
     p = sub.add_parser("train", parents=[common], help="train a model as a job YAML describes",
-                       description="Run a training job (jobs/*.yaml): logs loss and images/s, writes metrics and "
-                                   "checkpoints, resumes from checkpoint.path when it exists.")
+                       description="Run a training job (jobs/*.yaml) on one process, or on MPI ranks under its plan "
+                                   "(mpiexec -n K spmdcnn train JOB; srun under Slurm): logs loss and images/s, "
+                                   "writes metrics and checkpoints, resumes from checkpoint.path when it exists.")
     p.add_argument("job", help="job YAML file")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a job key, e.g. --set optimizer.lr=0.1 (repeatable)")
@@ -158,7 +161,8 @@ def build_parser():
 
     p = sub.add_parser("bench", parents=[common], help="time training iterations on synthetic data",
                        description="Time whole training iterations (forward, backward, SGD update) after a warm-up;"
-                                   " print images/s and peak memory.")
+                                   " print images/s and peak memory. Under mpiexec, run the plan on the ranks "
+                                   "and split the time into compute, transfer and sync, with the bytes moved.")
     p.add_argument("model", help="model YAML file")
     p.add_argument("--batch", type=int, required=True, help="global batch size")
     p.add_argument("--steps", type=int, default=10, help="timed iterations (default 10)")

@@ -91,7 +91,6 @@ class Executor:
                 self._requires_grad[ref] for ref in layer.inputs)
         self._overwritable = overwritable_inputs(graph)
         self._keep = ()
-        self._site = None
         self.reset_parameters(seed)
 
     def _program(self, batch):
