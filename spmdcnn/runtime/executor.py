@@ -109,8 +109,8 @@ class Executor:
                 name = f"{layer.name}.{kind}"
                 store = self.params if kind in layer.params else self.buffers
                 if name in store:
-                    c0, c1 = self.shards[name]
-                    store[name][...] = self.xp.asarray(initial_value(layer, kind, seed)[c0:c1], self.dtype)
+                    store[name][...] = self.xp.asarray(initial_value(layer, kind, seed, self.shards[name]),
+                                                       self.dtype)
 
     def needs_input_grad(self, layer):
         return any(self._requires_grad[ref] for ref in layer.inputs)

@@ -48,16 +48,22 @@ def fan_in(shape):
     return _count(shape[1:])
 
 
-def initial_value(layer, kind, seed):
+def initial_value(layer, kind, seed, rows=None):
     """PyTorch's default initial value of parameter ``kind`` of ``layer``, from a generator keyed by name.
 
     Conv and linear weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a=sqrt(5));
     batch-norm weights 1 and biases 0; running means 0 and variances 1. Keying the generator by (seed, name)
     makes every tensor independent of the others and of the plan. Returned in float64.
+
+    ``rows=(r0, r1)`` gives only those rows (a shard along the first axis), drawing nothing else: the generator
+    (PCG64, one 64-bit draw per number) jumps over the ``r0`` rows before them.
     """
-    shape = layer.params.get(kind, layer.buffers.get(kind))
+    shape = tuple(layer.params.get(kind, layer.buffers.get(kind)))
+    r0, r1 = (0, shape[0]) if rows is None else rows
+    shape = (r1 - r0,) + shape[1:]
     if layer.op == "batchnorm2d":
         return np.ones(shape) if kind in ("weight", "running_var") else np.zeros(shape)
     bound = 1.0 / np.sqrt(fan_in(layer.params["weight"]))
     rng = np.random.default_rng([seed, zlib.crc32(f"{layer.name}.{kind}".encode())])
+    rng.bit_generator.advance(r0 * _count(shape[1:]))
     return rng.uniform(-bound, bound, size=shape)

@@ -65,3 +65,16 @@ def test_dtypes_propagate(dtype):
     assert kept["fc"].dtype == dtype
     ex.backward()
     assert ex.grads.flat.dtype == dtype
+
+
+@pytest.mark.parametrize("rows", [(0, 3), (2, 5), (7, 8), (0, 8)])
+def test_a_shard_of_an_initial_value_is_those_rows_of_the_whole(rows):
+    """A rank draws only its rows, and they are the rows of the tensor one process would draw."""
+    from spmdcnn.runtime.params import initial_value
+    graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
+    conv = graph.by_name["conv1"]
+    for kind in ("weight", "bias"):
+        whole = initial_value(conv, kind, 4)
+        np.testing.assert_array_equal(initial_value(conv, kind, 4, rows), whole[rows[0]:rows[1]])
+    bn = graph.by_name["bn1"]
+    assert initial_value(bn, "running_var", 4, rows).shape == (rows[1] - rows[0],)
