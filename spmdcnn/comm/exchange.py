@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 from ..backend import to_numpy
-from ..tiling.boxes import relative, shape_of
+from ..tiling.boxes import packed, relative, shape_of
 from .world import mpi
 
 TAG_BASE = 100
@@ -57,7 +57,7 @@ class Exchange:
                         if len(ts) == 1 and ts[0].src == me and ts[0].box == ts[0].dst_box}
         # backward without a copy: the whole producer tile's gradient is one local needed box's
         self.view_out = {slot: ts[0] for slot, ts in outgoing.items()
-                         if len(ts) == 1 and ts[0].dst == me and ts[0].box == ts[0].src_box}
+                         if len(ts) == 1 and ts[0].dst == me and ts[0].box == ts[0].src_box and not ts[0].steps}
 
     @property
     def remote(self):
@@ -66,34 +66,35 @@ class Exchange:
     def forward(self, sources, needs):
         """Assemble this rank's input boxes.
 
-        ``sources``: ``{slot: array}`` this rank's producer tiles; ``needs``: ``{slot: box}`` the boxes its tile
-        reads. Returns ``{slot: array of the needed box}``.
+        ``sources``: ``{slot: array}`` this rank's producer tiles; ``needs``: ``{slot: Need}`` what its tile
+        reads. Returns ``{slot: array of the needed box}`` (compact where the need is strided).
         """
         start = time.perf_counter()
         comm, xp = self.world.comm, self.xp
         inputs = {}
-        for slot, box in needs.items():
+        for slot, need in needs.items():
             if slot in self.view_in:
                 t = self.view_in[slot]
-                inputs[slot] = sources[slot][relative(t.box, t.src_box)]
+                inputs[slot] = sources[slot][relative(t.box, t.src_box, t.steps)]
             else:
-                inputs[slot] = xp.empty(shape_of(box), dtype=self.dtype)
+                inputs[slot] = xp.empty(shape_of(need.box, need.steps), dtype=self.dtype)
         requests, arrived = [], []
         for t in self.recvs:
-            target = inputs[t.slot][relative(t.box, t.dst_box)]
+            target = inputs[t.slot][packed(t.box, t.dst_box, t.steps)]
             # a contiguous part of the input (a range of samples, say) is received in place
-            buffer = target if _direct(xp, target) else np.empty(shape_of(t.box), dtype=self.dtype)
+            buffer = target if _direct(xp, target) else np.empty(shape_of(t.box, t.steps), dtype=self.dtype)
             requests.append(comm.Irecv(buffer, source=t.src, tag=TAG_BASE + t.slot))
             if buffer is not target:
                 arrived.append((target, buffer))
         outgoing = []
         for t in self.sends:
-            buffer = _host(xp, sources[t.slot][relative(t.box, t.src_box)])
+            buffer = _host(xp, sources[t.slot][relative(t.box, t.src_box, t.steps)])
             requests.append(comm.Isend(buffer, dest=t.dst, tag=TAG_BASE + t.slot))
             outgoing.append(buffer)
         for t in self.local:
             if t.slot not in self.view_in:
-                inputs[t.slot][relative(t.box, t.dst_box)] = sources[t.slot][relative(t.box, t.src_box)]
+                inputs[t.slot][packed(t.box, t.dst_box, t.steps)] = sources[t.slot][relative(t.box, t.src_box,
+                                                                                             t.steps)]
         if requests:
             mpi().Request.Waitall(requests)
         for target, buffer in arrived:
@@ -113,13 +114,13 @@ class Exchange:
         requests, arrived = [], []
         for t in self.sends:               # the forward's sends come back
             if t.slot in slots:
-                buffer = np.empty(shape_of(t.box), dtype=self.dtype)
+                buffer = np.empty(shape_of(t.box, t.steps), dtype=self.dtype)
                 requests.append(comm.Irecv(buffer, source=t.dst, tag=TAG_BASE + t.slot))
                 arrived.append((t, buffer))
         outgoing = []
         for t in self.recvs:
             if t.slot in slots:
-                buffer = _host(xp, grads[t.slot][relative(t.box, t.dst_box)])
+                buffer = _host(xp, grads[t.slot][packed(t.box, t.dst_box, t.steps)])
                 requests.append(comm.Isend(buffer, dest=t.src, tag=TAG_BASE + t.slot))
                 outgoing.append(buffer)
         result = {}
@@ -128,16 +129,17 @@ class Exchange:
                 continue
             if slot in self.view_out:
                 t = self.view_out[slot]
-                result[slot] = grads[slot][relative(t.box, t.dst_box)]
+                result[slot] = grads[slot][packed(t.box, t.dst_box)]
             else:
                 result[slot] = xp.zeros(shape_of(box), dtype=self.dtype)
         for t in self.local:
             if t.slot in slots and t.slot not in self.view_out:
-                result[t.slot][relative(t.box, t.src_box)] += grads[t.slot][relative(t.box, t.dst_box)]
+                result[t.slot][relative(t.box, t.src_box, t.steps)] += grads[t.slot][packed(t.box, t.dst_box,
+                                                                                             t.steps)]
         if requests:
             mpi().Request.Waitall(requests)
         for t, buffer in arrived:
-            result[t.slot][relative(t.box, t.src_box)] += xp.asarray(buffer)
+            result[t.slot][relative(t.box, t.src_box, t.steps)] += xp.asarray(buffer)
         self._account(start, sum(b.nbytes for b in outgoing))
         return result
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..comm import World
 from ..graph.blocks import DATA
+from ..tiling.boxes import relative
 from ..tiling.plan import named
 from . import kernels
 from .params import FlatStore, initial_value
@@ -177,12 +178,16 @@ class Executor:
         if site.exchange is not None:
             sources = {slot: outputs[ref] for slot, ref in enumerate(layer.inputs) if ref in outputs}
             needs = {} if site.box is None else {
-                slot: need.box for slot, (ref, need) in enumerate(zip(layer.inputs, site.needs)) if ref != DATA}
+                slot: need for slot, (ref, need) in enumerate(zip(layer.inputs, site.needs)) if ref != DATA}
             inputs = site.exchange.forward(sources, needs)
         if site.box is not None:
             for slot, ref in enumerate(layer.inputs):
                 if ref == DATA:
-                    inputs[slot] = self.xp.asarray(batch.images(site.needs[slot].box), dtype=self.dtype)
+                    need = site.needs[slot]
+                    images = batch.images(need.box)
+                    if need.steps:
+                        images = images[relative(need.box, need.box, need.steps)]
+                    inputs[slot] = self.xp.asarray(images, dtype=self.dtype)
         return inputs
 
     def backward(self, keep=()):

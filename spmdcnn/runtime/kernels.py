@@ -13,6 +13,7 @@ indices or nothing). So relu, dropout and add may write their output over an inp
 """
 
 from ..ops import add, batchnorm, concat, conv, dropout, flatten, linear, loss, pool, relu
+from ..ops.window import pair
 
 FORWARD = {}
 BACKWARD = {}
@@ -25,7 +26,9 @@ def _param(ctx, layer, kind):
 
 def _pool_geometry(layer, ctx):
     a = layer.attrs
-    return pool.PoolGeometry(a["kernel"], a["stride"], ctx.site(layer).padding)
+    site = ctx.site(layer)
+    stride = site.stride(pair(a["kernel"] if a["stride"] is None else a["stride"]))
+    return pool.PoolGeometry(a["kernel"], stride, site.padding)
 
 
 def _one_input(op, forward, backward, configure=None):
@@ -71,7 +74,8 @@ def _weighted(op, forward, backward, configure=None):
 
 def _conv_geometry(layer, ctx):
     a = layer.attrs
-    return conv.ConvGeometry(a["stride"], ctx.site(layer).padding, a["dilation"])
+    site = ctx.site(layer)
+    return conv.ConvGeometry(site.stride(pair(a["stride"])), site.padding, a["dilation"])
 
 
 _weighted("conv2d", conv.conv2d_forward, conv.conv2d_backward, _conv_geometry)

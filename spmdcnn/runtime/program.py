@@ -39,6 +39,10 @@ class Site:
     def padding(self):
         return self.needs[0].padding if self.needs else NO_PADDING
 
+    def stride(self, stride):
+        """The window stride this tile applies: 1 along a strided read, whose rows arrive subsampled."""
+        return self.needs[0].stride(stride) if self.needs else stride
+
     @property
     def channels(self):
         """The output channel (feature) range of the tile: the parameter shard's rows."""

@@ -3,6 +3,8 @@
 For a window op (conv, pooling) over rows, output rows ``[o0, o1)`` read the input rows
 ``[o0*s - p, (o1-1)*s - p + d*(k-1) + 1)`` (stride s, top padding p, dilation d, kernel k). The part of that
 range outside ``[0, H)`` is padding: the tile pads those sides locally, so it computes exactly its output rows.
+A 1-wide window with stride s > 1 (a strided 1x1 convolution) reads only every s-th row of that range: its need
+is strided, the tile receives just those rows and applies stride 1 to them.
 Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
 their samples; element-wise ops and add read the output's own box; concat reads, from each input, the part of
 the output's channel range that input supplies (possibly nothing).
@@ -18,10 +20,18 @@ NO_PADDING = ((0, 0), (0, 0))
 @dataclass(frozen=True)
 class Need:
     """The input box one tile reads (global coordinates, inside the tensor; a range may be empty) and, for window
-    ops, the padding ``((top, bottom), (left, right))`` the tile adds around it."""
+    ops, the padding ``((top, bottom), (left, right))`` the tile adds around it. ``steps`` (None: all 1) is set
+    when a 1-wide window strides over rows or columns: the tile reads only every ``step``-th of them, and the
+    padding then counts outputs that fall in the tensor's padding."""
 
     box: tuple
     padding: tuple = NO_PADDING
+    steps: tuple = None
+
+    def stride(self, stride):
+        """The ``(sh, sw)`` a tile applies to this need: 1 along a strided read (the rows come subsampled)."""
+        steps = self.steps or (1, 1, 1, 1)
+        return tuple(1 if step > 1 else s for s, step in zip(stride, steps[2:]))
 
 
 def window_range(o0, o1, kernel, stride, pad, dilation, extent):
@@ -34,14 +44,36 @@ def window_range(o0, o1, kernel, stride, pad, dilation, extent):
     return (a, b), (a - lo, hi - b)
 
 
+def strided_range(o0, o1, stride, pad, extent):
+    """For a 1-wide window: ``(start, stop), (outputs before, outputs after)`` where outputs ``[o0, o1)`` read
+    the rows ``o*stride - pad``, every ``stride``-th row from ``start``; outputs whose row is padding are
+    counted before and after."""
+    first = max(o0, -(-pad // stride))                  # the first output reading a row inside the tensor
+    end = min(o1, (extent - 1 + pad) // stride + 1)     # just past the last one
+    if first >= end:                                    # every output reads padding
+        before = min(first, o1) - o0
+        return (0, 0), (before, o1 - o0 - before)
+    return (first * stride - pad, (end - 1) * stride - pad + 1), (first - o0, o1 - end)
+
+
+def _axis(o0, o1, kernel, stride, pad, dilation, extent):
+    """``(range, padding, step)`` of one spatial axis of a window op's need."""
+    if kernel == 1 and stride > 1 and o1 - o0 > 1:
+        rows, padding = strided_range(o0, o1, stride, pad, extent)
+        return rows, padding, stride
+    rows, padding = window_range(o0, o1, kernel, stride, pad, dilation, extent)
+    return rows, padding, 1
+
+
 def _window_need(layer, out_box, in_shape, channels):
     a = layer.attrs
     (kh, kw), (dh, dw) = pair(a["kernel"]), pair(a.get("dilation", 1))
     sh, sw = pair(a["kernel"] if a.get("stride") is None else a["stride"])
     ph, pw = pair(a["padding"])
-    rows, pad_rows = window_range(*out_box[2], kh, sh, ph, dh, in_shape[2])
-    cols, pad_cols = window_range(*out_box[3], kw, sw, pw, dw, in_shape[3])
-    return Need((out_box[0], channels, rows, cols), (pad_rows, pad_cols))
+    rows, pad_rows, step_h = _axis(*out_box[2], kh, sh, ph, dh, in_shape[2])
+    cols, pad_cols, step_w = _axis(*out_box[3], kw, sw, pw, dw, in_shape[3])
+    steps = None if step_h == step_w == 1 else (1, 1, step_h, step_w)
+    return Need((out_box[0], channels, rows, cols), (pad_rows, pad_cols), steps)
 
 
 def needs(layer, out_box, in_shapes):

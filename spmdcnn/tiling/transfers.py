@@ -25,6 +25,7 @@ class Transfer:
     box: tuple
     src_box: tuple
     dst_box: tuple
+    steps: tuple = None      # the needed box's steps: ``box`` holds every step-th element from its start
 
 
 def input_shapes(plan, layer):
@@ -48,8 +49,8 @@ def layer_transfers(plan, layer):
             if ref == DATA:
                 continue
             for src, src_box in plan[ref].tiles(plan.shape(ref)):
-                box = intersect(src_box, need.box)
+                box = intersect(src_box, need.box, need.steps)
                 if box is not None:
-                    result.append(Transfer(slot, src, device, box, src_box, need.box))
+                    result.append(Transfer(slot, src, device, box, src_box, need.box, need.steps))
     result.sort(key=lambda t: (t.slot, t.dst, t.src))
     return result

@@ -23,7 +23,26 @@ HYPER = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=False)
 _REFERENCES = {}
 
 
+# 1-wide windows that stride (their tiles read every other row and column only), with and without padding
+STRIDED = {"name": "strided", "input": [3, 11, 10], "layers": [
+    {"name": "c1", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+    {"name": "down", "op": "conv2d", "out_channels": 5, "kernel": 1, "stride": 2},
+    {"name": "padded", "op": "conv2d", "out_channels": 4, "kernel": 1, "stride": [2, 3], "padding": 1,
+     "inputs": ["c1"]},
+    {"name": "pool", "op": "maxpool2d", "kernel": 1, "stride": 2, "inputs": ["c1"]},
+    {"name": "f1", "op": "flatten", "inputs": ["down"]}, {"name": "f2", "op": "flatten", "inputs": ["padded"]},
+    {"name": "f3", "op": "flatten", "inputs": ["pool"]},
+    {"name": "l1", "op": "linear", "out_features": 6, "inputs": ["f1"]},
+    {"name": "l2", "op": "linear", "out_features": 6, "inputs": ["f2"]},
+    {"name": "l3", "op": "linear", "out_features": 6, "inputs": ["f3"]},
+    {"name": "sum", "op": "add", "inputs": ["l1", "l2", "l3"]},
+    {"name": "loss", "op": "softmax_cross_entropy"}]}
+
+
 def _graph(name):
+    if name == "strided":
+        from spmdcnn.graph.graph import parse_model
+        return parse_model(STRIDED)
     return load_model(os.path.join(MODELS, f"{name}.yaml"))
 
 
@@ -114,7 +133,7 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10):
     return problems, held
 
 
-MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"]
+MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "strided"]
 
 
 @pytest.mark.parametrize("name", MODELS_UNDER_TEST)
@@ -146,7 +165,7 @@ def test_named_strategies(world, name, strategy):
 
 
 @pytest.mark.parametrize("spec", [{"h": 2, "w": 2}, {"h": 4}, {"w": 3}, {"n": 2, "h": 2}, {"c": 2, "h": 2}])
-@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet"])
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "strided"])
 def test_spatial_splits(world, name, spec):
     """Windows with stride, padding, dilation and rectangular kernels split over height and width: halos."""
     found, _ = check_plan(world, name, uniform_plan(_graph(name), BATCH, world.size, spec))

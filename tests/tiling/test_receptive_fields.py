@@ -242,3 +242,44 @@ def test_concat_tile_touching_only_some_inputs():
     assert [need.box[1] for need in result] == [(5, 5), (0, 5), (0, 1), (0, 0)]
     assert [need.box[1] for need in needs(layer, ((0, 2), (14, 17), (0, 17), (0, 17)), shapes_of(layer, 2))] == [
         (5, 5), (5, 5), (4, 4), (0, 3)]
+
+
+@pytest.mark.parametrize("stride", [2, 3, 4])
+@pytest.mark.parametrize("pad", [0, 1, 2])
+@pytest.mark.parametrize("extent", [1, 5, 8, 11])
+def test_a_strided_one_wide_window_reads_only_its_rows(stride, pad, extent):
+    """A 1x1 window with stride s reads rows o*s - p: the need is exactly those in the tensor, every s-th row,
+    and the outputs whose row is padding are counted before and after."""
+    from spmdcnn.ops.window import output_extent
+    from spmdcnn.tiling.fields import strided_range
+    outputs = output_extent(extent, 1, stride, pad, pad)
+    for o0 in range(outputs):
+        for o1 in range(o0 + 1, outputs + 1):
+            (start, stop), (before, after) = strided_range(o0, o1, stride, pad, extent)
+            rows = [o * stride - pad for o in range(o0, o1)]
+            inside_rows = [r for r in rows if 0 <= r < extent]
+            assert list(range(start, stop, stride)) == inside_rows
+            assert before == sum(r < 0 for r in rows) and after == sum(r >= extent for r in rows)
+            assert before + len(inside_rows) + after == o1 - o0
+
+
+def test_strided_needs_of_a_one_by_one_convolution_split_over_height_and_width():
+    graph = handmade([{"name": "c", "op": "conv2d", "out_channels": 2, "kernel": 1, "stride": [2, 3],
+                       "padding": [0, 1]}], input_shape=[3, 9, 10])
+    layer = graph.by_name["c"]                      # output 5 x 4: columns read -1, 2, 5, 8
+    need, = needs(layer, ((0, 2), (0, 2), (1, 4), (0, 2)), [(2, 3, 9, 10)])
+    assert need.box == ((0, 2), (0, 3), (2, 7), (2, 3)) and need.steps == (1, 1, 2, 3)
+    assert need.padding == ((0, 0), (1, 0)) and need.stride((2, 3)) == (1, 1)
+    whole, = needs(layer, ((0, 2), (0, 2), (0, 1), (0, 4)), [(2, 3, 9, 10)])
+    assert whole.steps == (1, 1, 1, 3) and whole.box[2] == (0, 1) and whole.stride((2, 3)) == (2, 1)
+
+
+def test_boxes_read_with_steps():
+    from spmdcnn.tiling.boxes import intersect, packed, relative, shape_of
+    need, steps = ((0, 2), (3, 12)), (1, 3)                 # columns 3, 6, 9
+    assert shape_of(need, steps) == (2, 3)
+    assert intersect(((0, 2), (4, 10)), need, steps) == ((0, 2), (6, 10))     # columns 6 and 9
+    assert intersect(((0, 2), (4, 6)), need, steps) is None                  # nothing on the progression
+    part = intersect(((0, 2), (4, 10)), need, steps)
+    assert packed(part, need, steps) == (slice(0, 2), slice(1, 3))
+    assert relative(part, ((0, 2), (4, 10)), steps) == (slice(0, 2, 1), slice(2, 6, 3))

@@ -4,9 +4,9 @@ arrives exactly once, cut from the one producer tile that holds it, and nothing 
 import numpy as np
 import pytest
 
-from tiling_cases import SMALL_MODELS, handmade, inside, model, random_plan, slices
+from tiling_cases import SMALL_MODELS, handmade, inside, model, random_plan
 from spmdcnn.graph.blocks import DATA
-from spmdcnn.tiling.boxes import is_empty, volume
+from spmdcnn.tiling.boxes import is_empty, packed, shape_of, volume
 from spmdcnn.tiling.config import output_shape
 from spmdcnn.tiling.plan import from_mapping
 from spmdcnn.tiling.transfers import input_shapes, layer_transfers, tile_needs
@@ -29,8 +29,13 @@ def check_layer(plan, layer):
         assert plan[ref].tile_of(t.src, plan.shape(ref)) == t.src_box
         assert not is_empty(t.box)
         assert inside(t.box, need.box) and inside(t.box, t.src_box)
-        count = received.setdefault((t.dst, t.slot), np.zeros([b - a for a, b in need.box], dtype=np.int32))
-        count[slices(t.box, need.box)] += 1
+        assert t.steps == need.steps
+        steps = need.steps or (1,) * len(need.box)
+        # a strided need's transfers start and end on its progression: count them in the compact array it fills
+        assert all((lo - n0) % step == 0 and (hi - 1 - n0) % step == 0
+                   for (lo, hi), (n0, _), step in zip(t.box, need.box, steps))
+        count = received.setdefault((t.dst, t.slot), np.zeros(shape_of(need.box, need.steps), dtype=np.int32))
+        count[packed(t.box, need.box, need.steps)] += 1
     for device, need_list in needs.items():
         for slot, (ref, need) in enumerate(zip(layer.inputs, need_list)):
             if ref == DATA:
