@@ -163,3 +163,21 @@ def test_srun_tasks_that_mpi_sees_as_separate_jobs_are_stopped(tmp_path):
     assert result.returncode == 2
     assert "srun started 4 tasks but MPI sees one rank" in result.stderr, result.stderr
     assert not (tmp_path / "srun.h5").exists()
+
+
+def test_a_checkpoint_that_cannot_be_written_stops_every_rank_once(tmp_path):
+    job = write_job(tmp_path, "full", checkpoint={"path": str(tmp_path / "full.h5"), "every": 2})
+    script = os.path.join(ROOT, "tests", "mpi_scripts", "fail_checkpoint_write.py")
+    result = mpiexec(3, sys.executable, script, "train", job, "--set", "plan=owt", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("spmdcnn: error:") == 1, result.stderr
+    assert "cannot write the checkpoint" in result.stderr and "No space left" in result.stderr
+    assert "step      2/6" in result.stdout and "step      3/6" not in result.stdout
+
+
+def test_a_loss_that_is_not_finite_stops_every_rank_once(tmp_path):
+    job = write_job(tmp_path, "nan", optimizer={"lr": 1e30, "momentum": 0.9})
+    result = mpiexec(2, *spmdcnn("train", job, "--set", "plan=owt"), timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.count("spmdcnn: error:") == 1, result.stderr
+    assert "the loss is" in result.stderr and "lower optimizer.lr" in result.stderr
