@@ -76,6 +76,8 @@ class Exchange:
             if slot in self.view_in:
                 t = self.view_in[slot]
                 inputs[slot] = sources[slot][relative(t.box, t.src_box, t.steps)]
+                if t.steps:     # a compact copy: the layer may keep it for backward, not the whole producer tile
+                    inputs[slot] = xp.ascontiguousarray(inputs[slot])
             else:
                 inputs[slot] = xp.empty(shape_of(need.box, need.steps), dtype=self.dtype)
         requests, arrived = [], []

@@ -41,6 +41,5 @@ class ReplicaGroups:
         return self.reducer(ranks)(array)
 
 
-
 def _identity(array):
     return array

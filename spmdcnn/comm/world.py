@@ -70,7 +70,7 @@ class World:
         if not launched():
             return cls(None)
         world = cls(mpi().COMM_WORLD)
-        if world.size == 1 and slurm_tasks() > 1:
+        if world.size == 1 and slurm_tasks() > 1 and not any(v in os.environ for v in LAUNCHER_VARIABLES):
             # each task would train alone, all writing the same checkpoint: stop instead
             raise RuntimeError(
                 f"srun started {slurm_tasks()} tasks but MPI sees one rank in each: mpi4py does not use the MPI "

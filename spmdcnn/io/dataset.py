@@ -74,9 +74,10 @@ class Batch:
         self.source, self.indices, self.dtype = source, np.asarray(indices), dtype
         self.size = len(self.indices)
 
-    def images(self, box):
+    def images(self, box, steps=None):
+        """The box ``(n, c, h, w)``; with ``steps``, only every step-th row and column of it."""
         (n0, n1), *region = box
-        return self.source.read(self.indices[n0:n1], self.dtype, region)[0]
+        return self.source.read(self.indices[n0:n1], self.dtype, region, None if steps is None else steps[1:])[0]
 
     def labels(self, lo, hi):
         return self.source.read_labels(self.indices[lo:hi])
@@ -85,6 +86,12 @@ class Batch:
 def _ranges(region, shape):
     """``(c, h, w)`` ranges, the whole sample when ``region`` is None."""
     return [tuple(r) for r in region] if region is not None else [(0, extent) for extent in shape]
+
+
+def _cut(region, shape, steps):
+    """The ``(c, h, w)`` slices of ``region`` read with ``steps`` (every step-th element; None: all)."""
+    steps = steps or (1, 1, 1)
+    return tuple(slice(lo, hi, step) for (lo, hi), step in zip(_ranges(region, shape), steps))
 
 
 class HDF5Dataset(_Source):
@@ -156,24 +163,26 @@ class HDF5Dataset(_Source):
         # the labels' checksum tells a replaced or reordered file from the one a run started with
         return {**super().identity(), "data.labels_crc32": zlib.crc32(self.all_labels.tobytes())}
 
-    def read(self, indices, dtype=np.float32, region=None):
+    def read(self, indices, dtype=np.float32, region=None, steps=None):
         """Images (as ``dtype``, scaled and normalised) and int64 labels of the samples ``indices``; only the
-        channel, row and column ranges of ``region`` (``[(c0, c1), (h0, h1), (w0, w1)]``) when given."""
+        channel, row and column ranges of ``region`` (``[(c0, c1), (h0, h1), (w0, w1)]``) when given, and of
+        those only every ``steps``-th element (a strided hyperslab: nothing else is read)."""
         # h5py reads a point selection only in increasing order: read the distinct samples sorted (one
         # selection, faster than a read per contiguous run), then put them in the order asked for.
         unique, inverse = np.unique(np.asarray(indices, dtype=np.int64), return_inverse=True)
-        (c0, c1), (h0, h1), (w0, w1) = _ranges(region, self.sample_shape)
-        if len(unique) and c1 > c0 and h1 > h0 and w1 > w0:
-            images = self.images[unique, c0:c1, h0:h1, w0:w1][inverse]
+        cut = _cut(region, self.sample_shape, steps)
+        shape = tuple(len(range(c.start, c.stop, c.step)) for c in cut)
+        if len(unique) and all(shape):
+            images = self.images[(unique,) + cut][inverse]
         else:
-            images = np.zeros((len(inverse), c1 - c0, h1 - h0, w1 - w0), dtype=self.images.dtype)
+            images = np.zeros((len(inverse),) + shape, dtype=self.images.dtype)
         out = images.astype(dtype)
         if self.images.dtype == np.uint8:
             out /= 255
         if self.mean is not None:
-            out -= self.mean[c0:c1].reshape(1, -1, 1, 1).astype(out.dtype)
+            out -= self.mean[cut[0]].reshape(1, -1, 1, 1).astype(out.dtype)
         if self.std is not None:
-            out /= self.std[c0:c1].reshape(1, -1, 1, 1).astype(out.dtype)
+            out /= self.std[cut[0]].reshape(1, -1, 1, 1).astype(out.dtype)
         return out, self.read_labels(indices)
 
     def read_labels(self, indices):
@@ -221,14 +230,14 @@ class SyntheticData(_Source):
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
         return (uniform(np, self._label_key, indices.astype(np.uint64)) * self.num_classes).astype(np.int64)
 
-    def read(self, indices, dtype=np.float32, region=None):
+    def read(self, indices, dtype=np.float32, region=None, steps=None):
         """Like :meth:`HDF5Dataset.read`; a sample is made whole (it is a function of (seed, i)), then cut."""
         labels = self.read_labels(indices)
-        (c0, c1), (h0, h1), (w0, w1) = _ranges(region, self.sample_shape)
-        images = np.empty((len(labels), c1 - c0, h1 - h0, w1 - w0), dtype=dtype)
+        cut = _cut(region, self.sample_shape, steps)
+        images = np.empty((len(labels),) + tuple(len(range(c.start, c.stop, c.step)) for c in cut), dtype=dtype)
         for row, (index, label) in enumerate(zip(np.asarray(indices).tolist(), labels.tolist())):
             noise = np.random.default_rng([int(self.seed), 0x1A6E, index]).standard_normal(
                 self.sample_shape, dtype=np.float32)
             noise += np.repeat(np.repeat(self._coarse[label], self._row_counts, axis=1), self._col_counts, axis=2)
-            images[row] = noise[c0:c1, h0:h1, w0:w1]
+            images[row] = noise[cut]
         return images, labels

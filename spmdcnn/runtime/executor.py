@@ -57,8 +57,8 @@ class ArrayBatch:
         self._images, self._labels = images, labels
         self.size = len(labels)
 
-    def images(self, box):
-        return self._images[tuple(slice(lo, hi) for lo, hi in box)]
+    def images(self, box, steps=None):
+        return self._images[relative(box, tuple((0, extent) for extent in self._images.shape), steps)]
 
     def labels(self, lo, hi):
         return self._labels[lo:hi]
@@ -133,7 +133,7 @@ class Executor:
 
     def forward(self, images, labels=None, step=0, training=True, keep=()):
         """Run the network on a batch: ``images, labels`` arrays of the global batch, or a batch object with
-        ``images(box)``, ``labels(lo, hi)`` and ``size`` (each tile reads only its box).
+        ``images(box, steps=None)``, ``labels(lo, hi)`` and ``size`` (each tile reads only its box).
 
         Returns ``(loss, correct, kept)``: the global mean loss, the number of right predictions over the global
         batch, and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds."""
@@ -184,10 +184,8 @@ class Executor:
             for slot, ref in enumerate(layer.inputs):
                 if ref == DATA:
                     need = site.needs[slot]
-                    images = batch.images(need.box)
-                    if need.steps:
-                        images = images[relative(need.box, need.box, need.steps)]
-                    inputs[slot] = self.xp.asarray(images, dtype=self.dtype)
+                    images = batch.images(need.box, need.steps) if need.steps else batch.images(need.box)
+                    inputs[slot] = self.xp.ascontiguousarray(self.xp.asarray(images, dtype=self.dtype))
         return inputs
 
     def backward(self, keep=()):

@@ -4,7 +4,6 @@ plan, so a run restores onto any plan and any number of ranks."""
 import numpy as np
 
 from .. import backend
-from ..io.checkpoint import Checkpoint
 
 
 def gather_global(executor, store):
@@ -47,26 +46,28 @@ def scatter_global(executor, store, arrays):
             store[name][...] = xp.asarray(arrays[name][c0:c1], dtype=executor.dtype)
 
 
+GROUPS = ("params", "buffers", "momentum")
+
+
 def share_checkpoint(world, found):
-    """Rank 0's ``(kind, Checkpoint)`` (or None) on every rank, its arrays broadcast one at a time (no rank
-    holds more than one extra global tensor in flight, and no message exceeds one tensor)."""
-    if world.size == 1:
-        return found
+    """Rank 0's ``(kind, Checkpoint)`` (or None) on every rank, as ``(kind, step, path, tensors)``: ``tensors``
+    yields ``(group, name, global array)`` for every tensor, broadcast one at a time as it is consumed (so no rank
+    holds more than one extra global tensor, and no message exceeds one tensor). Every rank must consume it all."""
     header = None
     if found is not None:
         kind, ckpt = found
-        header = (kind, ckpt.path, ckpt.attrs, ckpt.state,
-                  {group: {name: (a.shape, a.dtype.str) for name, a in getattr(ckpt, group).items()}
-                   for group in ("params", "buffers", "momentum")})
+        header = (kind, ckpt.step, ckpt.path,
+                  [(group, name, a.shape, a.dtype.str) for group in GROUPS for name, a in getattr(ckpt, group).items()])
     header = world.bcast(header)
     if header is None:
         return None
-    kind, path, attrs, state, layout = header
-    arrays = {}
-    for group, tensors in layout.items():
-        arrays[group] = {}
-        for name, (shape, dtype) in tensors.items():
-            array = np.ascontiguousarray(getattr(found[1], group)[name]) if world.rank == 0 else \
-                np.empty(shape, dtype=dtype)
-            arrays[group][name] = world.bcast_array(array)
-    return kind, Checkpoint(path, attrs, arrays["params"], arrays["buffers"], arrays["momentum"], state)
+    kind, step, path, layout = header
+
+    def tensors():
+        for group, name, shape, dtype in layout:
+            if world.rank == 0:
+                array = np.ascontiguousarray(getattr(found[1], group)[name])
+            else:
+                array = np.empty(shape, dtype=dtype)
+            yield group, name, world.bcast_array(array)
+    return kind, step, path, tensors()

@@ -16,7 +16,7 @@ from ..tiling.plan import load_plan
 from .executor import Executor
 from .optimizer import SGD
 from .resume import check_resumable, state_for, trim_metrics
-from .shards import gather_global, scatter_global, share_checkpoint
+from .shards import gather_global, share_checkpoint
 
 
 def make_data(job, graph):
@@ -39,13 +39,16 @@ def make_optimizer(job, executor):
                weight_decay=spec["weight_decay"], nesterov=spec["nesterov"])
 
 
-def restore(executor, optimizer, ckpt, weights_only=False):
-    """Copy this rank's shards of a checkpoint's global arrays into the executor (and the optimizer's momentum)."""
-    ckpt.check_model(executor.graph)
-    scatter_global(executor, executor.params, ckpt.params)
-    scatter_global(executor, executor.buffers, ckpt.buffers)
-    if not weights_only and optimizer.velocity is not None:
-        scatter_global(executor, optimizer.velocity, ckpt.momentum)
+def restore(executor, optimizer, tensors, weights_only=False):
+    """Copy this rank's rows of each global ``(group, name, array)`` of a checkpoint into the executor's
+    parameters and buffers (``group`` params or buffers) and the optimizer's momentum (momentum)."""
+    stores = {"params": executor.params, "buffers": executor.buffers,
+              "momentum": None if weights_only else optimizer.velocity}
+    for group, name, array in tensors:
+        store = stores[group]
+        if store is not None and name in store:
+            c0, c1 = executor.shards[name]
+            store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.dtype)
 
 
 def write_checkpoint(path, executor, optimizer, state, plan_text):
@@ -109,11 +112,10 @@ class Trainer:
                                    "job": json.dumps(job, sort_keys=True, default=str),
                                    "data (sample count, shape, labels)": json.dumps(
                                        {**self.data.identity(), "steps": self.total_steps}, sort_keys=True)})
-            ckpt = share_checkpoint(self.world, ckpt)
             self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"], plan=self.plan,
                                      world=self.world)
             self.optimizer = make_optimizer(job, self.executor)
-            self.start_step = self._restore(ckpt)
+            self.start_step = self._restore(share_checkpoint(self.world, ckpt))
         except BaseException:
             if self.data is not None:
                 self.data.close()
@@ -153,16 +155,17 @@ class Trainer:
             return "init", ckpt
         return None
 
-    def _restore(self, found):
-        if found is None:
+    def _restore(self, shared):
+        """Take this rank's rows of the checkpoint rank 0 read; returns the step to start from."""
+        if shared is None:
             return 0
-        kind, ckpt = found
-        restore(self.executor, self.optimizer, ckpt, weights_only=kind == "init")
+        kind, step, path, tensors = shared
+        restore(self.executor, self.optimizer, tensors, weights_only=kind == "init")
         if kind == "init":
-            self.log(f"initial weights from {self.job['init']}")
+            self.log(f"initial weights from {path}")
             return 0
-        self.log(f"resumed from {ckpt.path} at step {ckpt.step}")
-        return ckpt.step
+        self.log(f"resumed from {path} at step {step}")
+        return step
 
     def run(self):
         """Train from ``start_step`` to the end; returns ``{"steps", "losses"}`` (losses of this run's steps)."""

@@ -4,7 +4,9 @@ For a window op (conv, pooling) over rows, output rows ``[o0, o1)`` read the inp
 ``[o0*s - p, (o1-1)*s - p + d*(k-1) + 1)`` (stride s, top padding p, dilation d, kernel k). The part of that
 range outside ``[0, H)`` is padding: the tile pads those sides locally, so it computes exactly its output rows.
 A 1-wide window with stride s > 1 (a strided 1x1 convolution) reads only every s-th row of that range: its need
-is strided, the tile receives just those rows and applies stride 1 to them.
+is strided, the tile receives just those rows and applies stride 1 to them. Along such an axis the padding counts
+outputs (zero rows added to the packed input), and a need's elements are ``shape_of(box, steps)``, not its
+box's volume.
 Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
 their samples; element-wise ops and add read the output's own box; concat reads, from each input, the part of
 the output's channel range that input supplies (possibly nothing).

@@ -401,3 +401,24 @@ def test_tiles_of_an_hdf5_batch_follow_the_epoch_order(tmp_path, opened):
     box = ((1, 4), (0, 2), (1, 3), (2, 4))
     np.testing.assert_array_equal(batch.images(box), images[1:4, :, 1:3, 2:4])
     np.testing.assert_array_equal(batch.labels(0, 6), labels)
+
+
+@pytest.mark.parametrize("steps", [(1, 2, 2), (1, 3, 1), (2, 1, 3)])
+def test_a_strided_region_read_is_every_step_th_element(tmp_path, opened, steps):
+    """A strided 1x1 first layer reads only every s-th row and column (a strided hyperslab)."""
+    path = write_dataset(tmp_path / "d.h5", uint8_images(shape=(3, 5, 4)), labels_for(), image_attrs={
+        "mean": [0.2, 0.4, 0.6], "std": [0.5, 0.25, 2.0]})
+    data = opened(path, shuffle=False)
+    indices = [3, 1, 3]
+    region = ((0, 3), (1, 5), (0, 4))
+    whole, _ = data.read(indices)
+    part, _ = data.read(indices, region=region, steps=steps)
+    cut = tuple(slice(lo, hi, step) for (lo, hi), step in zip(region, steps))
+    np.testing.assert_array_equal(part, whole[(slice(None),) + cut])
+    synthetic = SyntheticData((3, 5, 4), 4, num_samples=10, seed=1)
+    np.testing.assert_array_equal(synthetic.read(indices, region=region, steps=steps)[0],
+                                  synthetic.read(indices)[0][(slice(None),) + cut])
+    batch = synthetic.tiles(0, 0, 4)
+    box = ((1, 3),) + region
+    np.testing.assert_array_equal(batch.images(box, (1,) + steps),
+                                  synthetic.batch(0, 0, 4)[0][(slice(1, 3),) + cut])

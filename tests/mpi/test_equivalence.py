@@ -23,20 +23,27 @@ HYPER = dict(lr=0.05, momentum=0.9, weight_decay=1e-3, nesterov=False)
 _REFERENCES = {}
 
 
-# 1-wide windows that stride (their tiles read every other row and column only), with and without padding
+# 1-wide windows that stride (their tiles read every s-th row or column only): on the data, with padding (up to
+# tiles that read nothing but padding), mixed with a 3-wide window along the other axis, and pooling
 STRIDED = {"name": "strided", "input": [3, 11, 10], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
     {"name": "down", "op": "conv2d", "out_channels": 5, "kernel": 1, "stride": 2},
     {"name": "padded", "op": "conv2d", "out_channels": 4, "kernel": 1, "stride": [2, 3], "padding": 1,
      "inputs": ["c1"]},
     {"name": "pool", "op": "maxpool2d", "kernel": 1, "stride": 2, "inputs": ["c1"]},
-    {"name": "f1", "op": "flatten", "inputs": ["down"]}, {"name": "f2", "op": "flatten", "inputs": ["padded"]},
-    {"name": "f3", "op": "flatten", "inputs": ["pool"]},
-    {"name": "l1", "op": "linear", "out_features": 6, "inputs": ["f1"]},
-    {"name": "l2", "op": "linear", "out_features": 6, "inputs": ["f2"]},
-    {"name": "l3", "op": "linear", "out_features": 6, "inputs": ["f3"]},
-    {"name": "sum", "op": "add", "inputs": ["l1", "l2", "l3"]},
-    {"name": "loss", "op": "softmax_cross_entropy"}]}
+    {"name": "on_data", "op": "conv2d", "out_channels": 2, "kernel": 1, "stride": 2, "padding": [1, 2],
+     "inputs": ["data"]},
+    {"name": "mostly_padding", "op": "conv2d", "out_channels": 2, "kernel": 1, "stride": 2, "padding": 3,
+     "inputs": ["c1"]},
+    {"name": "mixed", "op": "conv2d", "out_channels": 3, "kernel": [1, 3], "stride": [2, 1], "padding": [1, 1],
+     "inputs": ["c1"]}]
+    + [{"name": f"f_{ref}", "op": "flatten", "inputs": [ref]}
+       for ref in ("down", "padded", "pool", "on_data", "mostly_padding", "mixed")]
+    + [{"name": f"l_{ref}", "op": "linear", "out_features": 6, "inputs": [f"f_{ref}"]}
+       for ref in ("down", "padded", "pool", "on_data", "mostly_padding", "mixed")]
+    + [{"name": "sum", "op": "add", "inputs": [f"l_{ref}" for ref in ("down", "padded", "pool", "on_data",
+                                                                       "mostly_padding", "mixed")]},
+       {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 
 def _graph(name):

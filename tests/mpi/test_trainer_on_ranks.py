@@ -50,9 +50,9 @@ def test_ranks_read_only_their_boxes_and_train_as_one_process(world, monkeypatch
     regions = []
     read = dataset.HDF5Dataset.read
 
-    def recording(self, indices, dtype=np.float32, region=None):
+    def recording(self, indices, dtype=np.float32, region=None, steps=None):
         regions.append((len(indices), region))
-        return read(self, indices, dtype, region)
+        return read(self, indices, dtype, region, steps)
     monkeypatch.setattr(dataset.HDF5Dataset, "read", recording)
     trainer = Trainer(_job(data, plan_path), log=lambda line: None, world=world)
     losses = trainer.run()["losses"]
