@@ -177,14 +177,12 @@ class Executor:
         inputs = {}
         if site.exchange is not None:
             sources = {slot: outputs[ref] for slot, ref in enumerate(layer.inputs) if ref in outputs}
-            needs = {} if site.box is None else {
-                slot: need for slot, (ref, need) in enumerate(zip(layer.inputs, site.needs)) if ref != DATA}
-            inputs = site.exchange.forward(sources, needs)
+            inputs = site.exchange.forward(sources, site.exchanged)
         if site.box is not None:
             for slot, ref in enumerate(layer.inputs):
                 if ref == DATA:
                     need = site.needs[slot]
-                    images = batch.images(need.box, need.steps) if need.steps else batch.images(need.box)
+                    images = batch.images(need.box, need.steps)
                     inputs[slot] = self.xp.ascontiguousarray(self.xp.asarray(images, dtype=self.dtype))
         return inputs
 
@@ -198,9 +196,9 @@ class Executor:
         for layer in reversed(graph.layers):
             site = program.sites[layer.name]
             saved = self._saved.pop(layer.name, None)
-            slots = {slot for slot, ref in enumerate(layer.inputs) if self._requires_grad[ref]}
             if not self._requires_grad[layer.name]:
                 continue
+            slots = {slot for slot, ref in enumerate(layer.inputs) if self._requires_grad[ref]}
             gxs = {}
             if site.box is not None:
                 gy = pending.pop(layer.name)
@@ -209,7 +207,7 @@ class Executor:
                 gxs = dict(enumerate(kernels.BACKWARD[layer.op](layer, gy, saved, self)))
             if not slots:
                 continue
-            back = site.exchange.adjoint({s: gxs[s] for s in slots if s in gxs}, program.input_tiles(layer), slots)
+            back = site.exchange.adjoint({s: gxs[s] for s in slots if s in gxs}, site.input_tiles, slots)
             for slot, gx in back.items():
                 ref = layer.inputs[slot]
                 pending[ref] = gx if ref not in pending else pending[ref] + gx

@@ -87,12 +87,8 @@ def _batchnorm_forward(layer, xs, ctx):
     return batchnorm.batchnorm2d_forward(
         xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"),
         ctx.buffers[f"{layer.name}.running_mean"], ctx.buffers[f"{layer.name}.running_var"],
-        eps=a["eps"], momentum=a["momentum"], training=ctx.training, **_statistics(ctx.site(layer)))
-
-
-def _statistics(site):
-    """Batchnorm sums over the tiles of the replica group, divided by the global count."""
-    return {"reduce": site.reduce, "count": site.count} if site.reduce is not None else {"count": site.count}
+        eps=a["eps"], momentum=a["momentum"], training=ctx.training,
+        reduce=ctx.site(layer).reduce, count=ctx.site(layer).count)   # sums over the tiles with these channels
 
 
 def _batchnorm_backward(layer, gy, saved, ctx):

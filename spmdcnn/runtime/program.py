@@ -30,6 +30,8 @@ class Site:
     group: tuple = ()
     reduce: object = None
     global_shape: tuple = ()
+    exchanged: dict = None      # {slot: Need} of the inputs the exchange brings (not read from the data)
+    input_tiles: dict = None    # {slot: box} of this rank's tiles of the layer's producers
 
     @property
     def start(self):
@@ -73,20 +75,25 @@ class Program:
         for layer in graph.layers:
             config = plan[layer.name]
             shape = output_shape(layer, plan.batch)
-            site = Site(layer, global_shape=shape)
+            replicas = [tuple(sorted(g)) for g in config.replicas().values()]
+            needs = tile_needs(plan, layer)
+            site = Site(layer, global_shape=shape, box=config.tile_of(rank, shape), exchanged={},
+                        input_tiles={slot: self.sites[ref].box for slot, ref in enumerate(layer.inputs)
+                                     if ref != DATA and self.sites[ref].box is not None})
             if any(ref != DATA for ref in layer.inputs):
-                site.exchange = Exchange(world, layer_transfers(plan, layer), dtype, xp)
-            site.box = config.tile_of(rank, shape)
+                site.exchange = Exchange(world, layer_transfers(plan, layer, needs), dtype, xp)
             if site.box is not None:
-                site.needs = tile_needs(plan, layer)[rank]
-                site.group = tuple(sorted(next(g for g in config.replicas().values() if rank in g)))
+                site.needs = needs[rank]
+                site.exchanged = {slot: need for slot, (ref, need) in enumerate(zip(layer.inputs, site.needs))
+                                  if ref != DATA}
+                site.group = next(g for g in replicas if rank in g)
             if layer.params or layer.buffers:
-                rank_sets += [tuple(g) for g in config.replicas().values()]
+                rank_sets += replicas
             self.sites[layer.name] = site
         self.groups = ReplicaGroups(world, rank_sets)
         for site in self.sites.values():
             if site.box is not None and site.layer.op in REDUCED_IN_LAYER:
-                site.reduce = self.groups.reducer(site.group)
+                site.reduce = self.groups.reducer(site.group)       # the identity for a group of one
         self._layout()
 
     def _layout(self):
@@ -125,9 +132,3 @@ class Program:
         layer_name, kind = name.rsplit(".", 1)
         layer = self.graph.by_name[layer_name]
         return tuple(layer.params.get(kind, layer.buffers.get(kind)))
-
-    def input_tiles(self, layer):
-        """``{slot: box}`` of the producer tiles this rank holds for ``layer``'s inputs."""
-        return {slot: self.sites[ref].box for slot, ref in enumerate(layer.inputs)
-                if ref != DATA and self.sites[ref].box is not None}
-

@@ -40,11 +40,12 @@ def tile_needs(plan, layer):
             for device, box in plan[layer.name].tiles(output_shape(layer, plan.batch))}
 
 
-def layer_transfers(plan, layer):
+def layer_transfers(plan, layer, needs=None):
     """All transfers feeding ``layer``'s tiles from its producers' tiles (inputs read from the data excluded),
-    ordered by (slot, destination, source): the same list on every rank."""
+    ordered by (slot, destination, source): the same list on every rank. ``needs``: :func:`tile_needs`, when
+    the caller has it already."""
     result = []
-    for device, need_list in sorted(tile_needs(plan, layer).items()):
+    for device, need_list in sorted((tile_needs(plan, layer) if needs is None else needs).items()):
         for slot, (ref, need) in enumerate(zip(layer.inputs, need_list)):
             if ref == DATA:
                 continue

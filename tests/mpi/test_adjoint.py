@@ -40,7 +40,7 @@ def test_redistribution_is_adjoint_to_its_scatter_add(world, name):
                 continue
             shapes = input_shapes(plan, layer)
             xs = {slot: _global(shape, 100 * index + slot) for slot, shape in enumerate(shapes)}
-            tiles = program.input_tiles(layer)
+            tiles = site.input_tiles
             sources = {slot: xs[slot][_slices(box)] for slot, box in tiles.items()}
             needs = {} if site.box is None else {slot: need for slot, (ref, need)
                                                  in enumerate(zip(layer.inputs, site.needs)) if ref != DATA}

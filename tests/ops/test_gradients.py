@@ -46,6 +46,16 @@ def _difference(objective, array, direction):
     return (plus - minus) / (2 * STEP)
 
 
+def check_weighted(objective, rng, bias, *pairs):
+    """The input, weight and bias gradients (each ``(array, gradient)``) of a conv or linear layer; without a
+    bias the layer must return no bias gradient."""
+    for name, (array, analytic) in zip("xwb", pairs):
+        if name == "b" and not bias:
+            assert analytic is None
+        else:
+            check_gradient(objective, array, analytic, rng, name)
+
+
 def check_gradient(objective, array, analytic, rng, name="x"):
     """Compare ``analytic`` with central differences of ``objective()`` wrt ``array`` (perturbed in place)."""
     assert analytic is not None, f"{name}: no gradient returned"
@@ -93,12 +103,7 @@ def conv_gradient_check(x_shape, w_shape, stride, padding, dilation, bias, seed)
     def objective():
         return float(np.sum(conv2d_forward(x, w, b, geometry)[0] * R))
 
-    check_gradient(objective, x, gx, rng, "x")
-    check_gradient(objective, w, gw, rng, "w")
-    if bias:
-        check_gradient(objective, b, gb, rng, "b")
-    else:
-        assert gb is None
+    check_weighted(objective, rng, bias, (x, gx), (w, gw), (b, gb))
 
 
 @pytest.mark.parametrize("case", list(CONV_CASES))
@@ -229,12 +234,7 @@ def test_linear_gradients(shape, bias):
     def objective():
         return float(np.sum(linear_forward(x, w, b)[0] * R))
 
-    check_gradient(objective, x, gx, rng, "x")
-    check_gradient(objective, w, gw, rng, "w")
-    if bias:
-        check_gradient(objective, b, gb, rng, "b")
-    else:
-        assert gb is None
+    check_weighted(objective, rng, bias, (x, gx), (w, gw), (b, gb))
 
 
 # -------------------------------------------------------------------------------------------- batchnorm
