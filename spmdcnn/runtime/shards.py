@@ -56,8 +56,9 @@ def share_checkpoint(world, found):
     header = None
     if found is not None:
         kind, ckpt = found
+        groups = GROUPS if kind == "resume" else GROUPS[:2]     # initial weights: no momentum to send
         header = (kind, ckpt.step, ckpt.path,
-                  [(group, name, a.shape, a.dtype.str) for group in GROUPS for name, a in getattr(ckpt, group).items()])
+                  [(group, name, a.shape, a.dtype.str) for group in groups for name, a in getattr(ckpt, group).items()])
     header = world.bcast(header)
     if header is None:
         return None
