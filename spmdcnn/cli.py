@@ -15,6 +15,11 @@ examples:
   spmdcnn bench models/alexnet.yaml --batch 32 --steps 5
   mpiexec -n 2 spmdcnn bench models/alexnet.yaml --batch 32 --plan owt
   spmdcnn checkpoint info ckpt/quickstart.h5
+  spmdcnn plan models/alexnet.yaml --devices 4 --batch 128 --machine jobs/machines/local.yaml -o plan.yaml
+  spmdcnn plan models/vgg16.yaml --devices 16 --batch 512 --machine jobs/machines/paper-p100-4x4.yaml --compare
+  spmdcnn simulate plan.yaml other.yaml --machine jobs/machines/local.yaml
+  mpiexec -n 2 spmdcnn profile models/cifar_cnn.yaml --batch 64 --devices 2 -o profile.json
+  mpiexec -n 4 spmdcnn calibrate -o jobs/machines/mycluster.yaml --name mycluster
 """
 
 
@@ -88,7 +93,7 @@ def cmd_bench(args):
     from .runtime.bench import bench
     world = World.create()
     result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed, args.plan,
-                   world)
+                   world, args.machine, not args.json)
     if world.rank != 0:
         return 0
     if args.json:
@@ -106,6 +111,166 @@ def cmd_bench(args):
               f"{result['compute_s'] * 1e3:.1f} ms, transfer {result['transfer_s'] * 1e3:.1f} ms, sync "
               f"{result['sync_s'] * 1e3:.1f} ms; moved {_format_bytes(result['bytes_transferred'])} between layers "
               f"and {_format_bytes(result['bytes_synced'])} in allreduces per step (all ranks)")
+    return 0
+
+
+def _cost_for(args, graph, batch, devices):
+    import numpy as np
+    from .planner.service import cost_model
+    itemsize = np.dtype(args.dtype).itemsize
+    return cost_model(graph, batch, devices, args.machine, args.profile, itemsize, getattr(args, "nodes", None))
+
+
+def _ms(seconds):
+    return f"{seconds * 1e3:.2f}"
+
+
+def _print_prediction(title, prediction, plan):
+    rows = prediction.layers
+    width = max(len("layer"), *(len(r.name) for r in rows))
+    cwidth = max(len("configuration"), *(len(r.config) for r in rows))
+    print(title)
+    print(f"{'layer':<{width}}  {'configuration':<{cwidth}}  {'compute ms':>10} {'transfer ms':>11} {'sync ms':>8} "
+          f"{'moved':>10} {'allreduced':>10}")
+    for r in rows:
+        print(f"{r.name:<{width}}  {r.config:<{cwidth}}  {_ms(r.compute_s):>10} {_ms(r.transfer_s):>11} "
+              f"{_ms(r.sync_s):>8} {_format_bytes(r.bytes_transferred):>10} {_format_bytes(r.bytes_synced):>10}")
+    s = prediction.summary()
+    print(f"predicted iteration {_ms(s['iteration_s'])} ms = compute {_ms(s['compute_s'])} + transfer "
+          f"{_ms(s['transfer_s'])} + sync {_ms(s['sync_s'])} ms; {plan.batch / s['iteration_s']:.1f} images/s; moves "
+          f"{_format_bytes(s['bytes_transferred'])} between layers and allreduces {_format_bytes(s['bytes_synced'])}"
+          " per iteration")
+
+
+def cmd_plan(args):
+    from .graph import load_model
+    from .planner import STRATEGIES, make_plan
+    from .planner.service import plan_document
+    graph = load_model(args.model)
+    cost = _cost_for(args, graph, args.batch, args.devices)
+    strategies = [s for s in STRATEGIES if s != "exhaustive"] if args.compare else [args.strategy]
+    if args.compare and args.strategy not in strategies:
+        strategies.append(args.strategy)
+    results = {s: make_plan(graph, args.devices, cost, s, limit=args.limit) for s in strategies}
+    chosen = results[args.strategy]
+    if args.output:
+        from .cost.calibrate import prepare_output
+        prepare_output(args.output)
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(plan_document(chosen, args.model))
+    if args.json:
+        print(json.dumps({"model": graph.name, "devices": args.devices, "batch": args.batch,
+                          "machine": cost.machine.name, "output": args.output,
+                          "plans": {s: {"search_s": r.search_s, "exact": getattr(r.solution, "exact", True),
+                                        "plan": r.plan.text, "predicted": r.prediction.to_json()}
+                                    for s, r in results.items()}}, indent=1))
+        return 0
+    profile = cost.compute.profile
+    source = f"profile {profile.path} ({len(profile)} tile times)" if profile else "the analytic model"
+    _print_prediction(f"{args.strategy} plan for {graph.name}: {args.devices} devices, batch {args.batch}, machine "
+                      f"{cost.machine.name}; compute from {source}", chosen.prediction, chosen.plan)
+    if chosen.solution is not None:
+        sol = chosen.solution
+        print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations, {sol.method} "
+              f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
+              f"left){'' if sol.exact else ', not proven optimal'}; {chosen.search_s:.3f} s")
+    if args.compare:
+        base = results["data"].prediction.iteration_s
+        print(f"\n{'strategy':<11} {'iteration ms':>12} {'compute':>9} {'transfer':>9} {'sync':>9} {'images/s':>9} "
+              f"{'vs data':>7} {'moved':>10} {'allreduced':>10} {'search s':>8}")
+        for s, r in results.items():
+            p = r.prediction.summary()
+            print(f"{s:<11} {_ms(p['iteration_s']):>12} {_ms(p['compute_s']):>9} {_ms(p['transfer_s']):>9} "
+                  f"{_ms(p['sync_s']):>9} {args.batch / p['iteration_s']:>9.1f} {base / p['iteration_s']:>6.2f}x "
+                  f"{_format_bytes(p['bytes_transferred']):>10} {_format_bytes(p['bytes_synced']):>10} "
+                  f"{r.search_s:>8.3f}")
+    if args.output:
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _load_plan_for_simulate(spec, args):
+    """A plan file (its model from --model, its model_file, or models/<name>.yaml) or a named strategy."""
+    import os
+    from .graph import load_model
+    from .io.yamlfile import read_yaml
+    from .tiling.plan import NAMED, from_mapping, named
+    if spec in NAMED:
+        if not (args.model and args.devices and args.batch):
+            raise ValueError(f"simulate {spec}: a named strategy needs --model, --devices and --batch")
+        graph = load_model(args.model)
+        return graph, named(spec, graph, args.batch, args.devices)
+    data, _ = read_yaml(spec, "plan file")
+    if not isinstance(data, dict):
+        raise ValueError(f"{spec}: not a plan (expected a mapping)")
+    model = args.model or data.get("model_file")
+    if model is None:
+        model = os.path.join("models", f"{data.get('model')}.yaml")
+        if not os.path.exists(model):
+            raise ValueError(f"{spec}: which model? the plan has no model_file and {model} does not exist; "
+                             "pass --model MODEL.yaml")
+    graph = load_model(model)
+    batch = data.get("batch_size") or args.batch
+    if batch is None:
+        raise ValueError(f"{spec}: the plan has no batch_size; pass --batch")
+    return graph, from_mapping(data, graph, batch, None, spec)
+
+
+def cmd_simulate(args):
+    plans = [_load_plan_for_simulate(spec, args) for spec in args.plans]
+    results = []
+    for spec, (graph, plan) in zip(args.plans, plans):
+        cost = _cost_for(args, graph, plan.batch, plan.devices)
+        results.append((spec, graph, plan, cost.simulate(plan)))
+    if args.json:
+        print(json.dumps([{"plan": spec, "model": graph.name, "devices": plan.devices, "batch": plan.batch,
+                           "predicted": prediction.to_json()} for spec, graph, plan, prediction in results], indent=1))
+        return 0
+    for i, (spec, graph, plan, prediction) in enumerate(results):
+        if i:
+            print()
+        _print_prediction(f"{spec}: {graph.name}, {plan.devices} devices, batch {plan.batch}", prediction, plan)
+    return 0
+
+
+def cmd_profile(args):
+    import numpy as np
+    from . import backend
+    from .comm import World
+    from .cost.compute import Profile
+    from .graph import load_model
+    from .runtime.profile import default_path, device_name, profile
+    world = World.create()
+
+    def load():
+        graph = load_model(args.model)
+        xp, dtype = backend.get_array_module(args.backend), backend.resolve_dtype(args.dtype)
+        device = device_name(world, xp, dtype)
+        path = args.output or default_path(device)
+        store = Profile.load(path, device) if world.rank == 0 else None
+        return graph, xp, dtype, device, path, store
+    graph, xp, dtype, device, path, store = world.agree(load)
+    store = world.bcast(store)
+    if store.device != device:
+        raise ValueError(f"{path}: a profile of {store.device!r}, not of this device ({device!r})")
+    count = profile(graph, args.batch, args.devices, world, store, xp, dtype, args.repeats,
+                    log=print if world.rank == 0 else None)
+    world.agree(lambda: store.save(path) if world.rank == 0 else None)
+    if world.rank == 0:
+        print(f"{device}: measured {count} tile shapes, {len(store)} in {path}")
+    return 0
+
+
+def cmd_calibrate(args):
+    from .comm import World
+    from .cost.calibrate import calibrate, check_name, prepare_output, summary, to_json, write_machine
+    world = World.create()
+    world.agree(lambda: check_name(args.name) or (prepare_output(args.output) if world.rank == 0 else None))
+    machine = calibrate(world, args.name, args.quick)
+    world.agree(lambda: write_machine(machine, args.output) if world.rank == 0 else None)
+    if world.rank == 0:
+        print(json.dumps(to_json(machine, args.output), indent=1) if args.json
+              else "\n".join(summary(machine, args.output)))
     return 0
 
 
@@ -171,10 +336,70 @@ def build_parser():
     p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan", default="data",
-                   help="data, model, owt or a plan YAML file (default data; one process runs the whole model)")
+                   help="data, model, owt, auto (the planner) or a plan YAML file (default data; one process runs "
+                        "the whole model)")
+    p.add_argument("--machine", help="machine YAML for --plan auto (default: the built-in local machine)")
     p.add_argument("--json", action="store_true", help="print JSON (images_per_s, compute_s, transfer_s, sync_s, "
                    "bytes_transferred, peak_memory_bytes, ...)")
     p.set_defaults(run=cmd_bench)
+
+    p = sub.add_parser("calibrate", parents=[common], help="measure the machine model (links, device) on MPI ranks",
+                       description="Measure the machine the ranks run on and write its machine YAML "
+                                   "(jobs/machines/*.yaml): bandwidth and latency of exchanges within a node and "
+                                   "between nodes (all rank pairs at once; needs mpiexec -n 2 or more), and each "
+                                   "rank's float32 matmul rate, memory bandwidth and per-op overhead (all ranks at "
+                                   "once, averaged). Run it with the ranks per node training will use.")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="machine YAML to write (rank 0)")
+    p.add_argument("--name", default="local", help="the machine's name (default local)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds; for tests)")
+    p.add_argument("--json", action="store_true", help="print the machine and the raw measurements as JSON")
+    p.set_defaults(run=cmd_calibrate)
+
+    def cost_options(p):
+        p.add_argument("--machine", help="machine YAML (jobs/machines/*.yaml; default: the built-in local machine)")
+        p.add_argument("--profile", help="compute profile from spmdcnn profile (default: the analytic model)")
+        p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+        p.add_argument("--nodes", type=int, help="use this many nodes of the machine (default: its 'nodes')")
+        p.add_argument("--json", action="store_true", help="print JSON")
+
+    p = sub.add_parser("plan", parents=[common], help="find the best plan for a model on N devices",
+                       description="Search the per-layer configurations (OptCNN's node and edge elimination, "
+                                   "exact under the cost model) and print each layer's configuration with its "
+                                   "predicted compute, transfer and sync time; -o writes the plan YAML.")
+    p.add_argument("model", help="model YAML file")
+    p.add_argument("--devices", type=int, required=True, help="devices (MPI ranks) of the job")
+    p.add_argument("--batch", type=int, required=True, help="global batch size")
+    p.add_argument("--strategy", default="optimal", choices=["optimal", "data", "model", "owt", "exhaustive"])
+    p.add_argument("--compare", action="store_true", help="also print every strategy side by side")
+    p.add_argument("--limit", type=int, default=10**7,
+                   help="exhaustive: refuse searches over more combinations than this (default 1e7)")
+    p.add_argument("-o", "--output", help="write the plan YAML (with 'predicted') here")
+    cost_options(p)
+    p.set_defaults(run=cmd_plan)
+
+    p = sub.add_parser("simulate", parents=[common], help="predict the iteration time of plans",
+                       description="Score plans (plan YAML files, or data/model/owt with --model, --devices and "
+                                   "--batch) with the cost model: per layer compute, transfer and sync time.")
+    p.add_argument("plans", nargs="+", metavar="PLAN", help="plan YAML file, or data, model, owt")
+    p.add_argument("--model", help="model YAML (default: the plan's model_file, or models/<model>.yaml)")
+    p.add_argument("--devices", type=int, help="devices, for a named strategy")
+    p.add_argument("--batch", type=int, help="global batch, for a named strategy or a plan without batch_size")
+    cost_options(p)
+    p.set_defaults(run=cmd_simulate)
+
+    p = sub.add_parser("profile", parents=[common], help="measure tile compute times for the planner",
+                       description="Run every distinct tile shape the planner considers for MODEL on N devices "
+                                   "(forward, backward, SGD update) and cache the times in a JSON profile. Under "
+                                   "mpiexec all ranks measure at once, as they would compute in training.")
+    p.add_argument("model", help="model YAML file")
+    p.add_argument("--batch", type=int, required=True, help="global batch size")
+    p.add_argument("--devices", type=int, required=True, help="devices of the jobs to plan")
+    p.add_argument("-o", "--output", help="profile file (default: ~/.cache/spmdcnn/profile-<device>.json, "
+                   "or $SPMDCNN_CACHE)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per tile (median; default 3)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
+    p.set_defaults(run=cmd_profile)
 
     p = sub.add_parser("checkpoint", parents=[common], help="inspect checkpoints",
                        description="Inspect spmdcnn checkpoints (HDF5).")
@@ -192,7 +417,7 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 2
-    for name in ("batch", "steps"):
+    for name in ("batch", "steps", "devices", "nodes", "repeats"):
         if getattr(args, name, 1) is not None and getattr(args, name, 1) <= 0:
             parser.error(f"--{name} must be positive")
     if getattr(args, "warmup", 0) < 0:

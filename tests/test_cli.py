@@ -18,7 +18,7 @@ from spmdcnn.io.yamlfile import FormatError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
 TINY = os.path.join(MODELS, "tiny_cnn.yaml")
-SUBCOMMANDS = ["model", "train", "bench", "checkpoint"]
+SUBCOMMANDS = ["model", "train", "bench", "checkpoint", "plan", "simulate", "profile", "calibrate"]
 
 
 def run(*args, timeout=120):

@@ -181,3 +181,39 @@ def test_a_loss_that_is_not_finite_stops_every_rank_once(tmp_path):
     assert result.returncode == 2
     assert result.stderr.count("spmdcnn: error:") == 1, result.stderr
     assert "the loss is" in result.stderr and "lower optimizer.lr" in result.stderr
+
+
+def test_a_plan_the_planner_writes_trains_under_mpiexec_as_written(tmp_path):
+    plan = tmp_path / "best-plan.yaml"
+    made = subprocess.run(spmdcnn("plan", "models/small_resnet.yaml", "--devices", 3, "--batch", 6, "-o", plan),
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    job = write_job(tmp_path, "planned")
+    result = mpiexec(3, *spmdcnn("train", job, "--set", f"plan={plan}"), timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    from spmdcnn.graph import load_model
+    from spmdcnn.tiling.plan import parse_plan_text
+    graph = load_model(os.path.join(ROOT, "models", "small_resnet.yaml"))
+    written = parse_plan_text(plan.read_text(), graph, 6, 3)
+    with h5py.File(tmp_path / "planned.h5", "r") as ckpt:
+        used = parse_plan_text(ckpt.attrs["plan"], graph, 6, 3)
+    assert used.configs == written.configs and list(used.configs) == [layer.name for layer in graph.layers]
+
+
+def test_plan_auto_profiles_searches_and_broadcasts_the_plan(tmp_path):
+    env = {**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")}
+    job = write_job(tmp_path, "auto", plan="auto", machine=os.path.join(ROOT, "jobs", "machines", "local.yaml"))
+    run = [MPIEXEC, "-n", "2", *spmdcnn("train", job)]
+    first = subprocess.run(run, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert "plan auto: searched" in first.stdout and "tile shapes measured" in first.stdout
+    assert first.stdout.count("plan auto: searched") == 1          # rank 0 logs, once
+    assert "2 ranks; plan auto (optimal under the cost model" in first.stdout
+    assert len(os.listdir(tmp_path / "cache")) == 1
+    # the second run finds every tile time in the cache, and resumes from the first run's checkpoint
+    again = write_job(tmp_path, "auto", plan="auto", steps=8,
+                      machine=os.path.join(ROOT, "jobs", "machines", "local.yaml"))
+    second = subprocess.run([MPIEXEC, "-n", "2", *spmdcnn("train", again)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert second.returncode == 0, second.stdout + second.stderr
+    assert "0 tile shapes measured" in second.stdout and "resumed from" in second.stdout

@@ -12,6 +12,7 @@ from ..comm import World
 from ..graph import load_model
 from ..io.dataset import SyntheticData
 from ..tiling.plan import load_plan
+from .autoplan import auto_plan
 from .executor import Executor
 from .optimizer import SGD
 
@@ -32,7 +33,7 @@ def blas_info():
 
 
 def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
-          world=None):
+          world=None, machine=None, verbose=False):
     """Time ``steps`` training iterations after ``warmup`` on the ranks of ``world`` under ``plan``.
 
     Every iteration starts after a barrier and lasts until the slowest rank is done. The breakdown per rank:
@@ -43,9 +44,11 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
 
     def load():
         graph = load_model(model_path)
-        return graph, load_plan(plan, graph, batch, world.size), backend.get_array_module(backend_name), \
-            backend.resolve_dtype(dtype)
-    graph, plan, xp, dtype = world.agree(load)
+        chosen = None if plan in (None, "auto") else load_plan(plan, graph, batch, world.size)
+        return graph, chosen, backend.get_array_module(backend_name), backend.resolve_dtype(dtype)
+    graph, plan_spec, xp, dtype = world.agree(load)
+    plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
+                                  print if world.rank == 0 and verbose else (lambda line: None))
     executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
     optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch, dtype)
@@ -81,4 +84,4 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "bytes_transferred": sum(r["bytes_transferred"] for r in per_rank),
             "bytes_synced": sum(r["bytes_synced"] for r in per_rank),
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in per_rank), "per_rank": per_rank,
-            "params": graph.num_params, "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}
+            "predicted_s": getattr(plan, "predicted_s", None), "params": graph.num_params, "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}

@@ -12,7 +12,9 @@ from ..comm import World
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import HDF5Dataset, SyntheticData
+from ..cost.machine import load_machine
 from ..tiling.plan import load_plan
+from .autoplan import auto_plan
 from .executor import Executor
 from .optimizer import SGD
 from .resume import check_resumable, state_for, trim_metrics
@@ -108,6 +110,9 @@ class Trainer:
         self.data = None
         try:
             ckpt = self.world.agree(self._load)
+            if self.plan is None:
+                self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
+                                      self.log)
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
                                    "job": json.dumps(job, sort_keys=True, default=str),
                                    "data (sample count, shape, labels)": json.dumps(
@@ -128,7 +133,10 @@ class Trainer:
         self.xp = backend.get_array_module(job["backend"])
         self.dtype = backend.resolve_dtype(job["dtype"])
         self.batch = job["batch_size"]
-        self.plan = load_plan(job["plan"], self.graph, self.batch, self.world.size)
+        self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,
+                                                                           self.world.size)
+        if job.get("machine") and job["plan"] in (None, "auto"):
+            load_machine(job["machine"]).check_devices(self.world.size)
         if self.rank == 0:
             for key, what in ((("checkpoint", "path"), "checkpoint.path"), (("log", "metrics"), "log.metrics")):
                 if job[key[0]][key[1]]:

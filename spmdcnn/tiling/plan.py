@@ -25,7 +25,7 @@ from .config import NAMES, ParallelConfig, dims_of, output_shape
 FORMAT = "spmdcnn-plan/1"
 NAMED = ("data", "model", "owt")
 INHERITING = ("relu", "dropout")
-_PLAN_KEYS = {"format", "model", "batch_size", "devices", "default", "layers", "predicted"}
+_PLAN_KEYS = {"format", "model", "batch_size", "devices", "default", "layers", "predicted", "model_file"}
 
 
 class PlanError(FormatError):
@@ -161,14 +161,12 @@ def named(strategy, graph, batch, devices):
 
 
 def load_plan(spec, graph, batch, devices):
-    """The plan a job names: ``data``, ``model``, ``owt``, or a plan YAML file."""
+    """The plan a job names: ``data``, ``model``, ``owt``, or a plan YAML file (``auto`` is the planner's:
+    ``runtime.autoplan``)."""
     if spec in NAMED:
         return named(spec, graph, batch, devices)
     if spec in (None, "auto"):
-        # until the planner exists, auto is data parallelism (the strategy every framework uses)
-        plan = named("data", graph, batch, devices)
-        plan.source = "plan auto (data parallelism: the planner is not in this version yet)"
-        return plan
+        raise PlanError("plan auto is found by the planner (spmdcnn.runtime.autoplan), not read from a file")
     data, _ = read_yaml(spec, "plan file")
     return from_mapping(data, graph, batch, devices, str(spec))
 

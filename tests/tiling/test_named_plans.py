@@ -1,6 +1,6 @@
 """Named strategies (plan.py): ``data`` splits every layer over n, ``model`` every layer over c (flatten and the
 loss over n), ``owt`` data for image layers and model for linear layers; a dimension shorter than the device
-count is split over as many devices as it has elements; ``auto`` is data parallelism for now."""
+count is split over as many devices as it has elements; ``auto`` belongs to the planner, not to plan files."""
 
 import pytest
 import yaml
@@ -8,7 +8,7 @@ import yaml
 from tiling_cases import SMALL_MODELS, handmade, model
 from spmdcnn.tiling import ParallelConfig, load_plan
 from spmdcnn.tiling.config import output_shape
-from spmdcnn.tiling.plan import from_mapping
+from spmdcnn.tiling.plan import PlanError, from_mapping
 
 BATCH = 8
 
@@ -70,14 +70,12 @@ def test_data_plan_caps_the_batch_degree():
 
 
 @pytest.mark.parametrize("spec", ["auto", None])
-def test_auto_is_data_parallelism_for_now(spec):
-    graph = model("small_resnet")
-    plan = load_plan(spec, graph, BATCH, 4)
-    assert plan.configs == load_plan("data", graph, BATCH, 4).configs
-    assert "auto" in plan.source and "data" in plan.source
+def test_auto_is_left_to_the_planner(spec):
+    with pytest.raises(PlanError, match="planner"):
+        load_plan(spec, model("small_resnet"), BATCH, 4)
 
 
-@pytest.mark.parametrize("strategy", ["data", "model", "owt", "auto"])
+@pytest.mark.parametrize("strategy", ["data", "model", "owt"])
 @pytest.mark.parametrize("model_name", SMALL_MODELS)
 def test_named_plans_are_valid_plans_and_round_trip(strategy, model_name):
     graph = model(model_name)

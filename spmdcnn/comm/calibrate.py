@@ -1,0 +1,171 @@
+"""Measuring the links between ranks for ``spmdcnn calibrate``: which node each rank is on, and how long the
+runtime's exchanges take between two ranks of one node and between two nodes.
+
+An exchange is what :class:`~spmdcnn.comm.exchange.Exchange` does: post the receive, post the send, wait for
+both, with contiguous host buffers. All pairs exchange at once, both ways, so each link is measured under the load
+training puts on it (ranks of one node share its memory bus; ranks of two nodes share their network adapters).
+
+No deadlock is possible: the pairs come from the placement that every rank gathered, so every rank computes the
+same pairs; every rank runs the same barriers and collectives in the same order, a rank without a partner in a
+round only joining the barriers; and a pair's two ranks post the same number of exchanges.
+"""
+
+import platform
+import statistics
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .world import mpi
+
+SIZES = (8, 1 << 10, 1 << 16, 1 << 20, 1 << 22, 1 << 24)     # bytes per message: 8 B, 1 KiB, ... 16 MiB
+QUICK_SIZES = (8, 1 << 16, 1 << 20, 1 << 22)
+BATCH_BYTES = 1 << 20       # small messages are timed in batches of back-to-back exchanges of about this many
+                            # bytes, so that the barrier's skew (microseconds) does not count as latency
+TAG = 1
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where the ranks run: ``hosts[r]`` is rank r's processor name, ``node_of[r]`` its node (nodes numbered in
+    rank order of first appearance), ``per_node`` the most ranks on one node."""
+
+    hosts: tuple
+    node_of: tuple
+    per_node: int
+
+    @property
+    def nodes(self):
+        return max(self.node_of) + 1
+
+    @property
+    def block(self):
+        """Whether ranks fill nodes one after another (rank r on node r // per_node), as the machine model's
+        device numbering assumes."""
+        return all(node == rank // self.per_node for rank, node in enumerate(self.node_of))
+
+    def warning(self):
+        """A sentence saying how the placement differs from block placement, or None."""
+        if self.block:
+            return None
+        first = next(r for r, node in enumerate(self.node_of) if node != r // self.per_node)
+        return (f"ranks are not placed node by node (rank {first} is on node {self.node_of[first]}, "
+                f"{self.hosts[first]}, not on node {first // self.per_node}); the machine model numbers devices "
+                f"node by node ({self.per_node} per node), so launch jobs with block placement (mpiexec "
+                "--map-by core, srun --distribution=block) for its links to be the right ones")
+
+
+def placement(world):
+    """The :class:`Placement` of ``world``'s ranks (a collective: every rank calls it)."""
+    name = mpi().Get_processor_name() if world.comm is not None else platform.node()
+    hosts = world.allgather(name)
+    numbers = {}
+    node_of = tuple(numbers.setdefault(host, len(numbers)) for host in hosts)
+    per_node = max(node_of.count(node) for node in range(len(numbers)))
+    return Placement(tuple(hosts), node_of, per_node)
+
+
+def intra_node_partners(node_of):
+    """Each rank's partner on its own node (None for none): a node's ranks in rank order, paired first with
+    second, third with fourth, ...; the last of an odd count sits out."""
+    partner = [None] * len(node_of)
+    for node in sorted(set(node_of)):
+        ranks = [r for r, n in enumerate(node_of) if n == node]
+        for a, b in zip(ranks[::2], ranks[1::2]):
+            partner[a], partner[b] = b, a
+    return partner
+
+
+def inter_node_partners(node_of):
+    """Each rank's partner on another node (None for none): nodes paired 0 with 1, 2 with 3, ...; the i-th rank
+    of one node with the i-th of the other. A node left over (odd count) or ranks beyond the smaller node's
+    count sit out."""
+    partner = [None] * len(node_of)
+    nodes = sorted(set(node_of))
+    for first, second in zip(nodes[::2], nodes[1::2]):
+        ranks_a = [r for r, n in enumerate(node_of) if n == first]
+        ranks_b = [r for r, n in enumerate(node_of) if n == second]
+        for a, b in zip(ranks_a, ranks_b):
+            partner[a], partner[b] = b, a
+    return partner
+
+
+@dataclass(frozen=True)
+class LinkMeasurement:
+    """One level's exchanges: ``seconds[i]`` is the time of one exchange of ``sizes[i]`` bytes each way (the
+    slowest pair's median), with ``pairs`` pairs exchanging at once; ``latency`` and ``bandwidth`` fit them."""
+
+    kind: str
+    pairs: int
+    sizes: tuple
+    seconds: tuple
+    latency: float
+    bandwidth: float
+
+
+def fit_link(sizes, seconds):
+    """``(latency, bandwidth)`` of ``t = latency + bytes / bandwidth`` fitted to the points by least squares on
+    the relative error, ``sum(((latency + s / bandwidth - t) / t) ** 2)``: the small messages' times fix the
+    latency, the large ones' the bandwidth. A negative latency (noise) is clamped to zero and the slope refitted;
+    times that do not grow with the size give the bandwidth of the largest message alone."""
+    s = np.asarray(sizes, dtype=np.float64)
+    t = np.asarray(seconds, dtype=np.float64)
+    if s.size < 2 or np.any(t <= 0) or np.any(s <= 0):
+        raise ValueError(f"fit_link: need two or more positive sizes and times, got sizes {list(sizes)} and "
+                         f"times {list(seconds)}")
+    (latency, slope), *_ = np.linalg.lstsq(np.stack([1 / t, s / t], axis=1), np.ones_like(t), rcond=None)
+    if latency < 0:
+        latency, slope = 0.0, np.sum(s / t) / np.sum((s / t) ** 2)
+    if slope <= 0:
+        largest = np.argmax(s)
+        return float(np.min(t)), float(s[largest] / t[largest])
+    return float(latency), float(1 / slope)
+
+
+def _exchange_seconds(world, partner, send, receive, repeats, warmup, batch):
+    """This rank's median time of one exchange with ``partner`` (None: only the barriers, returns None)."""
+    comm, waitall = world.comm, mpi().Request.Waitall
+    times = []
+    for repeat in range(warmup + repeats):
+        world.barrier()
+        start = time.perf_counter()
+        if partner is not None:
+            for _ in range(batch):
+                waitall([comm.Irecv(receive, source=partner, tag=TAG), comm.Isend(send, dest=partner, tag=TAG)])
+        if repeat >= warmup:
+            times.append((time.perf_counter() - start) / batch)
+    return statistics.median(times) if partner is not None else None
+
+
+def measure_link(world, kind, partner, sizes, repeats, warmup, max_batch):
+    """Time the exchanges of every size between the pairs ``partner`` (the same list on every rank) and fit
+    them. A collective: every rank calls it with the same arguments."""
+    largest = max(sizes)
+    send, receive = np.ones(largest, dtype=np.uint8), np.empty(largest, dtype=np.uint8)
+    mine = []
+    for size in sizes:
+        batch = max(1, min(max_batch, BATCH_BYTES // size))
+        mine.append(_exchange_seconds(world, partner[world.rank], send[:size], receive[:size], repeats, warmup,
+                                      batch))
+    everyone = [times for times in world.allgather(mine) if times[0] is not None]
+    seconds = tuple(max(times[i] for times in everyone) for i in range(len(sizes)))
+    latency, bandwidth = fit_link(sizes, seconds)
+    pairs = sum(p is not None for p in partner) // 2
+    return LinkMeasurement(kind, pairs, tuple(sizes), seconds, latency, bandwidth)
+
+
+def measure_links(world, quick=False):
+    """``(placement, {"intra_node": LinkMeasurement, "inter_node": ...})``; a level with no pair to measure (one
+    rank per node; one node) is missing. A collective: every rank calls it. One process measures nothing."""
+    where = placement(world)
+    links = {}
+    if world.size == 1:
+        return where, links
+    sizes = QUICK_SIZES if quick else SIZES
+    repeats, warmup, max_batch = (3, 1, 8) if quick else (15, 3, 64)
+    for kind, partner in (("intra_node", intra_node_partners(where.node_of)),
+                          ("inter_node", inter_node_partners(where.node_of))):
+        if any(p is not None for p in partner):
+            links[kind] = measure_link(world, kind, partner, sizes, repeats, warmup, max_batch)
+    return where, links

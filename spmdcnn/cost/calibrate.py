@@ -1,0 +1,211 @@
+"""``spmdcnn calibrate``: measure the machine model (DESIGN.md §3.7) on the ranks of a job.
+
+- links: :func:`spmdcnn.comm.calibrate.measure_links` times the runtime's exchanges between the ranks of a node
+  and between nodes, all pairs at once, and fits ``t = latency + bytes / bandwidth``. With one node,
+  ``inter_node`` is ``intra_node`` (nothing crosses nodes in such a job); with one rank per node, ``intra_node``
+  is ``inter_node``; one process measures no link and writes :data:`DEFAULT_LINK` (shared memory, conservative).
+- device: float32 matrix multiply rate on convolution-sized GEMMs (``flops``), bytes/s of a large ``np.add``
+  counting its three arrays (``memory_bandwidth``), seconds per call of a tiny NumPy op (``overhead``); measured
+  on every rank at once, so that ranks sharing cores or memory see the contention they will see in training,
+  and averaged over the ranks. The device is the CPU with NumPy: its name is the CPU model and BLAS threads per
+  rank.
+
+The machine's ``measured`` key keeps the raw points, so the file documents what was measured.
+"""
+
+import os
+import platform
+import re
+import statistics
+import time
+
+import numpy as np
+
+from ..comm.calibrate import measure_links
+from .machine import Device, Link, Machine
+
+DEFAULT_LINK = Link(bandwidth=5.0e9, latency=5.0e-6)
+# (M, K, N) of the im2col GEMM of a 3x3 convolution: 128 -> 256 channels on a 32x32 tile; 64 -> 64 channels
+# on 56x56; 256 -> 512 channels on 14x14
+GEMMS = ((1024, 1152, 256), (3136, 576, 64), (196, 2304, 512))
+STREAM_BYTES = 64 << 20         # per array of the np.add: far larger than any cache
+TINY = 16                       # elements of the op that times the per-call overhead
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
+
+
+def cpu_name():
+    """The CPU model (``model name`` in /proc/cpuinfo, without (R) and (TM)), or what Python knows of it."""
+    model = ""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+            model = next((line.split(":", 1)[1] for line in cpuinfo if line.startswith("model name")), "")
+    except OSError:
+        pass
+    model = model or platform.processor() or platform.machine() or "cpu"
+    return " ".join(re.sub(r"\((R|TM|tm|r)\)", "", model).split())
+
+
+def blas_threads():
+    """Threads of NumPy's BLAS in this process (threadpoolctl when installed, else the usable CPUs)."""
+    try:
+        from threadpoolctl import threadpool_info
+        counts = [info["num_threads"] for info in threadpool_info() if info.get("user_api") == "blas"]
+        if counts:
+            return max(counts)
+    except ImportError:
+        pass
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:      # not Linux
+        return os.cpu_count() or 1
+
+
+def _median_seconds(fn, repeats, warmup=1, calls=1):
+    """The median over ``repeats`` of the time of one call of ``fn`` (timed over ``calls`` calls)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
+
+
+def device_rates(quick=False, barrier=lambda: None):
+    """This rank's ``{"name", "gemm_seconds": [...], "flops", "memory_bandwidth", "overhead"}``: the GEMMs' median times
+    and the rate over all of them (total FLOPs / total time), the ``np.add`` bytes/s, the tiny op's seconds.
+    ``barrier`` starts each measurement on every rank at once."""
+    rng = np.random.default_rng(0)
+    repeats = 3 if quick else 25
+    gemms = GEMMS[:1] if quick else GEMMS
+    gemm_seconds = []
+    for m, k, n in gemms:
+        a = rng.standard_normal((m, k), dtype=np.float32)
+        b = rng.standard_normal((k, n), dtype=np.float32)
+        out = np.empty((m, n), dtype=np.float32)
+        barrier()
+        gemm_seconds.append(_median_seconds(lambda: np.matmul(a, b, out=out), repeats))
+    flops = sum(2 * m * k * n for m, k, n in gemms) / sum(gemm_seconds)
+    count = STREAM_BYTES // 4
+    x, y, z = np.full(count, 1.0, np.float32), np.full(count, 2.0, np.float32), np.empty(count, np.float32)
+    barrier()
+    stream = _median_seconds(lambda: np.add(x, y, out=z), repeats)
+    del x, y, z
+    small = [np.ones(TINY, np.float32) for _ in range(3)]
+    barrier()
+    overhead = _median_seconds(lambda: np.add(small[0], small[1], out=small[2]), repeats, calls=1000)
+    return {"name": f"{cpu_name()} x{blas_threads()}", "gemm_seconds": gemm_seconds, "flops": flops, "memory_bandwidth": 3 * STREAM_BYTES / stream,
+            "overhead": overhead}
+
+
+def _round(value):
+    """A plain float with 4 significant digits, for the ``measured`` record."""
+    return float(f"{value:.4g}")
+
+
+def check_name(name):
+    """Refuse a machine name that would not read back from the YAML as written."""
+    if not _NAME.fullmatch(name or ""):
+        raise ValueError(f"calibrate: machine name {name!r} may use only letters, digits and _ . + -")
+
+
+def calibrate(world, name="local", quick=False):
+    """Measure the machine the ranks of ``world`` run on (a collective: every rank calls it and gets the same
+    :class:`Machine`). ``quick``: fewer sizes, shapes and repetitions (seconds, for tests)."""
+    check_name(name)
+    start = time.perf_counter()
+    where, links = measure_links(world, quick)
+    rates = world.allgather(device_rates(quick, world.barrier))    # every rank at once: training's contention
+    device = Device(rates[0]["name"],
+                    *(statistics.fmean(r[key] for r in rates) for key in ("flops", "memory_bandwidth", "overhead")))
+    intra = links.get("intra_node") or links.get("inter_node")
+    inter = links.get("inter_node") or intra
+    measured = {"ranks": world.size, "hosts": sorted(set(where.hosts), key=where.hosts.index),
+                "placement": "block" if where.block else "not block"}
+    for kind in ("intra_node", "inter_node"):
+        m = links.get(kind)
+        measured[kind] = _measured_link(m) if m else _unmeasured(kind, where, world.size)
+    gemms = GEMMS[:len(rates[0]["gemm_seconds"])]
+    measured["device"] = {
+        "gemm_shapes_mkn": [list(shape) for shape in gemms],
+        "gemm_seconds_rank0": [_round(s) for s in rates[0]["gemm_seconds"]],
+        "flops_per_rank": [_round(r["flops"]) for r in rates],
+        "add_bytes": 3 * STREAM_BYTES,
+        "memory_bandwidth_per_rank": [_round(r["memory_bandwidth"]) for r in rates],
+        "overhead_per_rank": [_round(r["overhead"]) for r in rates]}
+    warnings = [w for w in (where.warning(),) if w]
+    if warnings:
+        measured["warnings"] = warnings
+    measured["quick"] = bool(quick)
+    measured["seconds"] = _round(world.bcast(time.perf_counter() - start))
+    return Machine(name, where.nodes, where.per_node, _link(intra), _link(inter), device, source="calibrate",
+                   measured=measured)
+
+
+def _link(m):
+    return DEFAULT_LINK if m is None else Link(m.bandwidth, m.latency)
+
+
+def _measured_link(m):
+    return {"pairs_at_once": m.pairs, "bytes": list(m.sizes), "seconds": [_round(s) for s in m.seconds],
+            "fit": {"bandwidth": _round(m.bandwidth), "latency": _round(m.latency)}}
+
+
+def _unmeasured(kind, where, ranks):
+    if ranks == 1:
+        return "not measured: one process; conservative shared-memory default"
+    if kind == "inter_node":
+        return "not measured: one node; inter_node = intra_node"
+    return "not measured: one rank per node; intra_node = inter_node"
+
+
+def summary(machine, path=None):
+    """The lines ``spmdcnn calibrate`` prints about ``machine``."""
+    measured, d = machine.measured, machine.device
+
+    def link(kind):
+        entry, value = measured.get(kind), getattr(machine, kind)
+        numbers = f"{value.bandwidth / 1e9:.2f} GB/s, {value.latency * 1e6:.1f} us latency"
+        if isinstance(entry, dict):
+            return f"{numbers} ({entry['pairs_at_once']} pair{'s' * (entry['pairs_at_once'] != 1)} at once)"
+        return f"{numbers} ({entry})" if entry else numbers
+    ranks = measured.get("ranks", machine.max_devices)
+    lines = [f"machine {machine.name}: {ranks} rank{'s' * (ranks != 1)} on {machine.nodes} "
+             f"node{'s' * (machine.nodes != 1)}, {machine.devices_per_node} per node "
+             f"(measured in {measured.get('seconds', 0):.1f} s)",
+             f"  intra-node: {link('intra_node')}",
+             f"  inter-node: {link('inter_node')}",
+             f"  device {d.name!r}: {d.flops / 1e9:.1f} GFLOP/s (float32 matmul), {d.memory_bandwidth / 1e9:.2f} GB/s "
+             f"memory, {d.overhead * 1e6:.2f} us per op call"]
+    if ranks == 1:
+        lines.append("note: link numbers need mpiexec -n 2 or more (mpiexec -n K spmdcnn calibrate -o FILE); "
+                     "wrote conservative shared-memory defaults")
+    lines += [f"warning: {w}" for w in measured.get("warnings", ())]
+    if path:
+        lines.append(f"wrote {path}")
+    return lines
+
+
+def to_json(machine, path=None):
+    """``machine`` as a JSON-ready dict (what ``spmdcnn calibrate --json`` prints)."""
+    d = machine.device
+    return {"path": path, "name": machine.name, "nodes": machine.nodes, "devices_per_node": machine.devices_per_node,
+            "intra_node": vars(machine.intra_node), "inter_node": vars(machine.inter_node),
+            "device": {"name": d.name, "flops": d.flops, "memory_bandwidth": d.memory_bandwidth,
+                       "overhead": d.overhead}, "measured": machine.measured}
+
+
+def prepare_output(path):
+    """Make the directory of ``path`` (before measuring, so that a path that cannot be written fails at once)."""
+    if os.path.isdir(path):
+        raise OSError(f"calibrate: output {path!r} is a directory; give a file name such as {path}/local.yaml")
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+
+
+def write_machine(machine, path):
+    """Write ``machine``'s YAML to ``path``, making its directory."""
+    prepare_output(path)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(machine.to_yaml())

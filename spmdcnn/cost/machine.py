@@ -1,0 +1,204 @@
+"""The machine model (DESIGN.md §3.7): nodes of devices, and the bandwidth and latency between any two devices.
+
+    format: spmdcnn-machine/1
+    name: paper-p100-4x4
+    nodes: 4                       # the most nodes a job may use
+    devices_per_node: 4
+    intra_node: {bandwidth: 1.8e10, latency: 1.0e-5}     # bytes/s and s, between devices of one node
+    inter_node: {bandwidth: 1.2e10, latency: 2.0e-5}     # between devices of different nodes
+    device: {name: p100, flops: 9.3e12, memory_bandwidth: 7.3e11}   # optional: the analytic compute model
+
+Devices are numbered node by node: device ``d`` is on node ``d // devices_per_node`` (as MPI places ranks by
+default with ``--map-by core`` or ``srun``'s block distribution). ``device.name`` names the compute profile
+(``spmdcnn profile``) that gives tile times; ``flops`` and ``memory_bandwidth`` are the rates of the analytic model
+used for tiles no profile covers. ``spmdcnn calibrate`` measures all of these under ``mpiexec``.
+"""
+
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml
+
+FORMAT = "spmdcnn-machine/1"
+_KEYS = {"format", "name", "nodes", "devices_per_node", "intra_node", "inter_node", "device", "description",
+         "measured"}
+_LINK_KEYS = {"bandwidth", "latency"}
+_DEVICE_KEYS = {"name", "flops", "memory_bandwidth", "overhead"}
+
+
+class MachineError(FormatError):
+    """A machine file that does not follow the format, or a job that does not fit the machine."""
+
+
+@dataclass(frozen=True)
+class Link:
+    bandwidth: float        # bytes/s
+    latency: float          # s per message
+
+
+@dataclass(frozen=True)
+class Device:
+    name: str = "cpu"
+    flops: float = 5.0e10               # floating-point operations per second (analytic compute model)
+    memory_bandwidth: float = 1.0e10    # bytes/s
+    overhead: float = 1.0e-6             # s per NumPy call or kernel launch
+
+
+@dataclass(frozen=True)
+class Machine:
+    name: str
+    nodes: int
+    devices_per_node: int
+    intra_node: Link
+    inter_node: Link
+    device: Device = Device()
+    source: str = "<machine>"
+    measured: dict = field(default_factory=dict, compare=False)
+
+    @property
+    def max_devices(self):
+        return self.nodes * self.devices_per_node
+
+    def node_of(self, device):
+        return device // self.devices_per_node
+
+    def link(self, a, b):
+        return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
+
+    def check_devices(self, devices):
+        """Reject a job with more devices than the machine has."""
+        if devices > self.max_devices:
+            raise MachineError(f"{self.source}: the job uses {devices} devices but machine {self.name!r} has "
+                               f"{self.nodes} node{'s' * (self.nodes != 1)} x {self.devices_per_node} devices; "
+                               f"raise 'nodes' or use --nodes")
+        return self
+
+    def with_nodes(self, nodes):
+        return replace(self, nodes=nodes)
+
+    def matrices(self, count):
+        """``(seconds per byte, latency)`` between devices ``0..count-1``: two ``(count, count)`` arrays, zero on
+        the diagonal (a device does not send to itself)."""
+        inverse, latency = np.zeros((count, count)), np.zeros((count, count))
+        node = np.arange(count) // self.devices_per_node
+        same = node[:, None] == node[None, :]
+        inverse[...] = np.where(same, 1 / self.intra_node.bandwidth, 1 / self.inter_node.bandwidth)
+        latency[...] = np.where(same, self.intra_node.latency, self.inter_node.latency)
+        np.fill_diagonal(inverse, 0)
+        np.fill_diagonal(latency, 0)
+        return inverse, latency
+
+    def allreduce_time(self, group, nbytes, messages=1):
+        """A ring allreduce of ``nbytes`` over the devices ``group``: ``2(p-1)`` steps, each moving ``nbytes/p``
+        over the ring's slowest link with its latency; ``messages`` allreduces of that total size (latency paid
+        for each)."""
+        p = len(group)
+        if p < 2 or (nbytes <= 0 and messages <= 0):
+            return 0.0
+        ring = list(group) + [group[0]]
+        links = [self.link(a, b) for a, b in zip(ring, ring[1:])]
+        bandwidth = min(link.bandwidth for link in links)
+        latency = max(link.latency for link in links)
+        return 2 * (p - 1) * (nbytes / p / bandwidth + messages * latency)
+
+    def to_yaml(self):
+        """The machine as a YAML document (what ``spmdcnn calibrate`` writes)."""
+        def link(l):
+            return f"{{bandwidth: {l.bandwidth:.4g}, latency: {l.latency:.4g}}}"
+        d = self.device
+        lines = [f"format: {FORMAT}", f"name: {self.name}", f"nodes: {self.nodes}",
+                 f"devices_per_node: {self.devices_per_node}",
+                 f"intra_node: {link(self.intra_node)}    # bytes/s, s per message",
+                 f"inter_node: {link(self.inter_node)}",
+                 f"device: {{name: {d.name!r}, flops: {d.flops:.4g}, memory_bandwidth: {d.memory_bandwidth:.4g}, "
+                 f"overhead: {d.overhead:.4g}}}"]
+        if self.measured:
+            import yaml
+            lines.append(yaml.safe_dump({"measured": self.measured}, default_flow_style=None, sort_keys=False)
+                         .rstrip())
+        return "\n".join(lines) + "\n"
+
+
+def _number(value):
+    """YAML 1.1 reads ``1.8e10`` (no sign in the exponent) as a string: accept it as the number it means."""
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _positive(value, where, key):
+    value = _number(value)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 or value == float("inf"):
+        raise MachineError(f"{where}: '{key}' must be a positive number, got {value!r}")
+    return float(value)
+
+
+def _link(data, where):
+    check_keys(data, _LINK_KEYS, where, required=("bandwidth", "latency"))
+    latency = _number(data["latency"])
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
+        raise MachineError(f"{where}: 'latency' must be a number >= 0 (seconds), got {latency!r}")
+    return Link(_positive(data["bandwidth"], where, "bandwidth"), float(latency))
+
+
+def _count(value, where, key):
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise MachineError(f"{where}: '{key}' must be a positive integer, got {value!r}")
+    return value
+
+
+def from_mapping(data, source="<machine>"):
+    try:
+        check_keys(data, _KEYS, source, required=("format", "nodes", "devices_per_node", "intra_node"))
+    except FormatError as error:
+        raise MachineError(str(error)) from None
+    if data["format"] != FORMAT:
+        raise MachineError(f"{source}: format must be {FORMAT!r}, got {data['format']!r}")
+    nodes = _count(data["nodes"], source, "nodes")
+    per_node = _count(data["devices_per_node"], source, "devices_per_node")
+    try:
+        intra = _link(data["intra_node"], f"{source}: intra_node")
+        inter = _link(data["inter_node"], f"{source}: inter_node") if "inter_node" in data else intra
+        device = Device()
+        if data.get("device") is not None:
+            spec = data["device"]
+            check_keys(spec, _DEVICE_KEYS, f"{source}: device")
+            device = Device(str(spec.get("name", device.name)),
+                            *(_positive(spec.get(key, getattr(device, key)), f"{source}: device", key)
+                              for key in ("flops", "memory_bandwidth")),
+                            _positive(spec.get("overhead", device.overhead), f"{source}: device", "overhead"))
+    except MachineError:
+        raise
+    except FormatError as error:
+        raise MachineError(str(error)) from None
+    return Machine(str(data.get("name", "machine")), nodes, per_node, intra, inter, device, source,
+                   data.get("measured") or {})
+
+
+def load_machine(path):
+    data, _ = read_yaml(path, "machine file")
+    return from_mapping(data, str(path))
+
+
+def parse_machine_text(text, source="<machine>"):
+    return from_mapping(load_yaml_text(text, source), source)
+
+
+LOCAL_TEXT = """\
+format: spmdcnn-machine/1
+name: local
+nodes: 1
+devices_per_node: 16
+intra_node: {bandwidth: 9.5e+9, latency: 4.0e-6}
+inter_node: {bandwidth: 9.5e+9, latency: 4.0e-6}
+device: {name: cpu, flops: 1.2e+11, memory_bandwidth: 8.5e+9, overhead: 7.0e-7}
+"""
+
+
+def default_machine():
+    """The machine model used when a job or command names none: ``jobs/machines/local.yaml``'s numbers."""
+    return parse_machine_text(LOCAL_TEXT, "the built-in local machine (jobs/machines/local.yaml)")

@@ -1,0 +1,105 @@
+"""The cost of a plan (DESIGN.md §4): ``t_o = sum over layers [t_c + t_s] + sum over edges t_x``.
+
+The runtime runs the layers in order on every device and each exchange waits for the tiles it reads, so one
+iteration lasts the sum, layer by layer, of the slowest tile (``t_c``), the slowest replica group's allreduces
+(``t_s``), and the busiest device's share of each exchange, forward and backward (``t_x``). The same numbers,
+message for message, are what the planner minimizes and what ``spmdcnn simulate`` reports.
+"""
+
+from dataclasses import dataclass, field
+
+from ..graph.blocks import DATA
+from .sync import layer_sync
+from .transfer import EdgeTraffic
+
+
+@dataclass
+class LayerCost:
+    name: str
+    config: str
+    compute_s: float = 0.0
+    transfer_s: float = 0.0
+    sync_s: float = 0.0
+    bytes_transferred: float = 0.0
+    bytes_synced: float = 0.0
+
+    @property
+    def total_s(self):
+        return self.compute_s + self.transfer_s + self.sync_s
+
+
+@dataclass
+class Prediction:
+    layers: list = field(default_factory=list)
+    overhead_s: float = 0.0         # per iteration, whatever the plan: the loss and accuracy allreduce
+
+    def _sum(self, key):
+        return sum(getattr(row, key) for row in self.layers)
+
+    @property
+    def compute_s(self):
+        return self._sum("compute_s")
+
+    @property
+    def transfer_s(self):
+        return self._sum("transfer_s")
+
+    @property
+    def sync_s(self):
+        return self._sum("sync_s") + self.overhead_s
+
+    @property
+    def iteration_s(self):
+        return self.compute_s + self.transfer_s + self.sync_s
+
+    def summary(self):
+        """The plan YAML's ``predicted`` mapping."""
+        return {"iteration_s": self.iteration_s, "compute_s": self.compute_s, "transfer_s": self.transfer_s,
+                "sync_s": self.sync_s, "bytes_transferred": self._sum("bytes_transferred"),
+                "bytes_synced": self._sum("bytes_synced")}
+
+    def to_json(self):
+        return {**self.summary(), "layers": [{**vars(row), "total_s": row.total_s} for row in self.layers]}
+
+
+class CostModel:
+    """Costs of ``graph`` at global ``batch`` on ``machine``, tile times from ``compute``
+    (a :class:`~spmdcnn.cost.compute.ComputeModel`)."""
+
+    def __init__(self, graph, batch, machine, compute, itemsize=4):
+        self.graph, self.batch, self.machine, self.compute, self.itemsize = graph, batch, machine, compute, itemsize
+        self._edges = {}
+
+    def node(self, layer, config):
+        """``(t_c, t_s, bytes synced)`` of ``layer`` under ``config``."""
+        sync = layer_sync(layer, config, self.machine, self.itemsize)
+        return self.compute.layer_seconds(layer, config, self.batch), sync.seconds, sync.bytes
+
+    def edge(self, layer, slot):
+        """The :class:`EdgeTraffic` of input ``slot`` of ``layer`` (shared by edges that move the same way)."""
+        producer = self.graph.by_name[layer.inputs[slot]]
+        shape = (self.batch,) + tuple(producer.out_shape)
+        key = (layer.op, repr(sorted(layer.attrs.items())), tuple(map(tuple, layer.in_shapes)),
+               tuple(layer.out_shape), slot, shape)
+        if key not in self._edges:
+            self._edges[key] = EdgeTraffic(layer, slot, shape, self.batch, self.itemsize, self.machine)
+        return self._edges[key]
+
+    def overhead(self, devices):
+        return self.machine.allreduce_time(tuple(range(devices)), 2 * 8)
+
+    def simulate(self, plan):
+        """The :class:`Prediction` for ``plan`` (any plan: hand-written ones too)."""
+        prediction = Prediction(overhead_s=self.overhead(plan.devices))
+        for layer in self.graph.layers:
+            config = plan[layer.name]
+            compute, sync, synced = self.node(layer, config)
+            row = LayerCost(layer.name, config.describe(), compute, 0.0, sync, 0.0, synced)
+            for slot, ref in enumerate(layer.inputs):
+                if ref == DATA:
+                    continue
+                traffic = self.edge(layer, slot).forward(plan[ref], config)
+                row.transfer_s += 2 * traffic.seconds
+                row.bytes_transferred += 2 * traffic.bytes
+            prediction.layers.append(row)
+        return prediction

@@ -1,0 +1,511 @@
+"""The planner's search: one configuration per node of a DAG minimizing node costs plus edge costs.
+
+Node ``v`` has ``sizes[v]`` configurations and a cost vector ``node_costs[v]``; an edge ``(u, v, table)``, ``u < v``,
+costs ``table[choice[u], choice[v]]`` (several edges may join one pair). The objective is
+``sum_v node_costs[v][choice[v]] + sum_e table_e[choice[u], choice[v]]``. Costs are float64, finite or ``+inf``
+(an infeasible choice or pair); everything here is NumPy and imports neither MPI nor CuPy.
+
+**Algorithm 1** (``optimize``; Jia et al., ICML 2018). Until nothing changes: *node elimination* removes a node
+``j`` with exactly one in-edge ``i -> j`` and one out-edge ``j -> k`` and adds the edge ``i -> k`` with table
+``T[a, c] = min_b E1[a, b] + cost_j[b] + E2[b, c]`` (node ``j``'s own cost is folded into it); *edge elimination*
+replaces parallel edges ``i -> j`` by one edge with the summed table. What is left is searched exactly, then the
+node eliminations are undone in reverse order: ``choice[j] = argmin_b E1[choice[i], b] + cost_j[b] +
+E2[b, choice[k]]``. A pure chain reduces to its two ends, and so do Inception and residual blocks in sequence.
+
+**Tables are composed on demand.** The edge left by a node elimination keeps ``(E1, cost_j, E2)`` instead of the
+dense table: building it costs ``sizes[i] * sizes[j] * sizes[k]`` (a 200-node chain with 200 choices: seconds),
+while what the search needs of it is usually a min-plus product with a vector (``sizes[j] * sizes[k]`` per
+eliminated node) or one row or column (memoized, so that undoing a chain costs one pass). The dense table is built
+(in row slices of ``_SLICE_ENTRIES`` entries) only where a whole table is needed: when parallel edges are summed
+and for the edges of the core below.
+
+**Searching what is left.** First every node with a single neighbour is folded into it, repeatedly
+(``cost_k[c] += min_b cost_j[b] + T[b, c]``, undone by the argmin): exact, and for the usual remnant, the source
+and the sink joined by one edge, it is the whole search (method ``"elimination"``). A node left with no neighbour
+takes its cheapest configuration. If a core of nodes with two or more neighbours remains and the product of its
+sizes is at most ``limit``, a depth-first branch-and-bound search solves it exactly
+(``"elimination+exhaustive"``): nodes are assigned most-connected first; at each depth all choices of the node are
+priced by one vector sum (its cost plus the rows of its tables to already assigned nodes), tried cheapest first,
+and cut when the price plus a lower bound of the unassigned nodes (each node's cheapest cost plus the column
+minima of its tables to earlier nodes) reaches the best complete assignment found so far.
+
+**Fallback: variable elimination** (``"elimination+variable-elimination"``, exact). For a core too large to
+enumerate, the nodes are eliminated one at a time in a greedy order (the smallest joint table first, then the
+fewest new neighbour pairs, then the lowest id): the node's factors are summed into a table over the node and its
+neighbours and minimized over the node, keeping the argmin for the way back. It runs only when no such joint
+table has more than ``limit`` entries.
+
+**Fallback: local search** (``"elimination+local-search"``, ``exact=False``). Otherwise the core starts from the
+better of each node's cheapest configuration and the exact optimum over a breadth-first spanning tree (the other
+edges ignored), then iterated conditional modes: sweep the nodes in order, give each the configuration that
+minimizes the objective given its neighbours, until a sweep changes nothing. The result is a local optimum.
+
+**Baseline** (``exhaustive``): the same depth-first branch-and-bound over all the original nodes, with no
+elimination; it is exact and proves Algorithm 1 on small graphs.
+"""
+
+import math
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+
+_SLICE_ENTRIES = 1 << 17    # entries of one min-plus slice (1 MiB): measured fastest, fits in cache
+_REL_TOL = 1e-9             # postcondition: the search's value and the objective of its choices agree
+
+
+@dataclass
+class Solution:
+    cost: float             # the objective at ``choices``
+    choices: list           # one configuration index per node
+    exact: bool             # True when guaranteed optimal
+    method: str
+    eliminated_nodes: int
+    eliminated_edges: int
+    remaining_nodes: int    # nodes left after the eliminations
+    remaining_edges: int
+
+
+def evaluate(sizes, node_costs, edges, choices):
+    """The objective of ``choices``: ``sum_v node_costs[v][choices[v]] + sum_e table_e[choices[u], choices[v]]``."""
+    sizes, costs, edges = _validated("evaluate", sizes, node_costs, edges)
+    if len(choices) != len(sizes):
+        raise ValueError(f"evaluate: {len(choices)} choices for {len(sizes)} nodes")
+    for v, (choice, size) in enumerate(zip(choices, sizes)):
+        if not 0 <= choice < size:
+            raise ValueError(f"evaluate: node {v}: choice {choice} is not in 0..{size - 1}")
+    return _objective(costs, ((u, v, t) for u, v, t in edges), choices)
+
+
+def optimize(sizes, node_costs, edges, limit=2_000_000):
+    """OptCNN's Algorithm 1 (module docstring): eliminations, an exact search of the rest, the eliminations undone."""
+    sizes, costs, edges = _validated("optimize", sizes, node_costs, edges)
+    reduction = _Reduction(sizes, costs, edges)
+    eliminated = {through.j for through in reduction.eliminated}
+    nodes = [v for v in range(len(sizes)) if v not in eliminated]
+    choices, value, method, exact = _solve_remnant(nodes, reduction.edges, costs, limit)
+    for through in reversed(reduction.eliminated):
+        prices = through.first.row(choices[through.i]) + through.cost + through.second.col(choices[through.k])
+        choices[through.j] = int(np.argmin(prices))
+    choices = [choices[v] for v in range(len(sizes))]
+    cost = _objective(costs, edges, choices)
+    assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"optimize: {cost} != searched {value}"
+    return Solution(cost, choices, exact, method, len(eliminated), reduction.merged, len(nodes),
+                    len(reduction.edges))
+
+
+def exhaustive(sizes, node_costs, edges, limit=None):
+    """The depth-first baseline: branch-and-bound over every node, no elimination; exact.
+
+    Raises ValueError when the product of ``sizes`` exceeds ``limit`` (None: no limit)."""
+    sizes, costs, edges = _validated("exhaustive", sizes, node_costs, edges)
+    assignments = math.prod(sizes)
+    if limit is not None and assignments > limit:
+        raise ValueError(f"exhaustive: {len(sizes)} nodes have {assignments} assignments, more than "
+                         f"limit={limit}; use optimize() or raise the limit")
+    tables = {}
+    for u, v, table in edges:       # parallel edges priced together: one row per assigned neighbour
+        tables[(u, v)] = tables[(u, v)] + table if (u, v) in tables else table
+    choices, value = _depth_first(sizes, costs, tables)
+    cost = _objective(costs, edges, choices)
+    assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"exhaustive: {cost} != searched {value}"
+    return Solution(cost, choices, True, "exhaustive", 0, 0, len(sizes), len(edges))
+
+
+def _validated(caller, sizes, node_costs, edges):
+    sizes = [int(size) for size in sizes]
+    if len(node_costs) != len(sizes):
+        raise ValueError(f"{caller}: {len(node_costs)} cost vectors for {len(sizes)} nodes")
+    costs = []
+    for v, (size, cost) in enumerate(zip(sizes, node_costs)):
+        if size < 1:
+            raise ValueError(f"{caller}: node {v} has {size} configurations; expected at least 1")
+        costs.append(_checked(caller, f"node {v}'s costs", cost, (size,)))
+    checked = []
+    for e, (u, v, table) in enumerate(edges):
+        u, v = int(u), int(v)
+        if not 0 <= u < v < len(sizes):
+            raise ValueError(f"{caller}: edge {e} ({u} -> {v}): expected 0 <= u < v < {len(sizes)} "
+                             "(nodes in topological order)")
+        checked.append((u, v, _checked(caller, f"edge {e} ({u} -> {v})", table, (sizes[u], sizes[v]))))
+    return sizes, costs, checked
+
+
+def _checked(caller, what, values, shape):
+    values = np.asarray(values, dtype=np.float64)
+    if values.shape != shape:
+        raise ValueError(f"{caller}: {what} have shape {values.shape}; expected {shape}")
+    if np.isnan(values).any() or np.isneginf(values).any():
+        raise ValueError(f"{caller}: {what} contain nan or -inf; expected finite numbers or +inf")
+    return values
+
+
+def _objective(costs, edges, choices):
+    """The objective over ``(u, v, table)`` edges, summed exactly (math.fsum) so that it does not depend on order."""
+    return math.fsum([costs[v][c] for v, c in enumerate(choices)] +
+                     [table[choices[u], choices[v]] for u, v, table in edges])
+
+
+# Edge tables: dense, or composed on demand from a node elimination.
+
+class _Table:
+    """A dense table ``(sizes[u], sizes[v])``."""
+
+    def __init__(self, table):
+        self.table = table
+
+    def row(self, a):
+        return self.table[a]
+
+    def col(self, c):
+        return self.table[:, c]
+
+
+class _Through:
+    """The edge ``i -> k`` left by eliminating ``j``: ``T[a, c] = min_b first[a, b] + cost[b] + second[b, c]``."""
+
+    def __init__(self, i, j, k, first, cost, second):
+        self.i, self.j, self.k, self.first, self.cost, self.second = i, j, k, first, cost, second
+        self.rows, self.cols = {}, {}     # memoized rows and columns, by index
+
+    def row(self, a):
+        """``T[a, :]``; rows along the chain of ``first`` edges are memoized on the way."""
+        spine, edge = [], self
+        while isinstance(edge, _Through) and a not in edge.rows:
+            spine.append(edge)
+            edge = edge.first
+        values = edge.rows[a] if isinstance(edge, _Through) else edge.table[a]
+        for edge in reversed(spine):
+            values = edge.rows[a] = _vecmat(values + edge.cost, edge.second)
+        return values
+
+    def col(self, c):
+        """``T[:, c]``; columns along the chain of ``second`` edges are memoized on the way."""
+        spine, edge = [], self
+        while isinstance(edge, _Through) and c not in edge.cols:
+            spine.append(edge)
+            edge = edge.second
+        values = edge.cols[c] if isinstance(edge, _Through) else edge.table[:, c]
+        for edge in reversed(spine):
+            values = edge.cols[c] = _matvec(edge.first, edge.cost + values)
+        return values
+
+
+def _factors(edge):
+    """The min-plus product an edge stands for, in order: tables (2-D) and node costs (1-D), ``T0, c1, T1, ...``."""
+    factors, stack = [], [edge]
+    while stack:                    # iterative: a chain of eliminations nests as deep as it is long
+        item = stack.pop()
+        if isinstance(item, _Through):
+            stack += [item.second, item.cost, item.first]
+        else:
+            factors.append(item.table if isinstance(item, _Table) else item)
+    return factors
+
+
+def _vecmat(x, edge):
+    """``min_a x[a] + T[a, :]``."""
+    for factor in _factors(edge):
+        x = (x[:, None] + factor).min(axis=0) if factor.ndim == 2 else x + factor
+    return x
+
+
+def _matvec(edge, y):
+    """``min_c T[:, c] + y[c]``."""
+    for factor in reversed(_factors(edge)):
+        y = (factor + y[None, :]).min(axis=1) if factor.ndim == 2 else factor + y
+    return y
+
+
+def _dense(edge):
+    """The whole table of ``edge``."""
+    factors = _factors(edge)
+    table = factors[0]
+    for cost, factor in zip(factors[1::2], factors[2::2]):
+        table = _min_plus(table + cost, factor)
+    return table
+
+
+def _min_plus(left, right):
+    """``out[a, c] = min_b left[a, b] + right[b, c]``, in slices of rows of about ``_SLICE_ENTRIES`` entries."""
+    out = np.empty((left.shape[0], right.shape[1]))
+    step = max(1, _SLICE_ENTRIES // right.size)
+    for start in range(0, left.shape[0], step):
+        out[start:start + step] = (left[start:start + step, :, None] + right[None, :, :]).min(axis=1)
+    return out
+
+
+# Algorithm 1.
+
+class _Reduction:
+    """Node and edge elimination to a fixed point. ``edges`` maps ``(u, v)`` to the one edge left between them;
+    ``eliminated`` holds the :class:`_Through` of every node elimination, in order; ``merged`` counts the edge
+    eliminations."""
+
+    def __init__(self, sizes, costs, edges):
+        self.edges, self.eliminated, self.merged = {}, [], 0
+        self.ins = [set() for _ in sizes]
+        self.outs = [set() for _ in sizes]
+        for u, v, table in edges:
+            self._add(u, v, _Table(table))
+        queue, queued = deque(range(len(sizes))), [True] * len(sizes)
+        while queue:
+            j = queue.popleft()
+            queued[j] = False
+            if len(self.ins[j]) != 1 or len(self.outs[j]) != 1:
+                continue
+            (i,), (k,) = self.ins[j], self.outs[j]
+            through = _Through(i, j, k, self.edges.pop((i, j)), costs[j], self.edges.pop((j, k)))
+            self.outs[i].discard(j)
+            self.ins[k].discard(j)
+            self.ins[j].clear()
+            self.outs[j].clear()
+            self.eliminated.append(through)
+            self._add(i, k, through)
+            for node in (i, k):         # their degrees changed: they may be eliminable now
+                if not queued[node]:
+                    queue.append(node)
+                    queued[node] = True
+
+    def _add(self, u, v, edge):
+        if (u, v) in self.edges:        # edge elimination
+            self.edges[(u, v)] = _Table(_dense(self.edges[(u, v)]) + _dense(edge))
+            self.merged += 1
+        else:
+            self.edges[(u, v)] = edge
+            self.outs[u].add(v)
+            self.ins[v].add(u)
+
+
+# The search of what is left.
+
+def _solve_remnant(nodes, edges, costs, limit):
+    """Choices for ``nodes`` (a dict), the optimum's value, the method and whether it is exact."""
+    neighbours, costs, folds = _fold_dangling(nodes, edges, {v: costs[v] for v in nodes})
+    choices, values = {}, []
+    for v, around in neighbours.items():
+        if not around:
+            choices[v] = int(np.argmin(costs[v]))
+            values.append(costs[v][choices[v]])
+    core = [v for v, around in neighbours.items() if around]
+    method, exact = "elimination", True
+    if core:
+        index = {v: p for p, v in enumerate(core)}
+        tables = {(index[u], index[v]): _dense(edge) for u in core
+                  for v, (edge, forward) in neighbours[u].items() if forward}
+        picked, value, method, exact = _search_core([len(costs[v]) for v in core], [costs[v] for v in core],
+                                                    tables, limit)
+        choices.update(zip(core, picked))
+        values.append(value)
+    _unfold(folds, choices)
+    return choices, math.fsum(values), method, exact
+
+
+def _fold_dangling(nodes, edges, costs):
+    """Fold every node with one neighbour into that neighbour, repeatedly (a tree DP, exact).
+
+    Returns the neighbours of the nodes not folded (``{node: {neighbour: (edge, node is its source)}}``), their
+    folded costs, and the folds to undo."""
+    neighbours = {v: {} for v in nodes}
+    for (u, v), edge in edges.items():
+        neighbours[u][v] = (edge, True)
+        neighbours[v][u] = (edge, False)
+    folds = []
+    work = [v for v in nodes if len(neighbours[v]) == 1]
+    while work:
+        j = work.pop()
+        if j not in neighbours or len(neighbours[j]) != 1:
+            continue
+        (k, (edge, forward)), = neighbours.pop(j).items()
+        del neighbours[k][j]
+        folds.append((j, k, edge, forward, costs[j]))
+        costs[k] = costs[k] + (_vecmat(costs[j], edge) if forward else _matvec(edge, costs[j]))
+        if len(neighbours[k]) == 1:
+            work.append(k)
+    return neighbours, costs, folds
+
+
+def _unfold(folds, choices):
+    for j, k, edge, forward, cost in reversed(folds):
+        choices[j] = int(np.argmin(cost + (edge.col(choices[k]) if forward else edge.row(choices[k]))))
+
+
+def _search_core(sizes, costs, tables, limit):
+    if math.prod(sizes) <= limit:
+        return _depth_first(sizes, costs, tables) + ("elimination+exhaustive", True)
+    solved = _variable_elimination(sizes, costs, tables, limit)
+    if solved is not None:
+        return solved + ("elimination+variable-elimination", True)
+    return _local_search(sizes, costs, tables) + ("elimination+local-search", False)
+
+
+def _depth_first(sizes, costs, tables):
+    """The optimum (choices, value) by depth-first branch-and-bound; ``tables`` maps ``(p, q)``, one per pair."""
+    order = _assignment_order(len(sizes), tables)
+    if not order:
+        return [], 0.0
+    position = {v: p for p, v in enumerate(order)}
+    earlier = [[] for _ in order]   # by position: (earlier position, table (earlier size, this size))
+    for (u, v), table in tables.items():
+        if position[u] < position[v]:
+            earlier[position[v]].append((position[u], table))
+        else:
+            earlier[position[u]].append((position[v], table.T))
+    own = [costs[v] for v in order]
+    bounds = [np.min(own[p] + sum(table.min(axis=0) for _, table in earlier[p])) for p in range(len(order))]
+    rest = [0.0] * (len(order) + 1)     # rest[p]: a lower bound of the positions p.. whatever comes before
+    for p in reversed(range(len(order))):
+        rest[p] = rest[p + 1] + bounds[p]
+
+    def prices(p, picked):
+        values = own[p].copy()
+        for q, table in earlier[p]:
+            values += table[picked[q]]
+        return values
+
+    picked, best_value = [0] * len(order), 0.0      # the first incumbent: cheapest choice at each position
+    for p in range(len(order)):
+        values = prices(p, picked)
+        picked[p] = int(np.argmin(values))
+        best_value += values[picked[p]]
+    best = list(picked)
+    candidates, totals, next_try = [None] * len(order), [None] * len(order), [0] * len(order)
+    p, base = 0, 0.0
+    while p >= 0:
+        if base is not None:            # entering position p: price its choices, keep the promising ones
+            values = base + prices(p, picked)
+            keep = np.flatnonzero(values + rest[p + 1] < best_value)
+            candidates[p] = keep[np.argsort(values[keep], kind="stable")]
+            totals[p], next_try[p] = values[candidates[p]], 0
+        t = next_try[p]
+        if t == len(candidates[p]) or totals[p][t] + rest[p + 1] >= best_value:
+            p, base = p - 1, None
+            continue
+        next_try[p] = t + 1
+        picked[p] = int(candidates[p][t])
+        if p == len(order) - 1:         # cheapest first: the others at this position cannot beat it
+            best_value, best = totals[p][t], list(picked)
+            p, base = p - 1, None
+        else:
+            p, base = p + 1, totals[p][t]
+    choices = [0] * len(order)
+    for p, v in enumerate(order):
+        choices[v] = best[p]
+    return choices, float(best_value)
+
+
+def _assignment_order(count, tables):
+    """Most-connected first: then the node with most assigned neighbours (then degree, then lowest id)."""
+    around = _adjacency(count, tables)
+    links = [0] * count
+    order, left = [], set(range(count))
+    while left:
+        v = min(left, key=lambda w: (-links[w], -len(around[w]), w))
+        order.append(v)
+        left.remove(v)
+        for w in around[v]:
+            links[w] += 1
+    return order
+
+
+def _adjacency(count, tables):
+    around = [set() for _ in range(count)]
+    for u, v in tables:
+        around[u].add(v)
+        around[v].add(u)
+    return around
+
+
+def _variable_elimination(sizes, costs, tables, limit):
+    """The optimum (choices, value) by bucket elimination, or None if a joint table would exceed ``limit``."""
+    order = _elimination_order(sizes, tables, limit)
+    if order is None:
+        return None
+    factors = [((v,), cost) for v, cost in enumerate(costs)] + [(pair, table) for pair, table in tables.items()]
+    way_back = []
+    for v in order:
+        mine = [f for f in factors if v in f[0]]
+        factors = [f for f in factors if v not in f[0]]
+        scope = (v,) + tuple(sorted({w for f in mine for w in f[0]} - {v}))
+        joint = np.zeros([sizes[w] for w in scope])
+        for variables, values in mine:
+            joint += _aligned(variables, values, scope)
+        best = joint.argmin(axis=0)     # (neighbour sizes...)
+        factors.append((scope[1:], np.take_along_axis(joint, best[None], axis=0)[0]))
+        way_back.append((v, scope[1:], best))
+    choices = [0] * len(sizes)
+    for v, rest, best in reversed(way_back):
+        choices[v] = int(best[tuple(choices[w] for w in rest)])
+    return choices, math.fsum(float(values) for _, values in factors)
+
+
+def _aligned(variables, values, scope):
+    """``values`` over ``variables`` transposed and reshaped to broadcast over ``scope``."""
+    axes = sorted(range(len(variables)), key=lambda a: scope.index(variables[a]))
+    shape = [values.shape[variables.index(w)] if w in variables else 1 for w in scope]
+    return np.transpose(values, axes).reshape(shape)
+
+
+def _elimination_order(sizes, tables, limit):
+    """Greedy: the smallest joint table, then the fewest new neighbour pairs, then the lowest id; None over limit."""
+    around = _adjacency(len(sizes), tables)
+    left, order = set(range(len(sizes))), []
+
+    def key(v):
+        fill = sum(1 for a in around[v] for b in around[v] if a < b and b not in around[a])
+        return sizes[v] * math.prod(sizes[w] for w in around[v]), fill, v
+
+    while left:
+        joint, _, v = min(key(w) for w in left)
+        if joint > limit:
+            return None
+        order.append(v)
+        left.remove(v)
+        for a in around[v]:
+            around[a] |= around[v] - {a}
+            around[a].discard(v)
+    return order
+
+
+def _local_search(sizes, costs, tables):
+    """A local optimum (choices, value): iterated conditional modes from the better of two starts."""
+    around = [[] for _ in sizes]    # (neighbour, table (this size, neighbour size))
+    for (u, v), table in tables.items():
+        around[u].append((v, table))
+        around[v].append((u, table.T))
+    edges = [(u, v, table) for (u, v), table in tables.items()]
+    starts = [[int(np.argmin(cost)) for cost in costs], _spanning_tree_optimum(costs, tables)]
+    choices = min(starts, key=lambda start: _objective(costs, edges, start))
+    changed = True
+    while changed:                  # each change lowers (number of inf terms, finite sum): it ends
+        changed = False
+        for v in range(len(sizes)):
+            prices = costs[v].copy()
+            for w, table in around[v]:
+                prices += table[:, choices[w]]
+            best = int(np.argmin(prices))
+            if prices[best] < prices[choices[v]]:
+                choices[v], changed = best, True
+    return choices, _objective(costs, edges, choices)
+
+
+def _spanning_tree_optimum(costs, tables):
+    """The exact optimum over the edges of a breadth-first spanning forest, the other edges ignored."""
+    around = _adjacency(len(costs), tables)
+    tree, seen = {}, set()
+    for root in range(len(costs)):
+        if root in seen:
+            continue
+        seen.add(root)
+        queue = deque([root])
+        while queue:
+            v = queue.popleft()
+            for w in sorted(around[v] - seen):
+                seen.add(w)
+                queue.append(w)
+                pair = (v, w) if (v, w) in tables else (w, v)
+                tree[pair] = _Table(tables[pair])
+    neighbours, folded, folds = _fold_dangling(range(len(costs)), tree, dict(enumerate(costs)))
+    choices = {v: int(np.argmin(folded[v])) for v in neighbours}   # one root left per tree
+    _unfold(folds, choices)
+    return [choices[v] for v in range(len(costs))]

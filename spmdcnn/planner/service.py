@@ -1,0 +1,28 @@
+"""Planning as the commands and jobs use it: a cost model from files, and plans written with their prediction."""
+
+import json
+
+from ..cost.compute import ComputeModel, Profile
+from ..cost.machine import default_machine, load_machine
+from ..cost.model import CostModel
+
+
+def cost_model(graph, batch, devices, machine=None, profile=None, itemsize=4, nodes=None):
+    """A :class:`CostModel` from a machine file (or the built-in local machine) and a profile file or
+    :class:`Profile` (or none: the analytic model alone). ``nodes`` overrides the machine's node count."""
+    machine = load_machine(machine) if isinstance(machine, str) else (machine or default_machine())
+    if nodes is not None:
+        machine = machine.with_nodes(nodes)
+    machine.check_devices(devices)
+    store = Profile.load(profile) if isinstance(profile, str) else profile
+    return CostModel(graph, batch, machine, ComputeModel(machine.device, store, itemsize), itemsize)
+
+
+def plan_document(result, model_file=None):
+    """The plan YAML (DESIGN.md §3.2) of a planner :class:`Result`, with ``predicted`` (and ``model_file``)."""
+    summary = {key: round(value, 9) if key.endswith("_s") else int(value)
+               for key, value in result.prediction.summary().items()}
+    text = result.plan.text
+    if model_file:
+        text += f"model_file: {json.dumps(str(model_file))}\n"
+    return text + f"predicted: {json.dumps(summary)}\n"

@@ -1,0 +1,53 @@
+"""``plan: auto``: before the first step, profile what the cache lacks (all ranks at once), search on rank 0,
+and give every rank the plan it found."""
+
+import time
+
+from ..cost.compute import Profile
+from ..planner import make_plan
+from ..planner.service import cost_model
+from ..tiling.plan import named, parse_plan_text
+from .profile import default_path, device_name, profile
+
+
+def auto_plan(graph, batch, world, machine, xp, dtype, log):
+    """The optimal plan for ``graph`` on the ranks of ``world`` (collective). ``machine``: a machine YAML path
+    or None (the built-in local machine)."""
+    if world.size == 1:
+        plan = named("data", graph, batch, 1)
+        plan.source = "plan auto (one device: the whole model here)"
+        return plan
+    device = device_name(world, xp, dtype)
+    path = default_path(device)
+
+    def load():
+        return Profile.load(path, device) if world.rank == 0 else None
+    store = world.bcast(world.agree(load))
+    start = time.perf_counter()
+    measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log)
+    if measured and world.rank == 0:
+        try:
+            store.save(path)
+        except OSError as error:
+            log(f"plan auto: could not cache the profile in {path}: {error}")
+    profiled = time.perf_counter() - start
+
+    def search():
+        if world.rank != 0:
+            return None
+        cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize)
+        best = make_plan(graph, world.size, cost, "optimal")
+        data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
+        predicted = best.prediction.iteration_s
+        log(f"plan auto: searched {best.configurations} configurations of {best.nodes} layers in "
+            f"{best.search_s:.2f} s (profile {path}: {measured} tile shapes measured in {profiled:.1f} s); "
+            f"predicted {predicted * 1e3:.1f} ms per step, data parallelism {data * 1e3:.1f} ms "
+            f"({data / predicted:.2f}x)")
+        for layer in graph.layers:
+            log(f"  {layer.name}: {best.plan[layer.name].describe()}")
+        return best.plan.text, predicted
+    text, predicted = world.bcast(world.agree(search))
+    plan = parse_plan_text(text, graph, batch, world.size, "plan auto")
+    plan.source = f"plan auto (optimal under the cost model, predicted {predicted * 1e3:.1f} ms per step)"
+    plan.predicted_s = predicted
+    return plan

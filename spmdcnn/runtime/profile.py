@@ -1,0 +1,180 @@
+"""``spmdcnn profile``: measure ``t_c`` on this device, one distinct tile shape at a time, with the kernels training
+runs (``runtime.kernels``), for the planner's cost model.
+
+Each tile runs alone on made-up inputs of its shape: forward, then backward from a made-up output gradient, and
+for a layer with parameters an SGD step over its shard; the median of a few repeats after a warm-up is kept.
+Under ``mpiexec`` every rank measures a share of the shapes at the same time, so ranks that share a node's cores
+and memory are measured with the contention they will meet in training; rank 0 writes the file.
+"""
+
+import os
+import statistics
+import time
+
+import numpy as np
+
+from ..cost.calibrate import blas_threads, cpu_name
+from ..cost.compute import Profile, tile_shapes, update_key
+from ..graph.graph import Layer
+from ..planner.configs import configurations
+from ..tiling.fields import NO_PADDING
+from . import kernels
+from .optimizer import SGD
+
+
+def device_name(world, xp=np, dtype=np.float32):
+    """The profile's device: the processor, its BLAS threads per rank, how many ranks share it, and the dtype."""
+    if xp is not np:
+        name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
+    else:
+        name = f"{cpu_name()} x{blas_threads()}"
+    ranks = "" if world.size == 1 else f", {world.size} ranks"
+    return f"{name}{ranks}, {np.dtype(dtype).name}"
+
+
+def default_path(device):
+    """Where profiles are cached: ``$SPMDCNN_CACHE`` or ``~/.cache/spmdcnn``, one file per device."""
+    folder = os.environ.get("SPMDCNN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "spmdcnn")
+    slug = "".join(ch if ch.isalnum() else "-" for ch in device.lower()).strip("-")
+    return os.path.join(folder, f"profile-{slug}.json")
+
+
+class _Site:
+    """A tile alone: its input arrives padded and subsampled, so no padding and the shape's own stride."""
+
+    padding = NO_PADDING
+    reduce = staticmethod(lambda array: array)
+
+    def __init__(self, shape):
+        self.global_shape = shape.output
+        self.start = (0,) * len(shape.output)
+        self.total = shape.output[0]
+
+    @property
+    def count(self):
+        n, _, h, w = self.global_shape
+        return n * h * w
+
+    def stride(self, stride):
+        return stride
+
+
+class _Context:
+    def __init__(self, layer, shape, xp, dtype, rng):
+        self.layer, self.shape = layer, shape
+        self.params = {f"{layer.name}.{n}": xp.asarray(rng.standard_normal(s).astype(dtype) * 0.1)
+                       for n, s in shape.params}
+        self.grads = {name: xp.zeros_like(value) for name, value in self.params.items()}
+        channels = shape.output[1] if len(shape.output) > 1 else 1
+        self.buffers = {f"{layer.name}.running_mean": xp.zeros(channels, dtype),
+                        f"{layer.name}.running_var": xp.ones(channels, dtype)}
+        self.training, self.step, self.seed = True, 0, 0
+        self.labels = None
+        if shape.op == "softmax_cross_entropy":
+            n, classes = shape.inputs[0]
+            self.labels = xp.asarray(rng.integers(0, classes, n))
+        self._site = _Site(shape)
+
+    def site(self, layer):
+        return self._site
+
+    def needs_input_grad(self, layer):
+        return self.shape.input_grad
+
+    def overwritable(self, layer):
+        return None
+
+
+def _layer(shape):
+    attrs = dict(shape.attrs)
+    if shape.op in ("conv2d", "maxpool2d", "avgpool2d"):
+        attrs["padding"] = 0
+    if shape.op == "conv2d":
+        attrs["bias"] = any(n == "bias" for n, _ in shape.params)
+    out = shape.output[1:] if shape.op != "softmax_cross_entropy" else ()
+    return Layer("tile", shape.op, attrs, ["x"] * len(shape.inputs), [s[1:] for s in shape.inputs], out,
+                 dict(shape.params))
+
+
+def _median(run, repeats, warmup, sync):
+    times = []
+    for i in range(warmup + repeats):
+        start = time.perf_counter()
+        run()
+        sync()
+        if i >= warmup:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
+    """Seconds for one forward and backward of the tile ``shape`` (a :class:`~spmdcnn.cost.compute.TileShape`)."""
+    rng = np.random.default_rng(seed)
+    layer = _layer(shape)
+    ctx = _Context(layer, shape, xp, dtype, rng)
+    xs = [xp.asarray(rng.standard_normal(s).astype(dtype)) for s in shape.inputs]
+    forward, backward = kernels.FORWARD[shape.op], kernels.BACKWARD[shape.op]
+    y, _ = forward(layer, xs, ctx)
+    gy = xp.asarray(rng.standard_normal(np.shape(y)).astype(dtype)) if np.ndim(y) else None
+
+    def run():
+        out, saved = forward(layer, [x.copy() for x in xs] if shape.op in ("relu", "dropout", "add") else xs, ctx)
+        backward(layer, gy if gy is not None else out, saved, ctx)
+    return _median(run, repeats, warmup, _synchronizer(xp))
+
+
+def measure_update(count, xp=np, dtype=np.float32, repeats=3, warmup=1):
+    """Seconds for an SGD step (momentum and weight decay) over ``count`` parameters."""
+    sgd = SGD({"w": (count,)}, dtype, xp, lr=0.01, momentum=0.9, weight_decay=5e-4)
+    weights, grads = xp.ones(count, dtype), xp.ones(count, dtype)
+    return _median(lambda: sgd.step(weights, grads), repeats, warmup, _synchronizer(xp))
+
+
+def _synchronizer(xp):
+    if xp is np:
+        return lambda: None
+    return lambda: xp.cuda.get_current_stream().synchronize()
+
+
+def shapes_to_profile(graph, batch, devices, configs=None):
+    """The distinct tile shapes (and parameter shard sizes) of every configuration the planner considers for
+    ``graph`` on ``devices`` devices (or of the given ``{layer: [configs]}``)."""
+    shapes, updates = [], set()
+    for layer in graph.layers:
+        for config in (configs or {}).get(layer.name) or configurations(layer, batch, devices):
+            for shape in tile_shapes(layer, config, batch):
+                if shape not in shapes:
+                    shapes.append(shape)
+                    count = sum(int(np.prod(s)) for _, s in shape.params)
+                    if count:
+                        updates.add(count)
+    return shapes, sorted(updates)
+
+
+def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32, repeats=3, log=None):
+    """Measure every tile shape ``profile_store`` lacks, on all ranks at once; returns the number measured."""
+    shapes, updates = shapes_to_profile(graph, batch, devices)
+    missing = [s for s in shapes if profile_store.get(s) is None]
+    missing_updates = [n for n in updates if update_key(n) not in profile_store.entries]
+    jobs = [("tile", s) for s in missing] + [("sgd", n) for n in missing_updates]
+    if log:
+        log(f"profile: {len(jobs)} of {len(shapes) + len(updates)} tile shapes to measure on {world.size} "
+            f"rank{'s' * (world.size != 1)}")
+    mine = {}
+    for i in range(world.rank, len(jobs), world.size):
+        kind, item = jobs[i]
+        if kind == "tile":
+            mine[i] = measure_tile(item, xp, dtype, repeats)
+        else:
+            mine[i] = measure_update(item, xp, dtype, repeats)
+    world.barrier()
+    measured = {}
+    for part in world.allgather(mine):
+        measured.update(part)
+    for i, seconds in measured.items():
+        kind, item = jobs[i]
+        if kind == "tile":
+            profile_store.add(item, seconds)
+        else:
+            profile_store.entries[update_key(item)] = seconds
+    return len(jobs)

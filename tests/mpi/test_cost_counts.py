@@ -1,0 +1,55 @@
+"""The cost model describes what the runtime does, message for message: for random plans (permuted and partial
+device lists, uneven splits, strided windows, concat, add) the bytes it predicts moving between layers and
+summing in allreduces are exactly the bytes the ranks count in one training iteration."""
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import agree
+from plans import random_plan
+from spmdcnn.cost.compute import ComputeModel
+from spmdcnn.cost.machine import default_machine
+from spmdcnn.cost.model import CostModel
+from spmdcnn.graph import load_model
+from spmdcnn.runtime.executor import Executor
+from spmdcnn.tiling.plan import named
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+BATCH = 5
+
+
+def counted(world, graph, plan):
+    """Bytes all ranks sent between layers and contributed to allreduces in one forward and backward."""
+    executor = Executor(graph, np, np.float64, seed=0, plan=plan, world=world)
+    rng = np.random.default_rng(0)
+    images = rng.standard_normal((BATCH,) + graph.input_shape)
+    labels = rng.integers(0, graph.num_classes, BATCH)
+    world.reset()
+    executor.forward(images, labels, step=0)
+    executor.backward()
+    counters = world.allgather((world.counters.bytes_transferred, world.counters.bytes_synced))
+    return sum(c[0] for c in counters), sum(c[1] for c in counters)
+
+
+@pytest.mark.parametrize("model_name", ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"])
+@pytest.mark.parametrize("seed", range(3))
+def test_predicted_bytes_are_the_bytes_the_ranks_move(world, model_name, seed):
+    graph = load_model(os.path.join(MODELS, f"{model_name}.yaml"))
+    plans = [random_plan(graph, BATCH, world.size, seed)]
+    if seed == 0:
+        plans += [named(s, graph, BATCH, world.size) for s in ("data", "model", "owt")]
+    cost = CostModel(graph, BATCH, default_machine(), ComputeModel(default_machine().device), itemsize=8)
+    problems = []
+    for plan in plans:
+        moved, synced = counted(world, graph, plan)
+        predicted = cost.simulate(plan).summary()
+        # the loss and accuracy: one allreduce of two float64 over all ranks, outside any layer
+        overhead = 16 * world.size if world.size > 1 else 0
+        if predicted["bytes_transferred"] != moved:
+            problems.append(f"{plan.source}: predicted {predicted['bytes_transferred']} bytes moved, ranks moved {moved}")
+        if predicted["bytes_synced"] + overhead != synced:
+            problems.append(f"{plan.source}: predicted {predicted['bytes_synced']} + {overhead} bytes allreduced, "
+                            f"ranks allreduced {synced}")
+    agree(world, problems)

@@ -1,0 +1,134 @@
+"""The planner on real models: Algorithm 1 finds the plan the exhaustive search finds, its objective is what the
+cost model predicts for the plan it writes, it is never worse than the baselines, and one device gives the
+trivial plan."""
+
+import os
+
+import numpy as np
+import pytest
+
+from spmdcnn.cost.compute import ComputeModel
+from spmdcnn.cost.machine import default_machine, parse_machine_text
+from spmdcnn.cost.model import CostModel
+from spmdcnn.graph import load_model
+from spmdcnn.graph.graph import parse_model
+from spmdcnn.planner import STRATEGIES, make_plan
+from spmdcnn.planner.configs import configurations, factorizations
+from spmdcnn.tiling.plan import parse_plan_text
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+TWO_LEVEL = parse_machine_text("""
+format: spmdcnn-machine/1
+name: two-level
+nodes: 4
+devices_per_node: 2
+intra_node: {bandwidth: 2.0e+10, latency: 5.0e-6}
+inter_node: {bandwidth: 2.0e+9, latency: 3.0e-5}
+device: {name: test, flops: 2.0e+11, memory_bandwidth: 2.0e+10}
+""")
+
+
+# graphs small enough for the exhaustive search: an Inception-like block (parallel branches into a concat) and a
+# residual block (a branch and its shortcut into an add)
+MINI = {
+    "mini_inception": {"name": "mini_inception", "input": [3, 8, 8], "layers": [
+        {"name": "stem", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+        {"name": "a", "op": "conv2d", "out_channels": 4, "kernel": 1, "inputs": ["stem"]},
+        {"name": "b1", "op": "conv2d", "out_channels": 4, "kernel": 1, "inputs": ["stem"]},
+        {"name": "b2", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+        {"name": "p", "op": "maxpool2d", "kernel": 3, "stride": 1, "padding": 1, "inputs": ["stem"]},
+        {"name": "cat", "op": "concat", "inputs": ["a", "b2", "p"]},
+        {"name": "pool", "op": "avgpool2d", "kernel": 2},
+        {"name": "flat", "op": "flatten"},
+        {"name": "fc", "op": "linear", "out_features": 5},
+        {"name": "loss", "op": "softmax_cross_entropy"}]},
+    "mini_residual": {"name": "mini_residual", "input": [3, 8, 8], "layers": [
+        {"name": "stem", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+        {"name": "bn", "op": "batchnorm2d"},
+        {"name": "r0", "op": "relu"},
+        {"name": "c1", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+        {"name": "r1", "op": "relu"},
+        {"name": "c2", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+        {"name": "sum", "op": "add", "inputs": ["c2", "r0"]},
+        {"name": "r2", "op": "relu"},
+        {"name": "flat", "op": "flatten"},
+        {"name": "fc", "op": "linear", "out_features": 5},
+        {"name": "loss", "op": "softmax_cross_entropy"}]},
+}
+
+
+def model(name):
+    if name in MINI:
+        return parse_model(MINI[name], name)
+    return load_model(os.path.join(MODELS, f"{name}.yaml"))
+
+
+def cost_model(graph, batch, machine=None):
+    machine = machine or default_machine()
+    return CostModel(graph, batch, machine, ComputeModel(machine.device))
+
+
+def test_factorizations_cover_every_ordered_product():
+    assert sorted(factorizations(4, 2)) == [(1, 4), (2, 2), (4, 1)]
+    assert len(factorizations(16, 4)) == 35
+    assert all(np.prod(f) == 12 for f in factorizations(12, 3))
+
+
+def test_configurations_respect_the_op_and_the_extents():
+    graph = model("alexnet")
+    loss = configurations(graph.by_name["loss"], 2, 4)
+    assert [c.degrees for c in loss] == [(1,), (2,)]           # the batch caps the degree
+    fc = configurations(graph.by_name["fc8"], 8, 4)
+    assert {c.degrees for c in fc} == {(1, 1), (1, 2), (2, 1), (1, 4), (2, 2), (4, 1)}
+    assert all(c.devices == tuple(range(c.size)) for c in fc)
+
+
+def test_one_device_gives_the_trivial_plan():
+    graph = model("small_inception")
+    result = make_plan(graph, 1, cost_model(graph, 4))
+    assert all(config.degrees == (1,) * len(config.degrees) and config.devices == (0,)
+               for config in result.plan.configs.values())
+
+
+@pytest.mark.parametrize("machine", [None, TWO_LEVEL], ids=["one-node", "two-level"])
+@pytest.mark.parametrize("name,devices,batch", [("tiny_cnn", 2, 4), ("tiny_cnn", 3, 6), ("mini_inception", 2, 4),
+                                               ("mini_inception", 4, 4), ("mini_residual", 2, 6),
+                                               ("mini_residual", 4, 4)])
+def test_algorithm_1_finds_the_exhaustive_optimum(name, devices, batch, machine):
+    graph = model(name)
+    cost = cost_model(graph, batch, machine)
+    optimal = make_plan(graph, devices, cost, "optimal")
+    exhaustive = make_plan(graph, devices, cost, "exhaustive")
+    assert optimal.solution.exact
+    assert optimal.prediction.iteration_s == pytest.approx(exhaustive.prediction.iteration_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("machine", [None, TWO_LEVEL], ids=["one-node", "two-level"])
+@pytest.mark.parametrize("name,devices,batch", [("cifar_cnn", 4, 16), ("small_inception", 3, 6),
+                                               ("small_resnet", 8, 16), ("alexnet", 8, 32)])
+def test_the_search_objective_is_the_prediction_and_beats_the_baselines(name, devices, batch, machine):
+    graph = model(name)
+    cost = cost_model(graph, batch, machine)
+    results = {s: make_plan(graph, devices, cost, s) for s in STRATEGIES if s != "exhaustive"}
+    best = results["optimal"]
+    assert best.solution.cost + cost.overhead(devices) == pytest.approx(best.prediction.iteration_s, rel=1e-9)
+    for strategy, result in results.items():
+        assert best.prediction.iteration_s <= result.prediction.iteration_s * (1 + 1e-12), strategy
+
+
+def test_a_written_plan_reads_back_as_the_same_plan():
+    graph = model("small_resnet")
+    result = make_plan(graph, 4, cost_model(graph, 8))
+    again = parse_plan_text(result.plan.text, graph, 8, 4)
+    assert again.configs == result.plan.configs
+
+
+def test_the_planner_splits_big_fully_connected_layers_over_channels():
+    """AlexNet's fc6 holds 38M parameters: on 8 devices data parallelism would allreduce them; the planner
+    does better (the paper's central observation) and never replicates fc6 over all devices."""
+    graph = model("alexnet")
+    cost = cost_model(graph, 256, TWO_LEVEL)
+    best = make_plan(graph, 8, cost)
+    data = make_plan(graph, 8, cost, "data")
+    assert best.prediction.iteration_s < 0.9 * data.prediction.iteration_s
+    assert best.plan["fc6"].degrees[1] > 1
