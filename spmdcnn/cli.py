@@ -234,7 +234,6 @@ def cmd_simulate(args):
 
 
 def cmd_profile(args):
-    import numpy as np
     from . import backend
     from .comm import World
     from .cost.compute import Profile

@@ -92,12 +92,11 @@ def device_rates(quick=False, barrier=lambda: None):
     x, y, z = np.full(count, 1.0, np.float32), np.full(count, 2.0, np.float32), np.empty(count, np.float32)
     barrier()
     stream = _median_seconds(lambda: np.add(x, y, out=z), repeats)
-    del x, y, z
     small = [np.ones(TINY, np.float32) for _ in range(3)]
     barrier()
     overhead = _median_seconds(lambda: np.add(small[0], small[1], out=small[2]), repeats, calls=1000)
-    return {"name": f"{cpu_name()} x{blas_threads()}", "gemm_seconds": gemm_seconds, "flops": flops, "memory_bandwidth": 3 * STREAM_BYTES / stream,
-            "overhead": overhead}
+    return {"name": f"{cpu_name()} x{blas_threads()}", "gemm_seconds": gemm_seconds, "flops": flops,
+            "memory_bandwidth": 3 * STREAM_BYTES / stream, "overhead": overhead}
 
 
 def _round(value):

@@ -14,7 +14,7 @@ import time
 import numpy as np
 
 from ..cost.calibrate import blas_threads, cpu_name
-from ..cost.compute import Profile, tile_shapes, update_key
+from ..cost.compute import tile_shapes, update_key
 from ..graph.graph import Layer
 from ..planner.configs import configurations
 from ..tiling.fields import NO_PADDING
