@@ -19,10 +19,11 @@ indices or a few (``_boxes``), and what it keeps is a product of single entries.
 (``_pairs_of_axes``), each pair with one table, so every quantity is a product of one lookup per pair.
 """
 
+import functools
+import operator
 from dataclasses import dataclass
-from functools import lru_cache
-from math import prod
 from itertools import product
+from math import prod
 
 import numpy as np
 
@@ -51,6 +52,7 @@ class EdgeTraffic:
         self._links = {}
         self._axis_ranges = {}
         self._separable_result = None
+        self._reads = {}
 
     def ranges(self, config):
         """``(start, stop, step)`` arrays of shape ``(ndim, Q)``: what each consumer tile reads of the tensor."""
@@ -121,16 +123,19 @@ class EdgeTraffic:
         dimension, are done pair by pair."""
         producers, consumers = list(producers), list(consumers)
         rank = len(self.shape)
-        if not (producers and consumers and self._separable() and _contiguous(producers, rank)
-                and _contiguous(consumers, len(output_shape(self.consumer, self.batch)))):
+        if not (producers and consumers and _contiguous(producers, rank)
+                and _contiguous(consumers, len(output_shape(self.consumer, self.batch))) and self._separable()):
             return self._table_by_pairs(producers, consumers)
         layout = _layout(tuple(p.degrees for p in producers),
                          tuple(q.degrees + (1,) * (rank - len(q.degrees)) for q in consumers),
                          self.machine.devices_per_node)
         numbers = [self._group_numbers(group) for group in layout.groups]
         seconds, nbytes = np.empty((2, len(producers), len(consumers)))
-        for chunk, reach in layout.chunks:
-            seconds[chunk], nbytes[chunk] = self._exchange(layout, numbers, chunk, reach)
+        for number, (chunk, _) in enumerate(layout.chunks[0]):          # the producers' devices send
+            seconds[chunk], nbytes[chunk] = self._busiest(layout, [n[0] for n in numbers], 0, number)
+        for number, (chunk, _) in enumerate(layout.chunks[1]):          # the consumers' devices receive
+            received, _ = self._busiest(layout, [n[1] for n in numbers], 1, number)
+            seconds[:, chunk] = np.maximum(seconds[:, chunk], received.T)
         return seconds, nbytes
 
     def _table_by_pairs(self, producers, consumers):
@@ -139,62 +144,62 @@ class EdgeTraffic:
         return (np.array([[t.seconds for t in row] for row in traffic]).reshape(shape),
                 np.array([[t.bytes for t in row] for row in traffic]).reshape(shape))
 
-    def _exchange(self, layout, numbers, chunk, reach):
-        """``(seconds, nbytes)`` of the producers ``chunk`` (all with tiles below device ``reach``, a node
-        boundary) against every consumer. Each quantity is ``(2, A, device, B)``: elements and messages
-        (nonzero entries), a product over the groups of dimensions of one lookup each: what each device sends
-        (``sent``) and receives (``got``) in all, within its node (``near_*``: a sum over the node's boxes),
-        and keeps (``own``: the producer and the consumer tile it holds)."""
-        sent = got = own = 1.0
-        near_sent, near_got = [1.0] * layout.send_boxes, [1.0] * layout.recv_boxes
-        for group, (table, row_sums, col_sums, send_windows, recv_windows) in zip(layout.groups, numbers):
-            rows, cols = group.row_pos[chunk, :reach], group.col_pos[:reach]        # (A, reach), (reach, B)
-            sent = sent * np.take(row_sums[:, rows], group.col_kind, axis=3)
-            got = got * np.take(col_sums, group.row_kind[chunk], axis=1)
-            own = own * np.take(table, rows[:, :, None] * group.width + cols, axis=1)
-            if layout.per_node:
-                near_sent = [x * np.take(send_windows, rows[:, :, None] * group.send_width + w[:reach], axis=1)
-                             for x, w in zip(near_sent, group.send_windows)]
-                near_got = [x * np.take(recv_windows, w[chunk, :reach, None] * group.width + cols, axis=1)
-                            for x, w in zip(near_got, group.recv_windows)]
+    def _busiest(self, layout, numbers, side, number):
+        """``(seconds, nbytes)`` of the configurations of chunk ``number`` on ``side`` (0: the producers, whose
+        devices send; 1: the consumers, whose devices receive) against every configuration of the other side:
+        the time of their busiest device in that direction, and the bytes they send (side 0). Per device below
+        ``reach``, arrays ``(n, device, other, 2)`` of elements and messages (nonzero entries), each a product
+        over the groups of dimensions of one lookup: all it sends (receives), what of that stays on its node (a
+        sum over the node's boxes of the other side's tiles) and what stays on the device (with its own tile)."""
+        total, kept, on_node = [], [], [[] for _ in range(layout.boxes[side])]
+        for (table, sums, windows), index in zip(numbers, layout.indices(side, number)):
+            total.append(np.take(sums, index.sums, axis=0))
+            kept.append(np.take(table, index.table, axis=0))
+            for factors, box in zip(on_node, index.windows):
+                factors.append(np.take(windows, box, axis=0))
+        total, kept = _product(total), _product(kept)
         intra, inter = self.machine.intra_node, self.machine.inter_node
-        near = (self.itemsize / intra.bandwidth, intra.latency)
-        far = (self.itemsize / inter.bandwidth, inter.latency) if layout.per_node else near
-
-        def busy(total, kept_on_node, kept):        # seconds per device, from exact integer differences
-            return sum(far[n] * (total[n] - kept_on_node[n]) + near[n] * (kept_on_node[n] - kept[n]) for n in (0, 1))
-        if layout.per_node:
-            near_sent, near_got = sum(near_sent), sum(near_got)
+        near = np.array([self.itemsize / intra.bandwidth, intra.latency])      # per element, per message
+        far = np.array([self.itemsize / inter.bandwidth, inter.latency])
+        moved = (total[..., 0].sum(axis=1) - kept[..., 0].sum(axis=1)) * self.itemsize if side == 0 else None
+        if layout.per_node:         # seconds from exact differences of integers, in place
+            on_node = _product(map(_product, on_node), operator.iadd)
+            total -= on_node
+            total *= far
+            on_node -= kept
+            on_node *= near
+            total += on_node
         else:
-            near_sent, near_got = sent, got[:, :, :reach]
-        recv = np.empty(got.shape[1:])
-        recv[:, :reach] = busy(got[:, :, :reach], near_got, own)
-        recv[:, reach:] = busy(got[:, :, reach:], (0, 0), (0, 0))
-        seconds = np.maximum(busy(sent, near_sent, own).max(axis=1), recv.max(axis=1))
-        return seconds, (sent[0].sum(axis=1) - own[0].sum(axis=1)) * self.itemsize
+            total -= kept
+            total *= near
+        return (total[..., 0] + total[..., 1]).max(axis=1), moved
 
     def _group_numbers(self, group):
-        """The tables of one group of dimensions (:class:`_Group`), each stacked ``[elements, nonzero entries]``:
-        the overlaps, flat; their row sums per consumer kind; their column sums per producer kind at every
-        consumer tile ``(2, kinds, pad, B)``; their sums over the consumer windows, flat; over the producer
-        windows, flat."""
-        table = send_windows = recv_windows = 1.0
+        """The tables of one group of dimensions (:class:`_Group`), for the producers' side and for the
+        consumers' (rows and columns swapped): ``(table, sums, windows)``, each flat with ``[elements, nonzero
+        entries]`` along its last axis: the overlaps; their row sums per degree combination of the other side;
+        their sums over the other side's windows (None on one node)."""
+        table, sends, receives = [], [], []         # the last two: window sums, a factor per dimension
         for j, axis in enumerate(group.axes):
-            degrees, parts = group.degrees[j], group.parts[j]
-            overlaps = self._overlap_table(axis, degrees, parts)
-            overlaps = np.stack([overlaps, overlaps > 0])                          # (2, R + 1, C + 1)
-            rows, cols = group.rows[j][:, None], group.cols[j][None, :]
-            table = table * overlaps[:, rows, cols]
-            if group.send_windows:          # sums over windows [lo, hi) of the tiles of one degree
-                across = _prefix(overlaps, parts, axis=2)
-                down = _prefix(overlaps, degrees, axis=1)
-                send_windows = send_windows * (across[:, rows, group.send_hi[j]] - across[:, rows, group.send_lo[j]])
-                recv_windows = recv_windows * (down[:, group.recv_hi[j][:, None], cols]
-                                               - down[:, group.recv_lo[j][:, None], cols])
-        row_sums = np.add.reduceat(table[:, :, :-1], group.col_starts, axis=2)
-        col_sums = np.add.reduceat(table[:, :-1], group.row_starts, axis=1)[:, :, group.col_pos]
-        windows = (send_windows.reshape(2, -1), recv_windows.reshape(2, -1)) if group.send_windows else (None, None)
-        return (table.reshape(2, -1), row_sums, col_sums) + windows
+            overlaps = self._overlap_table(axis, group.degrees[j], group.parts[j])
+            table.append(np.take(overlaps, group.entries[j]))
+            if group.send_lo:               # a window [lo, hi) sums to the running sums' hi - lo
+                both = np.stack([overlaps, overlaps > 0], axis=-1)                  # (R + 1, C + 1, 2)
+                across = np.cumsum(np.concatenate([np.zeros_like(both[:, :1]), both], axis=1), axis=1)
+                down = np.cumsum(np.concatenate([np.zeros_like(both[:1]), both], axis=0), axis=0)
+                across, down = across.reshape(-1, 2), down.reshape(-1, 2)
+                sends.append(np.take(across, group.send_hi[j], axis=0) - np.take(across, group.send_lo[j], axis=0))
+                receives.append(np.take(down, group.recv_hi[j], axis=0) - np.take(down, group.recv_lo[j], axis=0))
+        table = _product(table)
+        both = np.stack([table, table > 0], axis=-1)                                # (rows, cols, 2)
+        row_sums = np.add.reduceat(both[:, :-1], group.col_starts, axis=1)          # (rows, col kinds, 2)
+        col_sums = np.add.reduceat(both[:-1], group.row_starts, axis=0)             # (row kinds, cols, 2)
+        sends = _product(sends) if sends else None                                  # (rows, windows, 2)
+        receives = _product(receives) if receives else None                         # (windows, cols, 2)
+        return [tuple(None if x is None else np.ascontiguousarray(x).reshape(-1, 2) for x in numbers)
+                for numbers in ((both, row_sums, sends),
+                                (both.transpose(1, 0, 2), col_sums.transpose(1, 0, 2),
+                                 None if receives is None else receives.transpose(1, 0, 2)))]
 
     def _overlap_table(self, axis, degrees, splits):
         """``(R + 1, C + 1)`` elements of consumer tile ranges (columns: ``splits[0]`` tiles, then ``splits[1]``,
@@ -214,37 +219,39 @@ class EdgeTraffic:
 
     def _axis_range(self, axis, degree):
         """``(start, stop, step)``, arrays of length ``degree``: what the consumer tiles read of the tensor along
-        ``axis`` when the consumer splits that dimension ``degree`` ways (its other dimensions do not matter)."""
-        key = (axis, degree)
-        if key not in self._axis_ranges:
-            found = [self._read(self._split_box(axis, degree, t))[axis] for t in range(degree)]
-            self._axis_ranges[key] = tuple(np.array(a) for a in zip(*found))
-        return self._axis_ranges[key]
-
-    def _split_box(self, axis, degree, index):
-        """The consumer's whole output, but part ``index`` of ``degree`` along ``axis``."""
-        out_shape = output_shape(self.consumer, self.batch)
-        return tuple(part(extent, degree, index) if k == axis else (0, extent) for k, extent in enumerate(out_shape))
+        ``axis`` when the consumer splits that dimension ``degree`` ways. Its other dimensions do not matter
+        (``_separable``), so one read per part serves every dimension split as many ways."""
+        if (axis, degree) not in self._axis_ranges:
+            out_shape = output_shape(self.consumer, self.batch)
+            split = [k for k, extent in enumerate(out_shape) if degree <= extent or k == axis]
+            reads = [self._read(tuple(part(extent, degree, t) if k in split else (0, extent)
+                                      for k, extent in enumerate(out_shape))) for t in range(degree)]
+            for k in split if degree > 1 else range(len(self.shape)):
+                self._axis_ranges.setdefault((k, degree), tuple(np.array(a) for a in zip(*(r[k] for r in reads))))
+        return self._axis_ranges[axis, degree]
 
     def _read(self, box):
         """``[(start, stop, step)]`` per dimension of the tensor: what the consumer's output ``box`` reads."""
-        in_shapes = [(self.batch,) + tuple(s) for s in self.consumer.in_shapes]
-        need = tile_needs(self.consumer, box, in_shapes)[self.slot]
-        steps = need.steps or (1,) * len(need.box)
-        return [(start, max(stop, start), step) for (start, stop), step in zip(need.box, steps)]
+        if box not in self._reads:
+            in_shapes = [(self.batch,) + tuple(s) for s in self.consumer.in_shapes]
+            need = tile_needs(self.consumer, box, in_shapes)[self.slot]
+            steps = need.steps or (1,) * len(need.box)
+            self._reads[box] = [(start, max(stop, start), step) for (start, stop), step in zip(need.box, steps)]
+        return self._reads[box]
 
     def _separable(self):
         """Whether the consumer's reads go dimension by dimension (what :meth:`table` relies on), checked on
-        every tile of the consumer's output split in two along each dimension: a tile's range along a
-        dimension it has must be that of the same part with the other dimensions whole, and along one it lacks
-        (flatten, linear, the loss) the whole-output one."""
+        every tile of the consumer's output split in two along each dimension: a tile's range along a dimension
+        it has must be the one :meth:`_axis_range` gives its part, and along one it lacks (flatten, linear, the
+        loss) the whole output's."""
         if self._separable_result is None:
             out_shape = output_shape(self.consumer, self.batch)
-            whole = self._read(tuple((0, extent) for extent in out_shape))
             result = len(out_shape) <= len(self.shape)
+            whole = self._read(tuple((0, extent) for extent in out_shape))
             for index in (product(*(range(min(2, extent)) for extent in out_shape)) if result else ()):
                 box = tuple(part(extent, min(2, extent), i) for extent, i in zip(out_shape, index))
-                expected = [self._read(self._split_box(k, min(2, out_shape[k]), i))[k] for k, i in enumerate(index)]
+                expected = [tuple(int(a[i]) for a in self._axis_range(k, min(2, extent)))
+                            for k, (extent, i) in enumerate(zip(out_shape, index))]
                 result = result and self._read(box) == expected + whole[len(out_shape):]
             self._separable_result = result
         return self._separable_result
@@ -252,9 +259,11 @@ class EdgeTraffic:
 
 def _contiguous(configs, rank):
     """Whether every configuration has ``rank`` degrees and its tiles on devices ``0 .. count-1``."""
-    return all(len(c.degrees) == rank and c.devices == tuple(range(int(np.prod(c.degrees)))) for c in configs)
+    return all(len(c.degrees) == rank and c.devices == tuple(range(prod(c.degrees))) for c in configs)
 
 
+CHUNK = 1 << 14          # devices times configuration pairs per step of EdgeTraffic.table
+KEPT = 1 << 20           # the most of them whose lookups a layout keeps
 
 
 def _pairs_of_axes(rank):
@@ -262,7 +271,7 @@ def _pairs_of_axes(rank):
     return [tuple(range(k, min(k + 2, rank))) for k in range(0, rank, 2)]
 
 
-@lru_cache(maxsize=16)
+@functools.lru_cache(maxsize=16)
 def _layout(rows, cols, per_node):
     return _Layout(np.array(rows, dtype=np.int64).reshape(len(rows), -1),
                    np.array(cols, dtype=np.int64).reshape(len(cols), -1), per_node)
@@ -270,88 +279,133 @@ def _layout(rows, cols, per_node):
 
 class _Layout:
     """What :meth:`EdgeTraffic.table` needs of the configuration lists alone (degrees ``rows`` of the producers,
-    ``cols`` of the consumers, padded to the tensor's rank) and the node size: the groups of dimensions, the
-    devices padded to whole nodes (``pad``), and the producers in chunks of equal tile count, each with the
-    node boundary past its tiles. ``per_node`` None: every configuration fits on one node."""
+    ``cols`` of the consumers, padded to the tensor's rank) and the node size: the groups of dimensions, and for
+    each side (0: producers, 1: consumers) its configurations in chunks and how many boxes of the other side's
+    tiles a node holds at most. ``per_node`` None: every configuration fits on one node."""
 
     def __init__(self, rows, cols, per_node):
-        counts = rows.prod(axis=1)
-        count = int(max(counts.max(), cols.prod(axis=1).max()))
+        count = int(max(rows.prod(axis=1).max(), cols.prod(axis=1).max()))
         self.per_node = per_node if count > per_node else None
         node = self.per_node or count
-        self.pad = -(-count // node) * node
-        send = _node_boxes(cols, node, self.pad) if self.per_node else None      # consumer tiles per node
-        recv = _node_boxes(rows, node, self.pad) if self.per_node else None      # producer tiles per node
-        self.send_boxes, self.recv_boxes = (0, 0) if send is None else (send.shape[2], recv.shape[2])
-        self.groups = [_Group(axes, rows, cols, self.pad, self.per_node, send, recv)
+        pad = -(-count // node) * node                  # devices, in whole nodes
+        boxes = [_node_boxes(d, node, pad) if self.per_node else None for d in (rows, cols)]
+        self.groups = [_Group(axes, rows, cols, pad, self.per_node, boxes)
                        for axes in _pairs_of_axes(rows.shape[1])]
-        step = max(1, (1 << 19) // (len(cols) * self.pad))
-        self.chunks = []
-        for count in np.unique(counts).tolist():
-            members = np.flatnonzero(counts == count)
-            reach = count if self.per_node is None else min(self.pad, -(-count // node) * node)
-            self.chunks += [(members[i:i + step], reach) for i in range(0, len(members), step)]
+        self.chunks = [_chunks(rows, node, pad, len(cols)), _chunks(cols, node, pad, len(rows))]
+        self.boxes = [0 if b is None else b.shape[2] for b in reversed(boxes)]
+        self._indices = {} if len(rows) * pad * len(cols) <= KEPT else None
+
+    def indices(self, side, number):
+        """Per group, the lookups of chunk ``number`` of ``side`` (:meth:`_Side.indices`), kept when small."""
+        key = (side, number)
+        if self._indices is not None and key in self._indices:
+            return self._indices[key]
+        found = [group.sides[side].indices(*self.chunks[side][number]) for group in self.groups]
+        if self._indices is not None:
+            self._indices[key] = found
+        return found
+
+
+def _chunks(degrees, node, pad, others):
+    """The configurations (rows of ``degrees``) in chunks of about ``CHUNK`` devices times ``others``, each chunk
+    of configurations whose tiles end below one node boundary ``reach``: ``[(indices, reach)]``."""
+    reaches = np.minimum(-(-degrees.prod(axis=1) // node) * node, pad)
+    chunks = []
+    for reach in np.unique(reaches).tolist():
+        members = np.flatnonzero(reaches == reach)
+        step = max(1, CHUNK // (others * reach))
+        chunks += [(members[i:i + step], reach) for i in range(0, len(members), step)]
+    return chunks
 
 
 class _Group:
     """A group of consecutive dimensions ``axes``. Its table's rows are the producer tiles of each degree
     combination in turn (a row of ``rows[j]`` per dimension: the row of the dimension's overlap table, degree by
-    degree, then its zero row), its columns likewise the consumer tiles (``cols[j]``). ``row_pos`` (A, pad) and
-    ``col_pos`` (pad, B) place every tile (the zero row or column past a configuration's tiles); ``row_kind``,
-    ``col_kind`` give each configuration's combination. With several nodes, ``send_windows[m]`` (pad, B) is the
-    window (``send_lo``, ``send_hi``: columns of the dimensions' running sums) holding box ``m`` of the consumer
-    tiles on device ``t``'s node, ``recv_windows[m]`` (A, pad) that of the producer tiles (``recv_lo``,
-    ``recv_hi``: rows)."""
+    degree, then its zero row), its columns likewise the consumer tiles (``cols[j]``), and ``entries[j]`` is
+    where each of its entries sits in the dimension's table, flat. With several nodes, the windows of consumer
+    tiles (``send_lo``, ``send_hi``: per dimension, where each window's ends sit in the running sums along the
+    dimension's rows) and of producer tiles (``recv_lo``, ``recv_hi``: along its columns). ``sides``: the
+    producers' :class:`_Side`, the consumers'."""
 
-    def __init__(self, axes, rows, cols, pad, per_node, send, recv):
+    def __init__(self, axes, rows, cols, pad, per_node, boxes):
         self.axes = axes
         self.degrees = [np.unique(rows[:, k]) for k in axes]
         self.parts = [np.unique(cols[:, k]) for k in axes]
-        kinds, row_kind = np.unique(rows[:, axes], axis=0, return_inverse=True)
-        splits, col_kind = np.unique(cols[:, axes], axis=0, return_inverse=True)
-        self.row_kind, self.col_kind = row_kind.reshape(-1), col_kind.reshape(-1)
-        row_tiles, row_starts = _tiles_of(kinds)
-        col_tiles, col_starts = _tiles_of(splits)
+        row_kinds, row_kind = np.unique(rows[:, axes], axis=0, return_inverse=True)
+        col_kinds, col_kind = np.unique(cols[:, axes], axis=0, return_inverse=True)
+        row_tiles, row_starts = _tiles_of(row_kinds)
+        col_tiles, col_starts = _tiles_of(col_kinds)
         self.row_starts, self.col_starts = row_starts[:-1], col_starts[:-1]
-        self.rows = [np.append(_first(d, kinds[row_tiles[0], j]) + row_tiles[j + 1], d.sum())
+        self.rows = [np.append(_first(d, row_kinds[row_tiles[0], j]) + row_tiles[j + 1], d.sum())
                      for j, d in enumerate(self.degrees)]
-        self.cols = [np.append(_first(e, splits[col_tiles[0], j]) + col_tiles[j + 1], e.sum())
+        self.cols = [np.append(_first(e, col_kinds[col_tiles[0], j]) + col_tiles[j + 1], e.sum())
                      for j, e in enumerate(self.parts)]
-        self.width = len(self.cols[0])
-        self.row_pos = _positions(rows, axes, row_starts[self.row_kind], len(self.rows[0]) - 1, pad)
-        self.col_pos = _positions(cols, axes, col_starts[self.col_kind], self.width - 1, pad).T
-        self.send_windows = self.recv_windows = ()
-        if per_node:
-            node = np.arange(pad) // per_node
-            self.send_lo, self.send_hi, ids = _windows(send, cols, axes, self.parts)
-            self.send_width = len(self.send_lo[0])
-            self.send_windows = [ids[:, node, m].T for m in range(send.shape[2])]
-            self.recv_lo, self.recv_hi, ids = _windows(recv, rows, axes, self.degrees)
-            self.recv_windows = [ids[:, node, m] for m in range(recv.shape[2])]
+        widths = [e.sum() + 1 for e in self.parts]           # of the dimensions' overlap tables
+        self.entries = [r[:, None] * w + c for r, c, w in zip(self.rows, self.cols, widths)]
+        row_pos = _positions(rows, axes, row_starts[row_kind.reshape(-1)], len(self.rows[0]) - 1, pad)
+        col_pos = _positions(cols, axes, col_starts[col_kind.reshape(-1)], len(self.cols[0]) - 1, pad)
+        self.send_lo = self.recv_lo = None
+        windows = [None, None]
+        if per_node:            # running sums: a zero column (row) first, so tile i's ends are i and i + 1
+            lo, hi, windows[0] = _windows(boxes[1], cols, axes, self.parts)
+            self.send_lo, self.send_hi = ([r[:, None] * (w + 1) + e for r, e, w in zip(self.rows, ends, widths)]
+                                          for ends in (lo, hi))
+            lo, hi, windows[1] = _windows(boxes[0], rows, axes, self.degrees)
+            self.recv_lo, self.recv_hi = ([e[:, None] * w + c for c, e, w in zip(self.cols, ends, widths)]
+                                          for ends in (lo, hi))
+        node = np.arange(pad) // (per_node or pad)
+        self.sides = (_Side(row_pos, col_kind.reshape(-1), len(col_kinds), col_pos, len(self.cols[0]), windows[0],
+                            node),
+                      _Side(col_pos, row_kind.reshape(-1), len(row_kinds), row_pos, len(self.rows[0]), windows[1],
+                            node))
 
 
-def _first(values, degrees, extra=0):
-    """Where the entries of each of ``degrees`` begin when every value of ``values`` (sorted) in turn takes
-    ``value + extra`` entries."""
-    sizes = values + extra
-    return (np.cumsum(sizes) - sizes)[np.searchsorted(values, degrees)]
+class _Side:
+    """A group's table seen from one side: ``pos`` (n, pad) the rows of this side's tiles (the zero row past a
+    configuration's tiles), ``kind`` each configuration of the other side's degree combination, ``other`` (pad,
+    m) the columns of the other side's tiles (of ``width``), and with several nodes ``windows[k]`` (pad, m) the
+    window holding box ``k`` of the other side's tiles on the node of device ``t``."""
+
+    def __init__(self, pos, kind, kinds, other, width, windows, node):
+        self.pos, self.kind, self.kinds, self.width = pos, kind, kinds, width
+        self.other = np.ascontiguousarray(other.T)
+        self.windows = [] if windows is None else [np.ascontiguousarray(windows[:, node, k].T)
+                                                  for k in range(windows.shape[2])]
+        self.count = 0 if windows is None else int(windows.max()) + 1
+
+    def indices(self, chunk, reach):
+        """Where the configurations ``chunk`` and their devices below ``reach`` look up, against every
+        configuration of the other side: in the row sums, the table, the windows (one per box)."""
+        rows = self.pos[chunk, :reach, None]                   # (n, reach, 1)
+        return _Index(rows * self.kinds + self.kind, rows * self.width + self.other[:reach],
+                      [rows * self.count + w[:reach] for w in self.windows])
+
+
+@dataclass(frozen=True)
+class _Index:
+    sums: np.ndarray        # (n, reach, m)
+    table: np.ndarray       # (n, reach, m)
+    windows: list           # of (n, reach, m)
+
+
+def _first(values, degrees):
+    """Where the tiles of each of ``degrees`` begin when those of every value of ``values`` (sorted) come in
+    turn."""
+    return (np.cumsum(values) - values)[np.searchsorted(values, degrees)]
 
 
 def _windows(boxes, degrees, axes, values):
     """The distinct windows of ``boxes`` (n, nodes, M, r, 2) over ``axes``: per dimension their ``lo`` and
-    ``hi`` in the running sums (``_prefix``: ``value + 1`` entries per degree value of ``values``), and each
+    ``hi`` among the rows (or columns) of the dimension's overlap table (degree values ``values``), and each
     box's window ``(n, nodes, M)``."""
-    ends = [_first(v, degrees[:, k], 1)[:, None, None, None] + boxes[:, :, :, k] for k, v in zip(axes, values)]
+    ends = [_first(v, degrees[:, k])[:, None, None, None] + boxes[:, :, :, k] for k, v in zip(axes, values)]
     found, ids = np.unique(np.concatenate(ends, axis=3).reshape(-1, 2 * len(axes)), axis=0, return_inverse=True)
     return list(found[:, 0::2].T), list(found[:, 1::2].T), ids.reshape(boxes.shape[:3])
 
 
-def _prefix(table, sizes, axis):
-    """``table``'s running sums along ``axis`` within each block of ``sizes`` entries (its last, zero, entry left
-    out), each block's led by a zero: ``size + 1`` entries per block."""
-    blocks = np.split(np.take(table, np.arange(sizes.sum()), axis=axis), np.cumsum(sizes)[:-1], axis=axis)
-    zero = np.zeros_like(np.take(table, [0], axis=axis))
-    return np.concatenate([x for block in blocks for x in (zero, np.cumsum(block, axis=axis))], axis=axis)
+def _product(factors, combine=operator.imul):
+    """The product (or with ``operator.iadd`` the sum) of ``factors``, arrays freshly made: into the first."""
+    return functools.reduce(combine, factors)
 
 
 def _node_boxes(degrees, per_node, pad):
@@ -369,7 +423,7 @@ def _node_boxes(degrees, per_node, pad):
     return result
 
 
-@lru_cache(maxsize=4096)
+@functools.lru_cache(maxsize=4096)
 def _boxes(degrees, start, stop):
     """The row-major tile indices ``[start, stop)`` of a configuration of ``degrees`` as boxes, ``(lo, hi)``
     per dimension: at most ``2 len(degrees) - 1`` of them."""
