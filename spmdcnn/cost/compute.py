@@ -15,10 +15,11 @@ import json
 import os
 import statistics
 from dataclasses import dataclass
+from itertools import product
 
 from ..graph.blocks import DATA
 from ..ops.window import pair
-from ..tiling.boxes import shape_of
+from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs as tile_needs
 
@@ -69,16 +70,40 @@ def _volume(shape):
 
 
 def tile_shapes(layer, config, batch):
-    """The distinct :class:`TileShape` of ``layer``'s tiles under ``config``."""
+    """The distinct :class:`TileShape` of ``layer``'s tiles under ``config``.
+
+    What a tile reads along one dimension depends only on its part along that dimension, so the distinct tiles
+    are the combinations of each dimension's distinct parts (at most a few: balanced splits differ by one in
+    size, and only the first and last parts of a window see padding)."""
     in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
-    out_shape = output_shape(layer, batch)
+    classes = [_classes(layer, batch, axis, degree) for axis, degree in enumerate(config.degrees)]
     result = []
-    for index in config.indices():
-        box = config.box(out_shape, index)
+    for box in product(*classes):
         shape = tile_shape(layer, box, tile_needs(layer, box, in_shapes))
         if shape not in result:
             result.append(shape)
     return result
+
+
+_CLASSES = {}
+
+
+def _classes(layer, batch, axis, degree):
+    """One range per distinct kind of part along ``axis`` split ``degree`` ways: parts whose tiles read inputs of
+    the same extent with the same padding along that axis."""
+    key = (signature(layer), batch, axis, degree)
+    if key not in _CLASSES:
+        in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
+        whole = tuple((0, extent) for extent in output_shape(layer, batch))
+        seen = {}
+        for index in range(degree):
+            box = whole[:axis] + (part(whole[axis][1], degree, index),) + whole[axis + 1:]
+            shape = tile_shape(layer, box, tile_needs(layer, box, in_shapes))
+            kind = (shape.output[axis], tuple(s[axis] if axis < len(s) else None for s in shape.inputs),
+                    shape.params, shape.attrs)
+            seen.setdefault(kind, box[axis])
+        _CLASSES[key] = list(seen.values())
+    return _CLASSES[key]
 
 
 def tile_shape(layer, box, needs):
@@ -243,12 +268,26 @@ class ComputeModel:
 
     def layer_seconds(self, layer, config, batch):
         """``t_c``: the slowest tile's forward, backward and parameter update."""
-        key = (layer.name, config.degrees, batch)
+        key = (signature(layer), config.degrees, batch)
         if key not in self._layers:
             shapes = tile_shapes(layer, config, batch)
             self._layers[key] = max(self.tile_seconds(s) + self.update_seconds(sum(_volume(p) for _, p in s.params))
                                     for s in shapes)
         return self._layers[key]
+
+
+_SIGNATURES = {}
+
+
+def signature(layer):
+    """What a layer's tiles compute, without its name: equal for the repeated layers of a network."""
+    key = id(layer)
+    found = _SIGNATURES.get(key)
+    if found is None or found[0] is not layer:
+        found = _SIGNATURES[key] = (layer, (layer.op, repr(sorted(layer.attrs.items())),
+                                            tuple(map(tuple, layer.in_shapes)), tuple(layer.out_shape),
+                                            DATA in layer.inputs))
+    return found[1]
 
 
 def update_key(params):

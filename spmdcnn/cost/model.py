@@ -9,6 +9,7 @@ message for message, are what the planner minimizes and what ``spmdcnn simulate`
 from dataclasses import dataclass, field
 
 from ..graph.blocks import DATA
+from .compute import signature
 from .sync import layer_sync
 from .transfer import EdgeTraffic
 
@@ -69,11 +70,15 @@ class CostModel:
     def __init__(self, graph, batch, machine, compute, itemsize=4):
         self.graph, self.batch, self.machine, self.compute, self.itemsize = graph, batch, machine, compute, itemsize
         self._edges = {}
+        self._nodes = {}
 
     def node(self, layer, config):
-        """``(t_c, t_s, bytes synced)`` of ``layer`` under ``config``."""
-        sync = layer_sync(layer, config, self.machine, self.itemsize)
-        return self.compute.layer_seconds(layer, config, self.batch), sync.seconds, sync.bytes
+        """``(t_c, t_s, bytes synced)`` of ``layer`` under ``config`` (the same for repeated layers)."""
+        key = (signature(layer), config.degrees, config.devices)
+        if key not in self._nodes:
+            sync = layer_sync(layer, config, self.machine, self.itemsize)
+            self._nodes[key] = self.compute.layer_seconds(layer, config, self.batch), sync.seconds, sync.bytes
+        return self._nodes[key]
 
     def edge(self, layer, slot):
         """The :class:`EdgeTraffic` of input ``slot`` of ``layer`` (shared by edges that move the same way)."""
