@@ -169,10 +169,27 @@ def update_work(params, itemsize=4):
 
 
 class Profile:
-    """Measured tile times for one device: ``{TileShape.key: seconds}``, kept in a JSON file."""
+    """Measured tile times for one device: ``{TileShape.key: seconds}``, kept in a JSON file.
 
-    def __init__(self, device, entries=None, shapes=None, path=None):
+    ``in_situ`` holds reference iterations: a whole model run on each device at once, without communication
+    (``measured``), against the sum of its tiles' times measured alone (``isolated``). A tile in a real iteration
+    runs slower than alone (its inputs are no longer in cache, the runtime's own work between kernels), and
+    :attr:`factor`, the median ratio, scales every tile time by that much."""
+
+    def __init__(self, device, entries=None, shapes=None, path=None, in_situ=None):
         self.device, self.entries, self.shapes, self.path = device, dict(entries or {}), dict(shapes or {}), path
+        self.in_situ = dict(in_situ or {})
+
+    @property
+    def factor(self):
+        ratios = [r["measured"] / r["isolated"] for r in self.in_situ.values() if r.get("isolated")]
+        return statistics.median(ratios) if ratios else 1.0
+
+    @property
+    def wait(self):
+        """Seconds the ranks lose at each point where they synchronize (0 when measured on one rank)."""
+        waits = [r["wait"] for r in self.in_situ.values() if "wait" in r]
+        return statistics.median(waits) if waits else 0.0
 
     def get(self, shape):
         return self.entries.get(shape.key)
@@ -188,7 +205,7 @@ class Profile:
         path = path or self.path
         folder = os.path.dirname(os.path.abspath(path))
         os.makedirs(folder, exist_ok=True)
-        data = {"format": PROFILE_FORMAT, "device": self.device,
+        data = {"format": PROFILE_FORMAT, "device": self.device, "in_situ": self.in_situ,
                 "entries": [{"key": key, "seconds": seconds,
                              **({"shape": self.shapes[key].to_json()} if key in self.shapes else {})}
                             for key, seconds in sorted(self.entries.items())]}
@@ -214,7 +231,7 @@ class Profile:
             raise ValueError(f"{path}: not an spmdcnn profile (format {PROFILE_FORMAT!r})")
         entries = {e["key"]: float(e["seconds"]) for e in data.get("entries", [])}
         shapes = {e["key"]: TileShape.from_json(e["shape"]) for e in data.get("entries", []) if "shape" in e}
-        return cls(data.get("device", "unknown"), entries, shapes, path)
+        return cls(data.get("device", "unknown"), entries, shapes, path, data.get("in_situ"))
 
 
 class ComputeModel:
@@ -225,6 +242,7 @@ class ComputeModel:
         self.device, self.profile, self.itemsize = device, profile, itemsize
         self._layers = {}
         self.scale = self._calibrate()
+        self.wait = profile.wait if profile is not None else 0.0
 
     def analytic(self, calls, flops, nbytes):
         d = self.device
@@ -271,8 +289,9 @@ class ComputeModel:
         key = (signature(layer), config.degrees, batch)
         if key not in self._layers:
             shapes = tile_shapes(layer, config, batch)
-            self._layers[key] = max(self.tile_seconds(s) + self.update_seconds(sum(_volume(p) for _, p in s.params))
-                                    for s in shapes)
+            factor = self.profile.factor if self.profile is not None else 1.0
+            self._layers[key] = factor * max(self.tile_seconds(s) + self.update_seconds(
+                sum(_volume(p) for _, p in s.params)) for s in shapes)
         return self._layers[key]
 
 

@@ -77,8 +77,14 @@ class CostModel:
         key = (signature(layer), config.degrees, config.devices)
         if key not in self._nodes:
             sync = layer_sync(layer, config, self.machine, self.itemsize)
-            self._nodes[key] = self.compute.layer_seconds(layer, config, self.batch), sync.seconds, sync.bytes
+            self._nodes[key] = (self.compute.layer_seconds(layer, config, self.batch),
+                                sync.seconds + sync.points * self.compute.wait, sync.bytes)
         return self._nodes[key]
+
+    def exchange_seconds(self, seconds, nbytes):
+        """``t_x`` of an edge from its forward exchange: forward and backward, each a point where the devices
+        that exchange wait for each other when anything crosses devices."""
+        return 2 * seconds + 2 * self.compute.wait * (nbytes > 0)
 
     def edge(self, layer, slot):
         """The :class:`EdgeTraffic` of input ``slot`` of ``layer`` (shared by edges that move the same way)."""
@@ -91,7 +97,9 @@ class CostModel:
         return self._edges[key]
 
     def overhead(self, devices):
-        return self.machine.allreduce_time(tuple(range(devices)), 2 * 8)
+        if devices < 2:
+            return 0.0
+        return self.machine.allreduce_time(tuple(range(devices)), 2 * 8) + self.compute.wait
 
     def simulate(self, plan):
         """The :class:`Prediction` for ``plan`` (any plan: hand-written ones too)."""
@@ -104,7 +112,7 @@ class CostModel:
                 if ref == DATA:
                     continue
                 traffic = self.edge(layer, slot).forward(plan[ref], config)
-                row.transfer_s += 2 * traffic.seconds
+                row.transfer_s += self.exchange_seconds(traffic.seconds, traffic.bytes)
                 row.bytes_transferred += 2 * traffic.bytes
             prediction.layers.append(row)
         return prediction

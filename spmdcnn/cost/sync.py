@@ -15,6 +15,7 @@ from ..tiling.boxes import part
 class Sync:
     seconds: float
     bytes: float        # bytes all devices contribute to the allreduces (as the runtime counts them)
+    points: int = 0     # allreduces a device waits in (each a point where the ranks synchronize)
 
 
 def layer_sync(layer, config, machine, itemsize=4):
@@ -25,6 +26,7 @@ def layer_sync(layer, config, machine, itemsize=4):
     channels = layer.out_shape[0]
     c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
     seconds = nbytes = 0.0
+    points = 0
     for index, group in groups.items():
         lo, hi = part(channels, c_degree, index)
         rows = hi - lo
@@ -40,7 +42,8 @@ def layer_sync(layer, config, machine, itemsize=4):
         seconds = max(seconds, time)
         if len(group) > 1:
             nbytes += len(group) * contributed * itemsize
-    return Sync(seconds, nbytes)
+            points = 3 if layer.op == "batchnorm2d" else 1
+    return Sync(seconds, nbytes, points if nbytes else 0)
 
 
 def _volume(shape):

@@ -63,7 +63,7 @@ class Problem:
                 traffic = cost.edge(layer, slot)
                 key = (id(traffic), id(self.choices[u]), id(self.choices[v]))
                 if key not in tables:
-                    tables[key] = 2 * traffic.table(self.choices[u], self.choices[v])[0]
+                    tables[key] = cost.exchange_seconds(*traffic.table(self.choices[u], self.choices[v]))
                 self.edges.append((u, v, tables[key]))
 
     def plan(self, choices, batch, source):

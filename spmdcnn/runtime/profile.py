@@ -14,7 +14,9 @@ import time
 import numpy as np
 
 from ..cost.calibrate import blas_threads, cpu_name
-from ..cost.compute import tile_shapes, update_key
+from ..cost.compute import ComputeModel, tile_shapes, update_key
+from ..cost.machine import Device
+from ..tiling.config import ParallelConfig, output_shape
 from ..graph.graph import Layer
 from ..planner.configs import configurations
 from ..tiling.fields import NO_PADDING
@@ -152,8 +154,70 @@ def shapes_to_profile(graph, batch, devices, configs=None):
 
 
 def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32, repeats=3, log=None):
-    """Measure every tile shape ``profile_store`` lacks, on all ranks at once; returns the number measured."""
-    shapes, updates = shapes_to_profile(graph, batch, devices)
+    """Measure every tile shape ``profile_store`` lacks, on all ranks at once, then (if the profile has none for
+    this model, batch and rank count) a reference iteration; returns the number of tile shapes measured."""
+    count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log)
+    key = f"{graph.name} batch {batch} on {world.size}"
+    if key not in profile_store.in_situ:
+        sample = max(batch // devices, 1)
+        whole = {layer.name: [ParallelConfig((1,) * len(output_shape(layer, sample)), (0,))] for layer in graph.layers}
+        count += _measure_tiles(profile_store, *shapes_to_profile(graph, sample, 1, whole), world, xp, dtype,
+                                repeats, None)
+        measured = max(world.allgather(reference_iteration(graph, sample, xp, dtype, world)))
+        wait = 0.0
+        if world.size > 1:
+            # the same iterations with every rank waiting for the others after each layer, forward and backward
+            together = max(world.allgather(reference_iteration(graph, sample, xp, dtype, world, True)))
+            wait = max(together - measured, 0.0) / (2 * len(graph.layers))
+        isolated = sum(ComputeModel(Device(), profile_store).layer_seconds(layer, whole[layer.name][0], sample)
+                       for layer in graph.layers) / profile_store.factor
+        profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "wait": wait}
+        if log:
+            log(f"profile: the whole model at batch {sample} takes {measured * 1e3:.1f} ms per iteration on each of "
+                f"{world.size} rank{'s' * (world.size != 1)}, its tiles alone {isolated * 1e3:.1f} ms: tile times "
+                f"scaled by {profile_store.factor:.3f}; {wait * 1e3:.2f} ms lost per synchronization")
+    return count
+
+
+def reference_iteration(graph, batch, xp, dtype, world, synchronize=False, repeats=3, warmup=1):
+    """Median seconds of a training iteration of the whole model at ``batch`` on this rank alone (every rank at
+    once: the contention of training, without its communication). ``synchronize``: with a barrier after each
+    layer's forward and backward, where a plan's exchanges and allreduces make the ranks wait for each other
+    (ranks drift apart: uneven cores, the operating system, ranks sharing a core take turns)."""
+    from ..io.dataset import SyntheticData
+    from .executor import Executor
+    executor = Executor(graph, xp, dtype, seed=0)
+    optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=0).batch(0, 0, batch, dtype)
+    images, labels = xp.asarray(images), xp.asarray(labels)
+
+    def run():
+        executor.forward(images, labels, step=0)
+        executor.backward()
+        optimizer.step(executor.params.flat, executor.grads.flat)
+    world.barrier()
+    if not synchronize:
+        return _median(run, repeats, warmup, _synchronizer(xp))
+    saved = dict(kernels.FORWARD), dict(kernels.BACKWARD)
+    try:
+        for table in (kernels.FORWARD, kernels.BACKWARD):
+            for op, function in list(table.items()):
+                table[op] = _then_barrier(function, world)
+        return _median(run, repeats, warmup, _synchronizer(xp))
+    finally:
+        kernels.FORWARD.update(saved[0])
+        kernels.BACKWARD.update(saved[1])
+
+
+def _then_barrier(function, world):
+    def run(*args):
+        result = function(*args)
+        world.barrier()
+        return result
+    return run
+
+
+def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log):
     missing = [s for s in shapes if profile_store.get(s) is None]
     missing_updates = [n for n in updates if update_key(n) not in profile_store.entries]
     jobs = [("tile", s) for s in missing] + [("sgd", n) for n in missing_updates]

@@ -1,0 +1,83 @@
+"""``t_c`` from profiles and the analytic model, and ``t_s`` of replica groups."""
+
+import os
+
+import pytest
+
+from spmdcnn.cost.compute import ComputeModel, Profile, TileShape, tile_shapes, work
+from spmdcnn.cost.machine import Device, parse_machine_text
+from spmdcnn.cost.model import CostModel
+from spmdcnn.cost.sync import layer_sync
+from spmdcnn.graph import load_model
+from spmdcnn.tiling.config import ParallelConfig
+from spmdcnn.tiling.plan import named
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+MACHINE = parse_machine_text("""format: spmdcnn-machine/1
+nodes: 2
+devices_per_node: 2
+intra_node: {bandwidth: 1.0e+10, latency: 1.0e-5}
+inter_node: {bandwidth: 1.0e+9, latency: 1.0e-4}
+device: {name: test, flops: 1.0e+11, memory_bandwidth: 1.0e+10, overhead: 1.0e-6}
+""")
+
+
+def model(name):
+    return load_model(os.path.join(MODELS, f"{name}.yaml"))
+
+
+def test_uneven_splits_give_a_few_distinct_tiles_and_the_slowest_counts():
+    conv = model("alexnet").by_name["conv2"]
+    even = tile_shapes(conv, ParallelConfig((2, 1, 1, 1), (0, 1)), 4)
+    uneven = tile_shapes(conv, ParallelConfig((3, 1, 1, 1), (0, 1, 2)), 4)     # 4 samples in 3 parts: 1, 1, 2
+    assert len(even) == 1 and sorted(s.output[0] for s in uneven) == [1, 2]
+    compute = ComputeModel(MACHINE.device)
+    assert compute.layer_seconds(conv, ParallelConfig((3, 1, 1, 1), (0, 1, 2)), 4) == pytest.approx(
+        compute.layer_seconds(conv, ParallelConfig((2, 1, 1, 1), (0, 1)), 4))
+
+
+def test_a_profile_gives_measured_times_and_calibrates_the_rest():
+    graph = model("cifar_cnn")
+    layer = graph.by_name["conv2.conv"]
+    shapes = tile_shapes(layer, ParallelConfig((1, 1, 1, 1), (0,)), 8)
+    measured = {s: 3 * ComputeModel(Device()).analytic(*work(s)) for s in shapes}
+    store = Profile("test")
+    for shape, seconds in measured.items():
+        store.add(shape, seconds)
+    compute = ComputeModel(Device(), store)
+    assert compute.tile_seconds(shapes[0]) == measured[shapes[0]]
+    other = tile_shapes(layer, ParallelConfig((2, 1, 1, 1), (0, 1)), 8)[0]           # not in the profile
+    assert compute.tile_seconds(other) == pytest.approx(3 * ComputeModel(Device()).analytic(*work(other)))
+
+
+def test_reference_iterations_scale_tiles_and_charge_each_synchronization(tmp_path):
+    graph = model("small_resnet")
+    store = Profile("test", in_situ={"small_resnet": {"measured": 2.0, "isolated": 1.0, "wait": 1e-3}})
+    store.save(str(tmp_path / "p.json"))
+    again = Profile.load(str(tmp_path / "p.json"))
+    assert again.factor == 2.0 and again.wait == 1e-3
+    plain = CostModel(graph, 8, MACHINE, ComputeModel(MACHINE.device))
+    scaled = CostModel(graph, 8, MACHINE, ComputeModel(MACHINE.device, again))
+    plan = named("owt", graph, 8, 4)
+    a, b = plain.simulate(plan), scaled.simulate(plan)
+    assert b.compute_s == pytest.approx(2 * a.compute_s)
+    exchanges = sum(1 for row in a.layers if row.bytes_transferred)
+    allreduces = sum(3 if graph.by_name[row.name].op == "batchnorm2d" else 1 for row in a.layers if row.bytes_synced)
+    assert b.transfer_s - a.transfer_s == pytest.approx(2 * exchanges * 1e-3)
+    assert b.sync_s - a.sync_s == pytest.approx((allreduces + 1) * 1e-3)
+
+
+def test_allreduce_groups_use_their_slowest_link():
+    fc = model("alexnet").by_name["fc6"]
+    within = layer_sync(fc, ParallelConfig((2, 1), (0, 1)), MACHINE)       # one node
+    across = layer_sync(fc, ParallelConfig((2, 1), (1, 2)), MACHINE)       # two nodes
+    split = layer_sync(fc, ParallelConfig((1, 2), (0, 1)), MACHINE)        # no replicas
+    assert across.seconds > 5 * within.seconds and split.seconds == 0 and split.bytes == 0
+    assert within.bytes == across.bytes == 2 * fc.num_params * 4
+    assert MACHINE.allreduce_time((0, 1), 1e6) == pytest.approx(2 * (0.5e6 / 1e10 + 1e-5))
+
+
+def test_a_tile_shape_survives_json():
+    shape = TileShape("conv2d", (("kernel", (3, 3)), ("stride", (1, 2))), ((2, 3, 8, 8),), (2, 4, 6, 3),
+                      (("weight", (4, 3, 3, 3)),), False)
+    assert TileShape.from_json(shape.to_json()) == shape
