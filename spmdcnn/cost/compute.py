@@ -96,7 +96,9 @@ def _classes(layer, batch, axis, degree):
         in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
         whole = tuple((0, extent) for extent in output_shape(layer, batch))
         seen = {}
-        for index in range(degree):
+        # a concat's channel parts read from different inputs: every part counts
+        parts = range(degree) if layer.op == "concat" and axis == 1 else _candidates(whole[axis][1], degree)
+        for index in parts:
             box = whole[:axis] + (part(whole[axis][1], degree, index),) + whole[axis + 1:]
             shape = tile_shape(layer, box, tile_needs(layer, box, in_shapes))
             kind = (shape.output[axis], tuple(s[axis] if axis < len(s) else None for s in shape.inputs),
@@ -104,6 +106,21 @@ def _classes(layer, batch, axis, degree):
             seen.setdefault(kind, box[axis])
         _CLASSES[key] = list(seen.values())
     return _CLASSES[key]
+
+
+def _candidates(extent, degree):
+    """Parts that may differ in what their tiles read: the first and the last (padding, the tensor's edge), and
+    among the others one of each size (balanced parts have two sizes at most, and an interior part's reads
+    depend only on its size)."""
+    chosen, sizes = {0, degree - 1}, set()
+    for index in range(1, degree - 1):
+        lo, hi = part(extent, degree, index)
+        if hi - lo not in sizes:
+            sizes.add(hi - lo)
+            chosen.add(index)
+        if len(sizes) == 2:
+            break
+    return sorted(chosen)
 
 
 def tile_shape(layer, box, needs):

@@ -81,3 +81,20 @@ def test_a_tile_shape_survives_json():
     shape = TileShape("conv2d", (("kernel", (3, 3)), ("stride", (1, 2))), ((2, 3, 8, 8),), (2, 4, 6, 3),
                       (("weight", (4, 3, 3, 3)),), False)
     assert TileShape.from_json(shape.to_json()) == shape
+
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"])
+def test_distinct_tiles_are_those_of_every_tile(name):
+    from spmdcnn.cost.compute import tile_shape
+    from spmdcnn.planner.configs import configurations
+    from spmdcnn.tiling.config import output_shape
+    from spmdcnn.tiling.fields import needs
+    graph = model(name)
+    for devices, batch in ((3, 5), (8, 9)):
+        for layer in graph.layers:
+            in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
+            out = output_shape(layer, batch)
+            for config in configurations(layer, batch, devices):
+                every = {tile_shape(layer, box, needs(layer, box, in_shapes))
+                         for box in (config.box(out, index) for index in config.indices())}
+                assert set(tile_shapes(layer, config, batch)) == every, (layer.name, config)
