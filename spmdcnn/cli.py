@@ -204,15 +204,21 @@ def _load_plan_for_simulate(spec, args):
     if not isinstance(data, dict):
         raise ValueError(f"{spec}: not a plan (expected a mapping)")
     model = args.model or data.get("model_file")
+    if model is not None and not isinstance(model, str):
+        raise ValueError(f"{spec}: model_file must be a path, got {model!r}")
     if model is None:
         model = os.path.join("models", f"{data.get('model')}.yaml")
         if not os.path.exists(model):
             raise ValueError(f"{spec}: which model? the plan has no model_file and {model} does not exist; "
                              "pass --model MODEL.yaml")
     graph = load_model(model)
-    batch = data.get("batch_size") or args.batch
+    batch = data.get("batch_size")
+    if batch is None:
+        batch = args.batch
     if batch is None:
         raise ValueError(f"{spec}: the plan has no batch_size; pass --batch")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"{spec}: batch_size must be a positive integer, got {batch!r}")
     return graph, from_mapping(data, graph, batch, None, spec)
 
 
@@ -247,11 +253,11 @@ def cmd_profile(args):
         device = device_name(world, xp, dtype)
         path = args.output or default_path(device)
         store = Profile.load(path, device) if world.rank == 0 else None
+        if store is not None and store.device != device:
+            raise ValueError(f"{path}: a profile of {store.device!r}, not of this device ({device!r})")
         return graph, xp, dtype, device, path, store
     graph, xp, dtype, device, path, store = world.agree(load)
     store = world.bcast(store)
-    if store.device != device:
-        raise ValueError(f"{path}: a profile of {store.device!r}, not of this device ({device!r})")
     count = profile(graph, args.batch, args.devices, world, store, xp, dtype, args.repeats,
                     log=print if world.rank == 0 else None)
     world.agree(lambda: store.save(path) if world.rank == 0 else None)

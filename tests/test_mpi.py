@@ -217,3 +217,12 @@ def test_plan_auto_profiles_searches_and_broadcasts_the_plan(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert second.returncode == 0, second.stdout + second.stderr
     assert "0 tile shapes measured" in second.stdout and "resumed from" in second.stdout
+    # a cache that cannot be read is set aside, not fatal
+    cache = tmp_path / "cache" / os.listdir(tmp_path / "cache")[0]
+    cache.write_text("not json")
+    third = write_job(tmp_path, "auto", plan="auto", steps=9,
+                      machine=os.path.join(ROOT, "jobs", "machines", "local.yaml"))
+    result = subprocess.run([MPIEXEC, "-n", "2", *spmdcnn("train", third)], cwd=ROOT, env=env,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ignoring the cached profile" in result.stdout and "0 tile shapes measured" not in result.stdout

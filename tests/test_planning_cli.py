@@ -116,3 +116,19 @@ def test_profile_measures_each_tile_shape_once_and_the_planner_uses_it(tmp_path)
     assert "measured 0 tile shapes" in again.stdout
     planned = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "--profile", out)
     assert planned.returncode == 0 and f"profile {out}" in planned.stdout
+
+
+@pytest.mark.parametrize("batch", ['"8"', "-4", "0", "2.5", "true"])
+def test_simulate_refuses_a_plan_with_a_bad_batch_size(tmp_path, batch):
+    path = tmp_path / "p.yaml"
+    path.write_text(f"format: spmdcnn-plan/1\nmodel: tiny_cnn\nbatch_size: {batch}\ndevices: 2\n"
+                    f"model_file: {json.dumps(os.path.join(ROOT, 'models', 'tiny_cnn.yaml'))}\n")
+    result = run("simulate", path)
+    assert result.returncode == 2 and "batch_size" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_profile_refuses_a_profile_of_another_device(tmp_path):
+    out = tmp_path / "other.json"
+    Profile("some other device").save(str(out))
+    result = run("profile", "models/tiny_cnn.yaml", "--batch", 4, "--devices", 1, "-o", out)
+    assert result.returncode == 2 and "not of this device" in result.stderr

@@ -21,11 +21,19 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log):
     path = default_path(device)
 
     def load():
-        return Profile.load(path, device) if world.rank == 0 else None
+        if world.rank != 0:
+            return None
+        try:
+            store = Profile.load(path, device)
+        except ValueError as error:         # a cache is disposable: start a new one
+            log(f"plan auto: ignoring the cached profile ({error})")
+            return Profile(device, path=path)
+        return store if store.device == device else Profile(device, path=path)
     store = world.bcast(world.agree(load))
     start = time.perf_counter()
+    references = len(store.in_situ)
     measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log)
-    if measured and world.rank == 0:
+    if (measured or len(store.in_situ) != references) and world.rank == 0:
         try:
             store.save(path)
         except OSError as error:

@@ -7,6 +7,7 @@ Under ``mpiexec`` every rank measures a share of the shapes at the same time, so
 and memory are measured with the contention they will meet in training; rank 0 writes the file.
 """
 
+import hashlib
 import os
 import statistics
 import time
@@ -157,7 +158,8 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
     """Measure every tile shape ``profile_store`` lacks, on all ranks at once, then (if the profile has none for
     this model, batch and rank count) a reference iteration; returns the number of tile shapes measured."""
     count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log)
-    key = f"{graph.name} batch {batch} on {world.size}"
+    digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
+    key = f"{graph.name} ({digest}) batch {batch} on {devices} devices, {world.size} ranks"
     if key not in profile_store.in_situ:
         sample = max(batch // devices, 1)
         whole = {layer.name: [ParallelConfig((1,) * len(output_shape(layer, sample)), (0,))] for layer in graph.layers}
