@@ -88,6 +88,12 @@ def tile_shapes(layer, config, batch):
 _CLASSES = {}
 
 
+def clear_caches():
+    """Forget the tile shapes worked out so far (they are kept per layer signature for the whole process)."""
+    _CLASSES.clear()
+    _SIGNATURES.clear()
+
+
 def _classes(layer, batch, axis, degree):
     """One range per distinct kind of part along ``axis`` split ``degree`` ways: parts whose tiles read inputs of
     the same extent with the same padding along that axis."""
