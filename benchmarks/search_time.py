@@ -25,7 +25,7 @@ def main():
     parser.add_argument("--machine", default=os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4.yaml"))
     parser.add_argument("--rounds", type=int, default=3, help="runs per cell (the median is reported)")
     args = parser.parse_args()
-    print(f"{'model':<13} {'devices':>7} {'layers':>6} {'configs':>7} {'tables s':>8} {'search s':>8} "
+    print(f"{'model':<13} {'devices':>7} {'layers':>6} {'configs':>7} {'kept':>6} {'tables s':>8} {'search s':>8} "
           f"{'total s':>8}  method")
     for name in args.models:
         graph = load_model(os.path.join(ROOT, "models", f"{name}.yaml"))
@@ -46,7 +46,8 @@ def main():
                 done = time.perf_counter()
                 times.append((built - start, done - built, done - start))
             tables, searched, total = (statistics.median(t[i] for t in times) for i in range(3))
-            print(f"{name:<13} {devices:>7} {len(problem.nodes):>6} {sum(len(c) for c in problem.choices):>7} "
+            print(f"{name:<13} {devices:>7} {len(problem.nodes):>6} {problem.considered:>7} "
+                  f"{sum(len(c) for c in problem.choices):>6} "
                   f"{tables:>8.3f} {searched:>8.3f} {total:>8.3f}  {solution.method}"
                   f"{'' if solution.exact else ' (not exact)'}", flush=True)
 

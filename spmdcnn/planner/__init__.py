@@ -29,12 +29,18 @@ class Result:
     solution: object = None
     nodes: int = 0
     configurations: int = 0
+    kept: int = 0           # configurations left after pruning, for which edge tables were built
 
 
 class Problem:
-    """The node and edge cost tables of ``graph`` on ``devices`` devices under ``cost`` (a CostModel)."""
+    """The node and edge cost tables of ``graph`` on ``devices`` devices under ``cost`` (a CostModel).
 
-    def __init__(self, graph, devices, cost):
+    With ``prune``, configurations that cannot be in an optimal plan are dropped before any edge table is built:
+    every cost is non-negative, so a plan using configuration ``c`` of layer ``v`` costs at least ``c``'s node
+    cost plus the cheapest node cost of every other layer. Where that exceeds the cost of a plan in the search
+    space (the best of ``data``, ``owt`` and ``model`` that lies in it), ``c`` is out. The search stays exact."""
+
+    def __init__(self, graph, devices, cost, prune=True):
         self.graph, self.devices, self.cost = graph, devices, cost
         batch = cost.batch
         self.root = searched(graph)
@@ -48,10 +54,13 @@ class Problem:
             if key not in lists:
                 lists[key] = configurations(layer, batch, devices)
             self.choices.append(lists[key])
+        self.considered = sum(len(c) for c in self.choices)
         self.node_costs = [np.zeros(len(c)) for c in self.choices]
         for layer in graph.layers:
             i = self.index[self.root[layer.name]]
             self.node_costs[i] += [sum(cost.node(layer, config)[:2]) for config in self.choices[i]]
+        if prune:
+            self._prune()
         tables = {}
         self.edges = []
         for layer in graph.layers:
@@ -65,6 +74,31 @@ class Problem:
                 if key not in tables:
                     tables[key] = cost.exchange_seconds(*traffic.table(self.choices[u], self.choices[v]))
                 self.edges.append((u, v, tables[key]))
+
+    def _prune(self):
+        bound = self._baseline_bound()
+        if bound is None:
+            return
+        floor = sum(float(c.min()) for c in self.node_costs)
+        slack = (bound - floor) * (1 + 1e-9) + 1e-15
+        kept_lists = {}
+        for i, (choices, costs) in enumerate(zip(self.choices, self.node_costs)):
+            kept = tuple(int(k) for k in np.flatnonzero(costs <= costs.min() + slack))
+            key = (id(choices), kept)
+            if key not in kept_lists:       # equal lists stay one object: the edge tables are shared by identity
+                kept_lists[key] = [choices[k] for k in kept]
+            self.choices[i] = kept_lists[key]
+            self.node_costs[i] = costs[list(kept)]
+
+    def _baseline_bound(self):
+        """The objective of the cheapest baseline plan whose every configuration is in the search space."""
+        best = None
+        for strategy in NAMED:
+            plan = named(strategy, self.graph, self.cost.batch, self.devices)
+            if all(plan[name] in self.choices[i] for i, name in enumerate(self.nodes)):
+                value = self.cost.simulate(plan).iteration_s - self.cost.overhead(self.devices)
+                best = value if best is None else min(best, value)
+        return best
 
     def plan(self, choices, batch, source):
         configs = {name: self.choices[self.index[self.root[name]]][choices[self.index[self.root[name]]]]
@@ -81,7 +115,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None):
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     from . import search
-    problem = Problem(graph, devices, cost)
+    problem = Problem(graph, devices, cost, prune=strategy == "optimal")    # exhaustive: the whole space
     sizes = [len(c) for c in problem.choices]
     if strategy == "optimal":
         solution = search.optimize(sizes, problem.node_costs, problem.edges)
@@ -89,4 +123,5 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None):
         solution = search.exhaustive(sizes, problem.node_costs, problem.edges, limit=limit)
     plan = problem.plan(solution.choices, cost.batch, f"plan {strategy}")
     elapsed = time.perf_counter() - start
-    return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), sum(sizes))
+    return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered,
+                  sum(sizes))

@@ -132,3 +132,20 @@ def test_the_planner_splits_big_fully_connected_layers_over_channels():
     data = make_plan(graph, 8, cost, "data")
     assert best.prediction.iteration_s < 0.9 * data.prediction.iteration_s
     assert best.plan["fc6"].degrees[1] > 1
+
+
+@pytest.mark.parametrize("name,devices,batch", [("alexnet", 8, 64), ("cifar_cnn", 4, 16), ("mini_inception", 4, 4)])
+def test_pruning_drops_configurations_but_never_the_optimum(name, devices, batch):
+    from spmdcnn.planner import Problem, search
+    graph = model(name)
+    cost = cost_model(graph, batch, TWO_LEVEL)
+    costs = []
+    for prune in (True, False):
+        problem = Problem(graph, devices, cost, prune=prune)
+        sizes = [len(c) for c in problem.choices]
+        costs.append(search.optimize(sizes, problem.node_costs, problem.edges).cost)
+        if prune:
+            kept = sum(sizes)
+    assert costs[0] == pytest.approx(costs[1], rel=1e-12)
+    if name == "alexnet":
+        assert kept < problem.considered            # AlexNet's heavy layers leave little room
