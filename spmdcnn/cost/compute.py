@@ -16,6 +16,7 @@ import os
 import statistics
 from dataclasses import dataclass
 from itertools import product
+from math import prod
 
 from ..graph.blocks import DATA
 from ..ops.window import pair
@@ -62,13 +63,6 @@ def _tuple(value):
     return tuple(value) if isinstance(value, list) else value
 
 
-def _volume(shape):
-    count = 1
-    for extent in shape:
-        count *= extent
-    return count
-
-
 def tile_shapes(layer, config, batch):
     """The distinct :class:`TileShape` of ``layer``'s tiles under ``config``.
 
@@ -91,13 +85,12 @@ _CLASSES = {}
 def clear_caches():
     """Forget the tile shapes worked out so far (they are kept per layer signature for the whole process)."""
     _CLASSES.clear()
-    _SIGNATURES.clear()
 
 
 def _classes(layer, batch, axis, degree):
     """One range per distinct kind of part along ``axis`` split ``degree`` ways: parts whose tiles read inputs of
     the same extent with the same padding along that axis."""
-    key = (signature(layer), batch, axis, degree)
+    key = (layer.signature, batch, axis, degree)
     if key not in _CLASSES:
         in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
         whole = tuple((0, extent) for extent in output_shape(layer, batch))
@@ -159,9 +152,9 @@ def tile_shape(layer, box, needs):
 def work(shape, itemsize=4):
     """``(calls, flops, bytes)`` of a tile's forward and backward: kernel calls, floating-point operations, and
     bytes read and written (a rough count of the passes each kernel makes)."""
-    op, out = shape.op, _volume(shape.output)
-    ins = sum(_volume(s) for s in shape.inputs)
-    params = sum(_volume(s) for _, s in shape.params)
+    op, out = shape.op, prod(shape.output)
+    ins = sum(prod(s) for s in shape.inputs)
+    params = sum(prod(s) for _, s in shape.params)
     attrs = dict(shape.attrs)
     if op == "conv2d":
         kh, kw = attrs["kernel"]
@@ -309,27 +302,13 @@ class ComputeModel:
 
     def layer_seconds(self, layer, config, batch):
         """``t_c``: the slowest tile's forward, backward and parameter update."""
-        key = (signature(layer), config.degrees, batch)
+        key = (layer.signature, config.degrees, batch)
         if key not in self._layers:
             shapes = tile_shapes(layer, config, batch)
             factor = self.profile.factor if self.profile is not None else 1.0
             self._layers[key] = factor * max(self.tile_seconds(s) + self.update_seconds(
-                sum(_volume(p) for _, p in s.params)) for s in shapes)
+                sum(prod(p) for _, p in s.params)) for s in shapes)
         return self._layers[key]
-
-
-_SIGNATURES = {}
-
-
-def signature(layer):
-    """What a layer's tiles compute, without its name: equal for the repeated layers of a network."""
-    key = id(layer)
-    found = _SIGNATURES.get(key)
-    if found is None or found[0] is not layer:
-        found = _SIGNATURES[key] = (layer, (layer.op, repr(sorted(layer.attrs.items())),
-                                            tuple(map(tuple, layer.in_shapes)), tuple(layer.out_shape),
-                                            DATA in layer.inputs))
-    return found[1]
 
 
 def update_key(params):

@@ -9,7 +9,6 @@ message for message, are what the planner minimizes and what ``spmdcnn simulate`
 from dataclasses import dataclass, field
 
 from ..graph.blocks import DATA
-from .compute import signature
 from .sync import layer_sync
 from .transfer import EdgeTraffic
 
@@ -74,7 +73,7 @@ class CostModel:
 
     def node(self, layer, config):
         """``(t_c, t_s, bytes synced)`` of ``layer`` under ``config`` (the same for repeated layers)."""
-        key = (signature(layer), config.degrees, config.devices)
+        key = (layer.signature, config.degrees, config.devices)
         if key not in self._nodes:
             sync = layer_sync(layer, config, self.machine, self.itemsize)
             self._nodes[key] = (self.compute.layer_seconds(layer, config, self.batch),
@@ -90,8 +89,7 @@ class CostModel:
         """The :class:`EdgeTraffic` of input ``slot`` of ``layer`` (shared by edges that move the same way)."""
         producer = self.graph.by_name[layer.inputs[slot]]
         shape = (self.batch,) + tuple(producer.out_shape)
-        key = (layer.op, repr(sorted(layer.attrs.items())), tuple(map(tuple, layer.in_shapes)),
-               tuple(layer.out_shape), slot, shape)
+        key = (layer.signature, slot, shape)
         if key not in self._edges:
             self._edges[key] = EdgeTraffic(layer, slot, shape, self.batch, self.itemsize, self.machine)
         return self._edges[key]

@@ -7,6 +7,7 @@ channel backward. The groups of a layer run at once; the layer waits for the slo
 """
 
 from dataclasses import dataclass
+from math import prod
 
 from ..tiling.boxes import part
 
@@ -26,11 +27,10 @@ def layer_sync(layer, config, machine, itemsize=4):
     channels = layer.out_shape[0]
     c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
     seconds = nbytes = 0.0
-    points = 0
     for index, group in groups.items():
         lo, hi = part(channels, c_degree, index)
         rows = hi - lo
-        values = sum(rows * _volume(shape[1:]) for shape in layer.params.values())
+        values = sum(rows * prod(shape[1:]) for shape in layer.params.values())
         if layer.op == "batchnorm2d":
             stats = 4 * rows           # forward: mean, then variance (one per channel each); backward: two sums
             time = (machine.allreduce_time(group, rows * itemsize) * 2
@@ -42,12 +42,5 @@ def layer_sync(layer, config, machine, itemsize=4):
         seconds = max(seconds, time)
         if len(group) > 1:
             nbytes += len(group) * contributed * itemsize
-            points = 3 if layer.op == "batchnorm2d" else 1
-    return Sync(seconds, nbytes, points if nbytes else 0)
-
-
-def _volume(shape):
-    count = 1
-    for extent in shape:
-        count *= extent
-    return count
+    points = (3 if layer.op == "batchnorm2d" else 1) if nbytes else 0
+    return Sync(seconds, nbytes, points)

@@ -58,14 +58,10 @@ class EdgeTraffic:
         """``(start, stop, step)`` arrays of shape ``(ndim, Q)``: what each consumer tile reads of the tensor."""
         key = (config.degrees,)
         if key not in self._ranges:
-            in_shapes = [(self.batch,) + tuple(s) for s in self.consumer.in_shapes]
             out_shape = output_shape(self.consumer, self.batch)
-            needs = [tile_needs(self.consumer, box, in_shapes)[self.slot]
-                     for box in (config.box(out_shape, index) for index in config.indices())]
-            start = np.array([[r[0] for r in need.box] for need in needs]).T
-            stop = np.array([[r[1] for r in need.box] for need in needs]).T
-            step = np.array([need.steps or (1,) * len(need.box) for need in needs]).T
-            self._ranges[key] = (start, np.maximum(stop, start), step)
+            reads = [self._read(config.box(out_shape, index)) for index in config.indices()]
+            # (Q, ndim, 3) -> three (ndim, Q) arrays
+            self._ranges[key] = tuple(np.array(reads).transpose(2, 1, 0))
         return self._ranges[key]
 
     def overlap(self, axis, degree, config):
@@ -73,13 +69,8 @@ class EdgeTraffic:
         key = (axis, degree, config.degrees)
         if key not in self._overlaps:
             start, stop, step = (a[axis] for a in self.ranges(config))
-            extent = self.shape[axis]
-            bounds = np.arange(degree + 1) * extent // degree
-            count = -(-(stop - start) // step)
-
-            def before(x):      # elements of the range below x
-                return np.clip(-(-(x[:, None] - start[None, :]) // step[None, :]), 0, count[None, :])
-            self._overlaps[key] = before(bounds[1:]) - before(bounds[:-1])
+            bounds = np.arange(degree + 1) * self.shape[axis] // degree
+            self._overlaps[key] = _inside(bounds[:-1], bounds[1:], start, stop, step)
         return self._overlaps[key]
 
     def counts(self, producer, consumer):
@@ -209,12 +200,8 @@ class EdgeTraffic:
         degree = np.repeat(degrees, degrees)
         index = np.arange(len(degree)) - np.repeat(np.cumsum(degrees) - degrees, degrees)
         start, stop, step = (np.concatenate(a) for a in zip(*(self._axis_range(axis, e) for e in splits)))
-        count = -(-(stop - start) // step)
-
-        def before(x):      # elements of each range below x
-            return np.clip(-(-(x[:, None] - start[None, :]) // step[None, :]), 0, count[None, :])
         table = np.zeros((len(degree) + 1, len(start) + 1))
-        table[:-1, :-1] = before((index + 1) * extent // degree) - before(index * extent // degree)
+        table[:-1, :-1] = _inside(index * extent // degree, (index + 1) * extent // degree, start, stop, step)
         return table
 
     def _axis_range(self, axis, degree):
@@ -255,6 +242,16 @@ class EdgeTraffic:
                 result = result and self._read(box) == expected + whole[len(out_shape):]
             self._separable_result = result
         return self._separable_result
+
+
+def _inside(lo, hi, start, stop, step):
+    """``(len(lo), len(start))``: elements of each range ``start, start + step, ... < stop`` inside each part
+    ``[lo, hi)``."""
+    count = -(-(stop - start) // step)
+
+    def below(x):
+        return np.clip(-(-(x[:, None] - start[None, :]) // step[None, :]), 0, count[None, :])
+    return below(np.asarray(hi)) - below(np.asarray(lo))
 
 
 def _contiguous(configs, rank):

@@ -1,6 +1,7 @@
 """The Graph: a model's layers in execution order with global shapes, parameters, buffers and FLOPs."""
 
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
@@ -23,6 +24,13 @@ class Layer:
     buffers: dict = field(default_factory=dict)
     flops: int = 0
     group: str = ""      # the top-level entry of the model file (a block instance) this layer comes from
+
+    @cached_property
+    def signature(self):
+        """What the layer computes, without its name: equal for the repeated layers of a network (the cost
+        model works each such layer out once)."""
+        return (self.op, repr(sorted(self.attrs.items())), tuple(map(tuple, self.in_shapes)), tuple(self.out_shape),
+                DATA in self.inputs)
 
     @property
     def num_params(self):

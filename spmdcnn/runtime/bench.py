@@ -84,4 +84,5 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "bytes_transferred": sum(r["bytes_transferred"] for r in per_rank),
             "bytes_synced": sum(r["bytes_synced"] for r in per_rank),
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in per_rank), "per_rank": per_rank,
-            "predicted_s": getattr(plan, "predicted_s", None), "params": graph.num_params, "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}
+            "predicted_s": getattr(plan, "predicted_s", None), "params": graph.num_params,
+            "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}

@@ -17,9 +17,9 @@ import numpy as np
 from ..cost.calibrate import blas_threads, cpu_name
 from ..cost.compute import ComputeModel, tile_shapes, update_key
 from ..cost.machine import Device
-from ..tiling.config import ParallelConfig, output_shape
 from ..graph.graph import Layer
 from ..planner.configs import configurations
+from ..tiling.config import ParallelConfig, output_shape
 from ..tiling.fields import NO_PADDING
 from . import kernels
 from .optimizer import SGD

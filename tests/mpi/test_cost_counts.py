@@ -48,7 +48,8 @@ def test_predicted_bytes_are_the_bytes_the_ranks_move(world, model_name, seed):
         # the loss and accuracy: one allreduce of two float64 over all ranks, outside any layer
         overhead = 16 * world.size if world.size > 1 else 0
         if predicted["bytes_transferred"] != moved:
-            problems.append(f"{plan.source}: predicted {predicted['bytes_transferred']} bytes moved, ranks moved {moved}")
+            problems.append(f"{plan.source}: predicted {predicted['bytes_transferred']} bytes moved, "
+                            f"ranks moved {moved}")
         if predicted["bytes_synced"] + overhead != synced:
             problems.append(f"{plan.source}: predicted {predicted['bytes_synced']} + {overhead} bytes allreduced, "
                             f"ranks allreduced {synced}")
