@@ -111,14 +111,18 @@ def test_checkpoint_of_another_model_is_refused(tmp_path):
         Trainer(make_job(tmp_path, model=os.path.join(MODELS, "small_resnet.yaml")), log=quiet)
 
 
-def test_epochs_and_hdf5_data(tmp_path):
+def write_dataset(path, samples, **attrs):
+    """A random uint8 dataset of tiny_cnn's input shape with 10 classes; ``attrs`` go on ``/images``."""
     rng = np.random.default_rng(0)
-    path = tmp_path / "train.h5"
     with h5py.File(path, "w") as f:
-        f["images"] = rng.integers(0, 256, (20, 3, 15, 13), dtype=np.uint8)
-        f["labels"] = rng.integers(0, 10, 20)
-        f["images"].attrs["mean"] = [0.5, 0.4, 0.3]
-        f["images"].attrs["std"] = [0.2, 0.25, 0.3]
+        f["images"] = rng.integers(0, 256, (samples, 3, 15, 13), dtype=np.uint8)
+        f["labels"] = rng.integers(0, 10, samples)
+        f["images"].attrs.update(attrs)
+
+
+def test_epochs_and_hdf5_data(tmp_path):
+    path = tmp_path / "train.h5"
+    write_dataset(path, 20, mean=[0.5, 0.4, 0.3], std=[0.2, 0.25, 0.3])
     job = make_job(tmp_path, steps=None, epochs=2, batch_size=6,
                    data={"kind": "hdf5", "path": str(path), "shuffle": True})
     result = Trainer(job, log=quiet).run()
@@ -176,11 +180,8 @@ def test_checkpoint_records_the_trivial_plan_and_the_data_cursor(tmp_path):
 
 
 def test_the_dataset_is_closed_after_the_run(tmp_path):
-    rng = np.random.default_rng(0)
     path = tmp_path / "train.h5"
-    with h5py.File(path, "w") as f:
-        f["images"] = rng.integers(0, 256, (16, 3, 15, 13), dtype=np.uint8)
-        f["labels"] = rng.integers(0, 10, 16)
+    write_dataset(path, 16)
     trainer = Trainer(make_job(tmp_path, steps=2, data={"kind": "hdf5", "path": str(path)}), log=quiet)
     trainer.run()
     with h5py.File(path, "w"):          # would fail if the run still held the file open
