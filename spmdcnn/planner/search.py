@@ -16,8 +16,23 @@ E2[b, choice[k]]``. A pure chain reduces to its two ends, and so do Inception an
 dense table: building it costs ``sizes[i] * sizes[j] * sizes[k]`` (a 200-node chain with 200 choices: seconds),
 while what the search needs of it is usually a min-plus product with a vector (``sizes[j] * sizes[k]`` per
 eliminated node) or one row or column (memoized, so that undoing a chain costs one pass). The dense table is built
-(in row slices of ``_SLICE_ENTRIES`` entries) only where a whole table is needed: when parallel edges are summed
-and for the edges of the core below.
+(in row slices of ``_SLICE_ENTRIES`` entries) only where a whole table is needed: where parallel edges are summed
+(when the sum is first used) and for the edges of the core below.
+
+**Pruning first.** Those dense sums cost ``sizes[i] * sizes[j] * sizes[k]`` per node on a summed path, which
+dominates on real networks (Inception v3: about 190 such products). When they would take more than ``_PRUNE_WORK``
+entries, the configurations that no optimum uses are removed first and Algorithm 1 runs on the rest (the same
+graph: the same eliminations). A configuration goes when a lower bound of the objective of every assignment with it
+exceeds the objective of a known assignment. The bounds are the exact min-marginals of a relaxation: a maximum
+spanning forest of the node pairs keeps its tables, every other table ``T`` is replaced on the node costs by
+``r[a] + s[b] <= T[a, b]`` (its row minima, then the column minima of the rest), and two passes of min-plus
+messages over the forest give them. The forest keeps the tables whose replacement loses most where they are low:
+the ``_LOSS_QUANTILE`` quantile of ``T - r - s`` (measured: far tighter bounds than by its mean, which pairs that
+no optimum uses dominate). The known assignment is Algorithm 1's optimum over each node's ``_CANDIDATES``
+configurations of lowest bound. Rounds repeat on what is left (a row minimum over fewer columns is higher; a bound
+is the highest of its rounds) while the dense sums would still cost more than ``_PRUNE_WORK`` and a round removes
+enough (``_SHRINK``). Exact: no optimal assignment loses a configuration, as each of its bounds is at most the
+optimum; a margin of ``_REL_TOL`` times the known objective plus twice the costs' negative parts covers rounding.
 
 **Searching what is left.** First every node with a single neighbour is folded into it, repeatedly
 (``cost_k[c] += min_b cost_j[b] + T[b, c]``, undone by the argmin): exact, and for the usual remnant, the source
@@ -52,6 +67,12 @@ import numpy as np
 
 _SLICE_ENTRIES = 1 << 17    # entries of one min-plus slice (1 MiB): measured fastest, fits in cache
 _REL_TOL = 1e-9             # postcondition: the search's value and the objective of its choices agree
+_PRUNE_WORK = 1 << 22       # min-plus entries of the dense sums above which configurations are pruned first
+_CANDIDATES = 8             # configurations per node (lowest bounds first) searched for the known assignment
+_LOSS_QUANTILE = 0.05       # the forest keeps the tables highest in this quantile of T - r - s (measured best)
+_LOSS_SAMPLES = 1024        # entries of T - r - s (a grid) that the quantile is taken over
+_FINITE = np.finfo(np.float64).max     # stands for an inf row or column minimum: inf - _FINITE is inf, not nan
+_SHRINK = 0.8               # pruning stops after a round that keeps more than this fraction of configurations
 
 
 @dataclass
@@ -81,17 +102,28 @@ def optimize(sizes, node_costs, edges, limit=2_000_000):
     """OptCNN's Algorithm 1 (module docstring): eliminations, an exact search of the rest, the eliminations undone."""
     sizes, costs, edges = _validated("optimize", sizes, node_costs, edges)
     reduction = _Reduction(sizes, costs, edges)
+    keep = _prune(reduction, costs, edges, limit) if reduction.dense_work() > _PRUNE_WORK else None
+    if keep is None:
+        choices, value, method, exact = _search(reduction, costs, limit)
+    else:                           # the same graph, fewer configurations: the same eliminations
+        restricted = _restricted(costs, edges, keep)
+        choices, value, method, exact = _search(_Reduction(*restricted), restricted[1], limit)
+        choices = [int(configurations[c]) for configurations, c in zip(keep, choices)]
+    cost = _objective(costs, edges, choices)
+    assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"optimize: {cost} != searched {value}"
+    return Solution(cost, choices, exact, method, len(reduction.eliminated), reduction.merged,
+                    len(sizes) - len(reduction.eliminated), len(reduction.edges))
+
+
+def _search(reduction, costs, limit):
+    """Choices of every node and the optimum's value, the method and whether it is exact, after ``reduction``."""
     eliminated = {through.j for through in reduction.eliminated}
-    nodes = [v for v in range(len(sizes)) if v not in eliminated]
+    nodes = [v for v in range(len(costs)) if v not in eliminated]
     choices, value, method, exact = _solve_remnant(nodes, reduction.edges, costs, limit)
     for through in reversed(reduction.eliminated):
         prices = through.first.row(choices[through.i]) + through.cost + through.second.col(choices[through.k])
         choices[through.j] = int(np.argmin(prices))
-    choices = [choices[v] for v in range(len(sizes))]
-    cost = _objective(costs, edges, choices)
-    assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"optimize: {cost} != searched {value}"
-    return Solution(cost, choices, exact, method, len(eliminated), reduction.merged, len(nodes),
-                    len(reduction.edges))
+    return [choices[v] for v in range(len(costs))], value, method, exact
 
 
 def exhaustive(sizes, node_costs, edges, limit=None):
@@ -121,13 +153,17 @@ def _validated(caller, sizes, node_costs, edges):
         if size < 1:
             raise ValueError(f"{caller}: node {v} has {size} configurations; expected at least 1")
         costs.append(_checked(caller, f"node {v}'s costs", cost, (size,)))
-    checked = []
+    checked, seen = [], {}      # id -> (table, values): a table shared by edges (one object) is checked once
     for e, (u, v, table) in enumerate(edges):
         u, v = int(u), int(v)
         if not 0 <= u < v < len(sizes):
             raise ValueError(f"{caller}: edge {e} ({u} -> {v}): expected 0 <= u < v < {len(sizes)} "
                              "(nodes in topological order)")
-        checked.append((u, v, _checked(caller, f"edge {e} ({u} -> {v})", table, (sizes[u], sizes[v]))))
+        _, values = seen.get(id(table), (None, None))   # holding the table keeps its id from being reused
+        if values is None or values.shape != (sizes[u], sizes[v]):
+            values = _checked(caller, f"edge {e} ({u} -> {v})", table, (sizes[u], sizes[v]))
+            seen[id(table)] = (table, values)
+        checked.append((u, v, values))
     return sizes, costs, checked
 
 
@@ -135,7 +171,8 @@ def _checked(caller, what, values, shape):
     values = np.asarray(values, dtype=np.float64)
     if values.shape != shape:
         raise ValueError(f"{caller}: {what} have shape {values.shape}; expected {shape}")
-    if np.isnan(values).any() or np.isneginf(values).any():
+    lowest = values.min()           # one pass: nan if there is a nan, else -inf if there is a -inf
+    if np.isnan(lowest) or lowest == -np.inf:
         raise ValueError(f"{caller}: {what} contain nan or -inf; expected finite numbers or +inf")
     return values
 
@@ -159,6 +196,19 @@ class _Table:
 
     def col(self, c):
         return self.table[:, c]
+
+
+class _Sum(_Table):
+    """Parallel edges ``u -> v`` (an edge elimination): the sum of their tables, built when first needed."""
+
+    def __init__(self, parts):
+        self.parts, self._table = parts, None
+
+    @property
+    def table(self):
+        if self._table is None:
+            self._table = sum(_dense(part) for part in self.parts)
+        return self._table
 
 
 class _Through:
@@ -240,10 +290,10 @@ def _min_plus(left, right):
 class _Reduction:
     """Node and edge elimination to a fixed point. ``edges`` maps ``(u, v)`` to the one edge left between them;
     ``eliminated`` holds the :class:`_Through` of every node elimination, in order; ``merged`` counts the edge
-    eliminations."""
+    eliminations (each a :class:`_Sum`, so nothing dense is built here)."""
 
     def __init__(self, sizes, costs, edges):
-        self.edges, self.eliminated, self.merged = {}, [], 0
+        self.sizes, self.edges, self.eliminated, self.merged = sizes, {}, [], 0
         self.ins = [set() for _ in sizes]
         self.outs = [set() for _ in sizes]
         for u, v, table in edges:
@@ -269,12 +319,140 @@ class _Reduction:
 
     def _add(self, u, v, edge):
         if (u, v) in self.edges:        # edge elimination
-            self.edges[(u, v)] = _Table(_dense(self.edges[(u, v)]) + _dense(edge))
+            self.edges[(u, v)] = _Sum([self.edges[(u, v)], edge])
             self.merged += 1
         else:
             self.edges[(u, v)] = edge
             self.outs[u].add(v)
             self.ins[v].add(u)
+
+    def dense_work(self, sizes=None):
+        """About how many entries the min-plus products that build the sums of parallel edges take (for the same
+        graph with ``sizes`` configurations, if given)."""
+        sizes, work = sizes or self.sizes, 0
+        stack = [(edge, False) for edge in self.edges.values()]     # (edge, inside a sum)
+        while stack:
+            edge, summed = stack.pop()
+            if isinstance(edge, _Through):
+                work += sizes[edge.i] * sizes[edge.j] * sizes[edge.k] if summed else 0
+                stack += [(edge.first, summed), (edge.second, summed)]
+            elif isinstance(edge, _Sum):
+                stack += [(part, True) for part in edge.parts]
+        return work
+
+
+# Pruning.
+
+def _prune(reduction, costs, edges, limit):
+    """The configurations (indices) of each node that an optimum may use (module docstring), or None when no
+    finite assignment was found. ``reduction`` is the problem's: it estimates what is left to do."""
+    tables = {}                     # one per pair: parallel edges summed
+    for u, v, table in edges:
+        tables[(u, v)] = tables[(u, v)] + table if (u, v) in tables else table
+    distinct = {id(table): table for _, _, table in edges}
+    negative = math.fsum(max(0.0, -float(values.min())) for values in costs + list(distinct.values()))
+    keep, left, best = [np.arange(len(cost)) for cost in costs], list(costs), math.inf
+    bounds = [np.full(len(cost), -np.inf) for cost in costs]
+    while True:                     # an optimal assignment stays whole: its bounds stay at most the optimum
+        bounds = [np.maximum(old, new) for old, new in zip(bounds, _relaxed_bounds(left, tables))]
+        candidates = [configurations[np.argsort(bound, kind="stable")[:_CANDIDATES]]
+                      for configurations, bound in zip(keep, bounds)]
+        restricted = _restricted(costs, edges, candidates)
+        picked = _search(_Reduction(*restricted), restricted[1], limit)[0]
+        best = min(best, _objective(costs, edges, [int(c[p]) for c, p in zip(candidates, picked)]))
+        if best == math.inf:
+            return None
+        cut = best + _REL_TOL * (abs(best) + 2 * negative)     # rounding: a bound adds up thousands of terms
+        kept = [np.flatnonzero(bound <= cut) for bound in bounds]
+        total = sum(map(len, keep))
+        keep = [configurations[k] for configurations, k in zip(keep, kept)]
+        sizes = [len(configurations) for configurations in keep]
+        if sum(sizes) > _SHRINK * total or reduction.dense_work(sizes) <= _PRUNE_WORK:
+            return keep
+        left, bounds = [cost[k] for cost, k in zip(left, kept)], [bound[k] for bound, k in zip(bounds, kept)]
+        tables = {(u, v): table[kept[u][:, None], kept[v]] for (u, v), table in tables.items()}
+
+
+def _restricted(costs, edges, keep):
+    """``(sizes, costs, edges)`` of the problem over the configurations ``keep[v]`` of each node ``v``."""
+    return ([len(configurations) for configurations in keep], [cost[k] for cost, k in zip(costs, keep)],
+            [(u, v, table[keep[u][:, None], keep[v]]) for u, v, table in edges])
+
+
+def _relaxed_bounds(costs, tables):
+    """``bounds[v][a] <= min {objective(x) : x[v] = a}``: the min-marginals of the relaxation in the module
+    docstring; ``tables`` has one table per pair."""
+    splits = {}                     # by id: a table shared by pairs (one object) is split once
+    for table in tables.values():
+        if id(table) not in splits:
+            splits[id(table)] = _split(table)
+    forest, roots, unary = {}, list(range(len(costs))), [cost.copy() for cost in costs]
+    for (u, v), table in sorted(tables.items(), key=lambda item: splits[id(item[1])][2], reverse=True):
+        first, second = _root(roots, u), _root(roots, v)
+        if first != second:
+            roots[first] = second
+            forest[(u, v)] = table
+        else:
+            rows, cols, _ = splits[id(table)]
+            unary[u] += rows
+            unary[v] += cols
+    return _forest_marginals(unary, forest)
+
+
+def _split(table):
+    """``(r, s, loss)``: ``r[a] + s[b] <= table[a, b]`` (the row minima, then the column minima of the rest) and what
+    replacing the table by them loses: the ``_LOSS_QUANTILE`` quantile of the rest ``table - r - s`` on a grid of
+    about ``_LOSS_SAMPLES`` entries, then the grid's mean."""
+    rows = table.min(axis=1)
+    cols = (table - np.minimum(rows, _FINITE)[:, None]).min(axis=0)     # a row of infs stays inf, not nan
+    step = -(-max(table.shape) // math.isqrt(_LOSS_SAMPLES))
+    rest = table[::step, ::step] - np.minimum(rows[::step], _FINITE)[:, None] - np.minimum(cols[::step], _FINITE)
+    low = int(_LOSS_QUANTILE * (rest.size - 1))
+    return rows, cols, (float(np.partition(rest, low, axis=None)[low]), float(rest.mean()))
+
+
+def _root(roots, v):
+    while roots[v] != v:
+        roots[v] = roots[roots[v]]
+        v = roots[v]
+    return v
+
+
+def _forest_marginals(unary, forest):
+    """The min-marginals of ``sum_v unary[v][x[v]] + sum_(u, v) forest[(u, v)][x[u], x[v]]`` over a forest: one
+    pass of min-plus messages towards the roots, one back, plus the minima of the other trees."""
+    around = [[] for _ in unary]
+    for (u, v), table in forest.items():
+        around[u].append((v, table))
+        around[v].append((u, table.T))
+    order, parent, tree = [], [None] * len(unary), [None] * len(unary)  # parent: (p, table (p's size, mine))
+    for root in range(len(unary)):
+        if tree[root] is not None:
+            continue
+        tree[root], stack = root, [root]
+        while stack:
+            v = stack.pop()
+            order.append(v)
+            for w, table in around[v]:
+                if tree[w] is None:
+                    tree[w], parent[w] = root, (v, table)
+                    stack.append(w)
+    totals, up = list(unary), [None] * len(unary)
+    for v in reversed(order):       # the best of v's subtree given its parent's choice
+        if parent[v] is not None:
+            p, table = parent[v]
+            up[v] = (table + totals[v]).min(axis=1)
+            totals[p] = totals[p] + up[v]
+    for v in order:                 # parents first: totals[p] is p's min-marginal; take out v's own message
+        if parent[v] is not None:
+            p, table = parent[v]
+            rest = np.subtract(totals[p], up[v], out=np.full_like(up[v], np.inf), where=up[v] != np.inf)
+            totals[v] = totals[v] + (rest[:, None] + table).min(axis=0)
+    lowest = {root: float(totals[root].min()) for root in set(tree)}
+    whole = math.fsum(lowest.values())
+    if whole == math.inf:           # some tree has no finite assignment: neither has the whole
+        return [np.full(len(total), np.inf) for total in totals]
+    return [total + (whole - lowest[root]) for total, root in zip(totals, tree)]
 
 
 # The search of what is left.

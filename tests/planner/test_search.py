@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 
+from spmdcnn.planner import search
 from spmdcnn.planner.search import evaluate, exhaustive, optimize
 
 KINDS = ("uniform", "ties", "inf")
@@ -112,14 +113,19 @@ def test_optimize_equals_exhaustive(shape, kind):
         assert solution.eliminated_nodes + solution.remaining_nodes == len(sizes)
 
 
-def brute_force(sizes, costs, edges):
-    """The minimum over every assignment, on a dense grid of all of them."""
+def objectives(sizes, costs, edges):
+    """The objective of every assignment, on a dense grid of all of them."""
     grid = np.zeros(sizes)
     for v, cost in enumerate(costs):
         grid += cost.reshape([-1 if w == v else 1 for w in range(len(sizes))])
     for u, v, table in edges:
         grid += table.reshape([sizes[w] if w in (u, v) else 1 for w in range(len(sizes))])
-    return grid.min()
+    return grid
+
+
+def brute_force(sizes, costs, edges):
+    """The minimum over every assignment."""
+    return objectives(sizes, costs, edges).min()
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -263,3 +269,104 @@ def test_invalid_choices():
         evaluate(sizes, costs, edges, [0])
     with pytest.raises(ValueError, match=r"evaluate: node 1: choice 3 is not in 0..2"):
         evaluate(sizes, costs, edges, [0, 3])
+
+
+# Pruning configurations before Algorithm 1 (forced here with _PRUNE_WORK = -1: small problems skip it).
+
+@pytest.fixture
+def always_prune(monkeypatch):
+    monkeypatch.setattr(search, "_PRUNE_WORK", -1)
+
+
+def shifted(costs, edges, by):
+    """Every cost and table entry plus ``by`` (negative costs are allowed)."""
+    return [cost + by for cost in costs], [(u, v, table + by) for u, v, table in edges]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+def test_pruned_optimize_equals_exhaustive(shape, kind, always_prune):
+    rng = np.random.default_rng([sorted(SHAPES).index(shape), KINDS.index(kind), 1])
+    for case in range(8):
+        sizes, costs, edges = problem(rng, *SHAPES[shape](rng), kind, largest=6)
+        if case % 2:
+            costs, edges = shifted(costs, edges, -0.5)
+        reference = exhaustive(sizes, costs, edges)
+        solution = optimize(sizes, costs, edges)
+        consistent(solution, sizes, costs, edges)
+        assert solution.exact and same(solution.cost, reference.cost), (case, solution, reference.cost)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_pruning_keeps_every_optimal_assignment(seed):
+    """Every configuration of every optimal assignment (ties included) survives the pruning."""
+    rng = np.random.default_rng(300 + seed)
+    pruned = 0
+    for case in range(12):
+        n, pairs = (random_dag, inception, residual)[case % 3](rng)
+        sizes, costs, edges = problem(rng, n, pairs, KINDS[case % 3], smallest=2, largest=6 if n < 7 else 3)
+        if case % 4 == 1:
+            costs, edges = shifted(costs, edges, -0.5)
+        keep = search._prune(search._Reduction(sizes, costs, edges), costs, edges, 2_000_000)
+        grid = objectives(sizes, costs, edges)
+        if keep is None:            # no finite assignment was found: nothing is pruned
+            assert grid.min() == np.inf or KINDS[case % 3] == "inf", case
+            continue
+        assert all(len(k) >= 1 and np.all(np.diff(k) > 0) for k in keep)
+        for optimum in np.argwhere(grid == grid.min()):
+            assert all(c in k for c, k in zip(optimum, keep)), (case, optimum, keep)
+        pruned += sum(sizes) - sum(map(len, keep))
+    assert pruned > 0               # the test sees configurations removed
+
+
+def test_pruning_on_a_planner_sized_problem(monkeypatch):
+    """Inception-like blocks with distance-like tables, as the planner makes: pruning runs by default, removes
+    over half of the configurations and gives the optimum that Algorithm 1 alone gives."""
+    rng = np.random.default_rng(11)
+    n, pairs = inception(rng, blocks=5, longest=3)
+    size = 64
+    layout = rng.random((size, 2))                  # a table: the distance between two layouts, scaled per edge
+    distance = np.abs(layout[:, None, :] - layout[None, :, :]).sum(axis=2)
+    sizes = [size] * n
+    costs = [rng.random(size) for _ in range(n)]
+    edges = [(u, v, distance * rng.uniform(0.5, 2.0)) for u, v in pairs]
+    assert search._Reduction(sizes, costs, edges).dense_work() > search._PRUNE_WORK
+    kept, restricted = [], search._restricted
+
+    def recorded(costs, edges, keep):
+        kept.append(keep)           # the last call: the configurations that Algorithm 1 searches
+        return restricted(costs, edges, keep)
+
+    monkeypatch.setattr(search, "_restricted", recorded)
+    solution = optimize(sizes, costs, edges)
+    monkeypatch.undo()
+    assert sum(map(len, kept[-1])) < sum(sizes) / 2
+    monkeypatch.setattr(search, "_PRUNE_WORK", math.inf)
+    reference = optimize(sizes, costs, edges)
+    consistent(solution, sizes, costs, edges)
+    assert same(solution.cost, reference.cost) and solution.exact
+    assert (solution.eliminated_nodes, solution.eliminated_edges, solution.remaining_nodes, solution.method) == \
+        (reference.eliminated_nodes, reference.eliminated_edges, reference.remaining_nodes, reference.method)
+
+
+def test_pruning_with_no_finite_assignment(always_prune):
+    rng = np.random.default_rng(12)
+    sizes, costs, edges = problem(rng, 6, CROSSED, "uniform", smallest=2)
+    edges = [(u, v, np.full_like(t, np.inf)) for u, v, t in edges]
+    assert search._prune(search._Reduction(sizes, costs, edges), costs, edges, 2_000_000) is None
+    solution = optimize(sizes, costs, edges)
+    consistent(solution, sizes, costs, edges)
+    assert solution.cost == np.inf
+
+
+def test_shared_and_list_tables():
+    """A table object shared by edges is checked once per shape; tables may be nested lists, made on the fly."""
+    rng = np.random.default_rng(13)
+    sizes, costs, edges = problem(rng, 5, [(0, 1), (1, 2), (2, 3), (3, 4), (0, 4)], "uniform", 3, 3)
+    shared = edges[1][2]
+    edges = [(u, v, shared if 1 <= u <= 2 else table) for u, v, table in edges]
+    expected = optimize(sizes, costs, edges)
+    listed = optimize(sizes, costs, ((u, v, table.tolist()) for u, v, table in edges))
+    assert listed.choices == expected.choices and listed.cost == expected.cost
+    with pytest.raises(ValueError, match=r"edge 1 \(1 -> 2\) have shape \(3, 3\); expected \(3, 2\)"):
+        optimize([3, 3, 2], costs[:2] + [costs[2][:2]], [(0, 1, shared), (1, 2, shared)])
