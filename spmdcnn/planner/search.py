@@ -23,12 +23,8 @@ eliminated node) or one row or column (memoized, so that undoing a chain costs o
 dominates on real networks (Inception v3: about 190 such products). When they would take more than ``_PRUNE_WORK``
 entries, the configurations that no optimum uses are removed first and Algorithm 1 runs on the rest (the same
 graph: the same eliminations). A configuration goes when a lower bound of the objective of every assignment with it
-exceeds the objective of a known assignment. The bounds are the exact min-marginals of a relaxation: a maximum
-spanning forest of the node pairs keeps its tables, every other table ``T`` is replaced on the node costs by
-``r[a] + s[b] <= T[a, b]`` (its row minima, then the column minima of the rest), and two passes of min-plus
-messages over the forest give them. The forest keeps the tables whose replacement loses most where they are low:
-the ``_LOSS_QUANTILE`` quantile of ``T - r - s`` (measured: far tighter bounds than by its mean, which pairs that
-no optimum uses dominate). The known assignment is Algorithm 1's optimum over each node's ``_CANDIDATES``
+exceeds the objective of a known assignment. The bounds are the min-marginals of a spanning-forest relaxation
+(:mod:`.bounds`). The known assignment is Algorithm 1's optimum over each node's ``_CANDIDATES``
 configurations of lowest bound. Rounds repeat on what is left (a row minimum over fewer columns is higher; a bound
 is the highest of its rounds) while the dense sums would still cost more than ``_PRUNE_WORK`` and a round removes
 enough (``_SHRINK``). Exact: no optimal assignment loses a configuration, as each of its bounds is at most the
@@ -39,16 +35,8 @@ optimum; a margin of ``_REL_TOL`` times the known objective plus twice the costs
 and the sink joined by one edge, it is the whole search (method ``"elimination"``). A node left with no neighbour
 takes its cheapest configuration. If a core of nodes with two or more neighbours remains and the product of its
 sizes is at most ``limit``, a depth-first branch-and-bound search solves it exactly
-(``"elimination+exhaustive"``): nodes are assigned most-connected first; at each depth all choices of the node are
-priced by one vector sum (its cost plus the rows of its tables to already assigned nodes), tried cheapest first,
-and cut when the price plus a lower bound of the unassigned nodes (each node's cheapest cost plus the column
-minima of its tables to earlier nodes) reaches the best complete assignment found so far.
-
-**Fallback: variable elimination** (``"elimination+variable-elimination"``, exact). For a core too large to
-enumerate, the nodes are eliminated one at a time in a greedy order (the smallest joint table first, then the
-fewest new neighbour pairs, then the lowest id): the node's factors are summed into a table over the node and its
-neighbours and minimized over the node, keeping the argmin for the way back. It runs only when no such joint
-table has more than ``limit`` entries.
+(``"elimination+exhaustive"``); a larger one, exact variable elimination where no intermediate table exceeds
+``limit`` entries (``"elimination+variable-elimination"``); both in :mod:`.core`.
 
 **Fallback: local search** (``"elimination+local-search"``, ``exact=False``). Otherwise the core starts from the
 better of each node's cheapest configuration and the exact optimum over a breadth-first spanning tree (the other
@@ -65,13 +53,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .bounds import relaxed_bounds
+from .core import adjacency, depth_first, variable_elimination
+
 _SLICE_ENTRIES = 1 << 17    # entries of one min-plus slice (1 MiB): measured fastest, fits in cache
 _REL_TOL = 1e-9             # postcondition: the search's value and the objective of its choices agree
 _PRUNE_WORK = 1 << 22       # min-plus entries of the dense sums above which configurations are pruned first
 _CANDIDATES = 8             # configurations per node (lowest bounds first) searched for the known assignment
-_LOSS_QUANTILE = 0.05       # the forest keeps the tables highest in this quantile of T - r - s (measured best)
-_LOSS_SAMPLES = 1024        # entries of T - r - s (a grid) that the quantile is taken over
-_FINITE = np.finfo(np.float64).max     # stands for an inf row or column minimum: inf - _FINITE is inf, not nan
 _SHRINK = 0.8               # pruning stops after a round that keeps more than this fraction of configurations
 
 
@@ -138,7 +126,7 @@ def exhaustive(sizes, node_costs, edges, limit=None):
     tables = {}
     for u, v, table in edges:       # parallel edges priced together: one row per assigned neighbour
         tables[(u, v)] = tables[(u, v)] + table if (u, v) in tables else table
-    choices, value = _depth_first(sizes, costs, tables)
+    choices, value = depth_first(sizes, costs, tables)
     cost = _objective(costs, edges, choices)
     assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"exhaustive: {cost} != searched {value}"
     return Solution(cost, choices, True, "exhaustive", 0, 0, len(sizes), len(edges))
@@ -354,7 +342,7 @@ def _prune(reduction, costs, edges, limit):
     keep, left, best = [np.arange(len(cost)) for cost in costs], list(costs), math.inf
     bounds = [np.full(len(cost), -np.inf) for cost in costs]
     while True:                     # an optimal assignment stays whole: its bounds stay at most the optimum
-        bounds = [np.maximum(old, new) for old, new in zip(bounds, _relaxed_bounds(left, tables))]
+        bounds = [np.maximum(old, new) for old, new in zip(bounds, relaxed_bounds(left, tables))]
         candidates = [configurations[np.argsort(bound, kind="stable")[:_CANDIDATES]]
                       for configurations, bound in zip(keep, bounds)]
         restricted = _restricted(costs, edges, candidates)
@@ -377,82 +365,6 @@ def _restricted(costs, edges, keep):
     """``(sizes, costs, edges)`` of the problem over the configurations ``keep[v]`` of each node ``v``."""
     return ([len(configurations) for configurations in keep], [cost[k] for cost, k in zip(costs, keep)],
             [(u, v, table[keep[u][:, None], keep[v]]) for u, v, table in edges])
-
-
-def _relaxed_bounds(costs, tables):
-    """``bounds[v][a] <= min {objective(x) : x[v] = a}``: the min-marginals of the relaxation in the module
-    docstring; ``tables`` has one table per pair."""
-    splits = {}                     # by id: a table shared by pairs (one object) is split once
-    for table in tables.values():
-        if id(table) not in splits:
-            splits[id(table)] = _split(table)
-    forest, roots, unary = {}, list(range(len(costs))), [cost.copy() for cost in costs]
-    for (u, v), table in sorted(tables.items(), key=lambda item: splits[id(item[1])][2], reverse=True):
-        first, second = _root(roots, u), _root(roots, v)
-        if first != second:
-            roots[first] = second
-            forest[(u, v)] = table
-        else:
-            rows, cols, _ = splits[id(table)]
-            unary[u] += rows
-            unary[v] += cols
-    return _forest_marginals(unary, forest)
-
-
-def _split(table):
-    """``(r, s, loss)``: ``r[a] + s[b] <= table[a, b]`` (the row minima, then the column minima of the rest) and what
-    replacing the table by them loses: the ``_LOSS_QUANTILE`` quantile of the rest ``table - r - s`` on a grid of
-    about ``_LOSS_SAMPLES`` entries, then the grid's mean."""
-    rows = table.min(axis=1)
-    cols = (table - np.minimum(rows, _FINITE)[:, None]).min(axis=0)     # a row of infs stays inf, not nan
-    step = -(-max(table.shape) // math.isqrt(_LOSS_SAMPLES))
-    rest = table[::step, ::step] - np.minimum(rows[::step], _FINITE)[:, None] - np.minimum(cols[::step], _FINITE)
-    low = int(_LOSS_QUANTILE * (rest.size - 1))
-    return rows, cols, (float(np.partition(rest, low, axis=None)[low]), float(rest.mean()))
-
-
-def _root(roots, v):
-    while roots[v] != v:
-        roots[v] = roots[roots[v]]
-        v = roots[v]
-    return v
-
-
-def _forest_marginals(unary, forest):
-    """The min-marginals of ``sum_v unary[v][x[v]] + sum_(u, v) forest[(u, v)][x[u], x[v]]`` over a forest: one
-    pass of min-plus messages towards the roots, one back, plus the minima of the other trees."""
-    around = [[] for _ in unary]
-    for (u, v), table in forest.items():
-        around[u].append((v, table))
-        around[v].append((u, table.T))
-    order, parent, tree = [], [None] * len(unary), [None] * len(unary)  # parent: (p, table (p's size, mine))
-    for root in range(len(unary)):
-        if tree[root] is not None:
-            continue
-        tree[root], stack = root, [root]
-        while stack:
-            v = stack.pop()
-            order.append(v)
-            for w, table in around[v]:
-                if tree[w] is None:
-                    tree[w], parent[w] = root, (v, table)
-                    stack.append(w)
-    totals, up = list(unary), [None] * len(unary)
-    for v in reversed(order):       # the best of v's subtree given its parent's choice
-        if parent[v] is not None:
-            p, table = parent[v]
-            up[v] = (table + totals[v]).min(axis=1)
-            totals[p] = totals[p] + up[v]
-    for v in order:                 # parents first: totals[p] is p's min-marginal; take out v's own message
-        if parent[v] is not None:
-            p, table = parent[v]
-            rest = np.subtract(totals[p], up[v], out=np.full_like(up[v], np.inf), where=up[v] != np.inf)
-            totals[v] = totals[v] + (rest[:, None] + table).min(axis=0)
-    lowest = {root: float(totals[root].min()) for root in set(tree)}
-    whole = math.fsum(lowest.values())
-    if whole == math.inf:           # some tree has no finite assignment: neither has the whole
-        return [np.full(len(total), np.inf) for total in totals]
-    return [total + (whole - lowest[root]) for total, root in zip(totals, tree)]
 
 
 # The search of what is left.
@@ -510,139 +422,11 @@ def _unfold(folds, choices):
 
 def _search_core(sizes, costs, tables, limit):
     if math.prod(sizes) <= limit:
-        return _depth_first(sizes, costs, tables) + ("elimination+exhaustive", True)
-    solved = _variable_elimination(sizes, costs, tables, limit)
+        return depth_first(sizes, costs, tables) + ("elimination+exhaustive", True)
+    solved = variable_elimination(sizes, costs, tables, limit)
     if solved is not None:
         return solved + ("elimination+variable-elimination", True)
     return _local_search(sizes, costs, tables) + ("elimination+local-search", False)
-
-
-def _depth_first(sizes, costs, tables):
-    """The optimum (choices, value) by depth-first branch-and-bound; ``tables`` maps ``(p, q)``, one per pair."""
-    order = _assignment_order(len(sizes), tables)
-    if not order:
-        return [], 0.0
-    position = {v: p for p, v in enumerate(order)}
-    earlier = [[] for _ in order]   # by position: (earlier position, table (earlier size, this size))
-    for (u, v), table in tables.items():
-        if position[u] < position[v]:
-            earlier[position[v]].append((position[u], table))
-        else:
-            earlier[position[u]].append((position[v], table.T))
-    own = [costs[v] for v in order]
-    bounds = [np.min(own[p] + sum(table.min(axis=0) for _, table in earlier[p])) for p in range(len(order))]
-    rest = [0.0] * (len(order) + 1)     # rest[p]: a lower bound of the positions p.. whatever comes before
-    for p in reversed(range(len(order))):
-        rest[p] = rest[p + 1] + bounds[p]
-
-    def prices(p, picked):
-        values = own[p].copy()
-        for q, table in earlier[p]:
-            values += table[picked[q]]
-        return values
-
-    picked, best_value = [0] * len(order), 0.0      # the first incumbent: cheapest choice at each position
-    for p in range(len(order)):
-        values = prices(p, picked)
-        picked[p] = int(np.argmin(values))
-        best_value += values[picked[p]]
-    best = list(picked)
-    candidates, totals, next_try = [None] * len(order), [None] * len(order), [0] * len(order)
-    p, base = 0, 0.0
-    while p >= 0:
-        if base is not None:            # entering position p: price its choices, keep the promising ones
-            values = base + prices(p, picked)
-            keep = np.flatnonzero(values + rest[p + 1] < best_value)
-            candidates[p] = keep[np.argsort(values[keep], kind="stable")]
-            totals[p], next_try[p] = values[candidates[p]], 0
-        t = next_try[p]
-        if t == len(candidates[p]) or totals[p][t] + rest[p + 1] >= best_value:
-            p, base = p - 1, None
-            continue
-        next_try[p] = t + 1
-        picked[p] = int(candidates[p][t])
-        if p == len(order) - 1:         # cheapest first: the others at this position cannot beat it
-            best_value, best = totals[p][t], list(picked)
-            p, base = p - 1, None
-        else:
-            p, base = p + 1, totals[p][t]
-    choices = [0] * len(order)
-    for p, v in enumerate(order):
-        choices[v] = best[p]
-    return choices, float(best_value)
-
-
-def _assignment_order(count, tables):
-    """Most-connected first: then the node with most assigned neighbours (then degree, then lowest id)."""
-    around = _adjacency(count, tables)
-    links = [0] * count
-    order, left = [], set(range(count))
-    while left:
-        v = min(left, key=lambda w: (-links[w], -len(around[w]), w))
-        order.append(v)
-        left.remove(v)
-        for w in around[v]:
-            links[w] += 1
-    return order
-
-
-def _adjacency(count, tables):
-    around = [set() for _ in range(count)]
-    for u, v in tables:
-        around[u].add(v)
-        around[v].add(u)
-    return around
-
-
-def _variable_elimination(sizes, costs, tables, limit):
-    """The optimum (choices, value) by bucket elimination, or None if a joint table would exceed ``limit``."""
-    order = _elimination_order(sizes, tables, limit)
-    if order is None:
-        return None
-    factors = [((v,), cost) for v, cost in enumerate(costs)] + [(pair, table) for pair, table in tables.items()]
-    way_back = []
-    for v in order:
-        mine = [f for f in factors if v in f[0]]
-        factors = [f for f in factors if v not in f[0]]
-        scope = (v,) + tuple(sorted({w for f in mine for w in f[0]} - {v}))
-        joint = np.zeros([sizes[w] for w in scope])
-        for variables, values in mine:
-            joint += _aligned(variables, values, scope)
-        best = joint.argmin(axis=0)     # (neighbour sizes...)
-        factors.append((scope[1:], np.take_along_axis(joint, best[None], axis=0)[0]))
-        way_back.append((v, scope[1:], best))
-    choices = [0] * len(sizes)
-    for v, rest, best in reversed(way_back):
-        choices[v] = int(best[tuple(choices[w] for w in rest)])
-    return choices, math.fsum(float(values) for _, values in factors)
-
-
-def _aligned(variables, values, scope):
-    """``values`` over ``variables`` transposed and reshaped to broadcast over ``scope``."""
-    axes = sorted(range(len(variables)), key=lambda a: scope.index(variables[a]))
-    shape = [values.shape[variables.index(w)] if w in variables else 1 for w in scope]
-    return np.transpose(values, axes).reshape(shape)
-
-
-def _elimination_order(sizes, tables, limit):
-    """Greedy: the smallest joint table, then the fewest new neighbour pairs, then the lowest id; None over limit."""
-    around = _adjacency(len(sizes), tables)
-    left, order = set(range(len(sizes))), []
-
-    def key(v):
-        fill = sum(1 for a in around[v] for b in around[v] if a < b and b not in around[a])
-        return sizes[v] * math.prod(sizes[w] for w in around[v]), fill, v
-
-    while left:
-        joint, _, v = min(key(w) for w in left)
-        if joint > limit:
-            return None
-        order.append(v)
-        left.remove(v)
-        for a in around[v]:
-            around[a] |= around[v] - {a}
-            around[a].discard(v)
-    return order
 
 
 def _local_search(sizes, costs, tables):
@@ -669,7 +453,7 @@ def _local_search(sizes, costs, tables):
 
 def _spanning_tree_optimum(costs, tables):
     """The exact optimum over the edges of a breadth-first spanning forest, the other edges ignored."""
-    around = _adjacency(len(costs), tables)
+    around = adjacency(len(costs), tables)
     tree, seen = {}, set()
     for root in range(len(costs)):
         if root in seen:
