@@ -50,6 +50,9 @@ class EdgeTraffic:
         self._ranges = {}
         self._overlaps = {}
         self._links = {}
+        self._forward = {}
+        self._tables = {}
+        self._overlap_tables = {}
         self._axis_ranges = {}
         self._separable_result = None
         self._reads = {}
@@ -59,9 +62,18 @@ class EdgeTraffic:
         key = (config.degrees,)
         if key not in self._ranges:
             out_shape = output_shape(self.consumer, self.batch)
-            reads = [self._read(config.box(out_shape, index)) for index in config.indices()]
-            # (Q, ndim, 3) -> three (ndim, Q) arrays
-            self._ranges[key] = tuple(np.array(reads).transpose(2, 1, 0))
+            if len(config.degrees) == len(out_shape) and self._separable():
+                # a tile's range along a dimension is its part's (_separable): one read per part, not per tile
+                index = np.array(list(config.indices())).reshape(-1, len(out_shape)).T
+                whole = self._read(tuple((0, extent) for extent in out_shape))
+                ranges = [np.array(self._axis_range(k, config.degrees[k]))[:, index[k]] if k < len(out_shape)
+                          else np.repeat(np.array(whole[k])[:, None], index.shape[1], axis=1)
+                          for k in range(len(self.shape))]
+                self._ranges[key] = tuple(np.stack(ranges, axis=1))
+            else:
+                reads = [self._read(config.box(out_shape, index)) for index in config.indices()]
+                # (Q, ndim, 3) -> three (ndim, Q) arrays
+                self._ranges[key] = tuple(np.array(reads).transpose(2, 1, 0))
         return self._ranges[key]
 
     def overlap(self, axis, degree, config):
@@ -95,7 +107,14 @@ class EdgeTraffic:
         return self._links[key]
 
     def forward(self, producer, consumer):
-        """The :class:`Traffic` of one forward exchange between configurations ``producer`` and ``consumer``."""
+        """The :class:`Traffic` of one forward exchange between configurations ``producer`` and ``consumer``
+        (kept: plans repeat the same pairs along a network)."""
+        key = (producer.degrees, producer.devices, consumer.degrees, consumer.devices)
+        if key not in self._forward:
+            self._forward[key] = self._exchange(producer, consumer)
+        return self._forward[key]
+
+    def _exchange(self, producer, consumer):
         counts = self.counts(producer, consumer)
         inverse, latency, other = self.links(producer, consumer)
         remote = counts * other
@@ -130,7 +149,7 @@ class EdgeTraffic:
         return seconds, nbytes
 
     def _table_by_pairs(self, producers, consumers):
-        traffic = [[self.forward(p, q) for q in consumers] for p in producers]
+        traffic = [[self._exchange(p, q) for q in consumers] for p in producers]
         shape = (len(producers), len(consumers))
         return (np.array([[t.seconds for t in row] for row in traffic]).reshape(shape),
                 np.array([[t.bytes for t in row] for row in traffic]).reshape(shape))
@@ -170,10 +189,9 @@ class EdgeTraffic:
         consumers' (rows and columns swapped): ``(table, sums, windows)``, each flat with ``[elements, nonzero
         entries]`` along its last axis: the overlaps; their row sums per degree combination of the other side;
         their sums over the other side's windows (None on one node)."""
-        table, sends, receives = [], [], []         # the last two: window sums, a factor per dimension
+        sends, receives = [], []            # window sums, a factor per dimension
         for j, axis in enumerate(group.axes):
             overlaps = self._overlap_table(axis, group.degrees[j], group.parts[j])
-            table.append(np.take(overlaps, group.entries[j]))
             if group.send_lo:               # a window [lo, hi) sums to the running sums' hi - lo
                 both = np.stack([overlaps, overlaps > 0], axis=-1)                  # (R + 1, C + 1, 2)
                 across = np.cumsum(np.concatenate([np.zeros_like(both[:, :1]), both], axis=1), axis=1)
@@ -181,8 +199,7 @@ class EdgeTraffic:
                 across, down = across.reshape(-1, 2), down.reshape(-1, 2)
                 sends.append(np.take(across, group.send_hi[j], axis=0) - np.take(across, group.send_lo[j], axis=0))
                 receives.append(np.take(down, group.recv_hi[j], axis=0) - np.take(down, group.recv_lo[j], axis=0))
-        table = _product(table)
-        both = np.stack([table, table > 0], axis=-1)                                # (rows, cols, 2)
+        both = self._group_table(group)                                             # (rows, cols, 2)
         row_sums = np.add.reduceat(both[:, :-1], group.col_starts, axis=1)          # (rows, col kinds, 2)
         col_sums = np.add.reduceat(both[:-1], group.row_starts, axis=0)             # (row kinds, cols, 2)
         sends = _product(sends) if sends else None                                  # (rows, windows, 2)
@@ -192,16 +209,28 @@ class EdgeTraffic:
                                 (both.transpose(1, 0, 2), col_sums.transpose(1, 0, 2),
                                  None if receives is None else receives.transpose(1, 0, 2)))]
 
+    def _group_table(self, group):
+        """``(rows, cols, 2)``: the elements of the overlaps of one group of dimensions, and whether nonzero."""
+        if group not in self._tables:
+            table = _product([np.take(self._overlap_table(axis, group.degrees[j], group.parts[j]), group.entries[j])
+                              for j, axis in enumerate(group.axes)])
+            self._tables[group] = np.stack([table, table > 0], axis=-1)
+        return self._tables[group]
+
     def _overlap_table(self, axis, degrees, splits):
         """``(R + 1, C + 1)`` elements of consumer tile ranges (columns: ``splits[0]`` tiles, then ``splits[1]``,
         ...) inside producer parts (rows: the ``degrees[0]`` parts, then ...) along ``axis``; a zero row and
         column last."""
+        key = (axis, tuple(degrees.tolist()), tuple(splits.tolist()))
+        if key in self._overlap_tables:
+            return self._overlap_tables[key]
         extent = self.shape[axis]
         degree = np.repeat(degrees, degrees)
         index = np.arange(len(degree)) - np.repeat(np.cumsum(degrees) - degrees, degrees)
         start, stop, step = (np.concatenate(a) for a in zip(*(self._axis_range(axis, e) for e in splits)))
         table = np.zeros((len(degree) + 1, len(start) + 1))
         table[:-1, :-1] = _inside(index * extent // degree, (index + 1) * extent // degree, start, stop, step)
+        self._overlap_tables[key] = table
         return table
 
     def _axis_range(self, axis, degree):
