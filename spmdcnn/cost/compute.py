@@ -17,6 +17,9 @@ import statistics
 from dataclasses import dataclass
 from itertools import product
 from math import prod
+from typing import NamedTuple
+
+import numpy as np
 
 from ..graph.blocks import DATA
 from ..ops.window import pair
@@ -69,17 +72,16 @@ def tile_shapes(layer, config, batch):
     What a tile reads along one dimension depends only on its part along that dimension, so the distinct tiles
     are the combinations of each dimension's distinct parts (at most a few: balanced splits differ by one in
     size, and only the first and last parts of a window see padding)."""
-    in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
-    classes = [_classes(layer, batch, axis, degree) for axis, degree in enumerate(config.degrees)]
     result = []
-    for box in product(*classes):
-        shape = tile_shape(layer, box, tile_needs(layer, box, in_shapes))
+    for kinds in product(*(c.every for c in layer_classes(layer, batch).of(config.degrees))):
+        shape = combine(kinds)
         if shape not in result:
             result.append(shape)
     return result
 
 
 _CLASSES = {}
+_WINDOW_OPS = ("conv2d", "maxpool2d", "avgpool2d")
 
 
 def clear_caches():
@@ -87,66 +89,263 @@ def clear_caches():
     _CLASSES.clear()
 
 
-def _classes(layer, batch, axis, degree):
-    """One range per distinct kind of part along ``axis`` split ``degree`` ways: parts whose tiles read inputs of
-    the same extent with the same padding along that axis."""
-    key = (layer.signature, batch, axis, degree)
+def layer_classes(layer, batch):
+    """The :class:`LayerClasses` of ``layer`` at ``batch`` (remembered per layer signature)."""
+    key = (layer.signature, batch)
     if key not in _CLASSES:
-        in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
-        whole = tuple((0, extent) for extent in output_shape(layer, batch))
-        seen = {}
-        # a concat's channel parts read from different inputs: every part counts
-        parts = range(degree) if layer.op == "concat" and axis == 1 else _candidates(whole[axis][1], degree)
-        for index in parts:
-            box = whole[:axis] + (part(whole[axis][1], degree, index),) + whole[axis + 1:]
-            shape = tile_shape(layer, box, tile_needs(layer, box, in_shapes))
-            kind = (shape.output[axis], tuple(s[axis] if axis < len(s) else None for s in shape.inputs),
-                    shape.params, shape.attrs)
-            seen.setdefault(kind, box[axis])
-        _CLASSES[key] = list(seen.values())
+        _CLASSES[key] = LayerClasses(layer, batch)
     return _CLASSES[key]
 
 
-def _candidates(extent, degree):
-    """Parts that may differ in what their tiles read: the first and the last (padding, the tensor's edge), and
-    among the others one of each size (balanced parts have two sizes at most, and an interior part's reads
-    depend only on its size)."""
-    chosen, sizes = {0, degree - 1}, set()
-    for index in range(1, degree - 1):
+class Classes(NamedTuple):
+    """The kinds of part along one axis split some number of ways, each as the :class:`TileShape` of a tile with
+    such a part along that axis (whatever its parts along the others: :func:`combine` takes only that axis)."""
+
+    every: tuple
+    largest: tuple      # the kinds no other one outgrows (:func:`_outgrows`): only they may hold the slowest tile
+
+
+class LayerClasses:
+    """The kinds of part of one layer's tiles along each axis, per degree.
+
+    What a tile reads and computes along one axis depends only on its part along that axis (``tiling.fields``):
+    its output's and inputs' extents there with their padding, along a window's rows or columns the stride a
+    strided read leaves, and along the channel axis its parameter shard. So a tile split along every axis at
+    once shows a part along each, and :meth:`build` looks at a few such tiles for many degrees."""
+
+    def __init__(self, layer, batch):
+        self.layer = layer
+        self.in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
+        self.extents = output_shape(layer, batch)
+        whole = tuple((0, extent) for extent in self.extents)
+        self.whole = tile_shape(layer, whole, tile_needs(layer, whole, self.in_shapes))
+        self._found = [{} for _ in self.extents]     # per axis: {degree: Classes}
+        self._tables = None
+
+    def of(self, degrees):
+        """Each axis's :class:`Classes` under ``degrees``."""
+        try:
+            return [found[degree] for found, degree in zip(self._found, degrees)]
+        except KeyError:
+            self.build([degrees])
+            return [found[degree] for found, degree in zip(self._found, degrees)]
+
+    def build(self, configs):
+        """Work out the :class:`Classes` of every axis and degree of ``configs`` (degrees) not known yet: the
+        ``j``-th tile looked at has the ``j``-th part wanted along every axis."""
+        todo = {}
+        for axis, found in enumerate(self._found):
+            for degree in sorted({degrees[axis] for degrees in configs} - found.keys()):
+                todo[axis, degree] = self._parts(axis, degree)
+        wanted = [[] for _ in self.extents]          # per axis: (degree, index) of each part to look at
+        for (axis, degree), parts in todo.items():
+            wanted[axis].extend((degree, index) for index in parts)
+        tiles = {}
+        for j in range(max(map(len, wanted))):
+            box = tuple(part(extent, *parts[j]) if j < len(parts) else (0, extent)
+                        for extent, parts in zip(self.extents, wanted))
+            shape = tile_shape(self.layer, box, tile_needs(self.layer, box, self.in_shapes))
+            for axis, parts in enumerate(wanted):
+                if j < len(parts):
+                    tiles[axis, parts[j]] = shape
+        for (axis, degree), parts in todo.items():
+            shapes = [tiles[axis, (degree, index)] for index in parts]
+            if len(shapes) == 1:
+                self._found[axis][degree] = Classes((shapes[0],), (shapes[0],))
+                continue
+            kinds = {}
+            for shape in shapes:
+                kinds.setdefault(_along(shape, axis), shape)
+            largest = []
+            for kind in kinds:
+                if not any(_outgrows(kept, kind) for kept in largest):
+                    largest = [kept for kept in largest if not _outgrows(kind, kept)] + [kind]
+            self._found[axis][degree] = Classes(tuple(kinds.values()), tuple(kinds[kind] for kind in largest))
+        self._tables = None
+
+    def _parts(self, axis, degree):
+        """The parts along ``axis`` split ``degree`` ways whose tiles may differ in what they read."""
+        if self.layer.op == "concat" and axis == 1:      # a concat's channel parts read from different inputs
+            return range(degree)
+        return _candidates(self.extents[axis], degree, edges=self.layer.op in _WINDOW_OPS and axis >= 2)
+
+    def largest_tiles(self, configs):
+        """Every combination of each axis's largest kinds of part, for the configurations among ``configs``
+        (degrees, all known) whose largest kinds keep the whole tile's stride (all but those where a strided read
+        is left with one row or column): the indices of those configurations, where each one's combinations
+        start, and :func:`combine` of them all at once, a :class:`TileShape` whose extents are arrays (of Python
+        integers) over them."""
+        if self._tables is None:
+            self._tables = [self._table(axis) for axis in range(len(self.extents))]
+        tables, axes = self._tables, len(self.extents)
+        degrees = np.array(configs, dtype=np.int64).reshape(len(configs), axes)
+        found = [np.searchsorted(table.degrees, degrees[:, axis]) for axis, table in enumerate(tables)]
+        chosen = np.flatnonzero(np.logical_and.reduce([table.plain[f] for f, table in zip(found, tables)]))
+        found = [f[chosen] for f in found]
+        if all(table.single for table in tables):       # one combination per configuration
+            starts = np.arange(len(chosen))
+            rows = [table.start[f] for f, table in zip(found, tables)]
+        else:
+            counts = [table.count[f] for f, table in zip(found, tables)]
+            sizes = np.prod(counts, axis=0)
+            starts = np.cumsum(sizes) - sizes
+            owner = np.repeat(np.arange(len(chosen)), sizes)
+            within = np.arange(len(owner)) - starts[owner]      # which of its configuration's, in row-major order
+            rows = [None] * axes
+            for axis in reversed(range(axes)):
+                count = counts[axis][owner]
+                rows[axis] = tables[axis].start[found[axis]][owner] + within % count
+                within //= count
+        return chosen, starts, self._stacked([table.values[row] for row, table in zip(rows, tables)])
+
+    def _stacked(self, columns):
+        """The :class:`TileShape` whose extents along each axis ``a`` are the columns of ``columns[a]`` (rows of
+        :func:`_values`), the whole tile's elsewhere."""
+        whole, axes = self.whole, len(columns)
+        taken = [1] * axes          # per axis, the next column: the output's comes first
+        inputs = []
+        for shape in whole.inputs:
+            dims = []
+            for d, extent in enumerate(shape):
+                if d < axes:
+                    dims.append(columns[d][:, taken[d]])
+                    taken[d] += 1
+                else:
+                    dims.append(extent)
+            inputs.append(tuple(dims))
+        params = whole.params
+        if axes > 1:
+            params = tuple((name, (columns[1][:, taken[1] + j],) + shape[1:])
+                           for j, (name, shape) in enumerate(whole.params))
+        return TileShape(whole.op, whole.attrs, tuple(inputs), tuple(c[:, 0] for c in columns), params,
+                         whole.input_grad)
+
+    def _table(self, axis):
+        """The :class:`_Table` of the degrees known along ``axis``."""
+        known = sorted(self._found[axis])
+        stride = _along(self.whole, axis)[1]
+        start, count, plain, values = [], [], [], []
+        for degree in known:
+            largest = self._found[axis][degree].largest
+            start.append(len(values))
+            count.append(len(largest))
+            plain.append(stride is None or all(_along(shape, axis)[1] == stride for shape in largest))
+            values.extend(_values(shape, axis) for shape in largest)
+        table = np.empty((len(values), len(values[0])), dtype=object)
+        table[...] = values
+        return _Table(np.array(known, dtype=np.int64), np.array(start, dtype=np.int64),
+                      np.array(count, dtype=np.int64), np.array(plain, dtype=bool), table, max(count) == 1)
+
+
+class _Table(NamedTuple):
+    """The largest kinds of part along one axis, per degree (sorted): ``values[start:start + count]`` are their
+    :func:`_values`; ``plain``: they all keep the whole tile's stride."""
+
+    degrees: np.ndarray
+    start: np.ndarray
+    count: np.ndarray
+    plain: np.ndarray
+    values: np.ndarray
+    single: bool        # one largest kind for every degree
+
+
+def _along(shape, axis):
+    """What the tile ``shape`` does along ``axis``: its extents there (:func:`_values`) and its stride there (None
+    but along a window's rows or columns)."""
+    stride = None
+    if axis >= 2:
+        for key, value in shape.attrs:
+            if key == "stride":
+                stride = value[axis - 2]
+    return _values(shape, axis), stride
+
+
+def _values(shape, axis):
+    """The extents of the tile ``shape`` along ``axis``: its output's, then each input's that has the axis, then
+    (along the channel axis) its parameter shards' rows."""
+    return ((shape.output[axis],) + tuple([s[axis] for s in shape.inputs if axis < len(s)])
+            + (tuple([s[0] for _, s in shape.params]) if axis == 1 else ()))
+
+
+def _outgrows(a, b):
+    """Whether a part of kind ``a`` (:func:`_along`) does the same work as one of kind ``b`` (the same stride) on
+    extents at least as large, every one of them."""
+    return a[1] == b[1] and all(x >= y for x, y in zip(a[0], b[0]))
+
+
+def combine(kinds):
+    """The :class:`TileShape` of the tile whose part along each axis ``a`` is that of the tile ``kinds[a]`` (as
+    :class:`LayerClasses` gives them).
+
+    It takes from ``kinds[a]`` what depends on the part along ``a`` (``tiling.fields.needs``): the output's and
+    each input's extent along ``a`` (with its padding), the stride a strided read along a spatial axis leaves,
+    and, from the channel axis, the parameter shard. Input dimensions past the output's rank are whole."""
+    first = kinds[0]
+    axes = len(kinds)
+    output = tuple(shape.output[axis] for axis, shape in enumerate(kinds))
+    inputs = tuple(tuple(kinds[d].inputs[i][d] if d < axes else extent for d, extent in enumerate(whole))
+                   for i, whole in enumerate(first.inputs))
+    params = kinds[1].params if axes > 1 else first.params
+    return TileShape(first.op, _combined_attrs(kinds), inputs, output, params, first.input_grad)
+
+
+def _combined_attrs(kinds):
+    """The attributes of :func:`combine`'s tile: a strided read along h or w changes the stride along it."""
+    attrs = kinds[0].attrs
+    if len(kinds) == 4 and not kinds[2].attrs == kinds[3].attrs == attrs:
+        rows, cols = dict(kinds[2].attrs)["stride"][0], dict(kinds[3].attrs)["stride"][1]
+        attrs = tuple((k, (rows, cols) if k == "stride" else v) for k, v in attrs)
+    return attrs
+
+
+def _candidates(extent, degree, edges):
+    """Parts that may differ in what their tiles read: one of each size (balanced parts have one size, or two
+    when ``degree`` does not divide ``extent``, and what a tile reads depends on its part's size) and, with
+    ``edges`` (a window's rows or columns: padding, the tensor's edge), the first and the last part too."""
+    count = 1 if extent % degree == 0 else 2
+    if not edges and count == 1:
+        return [0]
+    chosen, sizes = {0, degree - 1} if edges else set(), set()
+    for index in range(1, degree - 1) if edges else range(degree):
         lo, hi = part(extent, degree, index)
         if hi - lo not in sizes:
             sizes.add(hi - lo)
             chosen.add(index)
-        if len(sizes) == 2:
-            break
+            if len(sizes) == count:
+                break
     return sorted(chosen)
 
 
 def tile_shape(layer, box, needs):
     """The :class:`TileShape` of the tile of ``layer`` with output ``box`` reading ``needs``."""
-    a = layer.attrs
+    op, a = layer.op, layer.attrs
+    window = op in _WINDOW_OPS
     inputs = []
     for need in needs:
-        shape = list(shape_of(need.box, need.steps))
-        if layer.op in ("conv2d", "maxpool2d", "avgpool2d"):
+        shape = _extents(need.box, need.steps)
+        if window:
             (top, bottom), (left, right) = need.padding
-            shape[2] += top + bottom
-            shape[3] += left + right
-        inputs.append(tuple(shape))
-    attrs = {}
-    if layer.op in ("conv2d", "maxpool2d", "avgpool2d"):
-        stride = pair(a["kernel"] if a.get("stride") is None else a["stride"])
-        attrs = {"kernel": pair(a["kernel"]), "stride": needs[0].stride(stride),
-                 "dilation": pair(a.get("dilation", 1))}
-    elif layer.op == "dropout":
-        attrs = {"p": a["p"]}
-    elif layer.op == "batchnorm2d":
-        attrs = {"eps": a["eps"], "momentum": a["momentum"]}
-    output = shape_of(box)
+            shape = shape[:2] + (shape[2] + top + bottom, shape[3] + left + right)
+        inputs.append(shape)
+    attrs = ()              # (key, value) pairs sorted by key
+    if window:
+        kernel = pair(a["kernel"])
+        stride = kernel if a.get("stride") is None else pair(a["stride"])
+        attrs = (("dilation", pair(a.get("dilation", 1))), ("kernel", kernel), ("stride", needs[0].stride(stride)))
+    elif op == "dropout":
+        attrs = (("p", _tuple(a["p"])),)
+    elif op == "batchnorm2d":
+        attrs = (("eps", _tuple(a["eps"])), ("momentum", _tuple(a["momentum"])))
     rows = box[1][1] - box[1][0] if len(box) > 1 else 1
-    params = tuple((name, (rows,) + tuple(shape[1:])) for name, shape in layer.params.items())
-    return TileShape(layer.op, tuple(sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in attrs.items())),
-                     tuple(inputs), tuple(output), params, DATA not in layer.inputs)
+    params = tuple([(name, (rows,) + tuple(shape[1:])) for name, shape in layer.params.items()])
+    return TileShape(op, attrs, tuple(inputs), _extents(box), params, DATA not in layer.inputs)
+
+
+def _extents(box, steps=None):
+    """``shape_of(box, steps)``, quicker for a box read densely."""
+    if steps is None:
+        return tuple([stop - start if stop > start else 0 for start, stop in box])
+    return shape_of(box, steps)
 
 
 def work(shape, itemsize=4):
@@ -288,6 +487,10 @@ class ComputeModel:
             measured = self.profile.get(shape)
             if measured is not None:
                 return measured
+        return self.modelled_seconds(shape)
+
+    def modelled_seconds(self, shape):
+        """The analytic model's time for ``shape``, scaled for its op (its extents may be arrays: many tiles)."""
         factor = self.scale.get(shape.op, self.scale.get(None, 1.0))
         return factor * self.analytic(*work(shape, self.itemsize))
 
@@ -298,17 +501,59 @@ class ComputeModel:
             measured = self.profile.entries.get(update_key(params))
             if measured is not None:
                 return measured
+        return self.modelled_update(params)
+
+    def modelled_update(self, params):
         return self.scale.get("sgd", 1.0) * self.analytic(*update_work(params, self.itemsize))
 
     def layer_seconds(self, layer, config, batch):
         """``t_c``: the slowest tile's forward, backward and parameter update."""
-        key = (layer.signature, config.degrees, batch)
-        if key not in self._layers:
-            shapes = tile_shapes(layer, config, batch)
+        return self.layer_times(layer, batch, [config.degrees])[0]
+
+    def layer_times(self, layer, batch, degrees):
+        """:meth:`layer_seconds` of ``layer`` under configurations with each of ``degrees`` (remembered per layer
+        signature)."""
+        known = self._layers.get((layer.signature, batch))
+        if known is None:
+            known = self._layers[layer.signature, batch] = {}
+        missing = [d for d in dict.fromkeys(degrees) if d not in known]
+        if missing:
+            classes = layer_classes(layer, batch)
+            classes.build(missing)
+            if self.profile or len(missing) == 1:
+                seconds = self._slowest(classes, missing)
+            else:
+                seconds = self._slowest_together(classes, missing)
             factor = self.profile.factor if self.profile is not None else 1.0
-            self._layers[key] = factor * max(self.tile_seconds(s) + self.update_seconds(
-                sum(prod(p) for _, p in s.params)) for s in shapes)
-        return self._layers[key]
+            for d, slowest in zip(missing, seconds):
+                known[d] = factor * slowest
+        return [known[d] for d in degrees]
+
+    def _slowest(self, classes, configs):
+        """Per configuration (its degrees), the slowest of its distinct tiles. Without measured times, only the
+        tiles of each axis's largest kinds of part: every term of the analytic model (:func:`work`,
+        :func:`update_work`) grows with every extent of a tile."""
+        measured = bool(self.profile)
+        return [max(self.tile_seconds(shape) + self.update_seconds(sum(prod(p) for _, p in shape.params))
+                    for shape in map(combine, product(*(c.every if measured else c.largest
+                                                        for c in classes.of(degrees)))))
+                for degrees in configs]
+
+    def _slowest_together(self, classes, configs):
+        """:meth:`_slowest` without measured times, the tiles of many configurations timed at once (in Python
+        integers and floats, each with the arithmetic of :meth:`tile_seconds`)."""
+        seconds = [None] * len(configs)
+        chosen, starts, shapes = classes.largest_tiles(configs)
+        if len(chosen):
+            counts = sum(prod(p) for _, p in shapes.params)
+            update = np.where(counts > 0, self.modelled_update(counts), 0.0) if shapes.params else 0.0
+            times = self.modelled_seconds(shapes) + update
+            for index, value in zip(chosen, np.maximum.reduceat(times, starts)):
+                seconds[index] = value
+        rest = [index for index, value in enumerate(seconds) if value is None]
+        for index, value in zip(rest, self._slowest(classes, [configs[index] for index in rest])):
+            seconds[index] = value
+        return seconds
 
 
 def update_key(params):

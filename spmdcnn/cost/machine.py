@@ -93,14 +93,17 @@ class Machine:
         """A ring allreduce of ``nbytes`` over the devices ``group``: ``2(p-1)`` steps, each moving ``nbytes/p``
         over the ring's slowest link with its latency; ``messages`` allreduces of that total size (latency paid
         for each)."""
-        p = len(group)
-        if p < 2 or (nbytes <= 0 and messages <= 0):
-            return 0.0
-        ring = list(group) + [group[0]]
-        links = [self.link(a, b) for a, b in zip(ring, ring[1:])]
-        bandwidth = min(link.bandwidth for link in links)
-        latency = max(link.latency for link in links)
-        return 2 * (p - 1) * (nbytes / p / bandwidth + messages * latency)
+        return ring_time(len(group), self.ring_link(group), nbytes, messages)
+
+    def ring_link(self, group):
+        """The slowest link of a ring over the devices ``group`` (in that order): the lowest bandwidth and the
+        highest latency among its links; None for fewer than two devices."""
+        if len(group) < 2:
+            return None
+        nodes = [self.node_of(device) for device in group]
+        kinds = {a == b for a, b in zip(nodes, nodes[1:] + nodes[:1])}       # True: a link within a node
+        links = [self.intra_node if within else self.inter_node for within in kinds]
+        return Link(min(link.bandwidth for link in links), max(link.latency for link in links))
 
     def to_yaml(self):
         """The machine as a YAML document (what ``spmdcnn calibrate`` writes)."""
@@ -118,6 +121,13 @@ class Machine:
             lines.append(yaml.safe_dump({"measured": self.measured}, default_flow_style=None, sort_keys=False)
                          .rstrip())
         return "\n".join(lines) + "\n"
+
+
+def ring_time(size, link, nbytes, messages=1):
+    """:meth:`Machine.allreduce_time` over ``size`` devices whose ring's slowest link is ``link``."""
+    if size < 2 or (nbytes <= 0 and messages <= 0):
+        return 0.0
+    return 2 * (size - 1) * (nbytes / size / link.bandwidth + messages * link.latency)
 
 
 def _number(value):

@@ -8,8 +8,10 @@ message for message, are what the planner minimizes and what ``spmdcnn simulate`
 
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..graph.blocks import DATA
-from .sync import layer_sync
+from .sync import SyncModel
 from .transfer import EdgeTraffic
 
 
@@ -70,15 +72,46 @@ class CostModel:
         self.graph, self.batch, self.machine, self.compute, self.itemsize = graph, batch, machine, compute, itemsize
         self._edges = {}
         self._nodes = {}
+        self._lists = {}
+        self._sync = SyncModel(machine, itemsize)
 
     def node(self, layer, config):
         """``(t_c, t_s, bytes synced)`` of ``layer`` under ``config`` (the same for repeated layers)."""
-        key = (layer.signature, config.degrees, config.devices)
-        if key not in self._nodes:
-            sync = layer_sync(layer, config, self.machine, self.itemsize)
-            self._nodes[key] = (self.compute.layer_seconds(layer, config, self.batch),
-                                sync.seconds + sync.points * self.compute.wait, sync.bytes)
-        return self._nodes[key]
+        nodes = self._node_table(layer)
+        key = (config.degrees, config.devices)
+        if key not in nodes:
+            self._add_nodes(layer, [config], nodes)
+        return nodes[key]
+
+    def node_costs(self, layer, configs):
+        """``t_c + t_s`` of ``layer`` under each of ``configs``, as :meth:`node` gives them: a float64 array.
+
+        The costs of the last list asked for each layer signature are kept: the planner asks the same list for
+        every repeated layer."""
+        last = self._lists.get(layer.signature)
+        if last is not None and last[0] == configs:
+            return last[1].copy()
+        nodes = self._node_table(layer)
+        keys = [(config.degrees, config.devices) for config in configs]
+        missing = [config for config, key in zip(configs, keys) if key not in nodes]
+        if missing:
+            self._add_nodes(layer, missing, nodes)
+        costs = np.array([nodes[key][0] + nodes[key][1] for key in keys], dtype=np.float64)
+        self._lists[layer.signature] = (list(configs), costs)
+        return costs.copy()
+
+    def _node_table(self, layer):
+        """``{(degrees, devices): node}`` of the layers with ``layer``'s signature."""
+        nodes = self._nodes.get(layer.signature)
+        if nodes is None:
+            nodes = self._nodes[layer.signature] = {}
+        return nodes
+
+    def _add_nodes(self, layer, configs, nodes):
+        computes = self.compute.layer_times(layer, self.batch, [config.degrees for config in configs])
+        for config, compute, sync in zip(configs, computes, self._sync.layers(layer, configs)):
+            nodes[config.degrees, config.devices] = (compute, sync.seconds + sync.points * self.compute.wait,
+                                                     sync.bytes)
 
     def exchange_seconds(self, seconds, nbytes):
         """``t_x`` of an edge from its forward exchange: forward and backward, each a point where the devices

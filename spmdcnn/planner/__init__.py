@@ -58,7 +58,7 @@ class Problem:
         self.node_costs = [np.zeros(len(c)) for c in self.choices]
         for layer in graph.layers:
             i = self.index[self.root[layer.name]]
-            self.node_costs[i] += [sum(cost.node(layer, config)[:2]) for config in self.choices[i]]
+            self.node_costs[i] += cost.node_costs(layer, self.choices[i])
         if prune:
             self._prune()
         tables = {}
