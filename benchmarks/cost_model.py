@@ -5,6 +5,11 @@ optimal plan (``spmdcnn plan``), then for the data, owt and optimal plans compar
 predicted iteration with the median iteration ``spmdcnn bench`` measures under ``mpiexec -n K``. Every pair of
 numbers is printed, then the median and largest absolute error.
 
+With ``--rounds R`` the whole set is measured R times in turn. Each round first measures the reference
+iteration again (the tile times stay cached), so every prediction rests on a profile taken minutes before the runs
+it predicts, as ``plan: auto`` does before a job: a shared machine drifts by more than the model's error between
+rounds. A pair's error is then the median over the rounds of predicted / measured - 1.
+
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cost_model.py \\
         --models models/cifar_cnn.yaml:64 benchmarks/models/alexnet_reduced.yaml:32 --ranks 1 2 4
 """
@@ -41,11 +46,11 @@ def main():
     parser.add_argument("--machine", default="jobs/machines/local.yaml")
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=1, help="bench runs per plan (the median is kept)")
+    parser.add_argument("--rounds", type=int, default=1, help="times the whole set is measured, in turn")
     parser.add_argument("--json", help="write every pair of numbers here")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="spmdcnn-cost-")
-    rows = []
+    cases = []
     for spec in args.models:
         model, batch = spec.rsplit(":", 1)
         name = os.path.splitext(os.path.basename(model))[0]
@@ -55,33 +60,52 @@ def main():
             optimal = os.path.join(work, f"optimal-{name}-{ranks}.yaml")
             run(["plan", model, "--devices", str(ranks), "--batch", batch, "--machine", args.machine,
                  "--profile", profile, "-o", optimal], 1)
+            cases.append((model, name, batch, ranks, profile, optimal))
+    pairs = {}
+    for round_ in range(args.rounds):
+        for model, name, batch, ranks, profile, optimal in cases:
+            if round_:
+                _forget_reference(profile)
+                run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile], ranks)
             for plan in (args.plans if ranks > 1 else ["data"]):
                 spec_plan = optimal if plan == "optimal" else plan
                 predicted = json.loads(run(["simulate", spec_plan, "--model", model, "--devices", str(ranks),
                                             "--batch", batch, "--machine", args.machine, "--profile", profile,
                                             "--json"], 1))[0]["predicted"]
-                measured = [json.loads(run(["bench", model, "--batch", batch, "--plan", spec_plan, "--steps",
-                                            str(args.steps), "--warmup", str(args.warmup), "--json"], ranks))
-                            for _ in range(args.rounds)]
-                step = statistics.median(m["step_s_median"] for m in measured)
-                best = measured[0]
-                row = {"model": name, "batch": int(batch), "ranks": ranks, "plan": plan,
-                       "predicted_ms": predicted["iteration_s"] * 1e3, "measured_ms": step * 1e3,
-                       "error": predicted["iteration_s"] / step - 1,
+                measured = json.loads(run(["bench", model, "--batch", batch, "--plan", spec_plan, "--steps",
+                                           str(args.steps), "--warmup", str(args.warmup), "--json"], ranks))
+                row = {"model": name, "batch": int(batch), "ranks": ranks, "plan": plan, "round": round_,
+                       "predicted_ms": predicted["iteration_s"] * 1e3, "measured_ms": measured["step_s_median"] * 1e3,
+                       "error": predicted["iteration_s"] / measured["step_s_median"] - 1,
                        "predicted_parts_ms": [predicted[k] * 1e3 for k in ("compute_s", "transfer_s", "sync_s")],
-                       "measured_parts_ms": [best[k] * 1e3 for k in ("compute_s", "transfer_s", "sync_s")]}
-                rows.append(row)
-                print(f"{name:<16} {ranks} ranks {plan:<8} predicted {row['predicted_ms']:8.1f} ms  measured "
-                      f"{row['measured_ms']:8.1f} ms  error {row['error'] * 100:+6.1f}%   (compute/transfer/sync "
-                      f"predicted {'/'.join(f'{v:.0f}' for v in row['predicted_parts_ms'])}, measured "
-                      f"{'/'.join(f'{v:.0f}' for v in row['measured_parts_ms'])} ms)", flush=True)
-    errors = [abs(r["error"]) for r in rows]
-    print(f"\n{len(rows)} pairs: median |error| {statistics.median(errors) * 100:.1f}%, largest "
-          f"{max(errors) * 100:.1f}%")
+                       "measured_parts_ms": [measured[k] * 1e3 for k in ("compute_s", "transfer_s", "sync_s")]}
+                pairs.setdefault((name, ranks, plan), []).append(row)
+                print(f"round {round_ + 1}  {name:<16} {ranks} ranks {plan:<8} predicted {row['predicted_ms']:8.1f} ms"
+                      f"  measured {row['measured_ms']:8.1f} ms  error {row['error'] * 100:+6.1f}%   (compute/"
+                      f"transfer/sync predicted {'/'.join(f'{v:.0f}' for v in row['predicted_parts_ms'])}, "
+                      f"measured {'/'.join(f'{v:.0f}' for v in row['measured_parts_ms'])} ms)", flush=True)
+    errors = {key: statistics.median(r["error"] for r in rows) for key, rows in pairs.items()}
+    print(f"\n{'model':<16} {'ranks':>5} {'plan':<8} {'predicted ms':>14} {'measured ms':>14} {'error':>7}"
+          f"   (medians over {args.rounds} round{'s' * (args.rounds != 1)})")
+    for (name, ranks, plan), rows in pairs.items():
+        print(f"{name:<16} {ranks:>5} {plan:<8} {statistics.median(r['predicted_ms'] for r in rows):>14.1f} "
+              f"{statistics.median(r['measured_ms'] for r in rows):>14.1f} {errors[name, ranks, plan] * 100:>+6.1f}%")
+    size = [abs(e) for e in errors.values()]
+    print(f"\n{len(size)} pairs: median |error| {statistics.median(size) * 100:.1f}%, largest {max(size) * 100:.1f}%")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump(rows, handle, indent=1)
+            json.dump([row for rows in pairs.values() for row in rows], handle, indent=1)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _forget_reference(path):
+    """Drop a profile's reference iterations, so that the next ``spmdcnn profile`` measures them again (the tile
+    times stay)."""
+    with open(path, encoding="utf-8") as handle:
+        data = json.load(handle)
+    data["in_situ"] = {}
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(data, handle)
 
 
 if __name__ == "__main__":
