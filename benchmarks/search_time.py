@@ -33,7 +33,7 @@ def main():
             times = []
             for _ in range(args.rounds):
                 # a fresh cost model each round: nothing cached from the previous one
-                from spmdcnn.cost.compute import clear_caches
+                from spmdcnn.cost.tiles import clear_caches
                 from spmdcnn.cost.machine import load_machine
                 clear_caches()
                 machine = load_machine(args.machine)

@@ -15,7 +15,8 @@ import time
 import numpy as np
 
 from ..cost.calibrate import blas_threads, cpu_name
-from ..cost.compute import ComputeModel, tile_shapes, update_key
+from ..cost.compute import ComputeModel, update_key
+from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..graph.graph import Layer
 from ..planner.configs import configurations
@@ -111,7 +112,7 @@ def _median(run, repeats, warmup, sync):
 
 
 def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
-    """Seconds for one forward and backward of the tile ``shape`` (a :class:`~spmdcnn.cost.compute.TileShape`)."""
+    """Seconds for one forward and backward of the tile ``shape`` (a :class:`~spmdcnn.cost.tiles.TileShape`)."""
     rng = np.random.default_rng(seed)
     layer = _layer(shape)
     ctx = _Context(layer, shape, xp, dtype, rng)

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from spmdcnn.cost.compute import ComputeModel, Profile, TileShape, tile_shapes, work
+from spmdcnn.cost.compute import ComputeModel, Profile, work
+from spmdcnn.cost.tiles import TileShape, tile_shapes
 from spmdcnn.cost.machine import Device, parse_machine_text
 from spmdcnn.cost.model import CostModel
 from spmdcnn.cost.sync import layer_sync
@@ -85,7 +86,7 @@ def test_a_tile_shape_survives_json():
 
 @pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"])
 def test_distinct_tiles_are_those_of_every_tile(name):
-    from spmdcnn.cost.compute import tile_shape
+    from spmdcnn.cost.tiles import tile_shape
     from spmdcnn.planner.configs import configurations
     from spmdcnn.tiling.config import output_shape
     from spmdcnn.tiling.fields import needs

@@ -10,7 +10,8 @@ from math import prod
 import numpy as np
 import pytest
 
-from spmdcnn.cost.compute import ComputeModel, Profile, clear_caches, tile_shape, update_key, work
+from spmdcnn.cost.compute import ComputeModel, Profile, update_key, work
+from spmdcnn.cost.tiles import clear_caches, tile_shape
 from spmdcnn.cost.machine import parse_machine_text
 from spmdcnn.cost.model import CostModel
 from spmdcnn.graph import load_model
