@@ -18,6 +18,7 @@ from ..cost.calibrate import blas_threads, cpu_name
 from ..cost.compute import ComputeModel, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
+from ..cost.sync import layer_sync
 from ..graph.graph import Layer
 from ..planner.configs import configurations
 from ..tiling.config import ParallelConfig, output_shape
@@ -157,7 +158,8 @@ def shapes_to_profile(graph, batch, devices, configs=None):
 
 def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32, repeats=3, log=None):
     """Measure every tile shape ``profile_store`` lacks, on all ranks at once, then (if the profile has none for
-    this model, batch and rank count) a reference iteration; returns the number of tile shapes measured."""
+    this model, batch and rank count) a reference iteration (:func:`reference_iteration`) and the wait per
+    synchronization (:func:`synchronization_wait`); returns the number of tile shapes measured."""
     count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log)
     digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
     key = f"{graph.name} ({digest}) batch {batch} on {devices} devices, {world.size} ranks"
@@ -167,11 +169,7 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
         count += _measure_tiles(profile_store, *shapes_to_profile(graph, sample, 1, whole), world, xp, dtype,
                                 repeats, None)
         measured = max(world.allgather(reference_iteration(graph, sample, xp, dtype, world)))
-        wait = 0.0
-        if world.size > 1:
-            # the same iterations with every rank waiting for the others after each layer, forward and backward
-            together = max(world.allgather(reference_iteration(graph, sample, xp, dtype, world, True)))
-            wait = max(together - measured, 0.0) / (2 * len(graph.layers))
+        wait = synchronization_wait(graph, sample * world.size, world, xp, dtype) if world.size > 1 else 0.0
         isolated = sum(ComputeModel(Device(), profile_store).layer_seconds(layer, whole[layer.name][0], sample)
                        for layer in graph.layers) / profile_store.factor
         profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "wait": wait}
@@ -182,11 +180,9 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
     return count
 
 
-def reference_iteration(graph, batch, xp, dtype, world, synchronize=False, repeats=3, warmup=1):
+def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
     """Median seconds of a training iteration of the whole model at ``batch`` on this rank alone (every rank at
-    once: the contention of training, without its communication). ``synchronize``: with a barrier after each
-    layer's forward and backward, where a plan's exchanges and allreduces make the ranks wait for each other
-    (ranks drift apart: uneven cores, the operating system, ranks sharing a core take turns)."""
+    once: the contention of training, without its communication)."""
     from ..io.dataset import SyntheticData
     from .executor import Executor
     executor = Executor(graph, xp, dtype, seed=0)
@@ -199,25 +195,42 @@ def reference_iteration(graph, batch, xp, dtype, world, synchronize=False, repea
         executor.backward()
         optimizer.step(executor.params.flat, executor.grads.flat)
     world.barrier()
-    if not synchronize:
-        return _median(run, repeats, warmup, _synchronizer(xp))
-    saved = dict(kernels.FORWARD), dict(kernels.BACKWARD)
-    try:
-        for table in (kernels.FORWARD, kernels.BACKWARD):
-            for op, function in list(table.items()):
-                table[op] = _then_barrier(function, world)
-        return _median(run, repeats, warmup, _synchronizer(xp))
-    finally:
-        kernels.FORWARD.update(saved[0])
-        kernels.BACKWARD.update(saved[1])
+    return _median(run, repeats, warmup, _synchronizer(xp))
 
 
-def _then_barrier(function, world):
-    def run(*args):
-        result = function(*args)
+def synchronization_wait(graph, batch, world, xp, dtype, steps=3, warmup=1):
+    """Seconds a rank loses at each point where the ranks synchronize: the data-parallel plan trains at ``batch``
+    on all ranks for a few iterations, and the time its ranks spend in allreduces (the median rank's), less what
+    the ring model of the built-in machine gives those allreduces, is spread over them. Ranks drift apart between
+    two such points (uneven cores, the operating system, ranks sharing a core take turns), and the first to arrive
+    waits for the last; the planner charges this wait at every allreduce and every exchange."""
+    from ..cost.machine import default_machine
+    from ..cost.model import CostModel
+    from ..io.dataset import SyntheticData
+    from ..tiling.plan import named
+    from .executor import Executor
+    plan = named("data", graph, batch, world.size)
+    executor = Executor(graph, xp, dtype, seed=0, plan=plan, world=world)
+    optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=0).batch(0, 0, batch, dtype)
+    images, labels = xp.asarray(images), xp.asarray(labels)
+    sync = _synchronizer(xp)
+    for step in range(warmup + steps):
+        if step == warmup:
+            world.reset()
         world.barrier()
-        return result
-    return run
+        executor.forward(images, labels, step=step)
+        executor.backward()
+        optimizer.step(executor.params.flat, executor.grads.flat)
+        sync()
+    spent = statistics.median(world.allgather(world.counters.sync_s / steps))
+    world.reset()
+    machine = default_machine()
+    cost = CostModel(graph, batch, machine, ComputeModel(machine.device), np.dtype(dtype).itemsize)
+    nodes = [cost.node(layer, plan[layer.name]) for layer in graph.layers]     # no wait yet: no profile
+    modelled = sum(node[1] for node in nodes) + cost.overhead(world.size)
+    points = sum(layer_sync(layer, plan[layer.name], machine).points for layer in graph.layers) + 1  # + the loss
+    return max(spent - modelled, 0.0) / points
 
 
 def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log):
