@@ -56,7 +56,8 @@ def main():
         name = os.path.splitext(os.path.basename(model))[0]
         for ranks in args.ranks:
             profile = os.path.join(work, f"profile-{name}-{ranks}.json")
-            run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile], ranks)
+            run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile, "--machine",
+                 args.machine], ranks)
             optimal = os.path.join(work, f"optimal-{name}-{ranks}.yaml")
             run(["plan", model, "--devices", str(ranks), "--batch", batch, "--machine", args.machine,
                  "--profile", profile, "-o", optimal], 1)
@@ -66,7 +67,8 @@ def main():
         for model, name, batch, ranks, profile, optimal in cases:
             if round_:
                 _forget_reference(profile)
-                run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile], ranks)
+                run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile, "--machine",
+                 args.machine], ranks)
             for plan in (args.plans if ranks > 1 else ["data"]):
                 spec_plan = optimal if plan == "optimal" else plan
                 predicted = json.loads(run(["simulate", spec_plan, "--model", model, "--devices", str(ranks),

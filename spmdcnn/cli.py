@@ -260,7 +260,7 @@ def cmd_profile(args):
     graph, xp, dtype, device, path, store = world.agree(load)
     store = world.bcast(store)
     count = profile(graph, args.batch, args.devices, world, store, xp, dtype, args.repeats,
-                    log=print if world.rank == 0 else None)
+                    log=print if world.rank == 0 else None, machine=args.machine)
     world.agree(lambda: store.save(path) if world.rank == 0 else None)
     if world.rank == 0:
         print(f"{device}: measured {count} tile shapes, {len(store)} in {path}")
@@ -403,6 +403,8 @@ def build_parser():
     p.add_argument("-o", "--output", help="profile file (default: ~/.cache/spmdcnn/profile-<device>.json, "
                    "or $SPMDCNN_CACHE)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per tile (median; default 3)")
+    p.add_argument("--machine", help="machine YAML whose ring model the measured wait per synchronization is "
+                   "taken beyond (default: the built-in local machine)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
     p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
     p.set_defaults(run=cmd_profile)

@@ -32,7 +32,7 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log):
     store = world.bcast(world.agree(load))
     start = time.perf_counter()
     references = len(store.in_situ)
-    measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log)
+    measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log, machine=machine)
     if (measured or len(store.in_situ) != references) and world.rank == 0:
         try:
             store.save(path)

@@ -156,10 +156,12 @@ def shapes_to_profile(graph, batch, devices, configs=None):
     return shapes, sorted(updates)
 
 
-def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32, repeats=3, log=None):
+def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32, repeats=3, log=None,
+            machine=None):
     """Measure every tile shape ``profile_store`` lacks, on all ranks at once, then (if the profile has none for
     this model, batch and rank count) a reference iteration (:func:`reference_iteration`) and the wait per
-    synchronization (:func:`synchronization_wait`); returns the number of tile shapes measured."""
+    synchronization (:func:`synchronization_wait`, against ``machine``: a machine YAML path, or None for the
+    built-in local machine); returns the number of tile shapes measured."""
     count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log)
     digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
     key = f"{graph.name} ({digest}) batch {batch} on {devices} devices, {world.size} ranks"
@@ -169,7 +171,7 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
         count += _measure_tiles(profile_store, *shapes_to_profile(graph, sample, 1, whole), world, xp, dtype,
                                 repeats, None)
         measured = max(world.allgather(reference_iteration(graph, sample, xp, dtype, world)))
-        wait = synchronization_wait(graph, sample * world.size, world, xp, dtype) if world.size > 1 else 0.0
+        wait = synchronization_wait(graph, sample * world.size, world, xp, dtype, machine) if world.size > 1 else 0.0
         isolated = sum(ComputeModel(Device(), profile_store).layer_seconds(layer, whole[layer.name][0], sample)
                        for layer in graph.layers) / profile_store.factor
         profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "wait": wait}
@@ -198,13 +200,14 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
     return _median(run, repeats, warmup, _synchronizer(xp))
 
 
-def synchronization_wait(graph, batch, world, xp, dtype, steps=3, warmup=1):
+def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, warmup=1):
     """Seconds a rank loses at each point where the ranks synchronize: the data-parallel plan trains at ``batch``
     on all ranks for a few iterations, and the time its ranks spend in allreduces (the median rank's), less what
-    the ring model of the built-in machine gives those allreduces, is spread over them. Ranks drift apart between
+    the ring model of ``machine`` (a machine YAML path; None: the built-in local machine) gives those allreduces,
+    is spread over them. Ranks drift apart between
     two such points (uneven cores, the operating system, ranks sharing a core take turns), and the first to arrive
     waits for the last; the planner charges this wait at every allreduce and every exchange."""
-    from ..cost.machine import default_machine
+    from ..cost.machine import default_machine, load_machine
     from ..cost.model import CostModel
     from ..io.dataset import SyntheticData
     from ..tiling.plan import named
@@ -225,7 +228,7 @@ def synchronization_wait(graph, batch, world, xp, dtype, steps=3, warmup=1):
         sync()
     spent = statistics.median(world.allgather(world.counters.sync_s / steps))
     world.reset()
-    machine = default_machine()
+    machine = load_machine(machine) if machine else default_machine()
     cost = CostModel(graph, batch, machine, ComputeModel(machine.device), np.dtype(dtype).itemsize)
     nodes = [cost.node(layer, plan[layer.name]) for layer in graph.layers]     # no wait yet: no profile
     modelled = sum(node[1] for node in nodes) + cost.overhead(world.size)
