@@ -5,10 +5,12 @@ optimal plan (``spmdcnn plan``), then for the data, owt and optimal plans compar
 predicted iteration with the median iteration ``spmdcnn bench`` measures under ``mpiexec -n K``. Every pair of
 numbers is printed, then the median and largest absolute error.
 
-With ``--rounds R`` the whole set is measured R times in turn. Each round first measures the reference
-iteration again (the tile times stay cached), so every prediction rests on a profile taken minutes before the runs
-it predicts, as ``plan: auto`` does before a job: a shared machine drifts by more than the model's error between
-rounds. A pair's error is then the median over the rounds of predicted / measured - 1.
+With ``--rounds R`` the whole set is measured R times in turn. Each round but the first starts each model and rank
+count by measuring its reference iteration and wait again (the tile times stay cached), so each prediction rests
+on a profile taken shortly before the runs it predicts (a shared machine drifts by more than the model's error
+within minutes). The optimal plans are found once, from the first profiles, so every round predicts and measures
+the same plans. A pair's error is the median over the rounds of predicted / measured - 1; the table after the
+rounds shows it next to the median predicted and the median measured time (which need not give that error).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cost_model.py \\
         --models models/cifar_cnn.yaml:64 benchmarks/models/alexnet_reduced.yaml:32 --ranks 1 2 4
@@ -88,7 +90,7 @@ def main():
                       f"measured {'/'.join(f'{v:.0f}' for v in row['measured_parts_ms'])} ms)", flush=True)
     errors = {key: statistics.median(r["error"] for r in rows) for key, rows in pairs.items()}
     print(f"\n{'model':<16} {'ranks':>5} {'plan':<8} {'predicted ms':>14} {'measured ms':>14} {'error':>7}"
-          f"   (medians over {args.rounds} round{'s' * (args.rounds != 1)})")
+          f"   (each a median over {args.rounds} round{'s' * (args.rounds != 1)})")
     for (name, ranks, plan), rows in pairs.items():
         print(f"{name:<16} {ranks:>5} {plan:<8} {statistics.median(r['predicted_ms'] for r in rows):>14.1f} "
               f"{statistics.median(r['measured_ms'] for r in rows):>14.1f} {errors[name, ranks, plan] * 100:>+6.1f}%")
@@ -106,8 +108,9 @@ def _forget_reference(path):
     with open(path, encoding="utf-8") as handle:
         data = json.load(handle)
     data["in_situ"] = {}
-    with open(path, "w", encoding="utf-8") as handle:
+    with open(path + ".tmp", "w", encoding="utf-8") as handle:
         json.dump(data, handle)
+    os.replace(path + ".tmp", path)
 
 
 if __name__ == "__main__":

@@ -26,7 +26,11 @@ OPS_PER_CALL = 12        # NumPy (or CUDA) calls one kernel call makes, each pay
 
 def work(shape, itemsize=4):
     """``(calls, flops, bytes)`` of a tile's forward and backward: kernel calls, floating-point operations, and
-    bytes read and written (a rough count of the passes each kernel makes)."""
+    bytes read and written (a rough count of the passes each kernel makes).
+
+    Contract: non-decreasing in every extent of the tile (output, each input, each parameter shard), as
+    :func:`update_work` is in its parameter count. ``ComputeModel.layer_times`` relies on it to time only each
+    axis's largest kinds of part; ``tests/cost/test_compute_and_sync.py`` checks it."""
     op, out = shape.op, prod(shape.output)
     ins = sum(prod(s) for s in shape.inputs)
     params = sum(prod(s) for _, s in shape.params)

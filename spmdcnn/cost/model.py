@@ -88,6 +88,7 @@ class CostModel:
 
         The costs of the last list asked for each layer signature are kept: the planner asks the same list for
         every repeated layer."""
+        configs = list(configs)
         last = self._lists.get(layer.signature)
         if last is not None and last[0] == configs:
             return last[1].copy()

@@ -60,7 +60,7 @@ def tile_shapes(layer, config, batch):
 
     What a tile reads along one dimension depends only on its part along that dimension, so the distinct tiles
     are the combinations of each dimension's distinct parts (at most a few: balanced splits differ by one in
-    size, and only the first and last parts of a window see padding)."""
+    size, and a window's tile reads, padding included, as many rows as its part's size fixes)."""
     result = []
     for kinds in product(*(c.every for c in layer_classes(layer, batch).of(config.degrees))):
         shape = combine(kinds)
@@ -290,7 +290,8 @@ def _combined_attrs(kinds):
 def _candidates(extent, degree, edges):
     """Parts that may differ in what their tiles read: one of each size (balanced parts have one size, or two
     when ``degree`` does not divide ``extent``, and what a tile reads depends on its part's size) and, with
-    ``edges`` (a window's rows or columns: padding, the tensor's edge), the first and the last part too."""
+    ``edges`` (a window's rows or columns), the first and the last part too. Those meet the padding and the
+    tensor's edge; their padded reads still have the extent their size fixes, so this is a guard, not a need."""
     count = 1 if extent % degree == 0 else 2
     if not edges and count == 1:
         return [0]

@@ -21,14 +21,15 @@ eliminated node) or one row or column (memoized, so that undoing a chain costs o
 
 **Pruning first.** Those dense sums cost ``sizes[i] * sizes[j] * sizes[k]`` per node on a summed path, which
 dominates on real networks (Inception v3: about 190 such products). When they would take more than ``_PRUNE_WORK``
-entries, the configurations that no optimum uses are removed first and Algorithm 1 runs on the rest (the same
-graph: the same eliminations). A configuration goes when a lower bound of the objective of every assignment with it
-exceeds the objective of a known assignment. The bounds are the min-marginals of a spanning-forest relaxation
-(:mod:`.bounds`). The known assignment is Algorithm 1's optimum over each node's ``_CANDIDATES``
-configurations of lowest bound. Rounds repeat on what is left (a row minimum over fewer columns is higher; a bound
-is the highest of its rounds) while the dense sums would still cost more than ``_PRUNE_WORK`` and a round removes
-enough (``_SHRINK``). Exact: no optimal assignment loses a configuration, as each of its bounds is at most the
-optimum; a margin of ``_REL_TOL`` times the known objective plus twice the costs' negative parts covers rounding.
+entries, the configurations that provably no optimum uses are removed first and Algorithm 1 runs on the rest
+(the same graph: the same eliminations). A configuration goes when a lower bound of the objective of every
+assignment with it exceeds the objective of a known assignment. The bounds are the min-marginals of a
+spanning-forest relaxation (:mod:`.bounds`). The known assignment is Algorithm 1's optimum over each node's
+``_CANDIDATES`` configurations of lowest bound. Rounds repeat on what is left (a row minimum over fewer columns
+is higher; a bound is the highest of its rounds) while the dense sums would still cost more than ``_PRUNE_WORK``
+and a round removes enough (``_SHRINK``). Exact: no optimal assignment loses a configuration, as each of its
+bounds is at most the optimum; a margin of ``_PRUNE_MARGIN`` times the known objective plus twice the costs'
+negative parts covers rounding.
 
 **Searching what is left.** First every node with a single neighbour is folded into it, repeatedly
 (``cost_k[c] += min_b cost_j[b] + T[b, c]``, undone by the argmin): exact, and for the usual remnant, the source
@@ -58,6 +59,7 @@ from .core import adjacency, depth_first, variable_elimination
 
 _SLICE_ENTRIES = 1 << 17    # entries of one min-plus slice (1 MiB): measured fastest, fits in cache
 _REL_TOL = 1e-9             # postcondition: the search's value and the objective of its choices agree
+_PRUNE_MARGIN = 1e-9        # relative slack of the pruning cut: a bound adds up thousands of rounded terms
 _PRUNE_WORK = 1 << 22       # min-plus entries of the dense sums above which configurations are pruned first
 _CANDIDATES = 8             # configurations per node (lowest bounds first) searched for the known assignment
 _SHRINK = 0.8               # pruning stops after a round that keeps more than this fraction of configurations
@@ -350,7 +352,7 @@ def _prune(reduction, costs, edges, limit):
         best = min(best, _objective(costs, edges, [int(c[p]) for c, p in zip(candidates, picked)]))
         if best == math.inf:
             return None
-        cut = best + _REL_TOL * (abs(best) + 2 * negative)     # rounding: a bound adds up thousands of terms
+        cut = best + _PRUNE_MARGIN * (abs(best) + 2 * negative)
         kept = [np.flatnonzero(bound <= cut) for bound in bounds]
         total = sum(map(len, keep))
         keep = [configurations[k] for configurations, k in zip(keep, kept)]

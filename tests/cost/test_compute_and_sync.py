@@ -2,9 +2,10 @@
 
 import os
 
+import numpy as np
 import pytest
 
-from spmdcnn.cost.compute import ComputeModel, Profile, work
+from spmdcnn.cost.compute import ComputeModel, Profile, update_work, work
 from spmdcnn.cost.tiles import TileShape, tile_shapes
 from spmdcnn.cost.machine import Device, parse_machine_text
 from spmdcnn.cost.model import CostModel
@@ -99,3 +100,36 @@ def test_distinct_tiles_are_those_of_every_tile(name):
                 every = {tile_shape(layer, box, needs(layer, box, in_shapes))
                          for box in (config.box(out, index) for index in config.indices())}
                 assert set(tile_shapes(layer, config, batch)) == every, (layer.name, config)
+
+
+OPS = {"conv2d": (("dilation", (1, 1)), ("kernel", (3, 3)), ("stride", (1, 1))),
+       "maxpool2d": (("dilation", (1, 1)), ("kernel", (3, 3)), ("stride", (2, 2))),
+       "avgpool2d": (("dilation", (1, 1)), ("kernel", (2, 2)), ("stride", (2, 2))),
+       "linear": (), "batchnorm2d": (("eps", 1e-5), ("momentum", 0.1)), "relu": (), "dropout": (), "concat": (),
+       "add": (), "flatten": (), "global_avgpool": (), "softmax_cross_entropy": ()}
+
+
+@pytest.mark.parametrize("op", sorted(OPS))
+def test_work_never_shrinks_when_a_tile_grows(op):
+    """The contract of ``work``: growing any one extent (output, an input, a parameter shard) never lowers any of
+    calls, FLOPs and bytes; the planner times only the largest kinds of part on it."""
+    rng = np.random.default_rng(0)
+    rank = 2 if op in ("linear", "softmax_cross_entropy", "flatten") else 4
+    for _ in range(300):
+        out = tuple(int(v) for v in rng.integers(0, 7, rank))
+        ins = [list(int(v) for v in rng.integers(0, 9, rank)) for _ in range(2 if op in ("concat", "add") else 1)]
+        params = [["weight", [int(rng.integers(0, 6)), 3, 3, 3]]] if op in ("conv2d", "linear", "batchnorm2d") else []
+        tile = TileShape(op, OPS[op], tuple(map(tuple, ins)), out, tuple((n, tuple(s)) for n, s in params), True)
+        which = int(rng.integers(0, 3 if params else 2))
+        if which == 0:
+            grown_out = list(out)
+            grown_out[int(rng.integers(0, rank))] += 1
+            grown = TileShape(op, tile.attrs, tile.inputs, tuple(grown_out), tile.params, True)
+        elif which == 1:
+            ins[int(rng.integers(0, len(ins)))][int(rng.integers(0, rank))] += 1
+            grown = TileShape(op, tile.attrs, tuple(map(tuple, ins)), out, tile.params, True)
+        else:
+            params[0][1][0] += 1
+            grown = TileShape(op, tile.attrs, tile.inputs, out, tuple((n, tuple(s)) for n, s in params), True)
+        assert all(b >= a for a, b in zip(work(tile), work(grown))), (tile, grown)
+    assert all(b >= a for a, b in zip(update_work(10), update_work(11)))

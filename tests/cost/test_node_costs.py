@@ -184,3 +184,12 @@ def test_a_tile_time_that_depends_on_the_stride_too(monkeypatch):
     clear_caches()
     graph, machine_ = parse_model(AWKWARD, "awkward"), machine(2)
     check(graph, 8, 9, lambda: CostModel(graph, 9, machine_, ComputeModel(machine_.device)))
+
+
+def test_node_costs_take_any_iterable_of_configurations():
+    graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
+    machine_ = machine(2)
+    cost = CostModel(graph, 4, machine_, ComputeModel(machine_.device))
+    layer = graph.layers[0]
+    configs = configurations(layer, 4, 4)
+    assert list(cost.node_costs(layer, (c for c in configs))) == [sum(cost.node(layer, c)[:2]) for c in configs]

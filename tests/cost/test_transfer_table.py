@@ -114,6 +114,41 @@ AWKWARD = {"name": "awkward", "input": [5, 13, 11], "layers": [
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 
+def tile_reads(layer, slot, config, batch):
+    """``(start, stop, step)`` arrays ``(ndim, Q)``: what each consumer tile reads, straight from ``tiling.fields``
+    (the reference the shortcut in ``EdgeTraffic.ranges`` must equal)."""
+    in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
+    out_shape = (batch,) + tuple(layer.out_shape)
+    reads = []
+    for index in config.indices():
+        need = needs(layer, config.box(out_shape, index), in_shapes)[slot]
+        steps = need.steps or (1,) * len(need.box)
+        reads.append([(lo, max(hi, lo), step) for (lo, hi), step in zip(need.box, steps)])
+    return tuple(np.array(reads).transpose(2, 1, 0))
+
+
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "awkward"])
+def test_the_ranges_of_every_tile_are_its_reads(name):
+    """Every degree from 1 to one past the extent along each dimension, and mixed splits: the per-part shortcut of
+    ``ranges`` equals each tile's own reads (so ``forward``, the reference of the tables, stays independent)."""
+    graph = parse_model(AWKWARD, "awkward") if name == "awkward" else load_model(os.path.join(MODELS, f"{name}.yaml"))
+    batch, rng = 5, np.random.default_rng(0)
+    cost = CostModel(graph, batch, MACHINES["one-node"], ComputeModel(MACHINES["one-node"].device))
+    for layer in graph.layers:
+        out_shape = (batch,) + tuple(layer.out_shape)
+        splits = [tuple(d if k == axis else 1 for k in range(len(out_shape)))
+                  for axis, extent in enumerate(out_shape) for d in range(1, min(extent + 1, 9) + 1)]
+        splits += [tuple(int(rng.integers(1, 4)) for _ in out_shape) for _ in range(6)]
+        for slot, ref in enumerate(layer.inputs):
+            if ref == DATA:
+                continue
+            traffic = cost.edge(layer, slot)
+            for degrees in splits:
+                config = ParallelConfig(degrees, tuple(range(int(np.prod(degrees)))))
+                for got, want in zip(traffic.ranges(config), tile_reads(layer, slot, config, batch)):
+                    np.testing.assert_array_equal(got, want, err_msg=f"{layer.name} slot {slot} {degrees}")
+
+
 @pytest.mark.parametrize("machine_name", ["one-node", "two-per-node", "three-per-node"])
 @pytest.mark.parametrize("devices,batch", [(4, 3), (6, 5), (8, 2)])
 def test_strided_padding_only_and_empty_concat_reads(devices, batch, machine_name):
