@@ -125,10 +125,7 @@ def exhaustive(sizes, node_costs, edges, limit=None):
     if limit is not None and assignments > limit:
         raise ValueError(f"exhaustive: {len(sizes)} nodes have {assignments} assignments, more than "
                          f"limit={limit}; use optimize() or raise the limit")
-    tables = {}
-    for u, v, table in edges:       # parallel edges priced together: one row per assigned neighbour
-        tables[(u, v)] = tables[(u, v)] + table if (u, v) in tables else table
-    choices, value = depth_first(sizes, costs, tables)
+    choices, value = depth_first(sizes, costs, _pair_tables(edges))    # one row per assigned neighbour
     cost = _objective(costs, edges, choices)
     assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"exhaustive: {cost} != searched {value}"
     return Solution(cost, choices, True, "exhaustive", 0, 0, len(sizes), len(edges))
@@ -336,9 +333,7 @@ class _Reduction:
 def _prune(reduction, costs, edges, limit):
     """The configurations (indices) of each node that an optimum may use (module docstring), or None when no
     finite assignment was found. ``reduction`` is the problem's: it estimates what is left to do."""
-    tables = {}                     # one per pair: parallel edges summed
-    for u, v, table in edges:
-        tables[(u, v)] = tables[(u, v)] + table if (u, v) in tables else table
+    tables = _pair_tables(edges)
     distinct = {id(table): table for _, _, table in edges}
     negative = math.fsum(max(0.0, -float(values.min())) for values in costs + list(distinct.values()))
     keep, left, best = [np.arange(len(cost)) for cost in costs], list(costs), math.inf
@@ -361,6 +356,14 @@ def _prune(reduction, costs, edges, limit):
             return keep
         left, bounds = [cost[k] for cost, k in zip(left, kept)], [bound[k] for bound, k in zip(bounds, kept)]
         tables = {(u, v): table[kept[u][:, None], kept[v]] for (u, v), table in tables.items()}
+
+
+def _pair_tables(edges):
+    """``{(u, v): table}``: one table per pair of nodes, parallel edges summed."""
+    tables = {}
+    for u, v, table in edges:
+        tables[(u, v)] = tables[(u, v)] + table if (u, v) in tables else table
+    return tables
 
 
 def _restricted(costs, edges, keep):
