@@ -148,6 +148,18 @@ class EdgeTraffic:
             seconds[:, chunk] = np.maximum(seconds[:, chunk], received.T)
         return seconds, nbytes
 
+    def reads_key(self, consumers):
+        """What :meth:`table` depends on besides the producers, or None where it goes pair by pair: edges whose
+        keys are equal have equal tables (a 1x1 convolution reads a tensor the same way whatever its channels)."""
+        out_shape = output_shape(self.consumer, self.batch)
+        if not (consumers and _contiguous(consumers, len(out_shape)) and self._separable()):
+            return None
+        whole = self._read(tuple((0, extent) for extent in out_shape))[len(out_shape):]
+        reads = tuple(tuple((degree, tuple(map(tuple, self._axis_range(axis, degree))))
+                            for degree in sorted({q.degrees[axis] for q in consumers}))
+                      for axis in range(len(out_shape)))
+        return self.shape, self.itemsize, tuple(whole), reads, tuple(q.degrees for q in consumers)
+
     def _table_by_pairs(self, producers, consumers):
         traffic = [[self._exchange(p, q) for q in consumers] for p in producers]
         shape = (len(producers), len(consumers))

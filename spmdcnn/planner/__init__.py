@@ -70,7 +70,8 @@ class Problem:
                     continue
                 u = self.index[self.root[ref]]
                 traffic = cost.edge(layer, slot)
-                key = (id(traffic), id(self.choices[u]), id(self.choices[v]))
+                reads = traffic.reads_key(self.choices[v])      # consumers that read alike share a table
+                key = (id(self.choices[u]),) + ((id(traffic), id(self.choices[v])) if reads is None else (reads,))
                 if key not in tables:
                     tables[key] = cost.exchange_seconds(*traffic.table(self.choices[u], self.choices[v]))
                 self.edges.append((u, v, tables[key]))
