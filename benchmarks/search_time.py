@@ -33,12 +33,12 @@ def main():
             times = []
             for _ in range(args.rounds):
                 # a fresh cost model each round: nothing cached from the previous one
-                from spmdcnn.cost import transfer
+                from spmdcnn.cost import layout
                 from spmdcnn.cost.machine import load_machine
                 from spmdcnn.cost.tiles import clear_caches
                 clear_caches()
-                transfer._layout.cache_clear()
-                transfer._boxes.cache_clear()
+                layout.layout_of.cache_clear()
+                layout.tile_boxes.cache_clear()
                 machine = load_machine(args.machine)
                 nodes = max(machine.nodes, -(-devices // machine.devices_per_node))
                 cost = cost_model(graph, 32 * devices, devices, machine, None, 4, nodes)

@@ -13,7 +13,8 @@ from spmdcnn.cost import transfer
 from spmdcnn.cost.compute import ComputeModel
 from spmdcnn.cost.machine import parse_machine_text
 from spmdcnn.cost.model import CostModel
-from spmdcnn.cost.transfer import EdgeTraffic, _boxes
+from spmdcnn.cost.layout import tile_boxes
+from spmdcnn.cost.transfer import EdgeTraffic
 from spmdcnn.graph import load_model
 from spmdcnn.graph.blocks import DATA
 from spmdcnn.graph.graph import parse_model
@@ -242,7 +243,7 @@ def test_boxes_cover_a_range_of_tiles_exactly(degrees):
     tiles = np.arange(count).reshape(degrees)
     for start in range(count + 1):
         for stop in range(start, count + 1):
-            boxes = _boxes(degrees, start, stop)
+            boxes = tile_boxes(degrees, start, stop)
             assert len(boxes) <= 2 * len(degrees) - 1
             covered = [tiles[tuple(slice(lo, hi) for lo, hi in box)].ravel() for box in boxes]
             assert sorted(np.concatenate(covered or [[]]).tolist()) == list(range(start, stop))
