@@ -10,11 +10,9 @@ import numpy as np
 from .. import backend
 from ..comm import World
 from ..graph import load_model
-from ..io.dataset import SyntheticData
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
-from .executor import Executor
-from .optimizer import SGD
+from .profile import training_step
 
 
 def peak_rss_bytes():
@@ -49,19 +47,14 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     graph, plan_spec, xp, dtype = world.agree(load)
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
                                   print if world.rank == 0 and verbose else (lambda line: None))
-    executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
-    optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch, dtype)
-    images, labels = xp.asarray(images), xp.asarray(labels)
+    run = training_step(graph, batch, xp, dtype, world, plan, seed)
     times = []
     for step in range(warmup + steps):
         if step == warmup:
             world.reset()
         world.barrier()
         start = time.perf_counter()
-        executor.forward(images, labels, step=step)
-        executor.backward()
-        optimizer.step(executor.params.flat, executor.grads.flat)
+        run(step)
         if xp is not np:
             xp.cuda.get_current_stream().synchronize()
         world.barrier()

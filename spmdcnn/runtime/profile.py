@@ -182,20 +182,27 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
     return count
 
 
+def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0):
+    """``step(index)``: one training iteration (forward, backward, SGD update) of ``graph`` at global ``batch`` on
+    synthetic data, the whole model here or, with ``plan``, this rank's share of it on the ranks of ``world``."""
+    from ..io.dataset import SyntheticData
+    from .executor import Executor
+    executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
+    optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch, dtype)
+    images, labels = xp.asarray(images), xp.asarray(labels)
+
+    def step(index=0):
+        executor.forward(images, labels, step=index)
+        executor.backward()
+        optimizer.step(executor.params.flat, executor.grads.flat)
+    return step
+
+
 def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
     """Median seconds of a training iteration of the whole model at ``batch`` on this rank alone (every rank at
     once: the contention of training, without its communication)."""
-    from ..io.dataset import SyntheticData
-    from .executor import Executor
-    executor = Executor(graph, xp, dtype, seed=0)
-    optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=0).batch(0, 0, batch, dtype)
-    images, labels = xp.asarray(images), xp.asarray(labels)
-
-    def run():
-        executor.forward(images, labels, step=0)
-        executor.backward()
-        optimizer.step(executor.params.flat, executor.grads.flat)
+    run = training_step(graph, batch, xp, dtype)
     world.barrier()
     return _median(run, repeats, warmup, _synchronizer(xp))
 
@@ -204,27 +211,19 @@ def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, 
     """Seconds a rank loses at each point where the ranks synchronize: the data-parallel plan trains at ``batch``
     on all ranks for a few iterations, and the time its ranks spend in allreduces (the median rank's), less what
     the ring model of ``machine`` (a machine YAML path; None: the built-in local machine) gives those allreduces,
-    is spread over them. Ranks drift apart between
-    two such points (uneven cores, the operating system, ranks sharing a core take turns), and the first to arrive
-    waits for the last; the planner charges this wait at every allreduce and every exchange."""
+    is spread over them. Ranks drift apart between two such points (uneven cores, the operating system, ranks
+    sharing a core take turns), and the first to arrive waits for the last; the planner charges this wait at
+    every allreduce and every exchange."""
     from ..cost.machine import default_machine, load_machine
     from ..cost.model import CostModel
-    from ..io.dataset import SyntheticData
     from ..tiling.plan import named
-    from .executor import Executor
     plan = named("data", graph, batch, world.size)
-    executor = Executor(graph, xp, dtype, seed=0, plan=plan, world=world)
-    optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=0).batch(0, 0, batch, dtype)
-    images, labels = xp.asarray(images), xp.asarray(labels)
-    sync = _synchronizer(xp)
-    for step in range(warmup + steps):
-        if step == warmup:
+    step, sync = training_step(graph, batch, xp, dtype, world, plan), _synchronizer(xp)
+    for index in range(warmup + steps):
+        if index == warmup:
             world.reset()
         world.barrier()
-        executor.forward(images, labels, step=step)
-        executor.backward()
-        optimizer.step(executor.params.flat, executor.grads.flat)
+        step(index)
         sync()
     spent = statistics.median(world.allgather(world.counters.sync_s / steps))
     world.reset()
