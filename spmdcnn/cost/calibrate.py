@@ -60,15 +60,17 @@ def blas_threads():
         return os.cpu_count() or 1
 
 
-def _median_seconds(fn, repeats, warmup=1, calls=1):
-    """The median over ``repeats`` of the time of one call of ``fn`` (timed over ``calls`` calls)."""
+def median_seconds(fn, repeats, warmup=1, calls=1, sync=None):
+    """The median over ``repeats`` of the time of one call of ``fn`` (timed over ``calls`` calls), after
+    ``warmup`` untimed calls; ``sync`` (a device stream's synchronization) ends every call."""
+    run = fn if sync is None else (lambda: (fn(), sync()))
     for _ in range(warmup):
-        fn()
+        run()
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(calls):
-            fn()
+            run()
         times.append((time.perf_counter() - start) / calls)
     return statistics.median(times)
 
@@ -86,15 +88,15 @@ def device_rates(quick=False, barrier=lambda: None):
         b = rng.standard_normal((k, n), dtype=np.float32)
         out = np.empty((m, n), dtype=np.float32)
         barrier()
-        gemm_seconds.append(_median_seconds(lambda: np.matmul(a, b, out=out), repeats))
+        gemm_seconds.append(median_seconds(lambda: np.matmul(a, b, out=out), repeats))
     flops = sum(2 * m * k * n for m, k, n in gemms) / sum(gemm_seconds)
     count = STREAM_BYTES // 4
     x, y, z = np.full(count, 1.0, np.float32), np.full(count, 2.0, np.float32), np.empty(count, np.float32)
     barrier()
-    stream = _median_seconds(lambda: np.add(x, y, out=z), repeats)
+    stream = median_seconds(lambda: np.add(x, y, out=z), repeats)
     small = [np.ones(TINY, np.float32) for _ in range(3)]
     barrier()
-    overhead = _median_seconds(lambda: np.add(small[0], small[1], out=small[2]), repeats, calls=1000)
+    overhead = median_seconds(lambda: np.add(small[0], small[1], out=small[2]), repeats, calls=1000)
     return {"name": f"{cpu_name()} x{blas_threads()}", "gemm_seconds": gemm_seconds, "flops": flops,
             "memory_bandwidth": 3 * STREAM_BYTES / stream, "overhead": overhead}
 

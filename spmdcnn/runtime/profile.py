@@ -10,11 +10,10 @@ and memory are measured with the contention they will meet in training; rank 0 w
 import hashlib
 import os
 import statistics
-import time
 
 import numpy as np
 
-from ..cost.calibrate import blas_threads, cpu_name
+from ..cost.calibrate import blas_threads, cpu_name, median_seconds
 from ..cost.compute import ComputeModel, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
@@ -101,17 +100,6 @@ def _layer(shape):
                  dict(shape.params))
 
 
-def _median(run, repeats, warmup, sync):
-    times = []
-    for i in range(warmup + repeats):
-        start = time.perf_counter()
-        run()
-        sync()
-        if i >= warmup:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
 def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
     """Seconds for one forward and backward of the tile ``shape`` (a :class:`~spmdcnn.cost.tiles.TileShape`)."""
     rng = np.random.default_rng(seed)
@@ -125,14 +113,14 @@ def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
     def run():
         out, saved = forward(layer, [x.copy() for x in xs] if shape.op in ("relu", "dropout", "add") else xs, ctx)
         backward(layer, gy if gy is not None else out, saved, ctx)
-    return _median(run, repeats, warmup, _synchronizer(xp))
+    return median_seconds(run, repeats, warmup, sync=_synchronizer(xp))
 
 
 def measure_update(count, xp=np, dtype=np.float32, repeats=3, warmup=1):
     """Seconds for an SGD step (momentum and weight decay) over ``count`` parameters."""
     sgd = SGD({"w": (count,)}, dtype, xp, lr=0.01, momentum=0.9, weight_decay=5e-4)
     weights, grads = xp.ones(count, dtype), xp.ones(count, dtype)
-    return _median(lambda: sgd.step(weights, grads), repeats, warmup, _synchronizer(xp))
+    return median_seconds(lambda: sgd.step(weights, grads), repeats, warmup, sync=_synchronizer(xp))
 
 
 def _synchronizer(xp):
@@ -204,7 +192,7 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
     once: the contention of training, without its communication)."""
     run = training_step(graph, batch, xp, dtype)
     world.barrier()
-    return _median(run, repeats, warmup, _synchronizer(xp))
+    return median_seconds(run, repeats, warmup, sync=_synchronizer(xp))
 
 
 def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, warmup=1):
