@@ -200,10 +200,7 @@ class ComputeModel:
         if missing:
             classes = layer_classes(layer, batch)
             classes.build(missing)
-            if self.profile or len(missing) == 1:
-                seconds = self._slowest(classes, missing)
-            else:
-                seconds = self._slowest_together(classes, missing)
+            seconds = self._slowest(classes, missing)
             factor = self.profile.factor if self.profile is not None else 1.0
             for d, slowest in zip(missing, seconds):
                 known[d] = factor * slowest
@@ -212,28 +209,29 @@ class ComputeModel:
     def _slowest(self, classes, configs):
         """Per configuration (its degrees), the slowest of its distinct tiles. Without measured times, only the
         tiles of each axis's largest kinds of part: every term of the analytic model (:func:`work`,
-        :func:`update_work`) grows with every extent of a tile."""
-        measured = bool(self.profile)
-        return [max(self.tile_seconds(shape) + self.update_seconds(sum(prod(p) for _, p in shape.params))
-                    for shape in map(combine, product(*(c.every if measured else c.largest
-                                                        for c in classes.of(degrees)))))
-                for degrees in configs]
-
-    def _slowest_together(self, classes, configs):
-        """:meth:`_slowest` without measured times, the tiles of many configurations timed at once (in Python
-        integers and floats, each with the arithmetic of :meth:`tile_seconds`)."""
+        :func:`update_work`) grows with every extent of a tile; and those of many configurations are timed at once
+        (``largest_tiles``: extents are arrays of Python integers, so each time has one tile's arithmetic)."""
         seconds = [None] * len(configs)
-        chosen, starts, shapes = classes.largest_tiles(configs)
-        if len(chosen):
-            counts = sum(prod(p) for _, p in shapes.params)
-            update = np.where(counts > 0, self.modelled_update(counts), 0.0) if shapes.params else 0.0
-            times = self.modelled_seconds(shapes) + update
-            for index, value in zip(chosen, np.maximum.reduceat(times, starts)):
-                seconds[index] = value
-        rest = [index for index, value in enumerate(seconds) if value is None]
-        for index, value in zip(rest, self._slowest(classes, [configs[index] for index in rest])):
-            seconds[index] = value
+        measured = bool(self.profile)
+        if not measured and len(configs) > 1:
+            chosen, starts, shapes = classes.largest_tiles(configs)
+            if len(chosen):
+                counts = _param_count(shapes)
+                update = np.where(counts > 0, self.modelled_update(counts), 0.0) if shapes.params else 0.0
+                times = self.modelled_seconds(shapes) + update      # update_seconds, unmeasured, on arrays
+                for index, value in zip(chosen, np.maximum.reduceat(times, starts)):
+                    seconds[index] = value
+        for index, degrees in enumerate(configs):
+            if seconds[index] is None:      # measured, one configuration, or a strided read left with one row
+                kinds = product(*(c.every if measured else c.largest for c in classes.of(degrees)))
+                seconds[index] = max(self.tile_seconds(shape) + self.update_seconds(_param_count(shape))
+                                     for shape in map(combine, kinds))
         return seconds
+
+
+def _param_count(shape):
+    """The values of the parameter shards of the tile ``shape`` (an array of counts for many tiles)."""
+    return sum(prod(p) for _, p in shape.params)
 
 
 def update_key(params):

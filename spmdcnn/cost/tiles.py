@@ -185,29 +185,8 @@ class LayerClasses:
                 count = counts[axis][owner]
                 rows[axis] = tables[axis].start[found[axis]][owner] + within % count
                 within //= count
-        return chosen, starts, self._stacked([table.values[row] for row, table in zip(rows, tables)])
-
-    def _stacked(self, columns):
-        """The :class:`TileShape` whose extents along each axis ``a`` are the columns of ``columns[a]`` (rows of
-        :func:`_values`), the whole tile's elsewhere."""
-        whole, axes = self.whole, len(columns)
-        taken = [1] * axes          # per axis, the next column: the output's comes first
-        inputs = []
-        for shape in whole.inputs:
-            dims = []
-            for d, extent in enumerate(shape):
-                if d < axes:
-                    dims.append(columns[d][:, taken[d]])
-                    taken[d] += 1
-                else:
-                    dims.append(extent)
-            inputs.append(tuple(dims))
-        params = whole.params
-        if axes > 1:
-            params = tuple((name, (columns[1][:, taken[1] + j],) + shape[1:])
-                           for j, (name, shape) in enumerate(whole.params))
-        return TileShape(whole.op, whole.attrs, tuple(inputs), tuple(c[:, 0] for c in columns), params,
-                         whole.input_grad)
+        columns = [table.values[row].T for row, table in zip(rows, tables)]     # per axis: (values, tiles)
+        return chosen, starts, _assemble(self.whole, columns, self.whole.attrs)
 
     def _table(self, axis):
         """The :class:`_Table` of the degrees known along ``axis``."""
@@ -269,13 +248,30 @@ def combine(kinds):
     It takes from ``kinds[a]`` what depends on the part along ``a`` (``tiling.fields.needs``): the output's and
     each input's extent along ``a`` (with its padding), the stride a strided read along a spatial axis leaves,
     and, from the channel axis, the parameter shard. Input dimensions past the output's rank are whole."""
-    first = kinds[0]
-    axes = len(kinds)
-    output = tuple(shape.output[axis] for axis, shape in enumerate(kinds))
-    inputs = tuple(tuple(kinds[d].inputs[i][d] if d < axes else extent for d, extent in enumerate(whole))
-                   for i, whole in enumerate(first.inputs))
-    params = kinds[1].params if axes > 1 else first.params
-    return TileShape(first.op, _combined_attrs(kinds), inputs, output, params, first.input_grad)
+    values = [_values(shape, axis) for axis, shape in enumerate(kinds)]
+    return _assemble(kinds[0], values, _combined_attrs(kinds))
+
+
+def _assemble(template, values, attrs):
+    """The :class:`TileShape` of ``template``'s op whose extents along each axis ``a`` are ``values[a]`` (in
+    :func:`_values`' order; each one a number, or an array of them for many tiles), ``template``'s elsewhere:
+    input dimensions past the output's rank, and the parameter shards' but along the channel axis."""
+    axes = len(values)
+    taken = [1] * axes          # per axis, the next value: the output's comes first
+    inputs = []
+    for shape in template.inputs:
+        dims = []
+        for d, extent in enumerate(shape):
+            if d < axes:
+                dims.append(values[d][taken[d]])
+                taken[d] += 1
+            else:
+                dims.append(extent)
+        inputs.append(tuple(dims))
+    params = template.params
+    if axes > 1:
+        params = tuple((name, (values[1][taken[1] + j],) + shape[1:]) for j, (name, shape) in enumerate(params))
+    return TileShape(template.op, attrs, tuple(inputs), tuple(v[0] for v in values), params, template.input_grad)
 
 
 def _combined_attrs(kinds):
