@@ -50,7 +50,7 @@ def main():
                 times.append((built - start, done - built, done - start))
             tables, searched, total = (statistics.median(t[i] for t in times) for i in range(3))
             print(f"{name:<13} {devices:>7} {len(problem.nodes):>6} {problem.considered:>7} "
-                  f"{sum(len(c) for c in problem.choices):>6} "
+                  f"{solution.kept:>6} "
                   f"{tables:>8.3f} {searched:>8.3f} {total:>8.3f}  {solution.method}"
                   f"{'' if solution.exact else ' (not exact)'}", flush=True)
 

@@ -171,7 +171,7 @@ def cmd_plan(args):
                       f"{cost.machine.name}; compute from {source}", chosen.prediction, chosen.plan)
     if chosen.solution is not None:
         sol = chosen.solution
-        print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations ({chosen.kept} "
+        print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations ({sol.kept} "
               f"after pruning), {sol.method} "
               f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
               f"left){'' if sol.exact else ', not proven optimal'}; {chosen.search_s:.3f} s")

@@ -6,7 +6,9 @@ that take its configuration); every input of a layer is an edge with one cost pe
 same tables, and ``data``, ``model`` and ``owt`` are the fixed strategies of ``tiling.plan``.
 """
 
+import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,18 +31,16 @@ class Result:
     solution: object = None
     nodes: int = 0
     configurations: int = 0
-    kept: int = 0           # configurations left after pruning, for which edge tables were built
 
 
 class Problem:
     """The node and edge cost tables of ``graph`` on ``devices`` devices under ``cost`` (a CostModel).
 
-    With ``prune``, configurations that cannot be in an optimal plan are dropped before any edge table is built:
-    every cost is non-negative, so a plan using configuration ``c`` of layer ``v`` costs at least ``c``'s node
-    cost plus the cheapest node cost of every other layer. Where that exceeds the cost of a plan in the search
-    space (the best of ``data``, ``owt`` and ``model`` that lies in it), ``c`` is out. The search stays exact."""
+    Edges whose tables are equal (the same producer list, consumers that read alike) share one, and the distinct
+    tables are built on every core this process may run on (:func:`workers`): NumPy releases the interpreter lock
+    inside the large array operations that building a table is made of."""
 
-    def __init__(self, graph, devices, cost, prune=True):
+    def __init__(self, graph, devices, cost):
         self.graph, self.devices, self.cost = graph, devices, cost
         batch = cost.batch
         self.root = searched(graph)
@@ -59,10 +59,7 @@ class Problem:
         for layer in graph.layers:
             i = self.index[self.root[layer.name]]
             self.node_costs[i] += cost.node_costs(layer, self.choices[i])
-        if prune:
-            self._prune()
-        tables = {}
-        self.edges = []
+        jobs, edges = {}, []
         for layer in graph.layers:
             v = self.index[self.root[layer.name]]
             for slot, ref in enumerate(layer.inputs):
@@ -72,34 +69,12 @@ class Problem:
                 traffic = cost.edge(layer, slot)
                 reads = traffic.reads_key(self.choices[v])      # consumers that read alike share a table
                 key = (id(self.choices[u]),) + ((id(traffic), id(self.choices[v])) if reads is None else (reads,))
-                if key not in tables:
-                    tables[key] = cost.exchange_seconds(*traffic.table(self.choices[u], self.choices[v]))
-                self.edges.append((u, v, tables[key]))
-
-    def _prune(self):
-        bound = self._baseline_bound()
-        if bound is None:
-            return
-        floor = sum(float(c.min()) for c in self.node_costs)
-        slack = (bound - floor) * (1 + 1e-9) + 1e-15
-        kept_lists = {}
-        for i, (choices, costs) in enumerate(zip(self.choices, self.node_costs)):
-            kept = tuple(int(k) for k in np.flatnonzero(costs <= costs.min() + slack))
-            key = (id(choices), kept)
-            if key not in kept_lists:       # equal lists stay one object: the edge tables are shared by identity
-                kept_lists[key] = [choices[k] for k in kept]
-            self.choices[i] = kept_lists[key]
-            self.node_costs[i] = costs[list(kept)]
-
-    def _baseline_bound(self):
-        """The objective of the cheapest baseline plan whose every configuration is in the search space."""
-        best = None
-        for strategy in NAMED:
-            plan = named(strategy, self.graph, self.cost.batch, self.devices)
-            if all(plan[name] in self.choices[i] for i, name in enumerate(self.nodes)):
-                value = self.cost.simulate(plan).iteration_s - self.cost.overhead(self.devices)
-                best = value if best is None else min(best, value)
-        return best
+                jobs.setdefault(key, (traffic, self.choices[u], self.choices[v]))
+                edges.append((u, v, key))
+        with ThreadPoolExecutor(workers()) as pool:
+            tables = dict(zip(jobs, pool.map(lambda job: cost.exchange_seconds(*job[0].table(job[1], job[2])),
+                                             jobs.values())))
+        self.edges = [(u, v, tables[key]) for u, v, key in edges]
 
     def plan(self, choices, batch, source):
         configs = {name: self.choices[self.index[self.root[name]]][choices[self.index[self.root[name]]]]
@@ -116,7 +91,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None):
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     from . import search
-    problem = Problem(graph, devices, cost, prune=strategy == "optimal")    # exhaustive: the whole space
+    problem = Problem(graph, devices, cost)
     sizes = [len(c) for c in problem.choices]
     if strategy == "optimal":
         solution = search.optimize(sizes, problem.node_costs, problem.edges)
@@ -124,5 +99,9 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None):
         solution = search.exhaustive(sizes, problem.node_costs, problem.edges, limit=limit)
     plan = problem.plan(solution.choices, cost.batch, f"plan {strategy}")
     elapsed = time.perf_counter() - start
-    return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered,
-                  sum(sizes))
+    return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered)
+
+
+def workers():
+    """The cores this process may run on (its affinity where the system tells it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1

@@ -75,6 +75,7 @@ class Solution:
     eliminated_edges: int
     remaining_nodes: int    # nodes left after the eliminations
     remaining_edges: int
+    kept: int = 0           # configurations searched: all of them, or those left after pruning
 
 
 def evaluate(sizes, node_costs, edges, choices):
@@ -102,7 +103,8 @@ def optimize(sizes, node_costs, edges, limit=2_000_000):
     cost = _objective(costs, edges, choices)
     assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"optimize: {cost} != searched {value}"
     return Solution(cost, choices, exact, method, len(reduction.eliminated), reduction.merged,
-                    len(sizes) - len(reduction.eliminated), len(reduction.edges))
+                    len(sizes) - len(reduction.eliminated), len(reduction.edges),
+                    sum(sizes) if keep is None else sum(map(len, keep)))
 
 
 def _search(reduction, costs, limit):
@@ -128,7 +130,7 @@ def exhaustive(sizes, node_costs, edges, limit=None):
     choices, value = depth_first(sizes, costs, _pair_tables(edges))    # one row per assigned neighbour
     cost = _objective(costs, edges, choices)
     assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"exhaustive: {cost} != searched {value}"
-    return Solution(cost, choices, True, "exhaustive", 0, 0, len(sizes), len(edges))
+    return Solution(cost, choices, True, "exhaustive", 0, 0, len(sizes), len(edges), sum(sizes))
 
 
 def _validated(caller, sizes, node_costs, edges):

@@ -135,17 +135,16 @@ def test_the_planner_splits_big_fully_connected_layers_over_channels():
 
 
 @pytest.mark.parametrize("name,devices,batch", [("alexnet", 8, 64), ("cifar_cnn", 4, 16), ("mini_inception", 4, 4)])
-def test_pruning_drops_configurations_but_never_the_optimum(name, devices, batch):
+def test_pruning_drops_configurations_but_never_the_optimum(name, devices, batch, monkeypatch):
+    """The search's pruning on the planner's real tables: forced on, it keeps the optimum it finds without."""
     from spmdcnn.planner import Problem, search
     graph = model(name)
-    cost = cost_model(graph, batch, TWO_LEVEL)
-    costs = []
-    for prune in (True, False):
-        problem = Problem(graph, devices, cost, prune=prune)
-        sizes = [len(c) for c in problem.choices]
-        costs.append(search.optimize(sizes, problem.node_costs, problem.edges).cost)
-        if prune:
-            kept = sum(sizes)
-    assert costs[0] == pytest.approx(costs[1], rel=1e-12)
-    if name == "alexnet":
-        assert kept < problem.considered            # AlexNet's heavy layers leave little room
+    problem = Problem(graph, devices, cost_model(graph, batch, TWO_LEVEL))
+    sizes = [len(c) for c in problem.choices]
+    solutions = []
+    for work in (-1, float("inf")):          # always prune; never
+        monkeypatch.setattr(search, "_PRUNE_WORK", work)
+        solutions.append(search.optimize(sizes, problem.node_costs, problem.edges))
+    assert solutions[0].cost == pytest.approx(solutions[1].cost, rel=1e-12)
+    assert solutions[1].kept == sum(sizes) == problem.considered
+    assert solutions[0].kept < sum(sizes)       # the planner's tables leave room to prune
