@@ -171,8 +171,8 @@ def cmd_plan(args):
                       f"{cost.machine.name}; compute from {source}", chosen.prediction, chosen.plan)
     if chosen.solution is not None:
         sol = chosen.solution
-        print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations ({sol.kept} "
-              f"after pruning), {sol.method} "
+        pruned = f" ({sol.kept} after pruning)" if sol.kept < chosen.configurations else ""
+        print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations{pruned}, {sol.method} "
               f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
               f"left){'' if sol.exact else ', not proven optimal'}; {chosen.search_s:.3f} s")
     if args.compare:
