@@ -11,10 +11,12 @@ EXAMPLES = """\
 examples:
   spmdcnn model models/alexnet.yaml --batch 128
   spmdcnn train jobs/quickstart.yaml --set optimizer.lr=0.05
-  mpiexec -n 2 spmdcnn train jobs/quickstart.yaml --set plan=owt
+  mpiexec -n 4 spmdcnn train jobs/quickstart.yaml --set plan=owt
   spmdcnn bench models/alexnet.yaml --batch 32 --steps 5
   mpiexec -n 2 spmdcnn bench models/alexnet.yaml --batch 32 --plan owt
   spmdcnn checkpoint info ckpt/quickstart.h5
+  spmdcnn data digits -o data/digits
+  spmdcnn data info data/digits/train.h5
   spmdcnn plan models/alexnet.yaml --devices 4 --batch 128 --machine jobs/machines/local.yaml -o plan.yaml
   spmdcnn plan models/vgg16.yaml --devices 16 --batch 512 --machine jobs/machines/paper-p100-4x4.yaml --compare
   spmdcnn simulate plan.yaml other.yaml --machine jobs/machines/local.yaml
@@ -300,6 +302,28 @@ def cmd_checkpoint(args):
     return 0
 
 
+def cmd_data(args):
+    if args.action == "digits":
+        import os
+        from .io.digits import make_digits
+        paths = [os.path.join(args.output, name) for name in ("train.h5", "val.h5")]
+        train, val = make_digits(*paths, held_out=args.held_out, seed=args.seed)
+        print(f"wrote {paths[0]} ({train} samples) and {paths[1]} ({val} held out)")
+        return 0
+    from .io.dataset import dataset_info
+    info = dataset_info(args.file)
+    if args.json:
+        print(json.dumps(info, indent=1))
+        return 0
+    print(f"{args.file}: {info['samples']} samples of {'x'.join(map(str, info['shape']))} (C x H x W) {info['dtype']}, "
+          f"{info['classes']} classes (labels {info['labels'][0]}..{info['labels'][1]})")
+    for key in ("mean", "std", "description"):
+        if info.get(key) is not None:
+            print(f"  {key}: {info[key]}")
+    print("  samples per class: " + ", ".join(f"{label}: {count}" for label, count in info["per_class"].items()))
+    return 0
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="spmdcnn", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
@@ -416,6 +440,22 @@ def build_parser():
     c.add_argument("file", help="checkpoint HDF5 file")
     c.add_argument("--json", action="store_true", help="print JSON")
     c.set_defaults(run=cmd_checkpoint)
+
+    p = sub.add_parser("data", parents=[common], help="make and inspect HDF5 datasets",
+                       description="Make and inspect HDF5 datasets (DESIGN.md section 3.6).")
+    dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    d = dsub.add_parser("digits", parents=[common], help="scikit-learn's handwritten digits as train.h5 and val.h5",
+                        description="Write scikit-learn's handwritten digits (1,797 8x8 images, shipped with "
+                        "spmdcnn) as OUTPUT/train.h5 and OUTPUT/val.h5, a held-out share of each class in val.h5.")
+    d.add_argument("-o", "--output", default="data/digits", help="folder to write (default data/digits)")
+    d.add_argument("--held-out", type=float, default=0.2, help="share of each class held out (default 0.2)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
+    d.set_defaults(run=cmd_data)
+    d = dsub.add_parser("info", parents=[common], help="describe a dataset: samples, shape, classes",
+                        description="Describe an HDF5 dataset: samples, image shape and type, classes, mean/std.")
+    d.add_argument("file", help="dataset HDF5 file")
+    d.add_argument("--json", action="store_true", help="print JSON")
+    d.set_defaults(run=cmd_data)
     return parser
 
 

@@ -138,14 +138,24 @@ def test_an_error_on_rank_0_alone_stops_every_rank_once(tmp_path):
     assert "is a directory" in result.stderr and "(on rank 0)" in result.stderr
 
 
-def test_the_quick_start_trains_layer_wise_on_two_ranks(tmp_path):
-    result = mpiexec(2, *spmdcnn("train", "jobs/quickstart.yaml", "--set", f"checkpoint.path={tmp_path / 'q.h5'}",
-                                 "--set", f"log.metrics={tmp_path / 'q.jsonl'}"), timeout=600)
+def test_the_quick_start_learns_the_digits_layer_wise_on_four_ranks(tmp_path):
+    """The README's first command: the digits written on first use, a plan from the planner, >= 97 % held out."""
+    data = tmp_path / "digits"
+    overrides = [f"data.path={data / 'train.h5'}", f"data.val={data / 'val.h5'}", f"checkpoint.path={tmp_path / 'q.h5'}",
+                 f"log.metrics={tmp_path / 'q.jsonl'}"]
+    command = [MPIEXEC, "-n", "4", *spmdcnn("train", "jobs/quickstart.yaml", *[x for o in overrides for x in ("--set", o)])]
+    result = subprocess.run(command, cwd=ROOT, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")},
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "2 ranks; plan owt" in result.stdout
+    assert "data: wrote" in result.stdout and (data / "val.h5").exists()
+    assert "4 ranks; plan auto (optimal under the cost model" in result.stdout
     import json
-    last = json.loads(open(tmp_path / "q.jsonl", encoding="utf-8").read().splitlines()[-1])
-    assert last["step"] == 60 and last["accuracy"] > 0.9
+    records = [json.loads(line) for line in open(tmp_path / "q.jsonl", encoding="utf-8")]
+    evaluations = [r for r in records if "val_accuracy" in r]
+    assert [r["step"] for r in evaluations] == [110, 220, 330, 440]
+    assert evaluations[-1]["val_accuracy"] >= 0.97, evaluations
+    assert records[-1]["predicted_step_s"] > 0 and records[-1]["step_s"] > 0
+    assert (tmp_path / "q.h5").exists()
 
 
 def test_errors_every_rank_finds_are_printed_once(tmp_path):

@@ -10,12 +10,12 @@ which; the file at ``path`` is replaced only by a complete new one, so a crash w
 
 import datetime
 import os
-import uuid
 
 import h5py
 import numpy as np
 
 from .. import __version__
+from .atomic import written_aside
 
 FORMAT = "spmdcnn-checkpoint/1"
 
@@ -38,51 +38,14 @@ def _write_group(group, arrays):
 def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, step=0, epoch=0, plan_text="",
                     state=None):
     """Write a checkpoint atomically: into a temporary file beside ``path``, fsync, then rename over it."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    temporary = _create_aside(path)
-    try:
-        with h5py.File(temporary, "w") as f:
-            f.attrs.update(format=FORMAT, step=int(step), epoch=int(epoch), model=model_text, plan=plan_text or "",
-                           spmdcnn_version=__version__,
-                           created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
-            _write_group(f.create_group("params"), params)
-            _write_group(f.create_group("buffers"), buffers or {})
-            _write_group(f.create_group("optimizer").create_group("momentum"), momentum or {})
-            f.create_group("state").attrs.update(state or {})
-        with open(temporary, "rb+") as stream:
-            os.fsync(stream.fileno())
-        os.replace(temporary, path)
-    except BaseException:
-        if os.path.exists(temporary):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(directory)
-
-
-def _create_aside(path):
-    """Create an empty, uniquely named file beside ``path`` with the ordinary permissions (umask applies)."""
-    while True:
-        temporary = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-        try:
-            os.close(os.open(temporary, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
-            return temporary
-        except FileExistsError:
-            continue
-
-
-def _fsync_directory(directory):
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with written_aside(path) as temporary, h5py.File(temporary, "w") as f:
+        f.attrs.update(format=FORMAT, step=int(step), epoch=int(epoch), model=model_text, plan=plan_text or "",
+                       spmdcnn_version=__version__,
+                       created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
+        _write_group(f.create_group("params"), params)
+        _write_group(f.create_group("buffers"), buffers or {})
+        _write_group(f.create_group("optimizer").create_group("momentum"), momentum or {})
+        f.create_group("state").attrs.update(state or {})
 
 
 class Checkpoint:

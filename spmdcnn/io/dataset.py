@@ -15,6 +15,7 @@ import h5py
 import numpy as np
 
 from ..counters import stream_key, uniform
+from .atomic import written_aside
 from .yamlfile import FormatError
 
 
@@ -190,6 +191,40 @@ class HDF5Dataset(_Source):
 
     def close(self):
         self.file.close()
+
+
+def dataset_info(path):
+    """What ``spmdcnn data info`` prints: samples, image shape and type, labels, mean/std, description."""
+    data = HDF5Dataset(path, shuffle=False)
+    try:
+        labels, counts = np.unique(data.all_labels, return_counts=True)
+        description = data.file.attrs.get("description")
+        return {"samples": data.num_samples, "shape": list(data.sample_shape), "dtype": str(data.images.dtype),
+                "classes": len(labels), "labels": [int(labels.min()), int(labels.max())] if len(labels) else [],
+                "per_class": {str(k): int(v) for k, v in zip(labels, counts)},
+                "mean": None if data.mean is None else data.mean.tolist(),
+                "std": None if data.std is None else data.std.tolist(),
+                "description": None if description is None else str(description)}
+    finally:
+        data.close()
+
+
+def write_dataset(path, images, labels, mean=None, std=None, description=None):
+    """Write ``images`` (N, C, H, W) uint8 or float32 and ``labels`` (N,) as an HDF5 dataset, atomically (into a
+    file beside ``path``, renamed over it when complete); ``mean`` and ``std`` per channel, if given."""
+    images, labels = np.asarray(images), np.asarray(labels, dtype=np.int64)
+    if images.ndim != 4 or images.dtype not in (np.uint8, np.float32) or labels.shape != images.shape[:1]:
+        raise ValueError(f"expected images (N, C, H, W) uint8 or float32 and labels (N,), got {images.shape} "
+                         f"{images.dtype} and {labels.shape}")
+    with written_aside(path) as temporary, h5py.File(temporary, "w") as f:
+        chunk = (max(1, min(len(images), (1 << 20) // max(1, images[0].nbytes))),) + images.shape[1:]
+        data = f.create_dataset("images", data=images, chunks=chunk if len(images) else None)
+        f.create_dataset("labels", data=labels)
+        for key, value in (("mean", mean), ("std", std)):
+            if value is not None:
+                data.attrs[key] = np.asarray(value, dtype=np.float64)
+        if description:
+            f.attrs["description"] = description
 
 
 class SyntheticData(_Source):

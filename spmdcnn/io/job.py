@@ -26,6 +26,8 @@ SCHEMA = {
         "seed": (int, 0),
         "num_samples": (int, 50_000),        # synthetic data: samples per epoch
         "signal": (_NUMBER, 0.5),            # synthetic data: strength of the class patterns against unit noise
+        "val": ((str, type(None)), None),    # held-out HDF5 dataset, evaluated every eval.every steps and at the end
+        "make": ((str, type(None)), None),   # digits: write path and val with `spmdcnn data digits` when missing
     },
     "optimizer": {
         "kind": (str, "sgd"),
@@ -33,6 +35,11 @@ SCHEMA = {
         "momentum": (_NUMBER, 0.0),
         "weight_decay": (_NUMBER, 0.0),
         "nesterov": (bool, False),
+        "schedule": (str, "constant"),       # constant | step | cosine, after warmup_steps of linear warm-up
+        "warmup_steps": (int, 0),
+        "decay_every": ((int, type(None)), None),    # step: multiply by gamma every decay_every steps
+        "gamma": (_NUMBER, 0.1),
+        "min_lr": (_NUMBER, 0.0),            # cosine: the rate it ends at
     },
     "plan": ((str, type(None)), "auto"),
     "machine": ((str, type(None)), None),
@@ -48,11 +55,17 @@ SCHEMA = {
     "log": {
         "every": (int, 10),
         "metrics": ((str, type(None)), None),
+        "progress": ((str, bool), "auto"),   # a progress bar: auto (on a terminal), true, false
+    },
+    "eval": {
+        "every": ((int, type(None)), None),  # steps between evaluations of data.val (and always at the end)
     },
 }
 _CHOICES = {
     ("data", "kind"): ("hdf5", "synthetic"),
+    ("data", "make"): ("digits",),
     ("optimizer", "kind"): ("sgd",),
+    ("optimizer", "schedule"): ("constant", "step", "cosine"),
     ("backend",): ("auto", "numpy", "cupy"),
     ("dtype",): ("float32", "float64"),
 }
@@ -157,7 +170,38 @@ def parse_job(values, source="<job>", overrides=()):
         raise FormatError(f"{source}: 'log.every' must be positive, got {job['log']['every']}")
     if job["resume"] not in ("auto", True, False):
         raise FormatError(f"{source}: 'resume' must be auto, true or false, got {job['resume']!r}")
+    if job["log"]["progress"] not in ("auto", True, False):
+        raise FormatError(f"{source}: 'log.progress' must be auto, true or false, got {job['log']['progress']!r}")
+    _check_data(job, source)
+    _check_optimizer(job["optimizer"], source)
     return job
+
+
+def _check_data(job, source):
+    data, every = job["data"], job["eval"]["every"]
+    if data["kind"] != "hdf5":
+        for key in ("val", "make"):
+            if data[key] is not None:
+                raise FormatError(f"{source}: 'data.{key}' needs data.kind hdf5, got {data['kind']}")
+    if data["make"] and not data["val"]:
+        raise FormatError(f"{source}: 'data.make: {data['make']}' writes data.path and data.val: give data.val")
+    if every is not None and every <= 0:
+        raise FormatError(f"{source}: 'eval.every' must be positive, got {every}")
+    if every is not None and not data["val"]:
+        raise FormatError(f"{source}: 'eval.every' evaluates data.val: give data.val")
+
+
+def _check_optimizer(spec, source):
+    if spec["lr"] < 0 or spec["min_lr"] < 0:
+        raise FormatError(f"{source}: 'optimizer.lr' and 'optimizer.min_lr' must be non-negative")
+    if spec["warmup_steps"] < 0:
+        raise FormatError(f"{source}: 'optimizer.warmup_steps' must be non-negative, got {spec['warmup_steps']}")
+    if spec["schedule"] == "step" and not (spec["decay_every"] or 0) > 0:
+        raise FormatError(f"{source}: 'optimizer.schedule: step' needs a positive 'optimizer.decay_every' "
+                          f"(steps between decays), got {spec['decay_every']}")
+    if spec["schedule"] != "step" and spec["decay_every"] is not None:
+        raise FormatError(f"{source}: 'optimizer.decay_every' applies to schedule: step, not "
+                          f"{spec['schedule']}")
 
 
 def load_job(path, overrides=()):

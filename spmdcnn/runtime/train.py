@@ -2,6 +2,7 @@
 
 import json
 import os
+import sys
 import time
 import uuid
 
@@ -15,9 +16,11 @@ from ..io.dataset import HDF5Dataset, SyntheticData
 from ..cost.machine import load_machine
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
+from .evaluate import evaluate
 from .executor import Executor
 from .optimizer import SGD
 from .resume import check_resumable, state_for, trim_metrics
+from .schedule import learning_rate
 from .shards import gather_global, share_checkpoint
 
 
@@ -33,6 +36,30 @@ def make_data(job, graph):
         return data
     return SyntheticData(graph.input_shape, graph.num_classes, spec["num_samples"], seed=spec["seed"],
                          signal=spec["signal"], shuffle=spec["shuffle"])
+
+
+def make_val(job, graph):
+    """The held-out dataset ``data.val`` (read in order), or None."""
+    if not job["data"]["val"]:
+        return None
+    data = HDF5Dataset(job["data"]["val"], shuffle=False)
+    try:
+        data.check_model(graph)
+    except BaseException:
+        data.close()
+        raise
+    return data
+
+
+def make_missing_data(job, log):
+    """``data.make``: write ``data.path`` and ``data.val`` when either is missing (rank 0 only)."""
+    spec = job["data"]
+    if not spec["make"] or (os.path.exists(spec["path"]) and os.path.exists(spec["val"])):
+        return
+    from ..io.digits import make_digits
+    train, val = make_digits(spec["path"], spec["val"], seed=spec["seed"])
+    log(f"data: wrote {spec['path']} ({train} samples) and {spec['val']} ({val} held out), scikit-learn's "
+        "handwritten digits (spmdcnn data digits)")
 
 
 def make_optimizer(job, executor):
@@ -107,8 +134,12 @@ class Trainer:
         self.rank = self.world.rank
         say = log or (lambda line: print(line, flush=True))
         self.log = say if self.rank == 0 else (lambda line: None)
-        self.data = None
+        self.data = self.val = None
+        self.progress = _Progress(job["log"]["progress"]) if self.rank == 0 and log is None else None
+        if self.progress and self.progress.active:
+            self.log = self.progress.write
         try:
+            self.world.agree(lambda: make_missing_data(job, self.log) if self.rank == 0 else None)
             ckpt = self.world.agree(self._load)
             if self.plan is None:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
@@ -122,8 +153,7 @@ class Trainer:
             self.optimizer = make_optimizer(job, self.executor)
             self.start_step = self._restore(share_checkpoint(self.world, ckpt))
         except BaseException:
-            if self.data is not None:
-                self.data.close()
+            self._close()
             raise
 
     def _load(self):
@@ -135,6 +165,8 @@ class Trainer:
         self.batch = job["batch_size"]
         self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,
                                                                            self.world.size)
+        if self.plan is not None and not hasattr(self.plan, "predicted_s"):
+            self.plan.predicted_s = _predicted(self.plan.text)
         if job.get("machine") and job["plan"] in (None, "auto"):
             load_machine(job["machine"]).check_devices(self.world.size)
         if self.rank == 0:
@@ -142,6 +174,7 @@ class Trainer:
                 if job[key[0]][key[1]]:
                     _check_writable(job[key[0]][key[1]], what)
         self.data = make_data(job, self.graph)
+        self.val = make_val(job, self.graph)
         self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
         self.total_steps = job["steps"] if job["steps"] is not None else job["epochs"] * self.steps_per_epoch
         return self._read_checkpoint() if self.rank == 0 else None
@@ -176,38 +209,62 @@ class Trainer:
         return step
 
     def run(self):
-        """Train from ``start_step`` to the end; returns ``{"steps", "losses"}`` (losses of this run's steps)."""
+        """Train from ``start_step`` to the end; returns ``{"steps", "losses", "val"}`` (losses of this run's
+        steps; the last evaluation's ``(loss, accuracy)`` of ``data.val``, or None)."""
         job, graph = self.job, self.graph
         metrics = None
         where = "one process" if self.world.size == 1 else f"{self.world.size} ranks"
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
                  f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
-        history = []
+        history, evaluated = [], None
         interval = _Interval()
         step = self.start_step
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
+        every, eval_every = job["log"]["every"], job["eval"]["every"]
         try:
             if self.rank == 0:
                 metrics = _open_metrics(job["log"]["metrics"], self.start_step)
             while step < self.total_steps:
+                self.optimizer.lr = learning_rate(job["optimizer"], step, self.total_steps)
                 loss, correct = self._step(step)
                 step += 1
                 history.append(loss)
                 interval.add(loss, correct)
-                if step % job["log"]["every"] == 0 or step == self.total_steps:
-                    self._report(step, loss, interval, metrics)
+                if self.progress:
+                    self.progress.update(step, self.total_steps, loss)
+                end = step == self.total_steps
+                evaluate_now = self.val is not None and (end or (eval_every and step % eval_every == 0))
+                if step % every == 0 or end or evaluate_now:
+                    elapsed = time.perf_counter() - interval.start
+                    evaluated = self._evaluate(step) if evaluate_now else None
+                    self._report(step, loss, interval, elapsed, evaluated, metrics)
                     interval = _Interval()
                 if ckpt_path and ckpt_every and step % ckpt_every == 0 and step < self.total_steps:
                     self._checkpoint(step)
+            if self.val is not None and evaluated is None:     # a run resumed at its end: evaluate still
+                evaluated = self._evaluate(step)
+                self.log(f"step {step:>6}/{self.total_steps}  val loss {evaluated[0]:.4f}  val acc "
+                         f"{evaluated[1]:.4f}")
             if ckpt_path:
                 self._checkpoint(step)
                 self.log(f"checkpoint written to {ckpt_path} (step {step})")
         finally:
+            if self.progress:
+                self.progress.close()
             if metrics:
                 metrics.close()
-            self.data.close()
-        return {"steps": step, "losses": history}
+            self._close()
+        return {"steps": step, "losses": history, "val": evaluated}
+
+    def _close(self):
+        for source in (self.data, self.val):
+            if source is not None:
+                source.close()
+
+    def _evaluate(self, step):
+        loss, accuracy = evaluate(self.executor, self.val, self.batch, self.dtype)
+        return loss, accuracy
 
     def _step(self, step):
         executor = self.executor
@@ -219,15 +276,23 @@ class Trainer:
         self.optimizer.step(executor.params.flat, executor.grads.flat)
         return loss, correct
 
-    def _report(self, step, loss, interval, metrics):
-        elapsed = time.perf_counter() - interval.start
+    def _report(self, step, loss, interval, elapsed, evaluated, metrics):
         count = len(interval.losses)
         record = {"step": step, "epoch": (step - 1) // self.steps_per_epoch, "loss": loss,
-                  "loss_avg": float(np.mean(interval.losses)), "accuracy": interval.correct / (count * self.batch),
-                  "images_per_s": count * self.batch / elapsed, "lr": self.optimizer.lr}
-        self.log(f"step {step:>6}/{self.total_steps}  epoch {record['epoch']}  loss {loss:.4f}  "
-                 f"(avg {record['loss_avg']:.4f})  acc {record['accuracy']:.3f}  "
-                 f"{record['images_per_s']:.1f} images/s")
+                  "loss_avg": float(np.mean(interval.losses)) if count else loss,
+                  "accuracy": interval.correct / (count * self.batch) if count else None,
+                  "images_per_s": count * self.batch / elapsed if count else None, "lr": self.optimizer.lr,
+                  "step_s": elapsed / count if count else None,
+                  "predicted_step_s": getattr(self.plan, "predicted_s", None)}
+        line = (f"step {step:>6}/{self.total_steps}  epoch {record['epoch']}  loss {loss:.4f}  "
+                f"(avg {record['loss_avg']:.4f})  acc {record['accuracy']:.3f}  "
+                f"{record['images_per_s']:.1f} images/s  {record['step_s'] * 1e3:.1f} ms/step")
+        if record["predicted_step_s"]:
+            line += f" (predicted {record['predicted_step_s'] * 1e3:.1f})"
+        if evaluated is not None:
+            record["val_loss"], record["val_accuracy"] = evaluated
+            line += f"  val loss {evaluated[0]:.4f}  val acc {evaluated[1]:.4f}"
+        self.log(line)
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
@@ -235,6 +300,50 @@ class Trainer:
     def _checkpoint(self, step):
         state = state_for(self.job, self.data, step, step // self.steps_per_epoch)
         write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.plan.text)
+
+
+def _predicted(plan_text):
+    """The ``predicted.iteration_s`` a plan file carries (``spmdcnn plan -o``), or None."""
+    import yaml
+    try:
+        predicted = (yaml.safe_load(plan_text) or {}).get("predicted") or {}
+        return float(predicted["iteration_s"]) if "iteration_s" in predicted else None
+    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
+        return None
+
+
+class _Progress:
+    """A progress bar on rank 0's terminal (``log.progress``: auto draws it when standard output is one); the
+    log lines print above it. In a batch log nothing is drawn."""
+
+    WIDTH = 30
+
+    def __init__(self, setting, stream=None):
+        self.stream = stream or sys.stdout
+        self.active = setting is True or (setting == "auto" and self.stream.isatty())
+        self.shown = ""
+
+    def write(self, line):
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+        print(line, file=self.stream, flush=True)
+        if self.shown:
+            self.stream.write(self.shown)
+            self.stream.flush()
+
+    def update(self, step, total, loss):
+        if not self.active:
+            return
+        done = int(self.WIDTH * step / max(total, 1))
+        self.shown = f"[{'#' * done}{'.' * (self.WIDTH - done)}] {step}/{total}  loss {loss:.4f}"
+        self.stream.write("\r\x1b[K" + self.shown)
+        self.stream.flush()
+
+    def close(self):
+        if self.active and self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+            self.shown = ""
 
 
 class _Interval:

@@ -35,11 +35,13 @@ def test_defaults_are_filled_in(tmp_path):
     job = load_job(write(tmp_path, MINIMAL))
     assert job == {
         "model": "models/tiny_cnn.yaml", "batch_size": 8, "steps": 5, "epochs": None,
-        "data": {"kind": "synthetic", "path": None, "shuffle": True, "seed": 0, "num_samples": 50_000, "signal": 0.5},
-        "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False},
+        "data": {"kind": "synthetic", "path": None, "shuffle": True, "seed": 0, "num_samples": 50_000, "signal": 0.5,
+                 "val": None, "make": None},
+        "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False,
+                      "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1, "min_lr": 0.0},
         "plan": "auto", "machine": None, "backend": "auto", "dtype": "float32", "init": None,
         "checkpoint": {"path": None, "every": None}, "resume": "auto", "seed": 0,
-        "log": {"every": 10, "metrics": None},
+        "log": {"every": 10, "metrics": None, "progress": "auto"}, "eval": {"every": None},
     }
 
 
@@ -53,8 +55,11 @@ def test_every_schema_key_appears_in_a_parsed_job(tmp_path):
 
 def test_a_partial_section_keeps_the_other_defaults(tmp_path):
     job = load_job(write(tmp_path, MINIMAL + "optimizer: {lr: 0.5, momentum: 0.9}\ndata: {seed: 4}\n"))
-    assert job["optimizer"] == {"kind": "sgd", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False}
-    assert job["data"] == {"kind": "synthetic", "path": None, "shuffle": True, "seed": 4, "num_samples": 50_000, "signal": 0.5}
+    assert job["optimizer"] == {"kind": "sgd", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False,
+                                "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1,
+                                "min_lr": 0.0}
+    assert job["data"] == {"kind": "synthetic", "path": None, "shuffle": True, "seed": 4, "num_samples": 50_000,
+                           "signal": 0.5, "val": None, "make": None}
 
 
 def test_an_empty_section_gets_the_defaults(tmp_path):
@@ -87,7 +92,7 @@ def test_the_full_documented_example_is_accepted(tmp_path):
         """)
     job = load_job(path)
     assert job["data"] == {"kind": "hdf5", "path": "data/train.h5", "shuffle": True, "seed": 0,
-                           "num_samples": 50_000, "signal": 0.5}
+                           "num_samples": 50_000, "signal": 0.5, "val": None, "make": None}
     assert job["optimizer"]["weight_decay"] == 0.0005
     assert job["checkpoint"] == {"path": "ckpt/run.h5", "every": 100}
     assert job["machine"] == "jobs/machines/local.yaml"
@@ -95,8 +100,10 @@ def test_the_full_documented_example_is_accepted(tmp_path):
 
 def test_the_quickstart_job_loads():
     job = load_job(os.path.join(ROOT, "jobs", "quickstart.yaml"))
-    assert job["model"] == "models/cifar_cnn.yaml"
-    assert job["steps"] == 60 and job["epochs"] is None
+    assert job["model"] == "models/digits_cnn.yaml" and job["plan"] == "auto"
+    assert job["epochs"] == 20 and job["steps"] is None
+    assert job["data"]["make"] == "digits" and job["data"]["val"] == "data/digits/val.h5"
+    assert job["optimizer"]["schedule"] == "cosine" and job["eval"]["every"] == 110
 
 
 @pytest.mark.parametrize("text, value", [("auto", "auto"), ("true", True), ("false", False)])

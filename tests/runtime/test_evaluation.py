@@ -1,0 +1,168 @@
+"""Held-out evaluation (``data.val``, ``eval.every``), learning-rate schedules and the progress bar."""
+
+import io
+import json
+import math
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from spmdcnn.graph import load_model
+from spmdcnn.io.dataset import HDF5Dataset, write_dataset
+from spmdcnn.io.job import parse_job
+from spmdcnn.io.yamlfile import FormatError
+from spmdcnn.runtime.evaluate import evaluate
+from spmdcnn.runtime.executor import Executor
+from spmdcnn.runtime.schedule import learning_rate
+from spmdcnn.runtime.train import Trainer, _Progress
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+
+
+def dataset(path, count, seed=0, shape=(3, 15, 13)):
+    rng = np.random.default_rng(seed)
+    write_dataset(path, rng.integers(0, 256, (count,) + shape, dtype=np.uint8), rng.integers(0, 10, count),
+                  mean=[0.5, 0.4, 0.3][:shape[0]], std=[0.3] * shape[0])
+    return str(path)
+
+
+def job(tmp_path, **overrides):
+    values = {"model": os.path.join(MODELS, "tiny_cnn.yaml"), "batch_size": 8, "steps": 6, "dtype": "float64",
+              "data": {"kind": "hdf5", "path": dataset(tmp_path / "train.h5", 40),
+                       "val": dataset(tmp_path / "val.h5", 21, seed=1)},
+              "optimizer": {"lr": 0.05, "momentum": 0.9}, "eval": {"every": 4},
+              "log": {"every": 1, "metrics": str(tmp_path / "metrics.jsonl")}, "seed": 2}
+    values.update(overrides)
+    return parse_job(values, "test-job")
+
+
+def test_evaluation_counts_every_sample_once_whatever_the_batch():
+    """21 samples in batches of 8: the last batch padded; the same loss and accuracy as one batch of all 21
+    (batch normalization from running statistics set away from their defaults)."""
+    graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
+    executor = Executor(graph, dtype=np.float64, seed=3)
+    executor.buffers.flat[...] = np.abs(np.random.default_rng(1).standard_normal(executor.buffers.flat.shape))
+    import tempfile
+    with tempfile.TemporaryDirectory() as folder:
+        val = HDF5Dataset(dataset(os.path.join(folder, "val.h5"), 21, seed=1), shuffle=False)
+        images, labels = val.read(np.arange(21), np.float64)
+        whole, right, _ = executor.forward(images, labels, training=False)
+        for batch in (8, 21, 5):
+            loss, accuracy = evaluate(executor, val, batch, np.float64)
+            assert loss == pytest.approx(whole, rel=1e-12) and accuracy == right / 21
+        val.close()
+
+
+def test_padding_labels_add_nothing_to_the_loss_or_its_gradient():
+    from spmdcnn.ops.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+    logits = np.random.default_rng(0).standard_normal((5, 4))
+    labels = np.array([1, -1, 3, -1, 0])
+    loss, saved = softmax_cross_entropy_forward(logits, labels, total=5)
+    real, real_saved = softmax_cross_entropy_forward(logits[[0, 2, 4]], labels[[0, 2, 4]], total=5)
+    assert loss == pytest.approx(real, rel=1e-14)
+    grad = softmax_cross_entropy_backward(1.0, saved)
+    assert not grad[[1, 3]].any()
+    np.testing.assert_allclose(grad[[0, 2, 4]], softmax_cross_entropy_backward(1.0, real_saved), rtol=1e-14)
+    with pytest.raises(ValueError, match="or be -1"):
+        softmax_cross_entropy_forward(logits, np.array([1, -2, 3, 0, 0]))
+
+
+def test_a_run_evaluates_every_n_steps_and_at_the_end(tmp_path):
+    result = Trainer(job(tmp_path), log=lambda line: None).run()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    evaluated = [r for r in records if "val_accuracy" in r]
+    assert [r["step"] for r in evaluated] == [4, 6]
+    assert result["val"] == (evaluated[-1]["val_loss"], evaluated[-1]["val_accuracy"])
+    assert all({"step", "loss", "images_per_s", "step_s", "lr"} <= set(r) for r in records)
+    assert 0 <= evaluated[-1]["val_accuracy"] <= 1 and evaluated[-1]["val_accuracy"] * 21 % 1 == 0
+
+
+def test_a_run_resumed_at_its_end_still_evaluates(tmp_path):
+    first = Trainer(job(tmp_path, checkpoint={"path": str(tmp_path / "run.h5")}), log=lambda line: None).run()
+    lines = []
+    again = Trainer(job(tmp_path, checkpoint={"path": str(tmp_path / "run.h5")}), log=lines.append).run()
+    assert again["steps"] == 6 and again["losses"] == []
+    assert again["val"] == pytest.approx(first["val"], rel=1e-12)
+    assert any("val acc" in line for line in lines)
+
+
+def test_a_held_out_set_of_other_images_is_refused_before_training(tmp_path):
+    bad = dataset(tmp_path / "bad.h5", 5, shape=(1, 8, 8))
+    with pytest.raises(ValueError, match="bad.h5: images are \\[1, 8, 8\\]"):
+        Trainer(job(tmp_path, data={"kind": "hdf5", "path": dataset(tmp_path / "t.h5", 40), "val": bad}),
+                log=lambda line: None)
+
+
+def test_the_learning_rate_schedules():
+    spec = {"lr": 0.1, "warmup_steps": 4, "schedule": "constant", "decay_every": None, "gamma": 0.1,
+            "min_lr": 0.0}
+    assert [learning_rate(spec, s, 10) for s in range(6)] == pytest.approx([0.025, 0.05, 0.075, 0.1, 0.1, 0.1])
+    step = {**spec, "warmup_steps": 0, "schedule": "step", "decay_every": 3, "gamma": 0.5}
+    assert [learning_rate(step, s, 10) for s in range(7)] == pytest.approx([0.1] * 3 + [0.05] * 3 + [0.025])
+    cosine = {**spec, "schedule": "cosine", "min_lr": 0.01}
+    rates = [learning_rate(cosine, s, 14) for s in range(14)]
+    assert rates[4] == pytest.approx(0.1) and rates[-1] > 0.01
+    assert rates[9] == pytest.approx(0.01 + 0.09 * (1 + math.cos(math.pi * 5 / 10)) / 2)
+    assert all(a >= b for a, b in zip(rates[4:], rates[5:]))
+    assert learning_rate(cosine, 14, 14) == pytest.approx(0.01)
+
+
+def test_a_run_follows_its_schedule(tmp_path):
+    spec = {"lr": 0.08, "momentum": 0.9, "schedule": "step", "decay_every": 2, "gamma": 0.5, "warmup_steps": 2}
+    Trainer(job(tmp_path, optimizer=spec), log=lambda line: None).run()
+    rates = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rates == pytest.approx([0.04, 0.08, 0.08, 0.08, 0.04, 0.04])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    ({"eval": {"every": 3}, "data": {"kind": "synthetic"}}, "'eval.every' evaluates data.val"),
+    ({"eval": {"every": 0}}, "'eval.every' must be positive"),
+    ({"data": {"kind": "hdf5", "path": "t.h5", "make": "digits"}}, "give data.val"),
+    ({"data": {"kind": "hdf5", "path": "t.h5", "make": "mnist", "val": "v.h5"}}, "'data.make' must be one of"),
+    ({"data": {"kind": "synthetic", "val": "v.h5"}}, "'data.val' needs data.kind hdf5"),
+    ({"optimizer": {"schedule": "step"}}, "needs a positive 'optimizer.decay_every'"),
+    ({"optimizer": {"schedule": "cosine", "decay_every": 3}}, "applies to schedule: step"),
+    ({"optimizer": {"schedule": "linear"}}, "'optimizer.schedule' must be one of constant, step, cosine"),
+    ({"optimizer": {"warmup_steps": -1}}, "'optimizer.warmup_steps' must be non-negative"),
+    ({"log": {"progress": "sometimes"}}, "'log.progress' must be auto, true or false"),
+])
+def test_bad_evaluation_and_schedule_keys_are_named(overrides, message):
+    with pytest.raises(FormatError, match=message):
+        parse_job({"model": "m.yaml", "batch_size": 2, "steps": 1, **overrides}, "job.yaml")
+
+
+def test_the_progress_bar_draws_only_on_a_terminal():
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    screen = Terminal()
+    bar = _Progress("auto", screen)
+    bar.update(3, 12, 0.5)
+    bar.write("step 3")
+    bar.close()
+    text = screen.getvalue()
+    assert "[#######.......................] 3/12  loss 0.5000" in text and "step 3\n" in text
+    assert text.endswith("\r\x1b[K")
+    plain = io.StringIO()
+    log = _Progress("auto", plain)
+    assert not log.active
+    log.update(3, 12, 0.5)
+    log.write("step 3")
+    assert plain.getvalue() == "step 3\n"
+
+
+def test_the_digits_written_on_first_use(tmp_path):
+    from spmdcnn.io.digits import load_digits
+    values = {"model": os.path.join(MODELS, "digits_cnn.yaml"), "batch_size": 32, "steps": 2,
+              "data": {"kind": "hdf5", "path": str(tmp_path / "d" / "train.h5"), "val": str(tmp_path / "d" / "val.h5"),
+                       "make": "digits"}}
+    lines = []
+    Trainer(parse_job(values, "job"), log=lines.append).run()
+    assert any(line.startswith("data: wrote") for line in lines)
+    with h5py.File(tmp_path / "d" / "train.h5") as train, h5py.File(tmp_path / "d" / "val.h5") as val:
+        assert len(train["labels"]) + len(val["labels"]) == len(load_digits()[1]) == 1797
+    lines.clear()
+    Trainer(parse_job(values, "job"), log=lines.append).run()
+    assert not any(line.startswith("data: wrote") for line in lines)      # there already
