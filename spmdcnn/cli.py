@@ -2,6 +2,7 @@
 
 import argparse
 import json
+import signal
 import sys
 import traceback
 
@@ -86,8 +87,8 @@ def cmd_train(args):
     from .runtime.train import train
     world = World.create()
     job = world.agree(lambda: load_job(args.job, args.set))
-    train(job, world=world)
-    return 0
+    stopped = train(job, world=world)["stopped"]
+    return 128 + getattr(signal, stopped) if stopped else 0      # a shell's status for a run a signal ended
 
 
 def cmd_bench(args):

@@ -236,3 +236,85 @@ def test_plan_auto_profiles_searches_and_broadcasts_the_plan(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "ignoring the cached profile" in result.stdout and "0 tile shapes measured" not in result.stdout
+
+
+def _losses(path):
+    import json
+    return {r["step"]: r["loss"] for r in map(json.loads, open(path, encoding="utf-8"))}
+
+
+def _start_and_wait(tmp_path, name, job, step):
+    """Start ``job`` on 2 ranks; returns the process once its metrics reach ``step``."""
+    process = subprocess.Popen([MPIEXEC, "-n", "2", *spmdcnn("train", job, "--set", "plan=owt")], cwd=ROOT, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    deadline = time.monotonic() + 120
+    metrics = tmp_path / f"{name}.jsonl"
+    while time.monotonic() < deadline and process.poll() is None:
+        if metrics.exists() and any(s >= step for s in _losses(metrics)):
+            return process
+        time.sleep(0.05)
+    process.kill()
+    raise AssertionError(f"the run did not reach step {step}: {process.communicate()[0]}")
+
+
+def _descendants(pid):
+    table = [line.split() for line in subprocess.run(["ps", "-eo", "pid=,ppid="], capture_output=True,
+                                                      text=True).stdout.splitlines()]
+    children, found = {}, []
+    for child, parent in table:
+        children.setdefault(int(parent), []).append(int(child))
+    stack = [pid]
+    while stack:
+        for child in children.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found
+
+
+def _long_job(tmp_path, name, **checkpoint):
+    return write_job(tmp_path, name, model=os.path.join(ROOT, "models", "tiny_cnn.yaml"), steps=400,
+                     data={"kind": "synthetic", "num_samples": 60, "seed": 3, "signal": 1.0},
+                     checkpoint={"path": str(tmp_path / f"{name}.h5"), **checkpoint})
+
+
+def test_sigterm_writes_a_checkpoint_and_the_resumed_run_is_the_uninterrupted_one(tmp_path):
+    """Slurm's pre-emption signal reaches every rank through mpiexec: all stop after the same step, write its
+    checkpoint and exit with 128 + 15; the resumed run's losses are the uninterrupted run's, bit for bit."""
+    whole = mpiexec(2, *spmdcnn("train", _long_job(tmp_path, "whole"), "--set", "plan=owt"), timeout=300)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    job = _long_job(tmp_path, "parts", every=50, keep=2)
+    process = _start_and_wait(tmp_path, "parts", job, 120)
+    os.killpg(process.pid, 15)
+    output = process.communicate(timeout=60)[0]
+    assert process.returncode == 143, output
+    assert "SIGTERM: stopped after step" in output and "Traceback" not in output
+    from spmdcnn.io.checkpoint import kept_checkpoints, load_checkpoint
+    stopped = load_checkpoint(tmp_path / "parts.h5").step
+    assert 120 <= stopped < 400 and f"stopped after step {stopped} of 400" in output
+    assert [step for step, _ in kept_checkpoints(tmp_path / "parts.h5")][-1] == stopped
+    rest = mpiexec(2, *spmdcnn("train", job, "--set", "plan=owt"), timeout=300)
+    assert rest.returncode == 0 and f"resumed from {tmp_path / 'parts.h5'} at step {stopped}" in rest.stdout
+    assert _losses(tmp_path / "parts.jsonl") == _losses(tmp_path / "whole.jsonl")
+
+
+def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(tmp_path):
+    """SIGKILL to one rank: mpiexec ends every process within seconds, the last checkpoint is whole, and the run
+    resumed from it ends as the uninterrupted one."""
+    whole = mpiexec(2, *spmdcnn("train", _long_job(tmp_path, "whole"), "--set", "plan=owt"), timeout=300)
+    assert whole.returncode == 0, whole.stdout + whole.stderr
+    job = _long_job(tmp_path, "killed", every=25)
+    process = _start_and_wait(tmp_path, "killed", job, 140)
+    ranks = _descendants(process.pid)              # hydra's proxy, then the ranks (each in its own session)
+    victim = max(pid for pid in ranks if "spmdcnn.cli" in open(f"/proc/{pid}/cmdline").read())
+    os.kill(victim, 9)
+    start = time.monotonic()
+    process.communicate(timeout=60)
+    assert process.returncode != 0 and time.monotonic() - start < 30
+    time.sleep(0.5)
+    assert not [pid for pid in ranks if os.path.exists(f"/proc/{pid}")], "ranks left running"
+    from spmdcnn.io.checkpoint import load_checkpoint
+    last = load_checkpoint(tmp_path / "killed.h5").step
+    assert last >= 125 and last % 25 == 0
+    rest = mpiexec(2, *spmdcnn("train", job, "--set", "plan=owt"), timeout=300)
+    assert rest.returncode == 0 and f"at step {last}" in rest.stdout, rest.stdout + rest.stderr
+    assert _losses(tmp_path / "killed.jsonl") == _losses(tmp_path / "whole.jsonl")

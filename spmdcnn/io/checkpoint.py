@@ -10,6 +10,8 @@ which; the file at ``path`` is replaced only by a complete new one, so a crash w
 
 import datetime
 import os
+import re
+import shutil
 
 import h5py
 import numpy as np
@@ -36,9 +38,14 @@ def _write_group(group, arrays):
 
 
 def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, step=0, epoch=0, plan_text="",
-                    state=None):
-    """Write a checkpoint atomically: into a temporary file beside ``path``, fsync, then rename over it."""
-    with written_aside(path) as temporary, h5py.File(temporary, "w") as f:
+                    state=None, keep=1):
+    """Write a checkpoint atomically: into a temporary file beside ``path``, fsync, then rename over it.
+
+    With ``keep`` > 1 it is written as :func:`numbered` ``(path, step)`` and ``path`` becomes a hard link to that
+    file (a copy where the file system has no links), renamed into place as atomically; of the numbered files
+    beside ``path``, the newest ``keep`` stay."""
+    target = numbered(path, step) if keep > 1 else path
+    with written_aside(target) as temporary, h5py.File(temporary, "w") as f:
         f.attrs.update(format=FORMAT, step=int(step), epoch=int(epoch), model=model_text, plan=plan_text or "",
                        spmdcnn_version=__version__,
                        created=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"))
@@ -46,6 +53,32 @@ def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, st
         _write_group(f.create_group("buffers"), buffers or {})
         _write_group(f.create_group("optimizer").create_group("momentum"), momentum or {})
         f.create_group("state").attrs.update(state or {})
+    if keep > 1:
+        with written_aside(path) as temporary:
+            os.unlink(temporary)
+            try:
+                os.link(target, temporary)
+            except OSError:
+                shutil.copyfile(target, temporary)
+        for _, old in kept_checkpoints(path)[:-keep]:
+            os.unlink(old)
+
+
+def numbered(path, step):
+    """Where ``checkpoint.keep`` keeps the checkpoint of ``step``: ``run.h5`` -> ``run-step00000110.h5``."""
+    stem, extension = os.path.splitext(os.fspath(path))
+    return f"{stem}-step{int(step):08d}{extension}"
+
+
+def kept_checkpoints(path):
+    """``[(step, path)]`` of the numbered checkpoints beside ``path``, oldest first."""
+    stem, extension = os.path.splitext(os.path.basename(os.fspath(path)))
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(stem) + r"-step(\d{8,})" + re.escape(extension) + "$")
+    found = [(int(m.group(1)), os.path.join(directory, name))
+             for name in (os.listdir(directory) if os.path.isdir(directory) else ())
+             if (m := pattern.match(name))]
+    return sorted(found)
 
 
 class Checkpoint:

@@ -49,6 +49,7 @@ SCHEMA = {
     "checkpoint": {
         "path": ((str, type(None)), None),
         "every": ((int, type(None)), None),
+        "keep": (int, 1),                    # checkpoints kept: the newest, and with keep > 1 numbered ones
     },
     "resume": ((str, bool), "auto"),         # auto: resume when checkpoint.path exists; true: it must exist
     "seed": (int, 0),
@@ -166,6 +167,8 @@ def parse_job(values, source="<job>", overrides=()):
         raise FormatError(f"{source}: 'data.path' is needed when data.kind is hdf5")
     if job["checkpoint"]["every"] is not None and job["checkpoint"]["every"] <= 0:
         raise FormatError(f"{source}: 'checkpoint.every' must be positive, got {job['checkpoint']['every']}")
+    if job["checkpoint"]["keep"] <= 0:
+        raise FormatError(f"{source}: 'checkpoint.keep' must be positive, got {job['checkpoint']['keep']}")
     if job["log"]["every"] <= 0:
         raise FormatError(f"{source}: 'log.every' must be positive, got {job['log']['every']}")
     if job["resume"] not in ("auto", True, False):

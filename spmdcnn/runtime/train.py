@@ -2,7 +2,9 @@
 
 import json
 import os
+import signal
 import sys
+import threading
 import time
 import uuid
 
@@ -80,7 +82,7 @@ def restore(executor, optimizer, tensors, weights_only=False):
             store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.dtype)
 
 
-def write_checkpoint(path, executor, optimizer, state, plan_text):
+def write_checkpoint(path, executor, optimizer, state, plan_text, keep=1):
     """Gather the global arrays on rank 0 and write them there; every rank learns whether it worked."""
     params = gather_global(executor, executor.params)
     buffers = gather_global(executor, executor.buffers)
@@ -92,7 +94,7 @@ def write_checkpoint(path, executor, optimizer, state, plan_text):
         try:
             save_checkpoint(path, model_text=executor.graph.text, params=params, buffers=buffers,
                             momentum=momentum, step=state["step"], epoch=state["epoch"], plan_text=plan_text,
-                            state=state)
+                            state=state, keep=keep)
         except (OSError, TypeError, ValueError) as error:
             raise CheckpointError(f"checkpoint.path {path}: cannot write the checkpoint: {error}") from None
     executor.world.agree(write)
@@ -217,11 +219,12 @@ class Trainer:
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
                  f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
-        history, evaluated = [], None
+        history, evaluated, stopped, written = [], None, None, None
         interval = _Interval()
         step = self.start_step
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
         every, eval_every = job["log"]["every"], job["eval"]["every"]
+        signals = _Signals()
         try:
             if self.rank == 0:
                 metrics = _open_metrics(job["log"]["metrics"], self.start_step)
@@ -242,20 +245,29 @@ class Trainer:
                     interval = _Interval()
                 if ckpt_path and ckpt_every and step % ckpt_every == 0 and step < self.total_steps:
                     self._checkpoint(step)
-            if self.val is not None and evaluated is None:     # a run resumed at its end: evaluate still
+                    written = step
+                stopped = signals.received(self.world)
+                if stopped:
+                    break
+            if self.val is not None and evaluated is None and not stopped:    # a run resumed at its end
                 evaluated = self._evaluate(step)
                 self.log(f"step {step:>6}/{self.total_steps}  val loss {evaluated[0]:.4f}  val acc "
                          f"{evaluated[1]:.4f}")
-            if ckpt_path:
+            if ckpt_path and written != step:
                 self._checkpoint(step)
+            if stopped:
+                self.log(f"{stopped}: stopped after step {step} of {self.total_steps}"
+                         + (f"; checkpoint written to {ckpt_path}" if ckpt_path else "; no checkpoint.path"))
+            elif ckpt_path:
                 self.log(f"checkpoint written to {ckpt_path} (step {step})")
         finally:
+            signals.restore()
             if self.progress:
                 self.progress.close()
             if metrics:
                 metrics.close()
             self._close()
-        return {"steps": step, "losses": history, "val": evaluated}
+        return {"steps": step, "losses": history, "val": evaluated, "stopped": stopped}
 
     def _close(self):
         for source in (self.data, self.val):
@@ -299,7 +311,8 @@ class Trainer:
 
     def _checkpoint(self, step):
         state = state_for(self.job, self.data, step, step // self.steps_per_epoch)
-        write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.plan.text)
+        write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.plan.text,
+                         self.job["checkpoint"]["keep"])
 
 
 def _predicted(plan_text):
@@ -310,6 +323,38 @@ def _predicted(plan_text):
         return float(predicted["iteration_s"]) if "iteration_s" in predicted else None
     except (yaml.YAMLError, AttributeError, TypeError, ValueError):
         return None
+
+
+class _Signals:
+    """SIGTERM (Slurm's pre-emption signal, and what ``scancel`` and ``mpiexec`` pass on) and SIGUSR1 (what
+    ``sbatch --signal`` is usually set to send ahead of a time limit) ask the run to stop: the handler notes the
+    signal, and after each step the ranks agree (one small allreduce) whether any of them got one, so that they
+    all stop after the same step and write its checkpoint together. Outside the main thread nothing is
+    installed."""
+
+    NAMES = ("SIGTERM", "SIGUSR1")
+
+    def __init__(self):
+        self.got, self.previous = 0, {}
+        if threading.current_thread() is threading.main_thread():
+            for name in self.NAMES:
+                number = getattr(signal, name, None)
+                if number is not None:
+                    self.previous[number] = signal.signal(number, self._note)
+
+    def _note(self, number, frame):
+        self.got = self.got or number
+
+    def received(self, world):
+        """The name of a signal some rank received (every rank gets the same answer), or None."""
+        flags = np.array([float(self.got == getattr(signal, name, None)) for name in self.NAMES])
+        flags = world.allreduce(flags) if world.size > 1 else flags
+        return next((name for name, flag in zip(self.NAMES, flags) if flag), None)
+
+    def restore(self):
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)
+        self.previous = {}
 
 
 class _Progress:

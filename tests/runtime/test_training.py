@@ -237,3 +237,39 @@ def test_odd_metrics_lines_do_not_block_a_resume(tmp_path):
     metrics.write_text(metrics.read_text() + "[1, 2]\n" + '{"step": null}\n' + '{"step": 9}\n')
     Trainer(make_job(tmp_path, steps=3), log=quiet).run()
     assert [json.loads(line)["step"] for line in metrics.read_text().splitlines()] == [1, 2, 3]
+
+
+def test_keep_holds_the_newest_numbered_checkpoints(tmp_path):
+    from spmdcnn.io.checkpoint import kept_checkpoints, numbered
+    Trainer(make_job(tmp_path, steps=7, checkpoint={"every": 2, "keep": 3}), log=quiet).run()
+    kept = kept_checkpoints(tmp_path / "run.h5")
+    assert [step for step, _ in kept] == [4, 6, 7]
+    assert kept[-1][1] == numbered(tmp_path / "run.h5", 7) == str(tmp_path / "run-step00000007.h5")
+    assert os.path.samefile(tmp_path / "run.h5", kept[-1][1])      # the newest, linked: no second copy
+    assert load_checkpoint(kept[0][1]).step == 4 and load_checkpoint(tmp_path / "run.h5").step == 7
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint(tmp_path, monkeypatch):
+    import signal
+    whole = Trainer(make_job(tmp_path / "a"), log=quiet).run()["losses"]
+    trainer = Trainer(make_job(tmp_path / "b"), log=quiet)
+    step = trainer._step
+
+    def signalled(index):
+        if index == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(index)
+    monkeypatch.setattr(trainer, "_step", signalled)
+    before = signal.getsignal(signal.SIGTERM)
+    result = trainer.run()
+    assert result["stopped"] == "SIGTERM" and result["steps"] == 3
+    assert signal.getsignal(signal.SIGTERM) is before
+    assert load_checkpoint(tmp_path / "b" / "run.h5").step == 3
+    rest = Trainer(make_job(tmp_path / "b"), log=quiet).run()
+    assert result["losses"] + rest["losses"] == whole and rest["stopped"] is None
+
+
+def test_keep_must_be_positive(tmp_path):
+    with pytest.raises(ValueError, match="'checkpoint.keep' must be positive"):
+        make_job(tmp_path, checkpoint={"keep": 0})
