@@ -16,6 +16,7 @@ examples:
   spmdcnn bench models/alexnet.yaml --batch 32 --steps 5
   mpiexec -n 2 spmdcnn bench models/alexnet.yaml --batch 32 --plan owt
   spmdcnn checkpoint info ckpt/quickstart.h5
+  spmdcnn checkpoint export ckpt/quickstart.h5 --torch digits.pt
   spmdcnn data digits -o data/digits
   spmdcnn data info data/digits/train.h5
   spmdcnn plan models/alexnet.yaml --devices 4 --batch 128 --machine jobs/machines/local.yaml -o plan.yaml
@@ -292,6 +293,8 @@ def _format_bytes(count):
 
 def cmd_checkpoint(args):
     from .io.checkpoint import describe, load_checkpoint
+    if args.action in ("export", "import"):
+        return _torch_weights(args)
     if args.json:
         ckpt = load_checkpoint(args.file)
         print(json.dumps({"path": args.file, **{k: v for k, v in ckpt.attrs.items() if k != "model"},
@@ -300,6 +303,26 @@ def cmd_checkpoint(args):
                           "momentum": bool(ckpt.momentum), "state": ckpt.state}, indent=1, default=str))
     else:
         print(describe(args.file))
+    return 0
+
+
+def _torch_weights(args):
+    from .graph import load_model
+    from .graph.graph import parse_model
+    from .io.checkpoint import load_checkpoint
+    from .io.torchstate import export_torch, import_torch
+    from .io.yamlfile import load_yaml_text
+    if args.action == "import":
+        count = import_torch(args.file, load_model(args.model), args.output)
+        print(f"wrote {args.output}: {count} tensors from {args.file} (step 0; use it as a job's init:)")
+        return 0
+    if args.model:
+        graph = load_model(args.model)
+    else:
+        text = load_checkpoint(args.file).model_text
+        graph = parse_model(load_yaml_text(text, f"{args.file} (model)"), f"{args.file} (model)", text)
+    count = export_torch(args.file, args.torch, graph)
+    print(f"wrote {args.torch}: {count} tensors of model '{graph.name}' (a PyTorch state dict)")
     return 0
 
 
@@ -440,6 +463,22 @@ def build_parser():
     c = csub.add_parser("info", parents=[common], help="describe a checkpoint: model, step, tensors, state")
     c.add_argument("file", help="checkpoint HDF5 file")
     c.add_argument("--json", action="store_true", help="print JSON")
+    c.set_defaults(run=cmd_checkpoint)
+    c = csub.add_parser("export", parents=[common], help="write a checkpoint's weights as a PyTorch state dict",
+                        description="Write the parameters and batch-norm statistics of a checkpoint as a PyTorch "
+                        "state dict (torch.save), under the model's PyTorch names (torch_names; torchvision's for "
+                        "the shipped AlexNet, VGG-16, ResNet-50 and Inception-v3). Needs PyTorch.")
+    c.add_argument("file", help="checkpoint HDF5 file")
+    c.add_argument("--torch", required=True, metavar="FILE", help="state dict to write (.pt)")
+    c.add_argument("--model", help="model YAML whose torch_names to use (default: the checkpoint's own model)")
+    c.set_defaults(run=cmd_checkpoint)
+    c = csub.add_parser("import", parents=[common], help="write a PyTorch state dict as a checkpoint for init:",
+                        description="Write the weights of a PyTorch state dict (torchvision's, say) as a checkpoint "
+                        "of MODEL at step 0, for a job's init:. Every tensor the model has must be there, with its "
+                        "shape, and no other. Needs PyTorch.")
+    c.add_argument("file", help="PyTorch state dict (torch.save of a dict of tensors, or of a module)")
+    c.add_argument("--model", required=True, help="model YAML the weights are for")
+    c.add_argument("-o", "--output", required=True, help="checkpoint HDF5 file to write")
     c.set_defaults(run=cmd_checkpoint)
 
     p = sub.add_parser("data", parents=[common], help="make and inspect HDF5 datasets",

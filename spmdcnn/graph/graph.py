@@ -7,7 +7,7 @@ from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
 from .blocks import DATA, expand_layers
 
-_MODEL_KEYS = {"name", "input", "layers", "blocks", "description"}
+_MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names"}
 
 
 @dataclass
@@ -46,8 +46,9 @@ class Layer:
 class Graph:
     """A validated model. ``layers`` is in execution order (producers before consumers)."""
 
-    def __init__(self, name, input_shape, layers, source="<model>", text=""):
+    def __init__(self, name, input_shape, layers, source="<model>", text="", torch_names=None):
         self.name = name
+        self.torch_names = dict(torch_names or {})     # layer name -> its module's name in PyTorch (torchvision)
         self.input_shape = tuple(input_shape)
         self.layers = layers
         self.source = source
@@ -160,7 +161,24 @@ def parse_model(data, source="<model>", text=""):
     if unused:
         raise FormatError(f"{source}: layer '{unused[0]}': its output is used by no layer "
                           "(every layer must lead to the loss)")
-    return Graph(data["name"], input_shape, layers, source, text)
+    return Graph(data["name"], input_shape, layers, source, text, _torch_names(data.get("torch_names"), layers, source))
+
+
+def _torch_names(names, layers, source):
+    """``torch_names``: the PyTorch module name of layers whose names differ there (torchvision's ``features.0``
+    for AlexNet's ``conv1``), used by ``spmdcnn checkpoint export --torch`` and ``import``."""
+    if names is None:
+        return {}
+    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in names.items()):
+        raise FormatError(f"{source}: 'torch_names' must map layer names to PyTorch module names (strings)")
+    weighted = {layer.name for layer in layers if layer.params or layer.buffers}
+    unknown = sorted(set(names) - weighted)
+    if unknown:
+        raise FormatError(f"{source}: torch_names: '{unknown[0]}' is not a layer with parameters")
+    targets = list(names.values()) + sorted(weighted - set(names))
+    if len(set(targets)) != len(targets):
+        raise FormatError(f"{source}: torch_names: two layers would share a PyTorch name")
+    return names
 
 
 def load_model(path):

@@ -215,3 +215,19 @@ def test_a_long_model_listed_backwards_is_ordered_without_recursion_limits(tmp_p
     path.write_text("name: deep\ninput: [1, 4, 4]\nlayers:\n" + "\n".join(reversed(entries)) + "\n")
     graph = load_model(str(path))
     assert [layer.name for layer in graph.layers[:2]] == ["r0", "r1"] and graph.loss.name == "loss"
+
+
+@pytest.mark.parametrize("names, fragment", [
+    ("{relu1: features.1}", "'relu1' is not a layer with parameters"),
+    ("{conv9: features.0}", "'conv9' is not a layer with parameters"),
+    ("{conv1: fc}", "two layers would share a PyTorch name"),
+    ("[conv1, features.0]", "must map layer names to PyTorch module names"),
+    ("{conv1: 3}", "must map layer names to PyTorch module names"),
+])
+def test_bad_torch_names(tmp_path, names, fragment):
+    expect_error(write(tmp_path, GOOD_LAYERS, extra=f"torch_names: {names}\n"), "torch_names", fragment)
+
+
+def test_torch_names_are_kept(tmp_path):
+    graph = load_model(write(tmp_path, GOOD_LAYERS, extra="torch_names: {conv1: features.0, fc: classifier}\n"))
+    assert graph.torch_names == {"conv1": "features.0", "fc": "classifier"}

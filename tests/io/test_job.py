@@ -40,7 +40,7 @@ def test_defaults_are_filled_in(tmp_path):
         "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False,
                       "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1, "min_lr": 0.0},
         "plan": "auto", "machine": None, "backend": "auto", "dtype": "float32", "init": None,
-        "checkpoint": {"path": None, "every": None}, "resume": "auto", "seed": 0,
+        "checkpoint": {"path": None, "every": None, "keep": 1}, "resume": "auto", "seed": 0,
         "log": {"every": 10, "metrics": None, "progress": "auto"}, "eval": {"every": None},
     }
 
@@ -64,7 +64,7 @@ def test_a_partial_section_keeps_the_other_defaults(tmp_path):
 
 def test_an_empty_section_gets_the_defaults(tmp_path):
     job = load_job(write(tmp_path, MINIMAL + "checkpoint:\n"))
-    assert job["checkpoint"] == {"path": None, "every": None}
+    assert job["checkpoint"] == {"path": None, "every": None, "keep": 1}
 
 
 def test_integer_rates_become_floats(tmp_path):
@@ -94,7 +94,7 @@ def test_the_full_documented_example_is_accepted(tmp_path):
     assert job["data"] == {"kind": "hdf5", "path": "data/train.h5", "shuffle": True, "seed": 0,
                            "num_samples": 50_000, "signal": 0.5, "val": None, "make": None}
     assert job["optimizer"]["weight_decay"] == 0.0005
-    assert job["checkpoint"] == {"path": "ckpt/run.h5", "every": 100}
+    assert job["checkpoint"] == {"path": "ckpt/run.h5", "every": 100, "keep": 1}
     assert job["machine"] == "jobs/machines/local.yaml"
 
 

@@ -1,0 +1,89 @@
+"""Weights to and from PyTorch: ``spmdcnn checkpoint export --torch`` and ``spmdcnn checkpoint import``.
+
+A checkpoint's parameters and batch-norm statistics become a PyTorch state dict (``torch.save`` of a dict of
+tensors): ``<module>.<tensor>``, where the module is the layer's name or the one the model's ``torch_names`` gives
+it (torchvision's ``features.0`` for AlexNet's ``conv1``), and each batch-norm layer gains the
+``num_batches_tracked`` PyTorch keeps (the checkpoint's step). The arrays' layouts are PyTorch's already (conv
+weights ``(out, in, kh, kw)``, linear ``(out, in)``, flattening in (C, H, W) order), so ResNet-50 and Inception-v3
+(torchvision's names), AlexNet and VGG-16 (``torch_names``) load into torchvision's models with
+``load_state_dict``. Importing goes the other way, refusing a state dict that lacks a tensor, has one the model
+does not, or has one of another shape, and writes a checkpoint at step 0 for a job's ``init:``.
+
+PyTorch is needed only here, and is imported only when these run.
+"""
+
+import numpy as np
+
+from .checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+
+_TRACKED = "num_batches_tracked"
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        raise CheckpointError("exporting and importing PyTorch weights needs PyTorch: pip install torch") from None
+    return torch
+
+
+def torch_name(graph, name):
+    """The PyTorch key of spmdcnn tensor ``name`` (``<layer>.<tensor>``)."""
+    layer, tensor = name.rsplit(".", 1)
+    return f"{graph.torch_names.get(layer, layer)}.{tensor}"
+
+
+def state_dict(graph, params, buffers, step=0):
+    """``{PyTorch key: array}`` of a model's tensors, in the order of its layers."""
+    tensors = {**params, **buffers}
+    out = {}
+    for layer in graph.layers:
+        for tensor in list(layer.params) + list(layer.buffers):
+            name = f"{layer.name}.{tensor}"
+            out[torch_name(graph, name)] = np.asarray(tensors[name])
+        if layer.op == "batchnorm2d":
+            out[torch_name(graph, f"{layer.name}.{_TRACKED}")] = np.array(step, dtype=np.int64)
+    return out
+
+
+def export_torch(checkpoint_path, output, graph):
+    """Write the weights of the checkpoint at ``checkpoint_path`` (of ``graph``) as a PyTorch state dict."""
+    torch = _torch()
+    ckpt = load_checkpoint(checkpoint_path)
+    ckpt.check_model(graph)
+    tensors = state_dict(graph, ckpt.params, ckpt.buffers, ckpt.step)
+    torch.save({key: torch.from_numpy(np.ascontiguousarray(value)) for key, value in tensors.items()}, output)
+    return len(tensors)
+
+
+def import_torch(path, graph, output):
+    """Write the weights of the PyTorch state dict at ``path`` as a checkpoint of ``graph`` (step 0)."""
+    torch = _torch()
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file not found") from None
+    except Exception as error:       # torch raises many kinds for a file that is not a state dict
+        raise CheckpointError(f"{path}: not a PyTorch state dict ({type(error).__name__}: {error})") from None
+    if hasattr(loaded, "state_dict") and not isinstance(loaded, dict):
+        loaded = loaded.state_dict()
+    if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise CheckpointError(f"{path}: expected a state dict (names to tensors), got {type(loaded).__name__}")
+    expected = {**graph.param_shapes(), **graph.buffer_shapes()}
+    wanted = {torch_name(graph, name): name for name in expected}
+    optional = {key for key in loaded if key.endswith("." + _TRACKED)}
+    missing = sorted(set(wanted) - set(loaded))
+    extra = sorted(set(loaded) - set(wanted) - optional)
+    wrong = sorted(key for key in set(wanted) & set(loaded) if tuple(loaded[key].shape) != tuple(expected[wanted[key]]))
+    if missing or extra or wrong:
+        details = ([f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"] if missing else []) + \
+                  ([f"unexpected {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"] if extra else []) + \
+                  ([f"{wrong[0]} has shape {tuple(loaded[wrong[0]].shape)}, the model needs "
+                    f"{tuple(expected[wanted[wrong[0]]])}"] if wrong else [])
+        raise CheckpointError(f"{path}: the state dict does not fit model '{graph.name}' ({graph.source}): "
+                              + "; ".join(details))
+    arrays = {wanted[key]: loaded[key].detach().cpu().numpy() for key in wanted}
+    buffer_names = set(graph.buffer_shapes())
+    save_checkpoint(output, model_text=graph.text, params={k: v for k, v in arrays.items() if k not in buffer_names},
+                    buffers={k: v for k, v in arrays.items() if k in buffer_names}, step=0, epoch=0)
+    return len(arrays)
