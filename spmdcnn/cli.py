@@ -334,6 +334,17 @@ def cmd_data(args):
         train, val = make_digits(*paths, held_out=args.held_out, seed=args.seed)
         print(f"wrote {paths[0]} ({train} samples) and {paths[1]} ({val} held out)")
         return 0
+    if args.action == "convert":
+        from .io.convert import convert_arrays, convert_folder
+        if args.labels:
+            count, shape = convert_arrays(args.source, args.labels, args.output, args.channels_last, args.normalize)
+            what = ""
+        else:
+            count, shape, classes = convert_folder(args.source, args.output, args.size, args.grayscale,
+                                                   args.normalize)
+            what = f", {len(classes)} classes ({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''})"
+        print(f"wrote {args.output}: {count} images of {'x'.join(map(str, shape))} (C x H x W){what}")
+        return 0
     from .io.dataset import dataset_info
     info = dataset_info(args.file)
     if args.json:
@@ -341,7 +352,7 @@ def cmd_data(args):
         return 0
     print(f"{args.file}: {info['samples']} samples of {'x'.join(map(str, info['shape']))} (C x H x W) {info['dtype']}, "
           f"{info['classes']} classes (labels {info['labels'][0]}..{info['labels'][1]})")
-    for key in ("mean", "std", "description"):
+    for key in ("class_names", "mean", "std", "description"):
         if info.get(key) is not None:
             print(f"  {key}: {info[key]}")
     print("  samples per class: " + ", ".join(f"{label}: {count}" for label, count in info["per_class"].items()))
@@ -490,6 +501,19 @@ def build_parser():
     d.add_argument("-o", "--output", default="data/digits", help="folder to write (default data/digits)")
     d.add_argument("--held-out", type=float, default=0.2, help="share of each class held out (default 0.2)")
     d.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
+    d.set_defaults(run=cmd_data)
+    d = dsub.add_parser("convert", parents=[common], help="an image folder or NumPy arrays into a dataset",
+                        description="Write an HDF5 dataset from an image folder (one sub-folder of images per class; "
+                        "their sorted names give the labels; needs Pillow) or from NumPy arrays (SOURCE the images "
+                        ".npy, --labels the labels .npy). Streams: datasets larger than memory convert.")
+    d.add_argument("source", help="image folder, or images .npy ((N, C, H, W) uint8 or float32)")
+    d.add_argument("-o", "--output", required=True, help="dataset HDF5 file to write")
+    d.add_argument("--labels", help="labels .npy ((N,) integers): SOURCE is then an images .npy")
+    d.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize every image to H x W (folders)")
+    d.add_argument("--grayscale", action="store_true", help="one channel instead of RGB (folders)")
+    d.add_argument("--channels-last", action="store_true", help="the images .npy is (N, H, W, C)")
+    d.add_argument("--no-normalize", dest="normalize", action="store_false",
+                   help="store no per-channel mean and std (by default they are measured and stored)")
     d.set_defaults(run=cmd_data)
     d = dsub.add_parser("info", parents=[common], help="describe a dataset: samples, shape, classes",
                         description="Describe an HDF5 dataset: samples, image shape and type, classes, mean/std.")

@@ -198,13 +198,14 @@ def dataset_info(path):
     data = HDF5Dataset(path, shuffle=False)
     try:
         labels, counts = np.unique(data.all_labels, return_counts=True)
-        description = data.file.attrs.get("description")
+        description, names = data.file.attrs.get("description"), data.file.attrs.get("classes")
         return {"samples": data.num_samples, "shape": list(data.sample_shape), "dtype": str(data.images.dtype),
                 "classes": len(labels), "labels": [int(labels.min()), int(labels.max())] if len(labels) else [],
                 "per_class": {str(k): int(v) for k, v in zip(labels, counts)},
                 "mean": None if data.mean is None else data.mean.tolist(),
                 "std": None if data.std is None else data.std.tolist(),
-                "description": None if description is None else str(description)}
+                "description": None if description is None else str(description),
+                "class_names": None if names is None else [str(name) for name in names]}
     finally:
         data.close()
 
