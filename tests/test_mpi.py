@@ -318,3 +318,76 @@ def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(tmp_
     rest = mpiexec(2, *spmdcnn("train", job, "--set", "plan=owt"), timeout=300)
     assert rest.returncode == 0 and f"at step {last}" in rest.stdout, rest.stdout + rest.stderr
     assert _losses(tmp_path / "killed.jsonl") == _losses(tmp_path / "whole.jsonl")
+
+
+def _bad_input(tmp_path, case):
+    """``(job, fragments)``: a job on 2 ranks whose ``case`` is wrong, and what its one message must say."""
+    import hashlib
+    model = tmp_path / "model.yaml"
+    model.write_text(open(os.path.join(ROOT, "models", "tiny_cnn.yaml")).read())
+    base = {"model": str(model), "data": {"kind": "synthetic", "num_samples": 60, "seed": 3, "signal": 1.0}}
+    if case == "job unknown key":
+        return write_job(tmp_path, "job", **base, optimiser={"lr": 0.1}), ["job.yaml", "unknown key 'optimiser'"]
+    if case == "job wrong type":
+        return write_job(tmp_path, "job", **base, batch_size="big"), ["job.yaml", "'batch_size' must be an integer"]
+    if case == "model unknown key":
+        model.write_text(model.read_text().replace("kernel: 3", "kernel: 3, strides: 2", 1))
+        return write_job(tmp_path, "job", **base), ["model.yaml", "strides"]
+    if case in ("plan unknown key", "plan wrong type", "plan for 4 devices", "plan for 1 device"):
+        plan = tmp_path / "plan.yaml"
+        devices = {"plan for 4 devices": 4, "plan for 1 device": 1}.get(case, 2)
+        layers = {"conv1": {"n": 2, "devices": [0, 1]}} if devices == 2 else {}
+        if case == "plan unknown key":
+            layers = {"conv1": {"n": 2, "devices": [0, 1], "colour": "red"}}
+        if case == "plan wrong type":
+            layers = {"conv1": {"n": "two", "devices": [0, 1]}}
+        plan.write_text(yaml.safe_dump({"format": "spmdcnn-plan/1", "devices": devices, "layers": layers}))
+        expected = {"plan unknown key": "colour", "plan wrong type": "two",
+                    "plan for 4 devices": "the plan is for 4 devices, but the job runs on 2",
+                    "plan for 1 device": "the plan is for 1 device, but the job runs on 2"}[case]
+        return write_job(tmp_path, "job", **base, plan=str(plan)), ["plan.yaml", expected]
+    if case in ("missing dataset", "unreadable dataset", "images of another size"):
+        path = tmp_path / "data.h5"
+        if case == "unreadable dataset":
+            path.write_bytes(b"not hdf5 at all")
+        if case == "images of another size":
+            from spmdcnn.io.dataset import write_dataset
+            write_dataset(path, np.zeros((20, 1, 8, 8), np.uint8), np.zeros(20, int))
+        expected = {"missing dataset": "dataset not found", "unreadable dataset": "cannot open dataset",
+                    "images of another size": "images are [1, 8, 8] (C, H, W) but model 'tiny_cnn' takes"}[case]
+        return write_job(tmp_path, "job", model=str(model), data={"kind": "hdf5", "path": str(path)}), \
+            ["data.h5", expected]
+    if case in ("checkpoint of another model", "truncated checkpoint"):
+        other = write_job(tmp_path, "other", model=os.path.join(ROOT, "models", "small_resnet.yaml"), steps=1,
+                          data=base["data"])
+        assert mpiexec(2, *spmdcnn("train", other, "--set", "plan=data"), timeout=120).returncode == 0
+        if case == "truncated checkpoint":
+            data = (tmp_path / "other.h5").read_bytes()
+            (tmp_path / "other.h5").write_bytes(data[:len(data) // 2])
+        expected = "does not fit model" if case == "checkpoint of another model" else "truncated or corrupt"
+        return write_job(tmp_path, "job", **base, checkpoint={"path": str(tmp_path / "other.h5")}), [expected]
+    raise AssertionError(case)
+
+
+@pytest.mark.parametrize("case", ["job unknown key", "job wrong type", "model unknown key", "plan unknown key",
+                                  "plan wrong type", "plan for 4 devices", "plan for 1 device", "missing dataset",
+                                  "unreadable dataset", "images of another size", "checkpoint of another model",
+                                  "truncated checkpoint"])
+def test_bad_input_ends_every_rank_at_once_with_one_message(tmp_path, case):
+    """Each mistake: every rank ends within seconds, one clear message naming the file, exit status 2, no
+    traceback, and the checkpoint at checkpoint.path (whatever it holds) left as it was."""
+    job, fragments = _bad_input(tmp_path, case)
+    checkpoint = yaml.safe_load(open(job))["checkpoint"]["path"]
+    if not os.path.exists(checkpoint):
+        with open(checkpoint, "wb") as f:       # stands for the previous run's: it must stay as it is
+            f.write(b"previous checkpoint")
+    before = open(checkpoint, "rb").read()
+    start = time.monotonic()
+    result = mpiexec(2, *spmdcnn("train", job), timeout=120)
+    assert result.returncode == 2 and time.monotonic() - start < 60, result.stdout + result.stderr
+    assert result.stderr.count("spmdcnn: error:") == 1, result.stderr
+    assert "Traceback" not in result.stdout + result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+    assert open(checkpoint, "rb").read() == before
+    assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]

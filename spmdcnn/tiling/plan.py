@@ -115,8 +115,8 @@ def from_mapping(data, graph, batch, devices, source):
     if isinstance(planned, bool) or not isinstance(planned, int) or planned < 1:
         raise PlanError(f"{source}: devices must be a positive integer, got {planned!r}")
     if devices is not None and planned != devices:
-        raise PlanError(f"{source}: the plan is for {planned} devices, but the job runs on {devices} "
-                        f"(ranks); run it with mpiexec -n {planned} or make a plan for {devices}")
+        raise PlanError(f"{source}: the plan is for {planned} device{'s' * (planned != 1)}, but the job runs on "
+                        f"{devices} (ranks); run it with mpiexec -n {planned} or make a plan for {devices}")
     listed = data.get("layers") or {}
     if not isinstance(listed, dict):
         raise PlanError(f"{source}: 'layers' must map layer names to configurations, got {listed!r}")
