@@ -8,8 +8,9 @@ import os
 import numpy as np
 
 _DTYPES = {"float32": np.float32, "float64": np.float64}
-_LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID", "MV2_COMM_WORLD_LOCAL_RANK",
-                         "MPI_LOCALRANKID", "PMI_LOCAL_RANK")
+# the MPI launchers' first: under mpiexec inside a Slurm allocation SLURM_LOCALID is the launcher's proxy's (0)
+_LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                         "PMI_LOCAL_RANK", "SLURM_LOCALID")
 
 
 def _cupy():
@@ -27,11 +28,12 @@ def array_module(x):
     return np
 
 
-def get_array_module(name="auto"):
+def get_array_module(name="auto", rank_on_node=None):
     """Resolve a job's ``backend`` key ('auto', 'numpy' or 'cupy') to an array module.
 
     'auto' is NumPy until the GPU runtime (cuDNN kernels, device transports) is in place; 'cupy' runs the same
-    kernels on CuPy arrays, on the GPU picked by :func:`bind_device`.
+    kernels on CuPy arrays, on the GPU picked by :func:`bind_device` from ``rank_on_node`` (the rank's index among
+    its node's ranks, :meth:`spmdcnn.comm.World.local_rank`; default :func:`local_rank`).
     """
     if name in ("numpy", "auto"):
         return np
@@ -47,13 +49,13 @@ def get_array_module(name="auto"):
     if count == 0:
         raise RuntimeError("backend: 'cupy' was asked for but CuPy is not installed or sees no GPU "
                            "(install spmdcnn[gpu-cuda12] or spmdcnn[gpu-cuda13])")
-    bind_device(cupy, count)
+    bind_device(cupy, count, rank_on_node)
     return cupy
 
 
-def bind_device(cupy, count):
+def bind_device(cupy, count, rank_on_node=None):
     """Use GPU ``local rank mod count``: one rank per GPU when a node runs as many ranks as it has GPUs."""
-    device = local_rank() % count
+    device = (local_rank() if rank_on_node is None else rank_on_node) % count
     cupy.cuda.Device(device).use()
     return device
 

@@ -251,10 +251,11 @@ def cmd_profile(args):
     from .graph import load_model
     from .runtime.profile import default_path, device_name, profile
     world = World.create()
+    rank_on_node = world.local_rank()
 
     def load():
         graph = load_model(args.model)
-        xp, dtype = backend.get_array_module(args.backend), backend.resolve_dtype(args.dtype)
+        xp, dtype = backend.get_array_module(args.backend, rank_on_node), backend.resolve_dtype(args.dtype)
         device = device_name(world, xp, dtype)
         path = args.output or default_path(device)
         store = Profile.load(path, device) if world.rank == 0 else None

@@ -86,3 +86,34 @@ def test_ranks_on_one_node_share_its_cores():
     assert _threads_seen(MPI_LOCALNRANKS="2") == [share, share]
     assert _threads_seen(OMPI_COMM_WORLD_LOCAL_SIZE="64") == ["1", "1"]
     assert _threads_seen(MPI_LOCALNRANKS="2", OMP_NUM_THREADS="3") == ["None", "None"]   # the user's choice wins
+
+
+def test_the_launchers_local_rank_wins_over_slurms(monkeypatch):
+    """mpiexec inside a Slurm allocation: SLURM_LOCALID is its proxy's (0 on every rank), MPI_LOCALRANKID the rank's."""
+    for name in backend._LOCAL_RANK_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("SLURM_LOCALID", "0")
+    monkeypatch.setenv("MPI_LOCALRANKID", "2")
+    assert backend.local_rank() == 2
+
+
+def test_an_explicit_rank_on_the_node_picks_the_gpu(monkeypatch):
+    used = []
+
+    class FakeCupy:
+        class cuda:
+            class Device:
+                def __init__(self, index):
+                    self.index = index
+
+                def use(self):
+                    used.append(self.index)
+
+            class runtime:
+                @staticmethod
+                def getDeviceCount():
+                    return 4
+    monkeypatch.setattr(backend, "_cupy", lambda: FakeCupy)
+    monkeypatch.setenv("MPI_LOCALRANKID", "1")
+    assert backend.get_array_module("cupy", rank_on_node=7) is FakeCupy
+    assert used == [3]

@@ -322,7 +322,6 @@ def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(tmp_
 
 def _bad_input(tmp_path, case):
     """``(job, fragments)``: a job on 2 ranks whose ``case`` is wrong, and what its one message must say."""
-    import hashlib
     model = tmp_path / "model.yaml"
     model.write_text(open(os.path.join(ROOT, "models", "tiny_cnn.yaml")).read())
     base = {"model": str(model), "data": {"kind": "synthetic", "num_samples": 60, "seed": 3, "signal": 1.0}}

@@ -81,6 +81,19 @@ class World:
     def reset(self):
         self.counters = Counters()
 
+    def local_rank(self):
+        """This rank's index among the ranks on its node (collective the first time): a shared-memory split of
+        the world, which holds whatever the launcher (srun, mpiexec inside an allocation, ...) sets; alone, the
+        launcher's variables (:func:`spmdcnn.backend.local_rank`)."""
+        if self.comm is None:
+            from ..backend import local_rank
+            return local_rank()
+        if getattr(self, "_local_rank", None) is None:
+            node = self.comm.Split_type(mpi().COMM_TYPE_SHARED)
+            self._local_rank = node.Get_rank()
+            node.Free()
+        return self._local_rank
+
     def allreduce(self, array, comm=None):
         """Sum the contiguous ``array`` over ``comm`` (the world by default) in place; returns it. A device array
         is staged through the host."""

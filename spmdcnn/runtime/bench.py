@@ -39,11 +39,12 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     allreduce, batchnorm statistics, loss), ``compute_s`` (the rest); bytes are totals over all ranks per iteration.
     """
     world = world or World.create()
+    rank_on_node = world.local_rank()
 
     def load():
         graph = load_model(model_path)
         chosen = None if plan in (None, "auto") else load_plan(plan, graph, batch, world.size)
-        return graph, chosen, backend.get_array_module(backend_name), backend.resolve_dtype(dtype)
+        return graph, chosen, backend.get_array_module(backend_name, rank_on_node), backend.resolve_dtype(dtype)
     graph, plan_spec, xp, dtype = world.agree(load)
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
                                   print if world.rank == 0 and verbose else (lambda line: None))

@@ -134,6 +134,7 @@ class Trainer:
         self.job = job
         self.world = world or World.create()
         self.rank = self.world.rank
+        self.rank_on_node = self.world.local_rank()          # collective: before anything may fail on one rank
         say = log or (lambda line: print(line, flush=True))
         self.log = say if self.rank == 0 else (lambda line: None)
         self.data = self.val = None
@@ -162,7 +163,7 @@ class Trainer:
         """Phase one, without communication: returns ``(kind, checkpoint)`` read on rank 0."""
         job = self.job
         self.graph = load_model(job["model"])
-        self.xp = backend.get_array_module(job["backend"])
+        self.xp = backend.get_array_module(job["backend"], self.rank_on_node)
         self.dtype = backend.resolve_dtype(job["dtype"])
         self.batch = job["batch_size"]
         self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,

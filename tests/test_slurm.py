@@ -1,0 +1,160 @@
+"""The Slurm batch scripts (jobs/slurm/): the quick start's runs for real on a one-node Slurm started here, the
+16-GPU ones are checked for what can be checked without GPUs (their shell, their layout, their jobs and plans).
+
+The one-node Slurm is Debian's slurm-wlm (installed with apt-get when it is missing and this runs as root):
+munged, slurmctld and slurmd on this machine, from a configuration written for the test (its own ports, state and
+spool folders), stopped at the end.
+"""
+
+import os
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from spmdcnn.io.job import load_job
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPTS = os.path.join(ROOT, "jobs", "slurm")
+SPMDCNN = [sys.executable, "-m", "spmdcnn.cli"]
+
+
+def _sbatch_options(path):
+    return dict(re.findall(r"^#SBATCH --([\w-]+)=(\S+)", open(path, encoding="utf-8").read(), re.MULTILINE))
+
+
+@pytest.mark.parametrize("model", ["alexnet", "vgg16", "inception_v3"])
+def test_the_16_gpu_scripts_run_their_job_on_4_nodes_of_4(model):
+    script = os.path.join(SCRIPTS, f"{model}-16gpu.sbatch")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    options = _sbatch_options(script)
+    assert (options["nodes"], options["ntasks-per-node"], options["gpus-per-node"]) == ("4", "4", "4")
+    assert options["signal"].startswith("USR1@") and "requeue" in open(script).read()
+    command = open(script).read().splitlines()[-1]
+    assert command.startswith("srun ") and f"spmdcnn train jobs/imagenet/{model}.yaml" in command
+    job = load_job(os.path.join(ROOT, "jobs", "imagenet", f"{model}.yaml"))
+    assert job["batch_size"] == 32 * 16 and job["plan"] == "auto" and job["backend"] == "cupy"
+    assert job["checkpoint"]["keep"] > 1 and job["resume"] == "auto" and job["data"]["val"]
+    result = subprocess.run([*SPMDCNN, "plan", job["model"], "--devices", "16", "--batch", str(job["batch_size"]),
+                             "--machine", job["machine"]], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and "predicted iteration" in result.stdout, result.stderr
+
+
+def _free_ports(count):
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def _have_slurm():
+    """Whether slurmctld, slurmd, sbatch and munged are here, installing Debian's packages if need be."""
+    needed = ("slurmctld", "slurmd", "sbatch", "munged")
+    if all(shutil.which(tool) for tool in needed):
+        return None
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        return "Slurm is not installed, and installing it needs root and apt-get"
+    for command in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "slurm-wlm",
+                                             "munge"]):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900,
+                                env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if result.returncode != 0:
+            return f"{' '.join(command)} failed: {result.stderr[-500:]}"
+    return None if all(shutil.which(tool) for tool in needed) else "slurm-wlm installed no slurmctld"
+
+
+@pytest.fixture
+def one_node_slurm(tmp_path):
+    """A one-node Slurm cluster on this machine; yields the environment that points its commands at it."""
+    why = _have_slurm()
+    if why:
+        pytest.skip(f"no one-node Slurm here: {why}")
+    host = socket.gethostname()
+    folder = tmp_path / "slurm"
+    for sub in ("state", "spool", "log", "munge"):
+        (folder / sub).mkdir(parents=True)
+    ctld, slurmd_port = _free_ports(2)
+    cpus = os.cpu_count() or 1
+    config = folder / "slurm.conf"
+    config.write_text(f"""ClusterName=spmdcnntest
+SlurmctldHost={host}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldPort={ctld}
+SlurmdPort={slurmd_port}
+SlurmctldLogFile={folder}/log/slurmctld.log
+SlurmdLogFile={folder}/log/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+NodeName={host} CPUs={cpus} State=UNKNOWN
+PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
+""")
+    env = {**os.environ, "SLURM_CONF": str(config)}
+    daemons = []
+    munge_socket = "/run/munge/munge.socket.2"
+    if not os.path.exists(munge_socket):
+        os.makedirs("/run/munge", exist_ok=True)
+        if not os.path.exists("/etc/munge/munge.key"):
+            subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
+        subprocess.run(["munged", "--force"], check=True, capture_output=True)
+        daemons.append("munged")
+    processes = [subprocess.Popen([tool, "-D", "-f", str(config)], env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for tool in ("slurmctld", "slurmd")]
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout
+            if state.strip() in ("idle", "mix", "alloc"):
+                break
+            time.sleep(0.5)
+        else:
+            logs = "".join(open(folder / "log" / name).read()[-800:] for name in os.listdir(folder / "log"))
+            pytest.fail(f"the one-node Slurm did not come up: sinfo says {state!r}\n{logs}")
+        yield env
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        if daemons:
+            subprocess.run(["pkill", "-x", "munged"])
+
+
+@pytest.mark.timeout(1200)
+def test_the_quick_start_batch_script_on_a_one_node_slurm(one_node_slurm, tmp_path):
+    sets = [f"data.path={tmp_path / 'digits' / 'train.h5'}", f"data.val={tmp_path / 'digits' / 'val.h5'}",
+            f"checkpoint.path={tmp_path / 'q.h5'}", f"log.metrics={tmp_path / 'q.jsonl'}"]
+    output = tmp_path / "slurm-%j.out"
+    result = subprocess.run(["sbatch", "--wait", "--overcommit", f"--output={output}", "--chdir", ROOT,
+                             os.path.join(SCRIPTS, "quickstart.sbatch"), *[x for s in sets for x in ("--set", s)]],
+                            env={**one_node_slurm, "SPMDCNN_CACHE": str(tmp_path / "cache")},
+                            capture_output=True, text=True, timeout=1100)
+    job = re.search(r"Submitted batch job (\d+)", result.stdout)
+    assert job, result.stdout + result.stderr
+    log = open(str(output).replace("%j", job.group(1)), encoding="utf-8").read()
+    assert result.returncode == 0, log + result.stderr
+    assert "4 ranks; plan auto (optimal under the cost model" in log
+    accuracy = [float(x) for x in re.findall(r"val acc (\d\.\d+)", log)]
+    assert len(accuracy) == 4 and accuracy[-1] >= 0.97, log
+    assert (tmp_path / "q.h5").exists()
