@@ -46,6 +46,5 @@ def test_gather_then_scatter_onto_another_plan(world):
 
 def test_the_rank_on_the_node_is_the_shared_memory_split(world):
     """Every rank runs on this one machine: its index on the node is its rank, whatever the launcher's variables."""
-    from conftest import agree
     got = world.local_rank()
     agree(world, [] if got == world.rank and world.local_rank() == got else [f"rank {world.rank}: {got}"])
