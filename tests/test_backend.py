@@ -18,9 +18,8 @@ def test_cupy_asked_for_but_missing_is_a_clear_error(monkeypatch):
         backend.get_array_module("cupy")
 
 
-def test_cupy_binds_the_local_ranks_gpu(monkeypatch):
-    used = []
-
+def fake_cupy(used, count=4):
+    """A CuPy whose GPUs note in ``used`` which one was picked."""
     class FakeDevice:
         def __init__(self, index):
             self.index = index
@@ -35,13 +34,18 @@ def test_cupy_binds_the_local_ranks_gpu(monkeypatch):
             class runtime:
                 @staticmethod
                 def getDeviceCount():
-                    return 4
+                    return count
+    return FakeCupy
 
-    monkeypatch.setattr(backend, "_cupy", lambda: FakeCupy)
+
+def test_cupy_binds_the_local_ranks_gpu(monkeypatch):
+    used = []
+    cupy = fake_cupy(used)
+    monkeypatch.setattr(backend, "_cupy", lambda: cupy)
     for name in backend._LOCAL_RANK_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("SLURM_LOCALID", "6")
-    assert backend.get_array_module("cupy") is FakeCupy
+    assert backend.get_array_module("cupy") is cupy
     assert used == [2]
 
 
@@ -99,21 +103,8 @@ def test_the_launchers_local_rank_wins_over_slurms(monkeypatch):
 
 def test_an_explicit_rank_on_the_node_picks_the_gpu(monkeypatch):
     used = []
-
-    class FakeCupy:
-        class cuda:
-            class Device:
-                def __init__(self, index):
-                    self.index = index
-
-                def use(self):
-                    used.append(self.index)
-
-            class runtime:
-                @staticmethod
-                def getDeviceCount():
-                    return 4
-    monkeypatch.setattr(backend, "_cupy", lambda: FakeCupy)
+    cupy = fake_cupy(used)
+    monkeypatch.setattr(backend, "_cupy", lambda: cupy)
     monkeypatch.setenv("MPI_LOCALRANKID", "1")
-    assert backend.get_array_module("cupy", rank_on_node=7) is FakeCupy
+    assert backend.get_array_module("cupy", rank_on_node=7) is cupy
     assert used == [3]

@@ -29,22 +29,19 @@ from .shards import gather_global, share_checkpoint
 def make_data(job, graph):
     spec = job["data"]
     if spec["kind"] == "hdf5":
-        data = HDF5Dataset(spec["path"], seed=spec["seed"], shuffle=spec["shuffle"])
-        try:
-            data.check_model(graph)
-        except BaseException:
-            data.close()
-            raise
-        return data
+        return _open_checked(spec["path"], graph, spec["seed"], spec["shuffle"])
     return SyntheticData(graph.input_shape, graph.num_classes, spec["num_samples"], seed=spec["seed"],
                          signal=spec["signal"], shuffle=spec["shuffle"])
 
 
 def make_val(job, graph):
     """The held-out dataset ``data.val`` (read in order), or None."""
-    if not job["data"]["val"]:
-        return None
-    data = HDF5Dataset(job["data"]["val"], shuffle=False)
+    return _open_checked(job["data"]["val"], graph, 0, False) if job["data"]["val"] else None
+
+
+def _open_checked(path, graph, seed, shuffle):
+    """The HDF5 dataset at ``path``, refused (and closed) when its images or labels do not fit ``graph``."""
+    data = HDF5Dataset(path, seed=seed, shuffle=shuffle)
     try:
         data.check_model(graph)
     except BaseException:
