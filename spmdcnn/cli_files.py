@@ -25,7 +25,7 @@ def _torch_weights(args):
     from .io.torchstate import export_torch, import_torch
     from .io.yamlfile import load_yaml_text
     if args.action == "import":
-        count = import_torch(args.file, load_model(args.model), args.output)
+        count = import_torch(args.file, load_model(args.model), args.output, args.drop)
         print(f"wrote {args.output}: {count} tensors from {args.file} (step 0; use it as a job's init:)")
         return 0
     if args.model:
@@ -62,8 +62,9 @@ def cmd_data(args):
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
+    labels = f" (labels {info['labels'][0]}..{info['labels'][1]})" if info["labels"] else ""
     print(f"{args.file}: {info['samples']} samples of {'x'.join(map(str, info['shape']))} (C x H x W) {info['dtype']}, "
-          f"{info['classes']} classes (labels {info['labels'][0]}..{info['labels'][1]})")
+          f"{info['classes']} classes{labels}")
     for key in ("class_names", "mean", "std", "description"):
         if info.get(key) is not None:
             print(f"  {key}: {info[key]}")
@@ -92,8 +93,11 @@ def add_file_commands(sub, common):
                         description="Write the weights of a PyTorch state dict (torchvision's, say) as a checkpoint "
                         "of MODEL at step 0, for a job's init:. Every tensor the model has must be there, with its "
                         "shape, and no other. Needs PyTorch.")
-    c.add_argument("file", help="PyTorch state dict (torch.save of a dict of tensors, or of a module)")
+    c.add_argument("file", help="PyTorch state dict (torch.save(model.state_dict(), FILE))")
     c.add_argument("--model", required=True, help="model YAML the weights are for")
+    c.add_argument("--drop", action="append", default=[], metavar="PREFIX",
+                   help="leave out the tensors whose names start with PREFIX (repeatable; torchvision's "
+                   "Inception-v3 has an auxiliary head: --drop AuxLogits.)")
     c.add_argument("-o", "--output", required=True, help="checkpoint HDF5 file to write")
     c.set_defaults(run=cmd_checkpoint)
 

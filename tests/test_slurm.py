@@ -1,9 +1,9 @@
 """The Slurm batch scripts (jobs/slurm/): the quick start's runs for real on a one-node Slurm started here, the
 16-GPU ones are checked for what can be checked without GPUs (their shell, their layout, their jobs and plans).
 
-The one-node Slurm is Debian's slurm-wlm (installed with apt-get when it is missing and this runs as root):
-munged, slurmctld and slurmd on this machine, from a configuration written for the test (its own ports, state and
-spool folders), stopped at the end.
+The one-node Slurm is Debian's slurm-wlm (installed with apt-get when it is missing and this runs as root, unless
+SPMDCNN_TEST_NO_INSTALL is set): slurmctld and slurmd on this machine (and munged when none runs), from a
+configuration written for the test (its own ports, state and spool folders), stopped at the end.
 """
 
 import os
@@ -34,8 +34,9 @@ def test_the_16_gpu_scripts_run_their_job_on_4_nodes_of_4(model):
     options = _sbatch_options(script)
     assert (options["nodes"], options["ntasks-per-node"], options["gpus-per-node"]) == ("4", "4", "4")
     assert options["signal"].startswith("USR1@") and "requeue" in open(script).read()
-    command = open(script).read().splitlines()[-1]
-    assert command.startswith("srun ") and f"spmdcnn train jobs/imagenet/{model}.yaml" in command
+    command = next(line for line in open(script).read().splitlines() if line.startswith("srun "))
+    assert f"spmdcnn train jobs/imagenet/{model}.yaml" in command
+    assert 'scontrol requeue "$SLURM_JOB_ID"' in open(script).read()     # after a stop on a signal
     job = load_job(os.path.join(ROOT, "jobs", "imagenet", f"{model}.yaml"))
     assert job["batch_size"] == 32 * 16 and job["plan"] == "auto" and job["backend"] == "cupy"
     assert job["checkpoint"]["keep"] > 1 and job["resume"] == "auto" and job["data"]["val"]
@@ -59,6 +60,8 @@ def _have_slurm():
     needed = ("slurmctld", "slurmd", "sbatch", "munged")
     if all(shutil.which(tool) for tool in needed):
         return None
+    if os.environ.get("SPMDCNN_TEST_NO_INSTALL"):
+        return "Slurm is not installed, and SPMDCNN_TEST_NO_INSTALL forbids installing it"
     if os.geteuid() != 0 or not shutil.which("apt-get"):
         return "Slurm is not installed, and installing it needs root and apt-get"
     for command in (["apt-get", "update"], ["apt-get", "install", "-y", "--no-install-recommends", "slurm-wlm",
@@ -108,14 +111,13 @@ NodeName={host} CPUs={cpus} State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 """)
     env = {**os.environ, "SLURM_CONF": str(config)}
-    daemons = []
-    munge_socket = "/run/munge/munge.socket.2"
-    if not os.path.exists(munge_socket):
+    munge_pid = None
+    if not os.path.exists("/run/munge/munge.socket.2"):       # start munged (with Debian's key) for this test
         os.makedirs("/run/munge", exist_ok=True)
         if not os.path.exists("/etc/munge/munge.key"):
             subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
-        subprocess.run(["munged", "--force"], check=True, capture_output=True)
-        daemons.append("munged")
+        subprocess.run(["munged", "--force", f"--pid-file={folder / 'munged.pid'}"], check=True, capture_output=True)
+        munge_pid = int((folder / "munged.pid").read_text())
     processes = [subprocess.Popen([tool, "-D", "-f", str(config)], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL) for tool in ("slurmctld", "slurmd")]
     try:
@@ -137,8 +139,8 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-        if daemons:
-            subprocess.run(["pkill", "-x", "munged"])
+        if munge_pid:
+            os.kill(munge_pid, 15)
 
 
 @pytest.mark.timeout(1200)

@@ -42,8 +42,9 @@ def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, st
     """Write a checkpoint atomically: into a temporary file beside ``path``, fsync, then rename over it.
 
     With ``keep`` > 1 it is written as :func:`numbered` ``(path, step)`` and ``path`` becomes a hard link to that
-    file (a copy where the file system has no links), renamed into place as atomically; of the numbered files
-    beside ``path``, the newest ``keep`` stay."""
+    file (a copy where the file system has no links), renamed into place as atomically. Numbered files of later
+    steps than ``step`` belong to a run this one replaced (a new run, or a resume from an older checkpoint) and
+    go; of the rest, the ``keep`` of the highest steps stay."""
     target = numbered(path, step) if keep > 1 else path
     with written_aside(target) as temporary, h5py.File(temporary, "w") as f:
         f.attrs.update(format=FORMAT, step=int(step), epoch=int(epoch), model=model_text, plan=plan_text or "",
@@ -60,7 +61,8 @@ def save_checkpoint(path, *, model_text, params, buffers=None, momentum=None, st
                 os.link(target, temporary)
             except OSError:
                 shutil.copyfile(target, temporary)
-        for _, old in kept_checkpoints(path)[:-keep]:
+        found = kept_checkpoints(path)
+        for _, old in [f for f in found if f[0] > step] + [f for f in found if f[0] <= step][:-keep]:
             os.unlink(old)
 
 

@@ -68,16 +68,24 @@ def _block_size(shape, itemsize):
 
 def convert_arrays(images_path, labels_path, output, channels_last=False, normalize=True):
     """Convert ``.npy`` images and labels; returns ``(count, (C, H, W))``."""
-    try:
-        images = np.load(images_path, mmap_mode="r")
-        labels = np.load(labels_path, mmap_mode="r")
-    except (OSError, ValueError) as error:
-        raise DataError(f"cannot read the arrays: {error}") from None
+    arrays = []
+    for path in (images_path, labels_path):
+        try:
+            array = np.load(path, mmap_mode="r")
+        except (OSError, ValueError) as error:
+            raise DataError(f"{path}: cannot read the array: {error}") from None
+        if not isinstance(array, np.ndarray):
+            raise DataError(f"{path}: expected one array (.npy), got an archive of several (.npz): save each with "
+                            "numpy.save")
+        arrays.append(array)
+    images, labels = arrays
     if images.ndim != 4 or images.dtype not in (np.uint8, np.float32):
         raise DataError(f"{images_path}: expected (N, C, H, W) images, uint8 or float32 (or (N, H, W, C) with "
                         f"--channels-last), got {images.shape} {images.dtype}")
     if labels.shape != images.shape[:1] or labels.dtype.kind not in "iu":
         raise DataError(f"{labels_path}: expected {images.shape[0]} integer labels, got {labels.shape} {labels.dtype}")
+    if len(labels) and int(labels.min()) < 0:
+        raise DataError(f"{labels_path}: labels must be non-negative (classes 0, 1, ...), got {int(labels.min())}")
     if channels_last:
         images = images.transpose(0, 3, 1, 2)
     shape = tuple(images.shape[1:])

@@ -117,8 +117,9 @@ class HDF5Dataset(_Source):
 
     def _validate(self):
         for key in ("images", "labels"):
-            if key not in self.file:
-                raise DataError(f"{self.path}: dataset lacks /{key} (expected /images (N, C, H, W) and /labels (N,))")
+            if not isinstance(self.file.get(key), h5py.Dataset):
+                raise DataError(f"{self.path}: dataset lacks /{key} as an array (expected /images (N, C, H, W) and "
+                                "/labels (N,))")
         self.images, self.labels = self.file["images"], self.file["labels"]
         if self.images.ndim != 4 or self.images.dtype not in (np.uint8, np.float32, np.float64):
             raise DataError(f"{self.path}: /images must be (N, C, H, W) uint8 or float32, got "
@@ -218,7 +219,8 @@ def write_dataset(path, images, labels, mean=None, std=None, description=None):
         raise ValueError(f"expected images (N, C, H, W) uint8 or float32 and labels (N,), got {images.shape} "
                          f"{images.dtype} and {labels.shape}")
     with written_aside(path) as temporary, h5py.File(temporary, "w") as f:
-        chunk = (max(1, min(len(images), (1 << 20) // max(1, images[0].nbytes))),) + images.shape[1:]
+        chunk = (max(1, min(len(images), (1 << 20) // max(1, images[0].nbytes if len(images) else 1))),) + \
+            images.shape[1:]
         data = f.create_dataset("images", data=images, chunks=chunk if len(images) else None)
         f.create_dataset("labels", data=labels)
         for key, value in (("mean", mean), ("std", std)):

@@ -28,12 +28,13 @@ def load_digits():
 
 
 def split(labels, held_out, seed):
-    """``(train, val)`` sample indices: ``held_out`` (a fraction) of each class, drawn at random, held out."""
+    """``(train, val)`` sample indices: ``held_out`` (a fraction) of each class, drawn at random, held out (at
+    least one sample of each class on each side)."""
     rng = np.random.default_rng([int(seed), 0xD161])
     train, val = [], []
     for label in np.unique(labels):
         members = rng.permutation(np.flatnonzero(labels == label))
-        count = int(round(held_out * len(members)))
+        count = min(max(1, int(round(held_out * len(members)))), len(members) - 1)
         val.append(members[:count])
         train.append(members[count:])
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(val))

@@ -197,6 +197,11 @@ def _check_data(job, source):
 def _check_optimizer(spec, source):
     if spec["lr"] < 0 or spec["min_lr"] < 0:
         raise FormatError(f"{source}: 'optimizer.lr' and 'optimizer.min_lr' must be non-negative")
+    if not 0 < spec["gamma"] <= 1:
+        raise FormatError(f"{source}: 'optimizer.gamma' must lie in (0, 1], got {spec['gamma']}")
+    if spec["min_lr"] > spec["lr"]:
+        raise FormatError(f"{source}: 'optimizer.min_lr' ({spec['min_lr']}) must not exceed 'optimizer.lr' "
+                          f"({spec['lr']})")
     if spec["warmup_steps"] < 0:
         raise FormatError(f"{source}: 'optimizer.warmup_steps' must be non-negative, got {spec['warmup_steps']}")
     if spec["schedule"] == "step" and not (spec["decay_every"] or 0) > 0:

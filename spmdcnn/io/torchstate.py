@@ -6,8 +6,9 @@ it (torchvision's ``features.0`` for AlexNet's ``conv1``), and each batch-norm l
 ``num_batches_tracked`` PyTorch keeps (the checkpoint's step). The arrays' layouts are PyTorch's already (conv
 weights ``(out, in, kh, kw)``, linear ``(out, in)``, flattening in (C, H, W) order), so ResNet-50 and Inception-v3
 (torchvision's names), AlexNet and VGG-16 (``torch_names``) load into torchvision's models with
-``load_state_dict``. Importing goes the other way, refusing a state dict that lacks a tensor, has one the model
-does not, or has one of another shape, and writes a checkpoint at step 0 for a job's ``init:``.
+``load_state_dict``. Importing goes the other way (bfloat16 and float16 weights become float32), refusing a state
+dict that lacks a tensor, has one the model does not (but batch norm's ``num_batches_tracked``, and what ``drop``
+leaves out), or has one of another shape, and writes a checkpoint at step 0 for a job's ``init:``.
 
 PyTorch is needed only here, and is imported only when these run.
 """
@@ -56,24 +57,25 @@ def export_torch(checkpoint_path, output, graph):
     return len(tensors)
 
 
-def import_torch(path, graph, output):
-    """Write the weights of the PyTorch state dict at ``path`` as a checkpoint of ``graph`` (step 0)."""
+def import_torch(path, graph, output, drop=()):
+    """Write the weights of the PyTorch state dict at ``path`` as a checkpoint of ``graph`` (step 0); tensors whose
+    names start with one of ``drop`` are left out (torchvision's Inception-v3 carries ``AuxLogits.``)."""
     torch = _torch()
     try:
         loaded = torch.load(path, map_location="cpu", weights_only=True)
     except FileNotFoundError:
         raise CheckpointError(f"{path}: file not found") from None
     except Exception as error:       # torch raises many kinds for a file that is not a state dict
-        raise CheckpointError(f"{path}: not a PyTorch state dict ({type(error).__name__}: {error})") from None
-    if hasattr(loaded, "state_dict") and not isinstance(loaded, dict):
-        loaded = loaded.state_dict()
+        raise CheckpointError(f"{path}: not a PyTorch state dict: {type(error).__name__}: {str(error)[:300]} "
+                              "(save model.state_dict(), not the model)") from None
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise CheckpointError(f"{path}: expected a state dict (names to tensors), got {type(loaded).__name__}")
+    loaded = {key: value for key, value in loaded.items() if not key.startswith(tuple(drop))}
     expected = {**graph.param_shapes(), **graph.buffer_shapes()}
     wanted = {torch_name(graph, name): name for name in expected}
-    optional = {key for key in loaded if key.endswith("." + _TRACKED)}
+    tracked = {torch_name(graph, f"{layer.name}.{_TRACKED}") for layer in graph.layers if layer.op == "batchnorm2d"}
     missing = sorted(set(wanted) - set(loaded))
-    extra = sorted(set(loaded) - set(wanted) - optional)
+    extra = sorted(set(loaded) - set(wanted) - tracked)
     wrong = sorted(key for key in set(wanted) & set(loaded) if tuple(loaded[key].shape) != tuple(expected[wanted[key]]))
     if missing or extra or wrong:
         details = ([f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"] if missing else []) + \
@@ -82,7 +84,12 @@ def import_torch(path, graph, output):
                     f"{tuple(expected[wanted[wrong[0]]])}"] if wrong else [])
         raise CheckpointError(f"{path}: the state dict does not fit model '{graph.name}' ({graph.source}): "
                               + "; ".join(details))
-    arrays = {wanted[key]: loaded[key].detach().cpu().numpy() for key in wanted}
+    arrays = {}
+    for key, name in wanted.items():
+        tensor = loaded[key].detach().cpu()
+        if not tensor.is_floating_point():
+            raise CheckpointError(f"{path}: {key} holds {tensor.dtype}, not floating-point weights")
+        arrays[name] = tensor.to(torch.float64 if tensor.dtype == torch.float64 else torch.float32).numpy()
     buffer_names = set(graph.buffer_shapes())
     save_checkpoint(output, model_text=graph.text, params={k: v for k, v in arrays.items() if k not in buffer_names},
                     buffers={k: v for k, v in arrays.items() if k in buffer_names}, step=0, epoch=0)

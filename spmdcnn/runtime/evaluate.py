@@ -20,7 +20,7 @@ class PaddedBatch(Batch):
     def images(self, box, steps=None):
         (n0, n1), *region = box
         real = super().images(((n0, min(n1, self.real)),) + tuple(region), steps) if n0 < self.real else None
-        if n1 <= self.real:
+        if n1 <= self.real and real is not None:
             return real
         shape = self.source.read(self.indices[:0], self.dtype, region, None if steps is None else steps[1:])[0].shape
         padding = np.zeros((n1 - max(n0, self.real),) + shape[1:], dtype=self.dtype)

@@ -14,7 +14,7 @@ from .. import backend
 from ..comm import World
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from ..io.dataset import HDF5Dataset, SyntheticData
+from ..io.dataset import DataError, HDF5Dataset, SyntheticData
 from ..cost.machine import load_machine
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
@@ -36,7 +36,13 @@ def make_data(job, graph):
 
 def make_val(job, graph):
     """The held-out dataset ``data.val`` (read in order), or None."""
-    return _open_checked(job["data"]["val"], graph, 0, False) if job["data"]["val"] else None
+    if not job["data"]["val"]:
+        return None
+    data = _open_checked(job["data"]["val"], graph, 0, False)
+    if not data.num_samples:
+        data.close()
+        raise DataError(f"data.val {job['data']['val']}: the held-out dataset has no samples")
+    return data
 
 
 def _open_checked(path, graph, seed, shuffle):
@@ -147,7 +153,9 @@ class Trainer:
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
                                    "job": json.dumps(job, sort_keys=True, default=str),
                                    "data (sample count, shape, labels)": json.dumps(
-                                       {**self.data.identity(), "steps": self.total_steps}, sort_keys=True)})
+                                       {**self.data.identity(), "steps": self.total_steps,
+                                        "val": None if self.val is None else self.val.identity()},
+                                       sort_keys=True)})
             self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"], plan=self.plan,
                                      world=self.world)
             self.optimizer = make_optimizer(job, self.executor)
@@ -217,7 +225,7 @@ class Trainer:
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
                  f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
-        history, evaluated, stopped, written = [], None, None, None
+        history, evaluated, stopped, written, signalled = [], None, None, None, None
         interval = _Interval()
         step = self.start_step
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
@@ -234,29 +242,35 @@ class Trainer:
                 interval.add(loss, correct)
                 if self.progress:
                     self.progress.update(step, self.total_steps, loss)
+                signalled = signals.received(self.world)      # every rank the same: all stop after this step
                 end = step == self.total_steps
-                evaluate_now = self.val is not None and (end or (eval_every and step % eval_every == 0))
-                if step % every == 0 or end or evaluate_now:
+                evaluate_now = (not signalled and self.val is not None
+                                and (end or (eval_every and step % eval_every == 0)))
+                if step % every == 0 or end or evaluate_now or signalled:
                     elapsed = time.perf_counter() - interval.start
                     evaluated = self._evaluate(step) if evaluate_now else None
                     self._report(step, loss, interval, elapsed, evaluated, metrics)
                     interval = _Interval()
-                if ckpt_path and ckpt_every and step % ckpt_every == 0 and step < self.total_steps:
+                if signalled:
+                    stopped = None if end else signalled
+                    if end:
+                        self.log(f"{signalled} during the last step: the run is complete, without its final "
+                                 "evaluation")
+                    break
+                if ckpt_path and ckpt_every and step % ckpt_every == 0 and not end:
                     self._checkpoint(step)
                     written = step
-                stopped = signals.received(self.world)
-                if stopped:
-                    break
-            if self.val is not None and evaluated is None and not stopped:    # a run resumed at its end
+            resumed_at_end = self.start_step == self.total_steps and self.start_step > 0
+            if self.val is not None and evaluated is None and step == self.total_steps and not signals.got:
                 evaluated = self._evaluate(step)
                 self.log(f"step {step:>6}/{self.total_steps}  val loss {evaluated[0]:.4f}  val acc "
                          f"{evaluated[1]:.4f}")
-            if ckpt_path and written != step:
+            if ckpt_path and written != step and not resumed_at_end:
                 self._checkpoint(step)
             if stopped:
                 self.log(f"{stopped}: stopped after step {step} of {self.total_steps}"
                          + (f"; checkpoint written to {ckpt_path}" if ckpt_path else "; no checkpoint.path"))
-            elif ckpt_path:
+            elif ckpt_path and not resumed_at_end:
                 self.log(f"checkpoint written to {ckpt_path} (step {step})")
         finally:
             signals.restore()
@@ -324,11 +338,11 @@ def _predicted(plan_text):
 
 
 class _Signals:
-    """SIGTERM (Slurm's pre-emption signal, and what ``scancel`` and ``mpiexec`` pass on) and SIGUSR1 (what
-    ``sbatch --signal`` is usually set to send ahead of a time limit) ask the run to stop: the handler notes the
-    signal, and after each step the ranks agree (one small allreduce) whether any of them got one, so that they
-    all stop after the same step and write its checkpoint together. Outside the main thread nothing is
-    installed."""
+    """SIGTERM (Slurm's pre-emption signal, and what ``scancel`` and MPICH's ``mpiexec`` pass on) and SIGUSR1
+    (what ``sbatch --signal`` is usually set to send ahead of a time limit) ask the run to stop: the handler notes
+    the signal, and right after each step the ranks agree (one small allreduce) whether any of them got one, so
+    that they all stop after the same step and write its checkpoint together, with no evaluation first. A second
+    signal ends the process as the signal would. Outside the main thread nothing is installed."""
 
     NAMES = ("SIGTERM", "SIGUSR1")
 
@@ -341,7 +355,11 @@ class _Signals:
                     self.previous[number] = signal.signal(number, self._note)
 
     def _note(self, number, frame):
-        self.got = self.got or number
+        if self.got:            # a second signal: the run did not stop in time; end as the signal would
+            self.restore()
+            os.kill(os.getpid(), number)
+            return
+        self.got = number
 
     def received(self, world):
         """The name of a signal some rank received (every rank gets the same answer), or None."""

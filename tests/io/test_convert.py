@@ -101,3 +101,32 @@ def test_the_convert_command_on_a_folder(tmp_path, capsys):
     assert "9 images of 3x8x8 (C x H x W), 3 classes (ant, bee, cat)" in capsys.readouterr().out
     assert main(["data", "convert", str(source), "--size", "0", "8", "-o", str(tmp_path / "f.h5")]) == 2
     assert "--size must be positive" in capsys.readouterr().err
+
+
+def test_archives_and_negative_labels_are_refused(tmp_path):
+    np.savez(tmp_path / "x.npz", a=np.zeros((2, 1, 2, 2), np.uint8))
+    np.save(tmp_path / "y.npy", np.array([0, -1]))
+    np.save(tmp_path / "x.npy", np.zeros((2, 1, 2, 2), np.uint8))
+    with pytest.raises(DataError, match="x.npz: expected one array"):
+        convert_arrays(tmp_path / "x.npz", tmp_path / "y.npy", tmp_path / "o.h5")
+    with pytest.raises(DataError, match="labels must be non-negative"):
+        convert_arrays(tmp_path / "x.npy", tmp_path / "y.npy", tmp_path / "o.h5")
+
+
+def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
+    from spmdcnn.io.dataset import write_dataset
+    dead = subprocess_pid()
+    stale = tmp_path / f"d.h5.{dead}.0123abcd.tmp"
+    stale.write_bytes(b"half a dataset")
+    alive = tmp_path / f"d.h5.{os.getpid()}.0123abcd.tmp"
+    alive.write_bytes(b"being written")
+    write_dataset(tmp_path / "d.h5", np.zeros((1, 1, 2, 2), np.uint8), [0])
+    assert not stale.exists() and alive.exists()
+
+
+def subprocess_pid():
+    import subprocess
+    import sys
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid

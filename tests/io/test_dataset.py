@@ -422,3 +422,11 @@ def test_a_strided_region_read_is_every_step_th_element(tmp_path, opened, steps)
     box = ((1, 3),) + region
     np.testing.assert_array_equal(batch.images(box, (1,) + steps),
                                   synthetic.batch(0, 0, 4)[0][(slice(1, 3),) + cut])
+
+
+def test_images_stored_as_a_group_are_refused(tmp_path):
+    with h5py.File(tmp_path / "g.h5", "w") as f:
+        f.create_group("images")
+        f.create_dataset("labels", data=[0])
+    with pytest.raises(DataError, match="lacks /images as an array"):
+        HDF5Dataset(tmp_path / "g.h5")

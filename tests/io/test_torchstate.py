@@ -81,13 +81,20 @@ def test_export_then_import_gives_the_same_weights(tmp_path, capsys):
         np.testing.assert_array_equal(back.buffers[name], buffers[name])
 
 
-def test_a_module_saved_whole_imports_too(tmp_path):
+def test_torchvision_layouts_import_with_bfloat16_and_extra_heads_dropped(tmp_path):
     graph = load_model(os.path.join(MODELS, "alexnet.yaml"))
     model = torchvision_alexnet()
-    torch.save(model.state_dict(), tmp_path / "a.pt")
-    import_torch(tmp_path / "a.pt", graph, tmp_path / "a.h5")
+    state = {key: value.to(torch.bfloat16) for key, value in model.state_dict().items()}
+    torch.save({**state, "AuxLogits.fc.weight": torch.zeros(3)}, tmp_path / "a.pt")
+    with pytest.raises(CheckpointError, match="unexpected AuxLogits.fc.weight"):
+        import_torch(tmp_path / "a.pt", graph, tmp_path / "a.h5")
+    import_torch(tmp_path / "a.pt", graph, tmp_path / "a.h5", drop=["AuxLogits."])
     ckpt = load_checkpoint(tmp_path / "a.h5")
-    np.testing.assert_array_equal(ckpt.params["conv2.weight"], model.features[3].weight.detach().numpy())
+    assert ckpt.params["conv2.weight"].dtype == np.float32
+    np.testing.assert_array_equal(ckpt.params["conv2.weight"], state["features.3.weight"].float().numpy())
+    torch.save(torch.nn.Linear(2, 2), tmp_path / "whole.pt")          # a whole module, pickled
+    with pytest.raises(CheckpointError, match=r"save model.state_dict\(\), not the model"):
+        import_torch(tmp_path / "whole.pt", graph, tmp_path / "w.h5")
 
 
 def test_state_dicts_that_do_not_fit_are_refused(tmp_path):
@@ -96,7 +103,9 @@ def test_state_dicts_that_do_not_fit_are_refused(tmp_path):
     good = {k: torch.from_numpy(np.asarray(v)) for k, v in state_dict(graph, params, buffers).items()}
     cases = [({k: v for k, v in good.items() if k != "fc2.bias"}, "missing fc2.bias"),
              ({**good, "fc3.weight": torch.zeros(2)}, "unexpected fc3.weight"),
-             ({**good, "fc2.bias": torch.zeros(11)}, "fc2.bias has shape (11,), the model needs (10,)")]
+             ({**good, "fc2.bias": torch.zeros(11)}, "fc2.bias has shape (11,), the model needs (10,)"),
+             ({**good, "fc2.num_batches_tracked": torch.tensor(3)}, "unexpected fc2.num_batches_tracked"),
+             ({**good, "fc2.bias": torch.zeros(10, dtype=torch.int64)}, "fc2.bias holds torch.int64")]
     for state, message in cases:
         torch.save(state, tmp_path / "x.pt")
         with pytest.raises(CheckpointError, match=message.replace("(", "\\(").replace(")", "\\)")):

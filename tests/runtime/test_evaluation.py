@@ -126,6 +126,8 @@ def test_a_run_follows_its_schedule(tmp_path):
     ({"optimizer": {"schedule": "cosine", "decay_every": 3}}, "applies to schedule: step"),
     ({"optimizer": {"schedule": "linear"}}, "'optimizer.schedule' must be one of constant, step, cosine"),
     ({"optimizer": {"warmup_steps": -1}}, "'optimizer.warmup_steps' must be non-negative"),
+    ({"optimizer": {"schedule": "step", "decay_every": 2, "gamma": -0.5}}, "'optimizer.gamma' must lie in"),
+    ({"optimizer": {"schedule": "cosine", "lr": 0.1, "min_lr": 0.2}}, "must not exceed 'optimizer.lr'"),
     ({"log": {"progress": "sometimes"}}, "'log.progress' must be auto, true or false"),
 ])
 def test_bad_evaluation_and_schedule_keys_are_named(overrides, message):
@@ -166,3 +168,37 @@ def test_the_digits_written_on_first_use(tmp_path):
     lines.clear()
     Trainer(parse_job(values, "job"), log=lines.append).run()
     assert not any(line.startswith("data: wrote") for line in lines)      # there already
+
+
+def test_a_signal_stops_before_the_evaluation_and_a_signal_at_the_end_completes_the_run(tmp_path, monkeypatch):
+    import signal
+    events = []
+    for at, expected in ((3, "SIGTERM"), (5, None)):       # step 4 would evaluate; step 6 is the last
+        trainer = Trainer(job(tmp_path / str(at), checkpoint={"path": str(tmp_path / str(at) / "run.h5")}),
+                          log=events.append)
+        step, evaluate = trainer._step, trainer._evaluate
+
+        def signalled(index, at=at, step=step):
+            if index == at:
+                os.kill(os.getpid(), signal.SIGTERM)
+            return step(index)
+        monkeypatch.setattr(trainer, "_step", signalled)
+        monkeypatch.setattr(trainer, "_evaluate", lambda s, evaluate=evaluate: events.append(f"eval {s}") or evaluate(s))
+        result = trainer.run()
+        assert result["stopped"] == expected and result["steps"] == at + 1
+        assert f"eval {at + 1}" not in events
+        from spmdcnn.io.checkpoint import load_checkpoint
+        assert load_checkpoint(tmp_path / str(at) / "run.h5").step == at + 1
+    assert any("during the last step: the run is complete" in e for e in events)
+
+
+def test_an_empty_held_out_set_is_refused_before_training(tmp_path):
+    write_dataset(tmp_path / "empty.h5", np.zeros((0, 3, 15, 13), np.uint8), np.zeros(0, int))
+    with pytest.raises(ValueError, match="empty.h5: the held-out dataset has no samples"):
+        Trainer(job(tmp_path, data={"kind": "hdf5", "path": dataset(tmp_path / "t.h5", 40),
+                                    "val": str(tmp_path / "empty.h5")}), log=lambda line: None)
+
+
+def test_zero_steps_evaluate_the_initial_weights(tmp_path):
+    result = Trainer(job(tmp_path, steps=0, eval={"every": None}), log=lambda line: None).run()
+    assert result["steps"] == 0 and result["val"] is not None

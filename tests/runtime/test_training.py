@@ -250,6 +250,17 @@ def test_keep_holds_the_newest_numbered_checkpoints(tmp_path):
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
 
 
+def test_keep_drops_the_numbered_checkpoints_of_a_replaced_run(tmp_path):
+    """A new run (or a resume from an older checkpoint) on the same path: the later numbered files of the run it
+    replaces go, and its own newest stay."""
+    from spmdcnn.io.checkpoint import kept_checkpoints
+    Trainer(make_job(tmp_path, steps=8, checkpoint={"every": 2, "keep": 2}), log=quiet).run()
+    assert [step for step, _ in kept_checkpoints(tmp_path / "run.h5")] == [6, 8]
+    Trainer(make_job(tmp_path, steps=5, resume=False, checkpoint={"every": 2, "keep": 2}), log=quiet).run()
+    assert [step for step, _ in kept_checkpoints(tmp_path / "run.h5")] == [4, 5]
+    assert load_checkpoint(tmp_path / "run.h5").step == 5
+
+
 def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint(tmp_path, monkeypatch):
     import signal
     whole = Trainer(make_job(tmp_path / "a"), log=quiet).run()["losses"]

@@ -1,0 +1,18 @@
+"""What an installed spmdcnn holds: a wheel built from the source tree carries the data the quick start needs."""
+
+import glob
+import os
+import subprocess
+import sys
+import zipfile
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_the_wheel_carries_the_digits(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                             str(tmp_path), ROOT], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    names = zipfile.ZipFile(glob.glob(str(tmp_path / "spmdcnn-*.whl"))[0]).namelist()
+    assert "spmdcnn/io/data/digits.csv.gz" in names and "spmdcnn/io/data/README.md" in names
+    assert "spmdcnn/cli_files.py" in names
