@@ -21,7 +21,7 @@ import numpy as np
 from .atomic import written_aside
 from .dataset import DataError
 
-BLOCK_BYTES = 64 << 20      # images per block written: about this many bytes
+BLOCK_BYTES = 32 << 20      # images per block written: about this many bytes
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 
 
@@ -31,11 +31,15 @@ class _Moments:
     def __init__(self, channels):
         self.count, self.total, self.squares = 0, np.zeros(channels), np.zeros(channels)
 
-    def add(self, block):
-        values = block.astype(np.float64) / (255 if block.dtype == np.uint8 else 1)
-        self.count += values.size // values.shape[1]
-        self.total += values.sum(axis=(0, 2, 3))
-        self.squares += np.square(values).sum(axis=(0, 2, 3))
+    def add(self, block, step=1 << 20):
+        """Add the images ``block`` (N, C, H, W), about ``step`` values at a time (float64 copies stay small)."""
+        scale = 255 if block.dtype == np.uint8 else 1
+        rows = max(1, step // max(1, block[0].size))
+        for i in range(0, len(block), rows):
+            values = block[i:i + rows].astype(np.float64) / scale
+            self.count += values.size // values.shape[1]
+            self.total += values.sum(axis=(0, 2, 3))
+            self.squares += np.square(values).sum(axis=(0, 2, 3))
 
     def result(self):
         mean = self.total / max(self.count, 1)
