@@ -23,6 +23,7 @@ examples:
   spmdcnn plan models/alexnet.yaml --devices 4 --batch 128 --machine jobs/machines/local.yaml -o plan.yaml
   spmdcnn plan models/vgg16.yaml --devices 16 --batch 512 --machine jobs/machines/paper-p100-4x4.yaml --compare
   spmdcnn simulate plan.yaml other.yaml --machine jobs/machines/local.yaml
+  spmdcnn plot plan.yaml -o plan.png --machine jobs/machines/local.yaml
   mpiexec -n 2 spmdcnn profile models/cifar_cnn.yaml --batch 64 --devices 2 -o profile.json
   mpiexec -n 4 spmdcnn calibrate -o jobs/machines/mycluster.yaml --name mycluster
 """
@@ -245,6 +246,17 @@ def cmd_simulate(args):
     return 0
 
 
+def cmd_plot(args):
+    from .planner.plot import draw_plan
+    graph, plan = _load_plan_for_simulate(args.plan, args)
+    cost = _cost_for(args, graph, plan.batch, plan.devices)
+    prediction = cost.simulate(plan)
+    draw_plan(graph, plan, prediction, args.output,
+              f"{args.plan}: {graph.name}, {plan.devices} devices, batch {plan.batch}, machine {cost.machine.name}")
+    print(f"wrote {args.output}")
+    return 0
+
+
 def cmd_profile(args):
     from . import backend
     from .comm import World
@@ -385,6 +397,17 @@ def build_parser():
     p.add_argument("--batch", type=int, help="global batch, for a named strategy or a plan without batch_size")
     cost_options(p)
     p.set_defaults(run=cmd_simulate)
+
+    p = sub.add_parser("plot", parents=[common], help="draw a plan: each layer's configuration and predicted times",
+                       description="Draw a plan as a picture (PNG, SVG or PDF): each layer's configuration and its "
+                                   "predicted compute, transfer and sync time under the cost model. Needs matplotlib.")
+    p.add_argument("plan", metavar="PLAN", help="plan YAML file, or data, model, owt")
+    p.add_argument("-o", "--output", required=True, help="picture to write (.png, .svg, .pdf)")
+    p.add_argument("--model", help="model YAML (default: the plan's model_file, or models/<model>.yaml)")
+    p.add_argument("--devices", type=int, help="devices, for a named strategy")
+    p.add_argument("--batch", type=int, help="global batch, for a named strategy or a plan without batch_size")
+    cost_options(p)
+    p.set_defaults(run=cmd_plot)
 
     p = sub.add_parser("profile", parents=[common], help="measure tile compute times for the planner",
                        description="Run every distinct tile shape the planner considers for MODEL on N devices "

@@ -1,0 +1,226 @@
+"""The paper's evaluation (Jia et al., ICML 2018, section 6) under spmdcnn's cost model.
+
+The machine is the paper's (``jobs/machines/paper-p100-4x4.yaml``: nodes of 4 P100 on NVLink, 100 Gb/s EDR
+InfiniBand between nodes; more nodes of the same kind beyond 16 devices). Compute times come from the analytic
+model, scaled per network by one factor so that one device at batch 32 runs at the paper's single-GPU throughput
+(AlexNet 745, VGG-16 184, Inception-v3 157 images/s; ResNet-50, which the paper does not run, takes the median of
+the three factors). Every device holds a batch of 32. For each network and device count the data, model and owt
+plans are simulated and the layer-wise optimum is searched; the predicted throughput and the bytes moved per step
+(between layers, and allreduced) are written as a table (Markdown), JSON and two plots (PNG, with matplotlib), next
+to the paper's results.
+
+    python benchmarks/paper/reproduce.py [--models alexnet vgg16 inception_v3 resnet50] [--devices 1 2 4 8 16 64]
+        [--out benchmarks/paper/results]
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+from spmdcnn.graph import load_model  # noqa: E402
+from spmdcnn.planner import make_plan  # noqa: E402
+from spmdcnn.planner.service import cost_model  # noqa: E402
+from spmdcnn.tiling.plan import named  # noqa: E402
+
+MACHINE = os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4.yaml")
+PER_DEVICE = 32
+STRATEGIES = ("data", "model", "owt", "optimal")
+# the paper's measurements (Figures 7 and 8, section 6.2): one GPU at batch 32, images/s; layer-wise over the best
+# other strategy on 16 GPUs; layer-wise on 16 GPUs over one GPU
+PAPER_SINGLE = {"alexnet": 745.0, "vgg16": 184.0, "inception_v3": 157.0}
+PAPER_OVER_BEST = {"alexnet": 2.12, "vgg16": 1.36, "inception_v3": 1.39}
+PAPER_SCALING = {"alexnet": 12.1, "vgg16": 14.8, "inception_v3": 15.5}
+# the paper's VGG-16 plan on 4 GPUs of one node (Figure 6)
+PAPER_VGG16_4 = [("conv blocks 1-4", "{n: 4}"), ("conv block 5", "{h: 2, w: 2}"), ("fc6, fc7", "{c: 4}"),
+                 ("fc8", "{c: 2}"), ("softmax", "unsplit")]
+
+
+def calibrated_cost(graph, devices, factor):
+    """The cost model of ``graph`` on ``devices`` devices of the paper's machine, compute scaled by ``factor``."""
+    from spmdcnn.cost.machine import load_machine
+    machine = load_machine(MACHINE)
+    nodes = max(machine.nodes, -(-devices // machine.devices_per_node))
+    cost = cost_model(graph, PER_DEVICE * devices, devices, machine, None, 4, nodes)
+    cost.compute.scale = {None: factor, "sgd": factor}
+    return cost
+
+
+def calibration(graph, name):
+    """The factor that makes one device run at the paper's throughput (None for a network the paper lacks)."""
+    if name not in PAPER_SINGLE:
+        return None
+    modelled = calibrated_cost(graph, 1, 1.0).simulate(named("data", graph, PER_DEVICE, 1)).iteration_s
+    return (PER_DEVICE / PAPER_SINGLE[name]) / modelled
+
+
+def run(models, device_counts):
+    graphs = {name: load_model(os.path.join(ROOT, "models", f"{name}.yaml")) for name in models}
+    factors = {name: calibration(graph, name) for name, graph in graphs.items()}
+    default = statistics.median(f for f in factors.values() if f is not None) if any(factors.values()) else 1.0
+    rows = []
+    for name, graph in graphs.items():
+        factor = factors[name] or default
+        for devices in device_counts:
+            cost = calibrated_cost(graph, devices, factor)
+            for strategy in STRATEGIES:
+                start = time.perf_counter()
+                result = make_plan(graph, devices, cost, strategy)
+                summary = result.prediction.summary()
+                rows.append({"model": name, "devices": devices, "strategy": strategy, "factor": factor,
+                             "iteration_s": summary["iteration_s"],
+                             "images_per_s": PER_DEVICE * devices / summary["iteration_s"],
+                             "bytes_transferred": summary["bytes_transferred"],
+                             "bytes_synced": summary["bytes_synced"], "compute_s": summary["compute_s"],
+                             "transfer_s": summary["transfer_s"], "sync_s": summary["sync_s"],
+                             "seconds": time.perf_counter() - start,
+                             "plan": result.plan.text if strategy == "optimal" else None})
+                print(f"{name:<13} {devices:>3} {strategy:<8} {rows[-1]['images_per_s']:>9.1f} images/s "
+                      f"{(summary['bytes_transferred'] + summary['bytes_synced']) / 2 ** 20:>10.1f} MiB/step",
+                      flush=True)
+    return rows
+
+
+def summarize(rows):
+    """Per network: throughput of each strategy per device count, layer-wise over the best other, scaling."""
+    table = {}
+    for row in rows:
+        table.setdefault(row["model"], {}).setdefault(row["devices"], {})[row["strategy"]] = row
+    out = {}
+    for name, by_devices in table.items():
+        first = min(by_devices)
+        one = by_devices[first]["optimal"]["images_per_s"]
+        out[name] = {devices: {"over_best": s["optimal"]["images_per_s"] / max(s[k]["images_per_s"]
+                                                                             for k in ("data", "model", "owt")),
+                               "scaling": s["optimal"]["images_per_s"] / one if first == 1 else None}
+                     for devices, s in by_devices.items()}
+    return table, out
+
+
+def markdown(rows):
+    table, derived = summarize(rows)
+    lines = ["| model | devices | data | model | owt | layer-wise | layer-wise / best other | scaling from 1 | "
+             "moved per step: data / owt / layer-wise (MiB) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for name, by_devices in table.items():
+        for devices, s in sorted(by_devices.items()):
+            d = derived[name][devices]
+            moved = " / ".join(f"{(s[k]['bytes_transferred'] + s[k]['bytes_synced']) / 2 ** 20:.0f}"
+                               for k in ("data", "owt", "optimal"))
+            scaling = "" if d["scaling"] is None else f"{d['scaling']:.1f}x"
+            lines.append(f"| {name} | {devices} | " + " | ".join(f"{s[k]['images_per_s']:.0f}" for k in STRATEGIES)
+                         + f" | {d['over_best']:.2f}x | {scaling} | {moved} |")
+    lines += ["", "The paper at 16 GPUs (layer-wise over the best other strategy; layer-wise scaling from 1 GPU) "
+              "against these predictions:", "", "| model | paper: over best | here | paper: scaling | here |",
+              "|---|---:|---:|---:|---:|"]
+    for name in PAPER_OVER_BEST:
+        if name in derived and 16 in derived[name]:
+            d = derived[name][16]
+            scaling = "" if d["scaling"] is None else f"{d['scaling']:.1f}x"
+            lines.append(f"| {name} | {PAPER_OVER_BEST[name]:.2f}x | {d['over_best']:.2f}x | "
+                         f"{PAPER_SCALING[name]:.1f}x | {scaling} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(rows, out):
+    """Throughput against devices (the paper's Figure 7) and bytes moved per step (its Figure 8)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots (pip install matplotlib)")
+        return []
+    table, _ = summarize(rows)
+    names = list(table)
+    colors = {"data": "#4878a8", "model": "#d08040", "owt": "#60a060", "optimal": "#c03030"}
+    labels = {"data": "data", "model": "model", "owt": "owt", "optimal": "layer-wise"}
+    figure, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        devices = sorted(table[name])
+        for strategy in STRATEGIES:
+            ax.plot(devices, [table[name][d][strategy]["images_per_s"] for d in devices], "o-", ms=4,
+                    color=colors[strategy], label=labels[strategy])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xticks(devices, [str(d) for d in devices])
+        ax.set_title(name)
+        ax.set_xlabel("devices (P100, 4 per node)")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0][0].set_ylabel("images/s (predicted)")
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    throughput = os.path.join(out, "throughput.png")
+    figure.savefig(throughput, dpi=110)
+    plt.close(figure)
+    count = 16 if all(16 in table[name] for name in names) else max(min(table[name]) for name in names)
+    figure, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        s = table[name][count]
+        moved = [s[k]["bytes_transferred"] / 2 ** 20 for k in STRATEGIES]
+        synced = [s[k]["bytes_synced"] / 2 ** 20 for k in STRATEGIES]
+        x = range(len(STRATEGIES))
+        ax.bar(x, synced, color="#888888", label="allreduced")
+        ax.bar(x, moved, bottom=synced, color="#c03030", label="moved between layers")
+        ax.set_xticks(list(x), [labels[k] for k in STRATEGIES])
+        ax.set_yscale("log")
+        ax.set_title(f"{name}, {count} devices")
+        ax.grid(True, axis="y", which="both", alpha=0.3)
+    axes[0][0].set_ylabel("MiB per step (predicted)")
+    axes[0][0].legend(fontsize=8)
+    figure.tight_layout()
+    communication = os.path.join(out, "communication.png")
+    figure.savefig(communication, dpi=110)
+    plt.close(figure)
+    return [throughput, communication]
+
+
+def vgg16_plan_on_one_node(factor):
+    """Our VGG-16 plan for 4 devices (one node) next to the paper's, as Markdown."""
+    graph = load_model(os.path.join(ROOT, "models", "vgg16.yaml"))
+    result = make_plan(graph, 4, calibrated_cost(graph, 4, factor), "optimal")
+    lines = ["| layer | spmdcnn (predicted) |", "|---|---|"]
+    searched = [layer for layer in graph.layers if layer.op not in ("relu", "dropout")]
+    for layer in searched:
+        config = result.plan[layer.name]
+        lines.append(f"| {layer.name} | {config.describe().split(', devices')[0]}}} |")
+    paper = ["| layers | the paper |", "|---|---|"] + [f"| {what} | {config} |" for what, config in PAPER_VGG16_4]
+    return "\n".join(paper) + "\n\n" + "\n".join(lines) + "\n", result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3", "resnet50"])
+    parser.add_argument("--devices", nargs="+", type=int, default=[1, 2, 4, 8, 16, 64])
+    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "paper", "results"))
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    rows = run(args.models, args.devices)
+    text = markdown(rows)
+    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+        json.dump(rows, f, indent=1)
+    written = plots(rows, args.out)
+    factor = next((r["factor"] for r in rows if r["model"] == "vgg16"), None)
+    if factor is not None:
+        vgg, result = vgg16_plan_on_one_node(factor)
+        text += "\nVGG-16 on 4 devices of one node: the paper's plan, then the one found here:\n\n" + vgg
+        with open(os.path.join(args.out, "vgg16-4.yaml"), "w", encoding="utf-8") as f:
+            f.write(result.plan.text)
+        if written:                      # matplotlib is there
+            from spmdcnn.planner.plot import draw_plan
+            picture = os.path.join(args.out, "vgg16-4.png")
+            draw_plan(result.plan.graph, result.plan, result.prediction, picture,
+                      "VGG-16, 4 P100 of one node, batch 128: the layer-wise optimum (calibrated analytic model)")
+            written.append(picture)
+    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+        f.write(text)
+    print(text)
+    print("wrote", ", ".join([os.path.join(args.out, name) for name in ("table.md", "results.json")] + written))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,67 @@
+"""``spmdcnn plot``: a plan as a picture. One row per layer (the relu and dropout layers that take their input's
+configuration are left out): on the left its configuration, as a bar of its degrees over n, c, h and w on a log
+scale (one colour per dimension), on the right its predicted compute, transfer and sync time, stacked.
+
+matplotlib draws it (``pip install matplotlib``, or ``spmdcnn[plot]``); it is imported only here.
+"""
+
+import math
+
+from ..tiling.config import NAMES
+from ..tiling.plan import INHERITING
+
+COLOURS = {"n": "#4878a8", "c": "#c03030", "h": "#60a060", "w": "#d0a030"}
+TIMES = (("compute_s", "compute", "#4878a8"), ("transfer_s", "transfer", "#c03030"), ("sync_s", "sync", "#888888"))
+
+
+def _inherits(layer, plan):
+    """A relu or dropout layer with its input's configuration (drawn with its input)."""
+    return layer.op in INHERITING and layer.inputs[0] in plan.configs and plan[layer.name] == plan[layer.inputs[0]]
+
+
+def draw_plan(graph, plan, prediction, output, title):
+    """Write the picture of ``plan`` (of ``graph``) under ``prediction`` to ``output`` (PNG, SVG or PDF by its
+    extension)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise RuntimeError("spmdcnn plot needs matplotlib: pip install matplotlib (or spmdcnn[plot])") from None
+    rows = [(layer, plan[layer.name], cost) for layer, cost in zip(graph.layers, prediction.layers)
+            if not _inherits(layer, plan)]
+    height = max(3.0, 0.22 * len(rows) + 1.4)
+    figure, (left, right) = plt.subplots(1, 2, figsize=(11, height), sharey=True,
+                                         gridspec_kw={"width_ratios": [1, 1.6]})
+    y = list(range(len(rows)))[::-1]
+    top = max(1, math.ceil(math.log2(max(max(config.degrees) for _, config, _ in rows) or 1)))
+    for row, (layer, config, _) in zip(y, rows):
+        start = 0.0
+        for name, degree in zip(NAMES, config.degrees):
+            if degree > 1:
+                width = math.log2(degree)
+                left.barh(row, width, left=start, color=COLOURS[name], height=0.7)
+                left.text(start + width / 2, row, f"{name}{degree}", ha="center", va="center", fontsize=7,
+                          color="white")
+                start += width
+        if start == 0:
+            left.text(0.05, row, "whole", va="center", fontsize=7, color="#555555")
+    left.set_xlim(0, max(top, math.log2(plan.devices) if plan.devices > 1 else 1))
+    left.set_xlabel("log2 of the degrees (product: devices used)")
+    left.set_yticks(y, [layer.name for layer, _, _ in rows], fontsize=7)
+    left.set_title("configuration")
+    base = [0.0] * len(rows)
+    for key, label, colour in TIMES:
+        values = [getattr(cost, key) * 1e3 for _, _, cost in rows]
+        right.barh(y, values, left=base, color=colour, height=0.7, label=label)
+        base = [b + v for b, v in zip(base, values)]
+    right.set_xlabel("predicted ms per iteration")
+    right.legend(fontsize=8, loc="lower right")
+    right.grid(True, axis="x", alpha=0.3)
+    summary = prediction.summary()
+    right.set_title(f"{summary['iteration_s'] * 1e3:.1f} ms per iteration, {plan.batch / summary['iteration_s']:.0f} "
+                    "images/s")
+    figure.suptitle(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(output, dpi=110)
+    plt.close(figure)
