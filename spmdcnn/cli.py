@@ -157,7 +157,10 @@ def cmd_plan(args):
     strategies = [s for s in STRATEGIES if s != "exhaustive"] if args.compare else [args.strategy]
     if args.compare and args.strategy not in strategies:
         strategies.append(args.strategy)
-    results = {s: make_plan(graph, args.devices, cost, s, limit=args.limit) for s in strategies}
+    from .cost.memory import parse_size, plan_memory
+    memory = parse_size(args.memory) if args.memory else None
+    results = {s: make_plan(graph, args.devices, cost, s, limit=args.limit, memory=memory if s == "optimal" else None)
+               for s in strategies}
     chosen = results[args.strategy]
     if args.output:
         from .cost.calibrate import prepare_output
@@ -177,6 +180,9 @@ def cmd_plan(args):
                       f"{cost.machine.name}; compute from {source}", chosen.prediction, chosen.plan)
     if chosen.solution is not None:
         sol = chosen.solution
+        used = plan_memory(graph, chosen.plan, cost.itemsize)
+        limit = f" (limit {_format_bytes(memory)})" if memory else ""
+        print(f"memory: {_format_bytes(used)} on the busiest device{limit}")
         pruned = f" ({sol.kept} after pruning)" if sol.kept < chosen.configurations else ""
         print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations{pruned}, {sol.method} "
               f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
@@ -384,6 +390,8 @@ def build_parser():
     p.add_argument("--compare", action="store_true", help="also print every strategy side by side")
     p.add_argument("--limit", type=int, default=10**7,
                    help="exhaustive: refuse searches over more combinations than this (default 1e7)")
+    p.add_argument("--memory", metavar="SIZE", help="the most memory a device may keep (16GiB, 800MB, 1.5e9; "
+                   "spmdcnn/cost/memory.py's model): the optimal search keeps to it")
     p.add_argument("-o", "--output", help="write the plan YAML (with 'predicted') here")
     cost_options(p)
     p.set_defaults(run=cmd_plan)

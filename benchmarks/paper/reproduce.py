@@ -192,6 +192,33 @@ def vgg16_plan_on_one_node(factor):
     return "\n".join(paper) + "\n\n" + "\n".join(lines) + "\n", result
 
 
+def memory_example(factor, devices=16):
+    """Beyond the paper: VGG-16 on ``devices`` devices with a per-device memory limit halfway between the lightest
+    plan and the unlimited optimum (spmdcnn/cost/memory.py's model): both plans and what changed, as Markdown."""
+    from spmdcnn.cost.memory import plan_memory
+    from spmdcnn.planner import Problem
+    graph = load_model(os.path.join(ROOT, "models", "vgg16.yaml"))
+    cost = calibrated_cost(graph, devices, factor)
+    free = make_plan(graph, devices, cost, "optimal")
+    lightest = sum(m.min() for m in Problem(graph, devices, cost).memory(4))
+    used = plan_memory(graph, free.plan)
+    limit = (lightest + used) / 2
+    limited = make_plan(graph, devices, cost, "optimal", memory=limit)
+    gib = 2 ** 30
+    lines = [f"VGG-16 on {devices} devices, batch {PER_DEVICE * devices}: the optimum keeps {used / gib:.2f} GiB on "
+             f"its busiest device (the lightest plan {lightest / gib:.2f} GiB); with a limit of {limit / gib:.2f} "
+             f"GiB the search finds a plan of {plan_memory(graph, limited.plan) / gib:.2f} GiB at "
+             f"{PER_DEVICE * devices / limited.prediction.iteration_s:.0f} images/s, against "
+             f"{PER_DEVICE * devices / free.prediction.iteration_s:.0f} unlimited. The layers that change:", "",
+             "| layer | unlimited | within the limit |", "|---|---|---|"]
+    for layer in graph.layers:
+        a, b = free.plan[layer.name], limited.plan[layer.name]
+        if a != b and layer.op not in ("relu", "dropout"):
+            lines.append(f"| {layer.name} | {a.describe().split(', devices')[0]}}} | "
+                         f"{b.describe().split(', devices')[0]}}} |")
+    return "\n".join(lines) + "\n"
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3", "resnet50"])
@@ -216,6 +243,8 @@ def main():
             draw_plan(result.plan.graph, result.plan, result.prediction, picture,
                       "VGG-16, 4 P100 of one node, batch 128: the layer-wise optimum (calibrated analytic model)")
             written.append(picture)
+        if 16 in args.devices:
+            text += "\nBeyond the paper, a memory limit per device:\n\n" + memory_example(factor)
     with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
     print(text)

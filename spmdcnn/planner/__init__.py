@@ -76,14 +76,25 @@ class Problem:
                                              jobs.values())))
         self.edges = [(u, v, tables[key]) for u, v, key in edges]
 
+    def memory(self, itemsize):
+        """Per node, the bytes each configuration keeps on the device that holds the most
+        (:mod:`spmdcnn.cost.memory`; a node's relu and dropout layers included)."""
+        from ..cost.memory import layer_memory
+        found = [np.zeros(len(c)) for c in self.choices]
+        for layer in self.graph.layers:
+            i = self.index[self.root[layer.name]]
+            found[i] += [layer_memory(layer, config.degrees, self.cost.batch, itemsize) for config in self.choices[i]]
+        return found
+
     def plan(self, choices, batch, source):
         configs = {name: self.choices[self.index[self.root[name]]][choices[self.index[self.root[name]]]]
                    for name in (layer.name for layer in self.graph.layers)}
         return Plan(self.graph, batch, self.devices, configs, source)
 
 
-def make_plan(graph, devices, cost, strategy="optimal", limit=None):
-    """The :class:`Result` of ``strategy`` for ``graph`` on ``devices`` devices under ``cost``."""
+def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None):
+    """The :class:`Result` of ``strategy`` for ``graph`` on ``devices`` devices under ``cost``; with ``memory``
+    (bytes), the optimum among the plans that keep at most that much on every device (:func:`_within_memory`)."""
     start = time.perf_counter()
     if strategy in NAMED:
         plan = named(strategy, graph, cost.batch, devices)
@@ -93,13 +104,59 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None):
     from . import search
     problem = Problem(graph, devices, cost)
     sizes = [len(c) for c in problem.choices]
-    if strategy == "optimal":
+    if strategy == "optimal" and memory is not None:
+        solution = _within_memory(problem, sizes, memory, cost.itemsize)
+    elif strategy == "optimal":
         solution = search.optimize(sizes, problem.node_costs, problem.edges)
     else:
         solution = search.exhaustive(sizes, problem.node_costs, problem.edges, limit=limit)
     plan = problem.plan(solution.choices, cost.batch, f"plan {strategy}")
     elapsed = time.perf_counter() - start
     return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered)
+
+
+def _within_memory(problem, sizes, memory, itemsize, rounds=24):
+    """The fastest plan found whose memory (:meth:`Problem.memory`) fits in ``memory`` bytes: Lagrangian relaxation
+    of the limit. The search runs on the costs plus ``price`` times each configuration's bytes; the unlimited
+    optimum when it fits (exact), else the price rises until a plan fits and is bisected down for ``rounds``
+    steps, and the fastest fitting plan seen is kept (``exact`` False: it may miss a better one). A limit below
+    the lightest plan's memory is an error."""
+    from dataclasses import replace
+    from . import search
+    bytes_ = problem.memory(itemsize)
+
+    def solve(price):
+        solution = search.optimize(sizes, [c + price * b for c, b in zip(problem.node_costs, bytes_)], problem.edges)
+        used = float(sum(b[c] for b, c in zip(bytes_, solution.choices)))
+        return solution, used
+    solution, used = solve(0.0)
+    if used <= memory:
+        return solution
+    lightest = float(sum(b.min() for b in bytes_))
+    if lightest > memory:
+        raise ValueError(f"no plan fits in {memory / 2 ** 30:.3f} GiB per device: the lightest needs "
+                         f"{lightest / 2 ** 30:.3f} GiB (spmdcnn/cost/memory.py's model)")
+    best, low, high = None, 0.0, solution.cost / used
+    for _ in range(64):                 # raise the price until a plan fits
+        fits, used = solve(high)
+        if used <= memory:
+            best = fits
+            break
+        low, high = high, high * 4
+    if best is None:
+        raise ValueError(f"no plan found within {memory / 2 ** 30:.3f} GiB per device")
+    for _ in range(rounds):             # and bisect it down, keeping the fastest that fits
+        middle = (low + high) / 2
+        candidate, used = solve(middle)
+        if used <= memory:
+            high = middle
+            value = search.evaluate(sizes, problem.node_costs, problem.edges, candidate.choices)
+            if value < search.evaluate(sizes, problem.node_costs, problem.edges, best.choices):
+                best = candidate
+        else:
+            low = middle
+    cost = search.evaluate(sizes, problem.node_costs, problem.edges, best.choices)
+    return replace(best, cost=cost, exact=False, method=best.method + "+memory limit (Lagrangian)")
 
 
 def workers():
