@@ -159,6 +159,8 @@ def cmd_plan(args):
         strategies.append(args.strategy)
     from .cost.memory import parse_size, plan_memory
     memory = parse_size(args.memory) if args.memory else None
+    if memory is not None and args.strategy != "optimal":
+        raise ValueError(f"--memory applies to the optimal search, not to --strategy {args.strategy}")
     results = {s: make_plan(graph, args.devices, cost, s, limit=args.limit, memory=memory if s == "optimal" else None)
                for s in strategies}
     chosen = results[args.strategy]

@@ -1,27 +1,58 @@
-"""Memory per device: what a plan asks of the device that holds the most.
+"""Memory per device: what a plan asks of a device, as the runtime keeps it through an iteration.
 
-For a layer under a configuration, the device holding its largest tile keeps, through an iteration, that output
-tile (saved for backward: the product over its dimensions of ``ceil(extent / degree)`` elements) and its shard of
-the layer's parameters three times (weights, gradients, momentum) plus its batch-norm statistics; parameters split
-along ``c`` like the output. Every configuration puts its tiles on devices ``0 .. count-1``, so device 0 holds a
-tile of every layer: a plan's memory is the sum over its layers. It leaves out what lives only for a moment (the
-input boxes gathered for one layer, the workspace of a kernel), and is the model the planner's memory limit uses.
+For a layer under a configuration, the device holding its heaviest tile keeps, from forward to backward, what the
+layer's kernel saves for backward, and its shard of the layer's parameters three times (weights, gradients,
+momentum) with its batch-norm statistics; parameters are split along ``c`` like the output. What the kernels
+save (``ops/``): a convolution or linear layer its input box (all input channels, whatever its own split), batch
+norm its normalized input, softmax cross-entropy its probabilities, each in the model's dtype; relu and dropout a
+one-byte mask per output element; max pooling the index of each window's maximum (one byte, four for windows of
+more than 256 positions); pooling by average, add, concat and flatten nothing. The outputs themselves live only
+until their consumers have read them, and are left out, as are the input boxes gathered for one layer and the
+workspace of a kernel. A tensor several layers read whole (Inception's branches) is counted once per reader,
+where the runtime may keep one array for them all.
+
+A plan's memory is the sum over its layers of their heaviest tile's: an upper bound on what any device keeps,
+reached by device 0 when the splits are even (every configuration puts its tiles on devices ``0 .. count-1``, so
+device 0 holds a tile of every layer; with uneven splits a later device holds the larger parts). It is the model
+the planner's memory limit uses.
 """
 
+import math
 from math import ceil, prod
 
+from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
+from ..tiling.fields import needs
+
 
 
 def layer_memory(layer, degrees, batch, itemsize=4):
-    """Bytes the device with ``layer``'s largest tile keeps for it under a configuration of ``degrees``."""
-    shape = output_shape(layer, batch)
-    tile = prod(ceil(extent / degree) for extent, degree in zip(shape, degrees))
+    """Bytes the device with ``layer``'s heaviest tile keeps for it under a configuration of ``degrees``: the tile
+    of the largest part along every dimension (parts differ by one at most)."""
     split = degrees[1] if len(degrees) > 1 else 1       # c: output channels or features
 
     def shard(shapes):
         return sum(ceil(s[0] / split) * prod(s[1:]) for s in shapes)
-    return itemsize * (tile + 3 * shard(layer.params.values()) + shard(layer.buffers.values()))
+    shape = output_shape(layer, batch)
+    box = tuple(max((part(extent, degree, i) for i in range(degree)), key=lambda r: r[1] - r[0])
+                for extent, degree in zip(shape, degrees))
+    return _saved(layer, box, batch, itemsize) + itemsize * (3 * shard(layer.params.values())
+                                                             + shard(layer.buffers.values()))
+
+
+def _saved(layer, box, batch, itemsize):
+    """Bytes the kernel of ``layer`` keeps from forward to backward for its output tile ``box`` (module
+    docstring)."""
+    if layer.op in ("conv2d", "linear", "batchnorm2d", "softmax_cross_entropy"):
+        need = needs(layer, box, [(batch,) + tuple(s) for s in layer.in_shapes])[0]
+        return itemsize * prod(shape_of(need.box, need.steps))
+    if layer.op in ("relu", "dropout"):
+        return prod(shape_of(box))
+    if layer.op == "maxpool2d":
+        kernel = dict(layer.attrs)["kernel"]
+        positions = prod(kernel) if isinstance(kernel, (tuple, list)) else kernel * kernel
+        return prod(shape_of(box)) * (1 if positions <= 256 else 4)
+    return 0
 
 
 def plan_memory(graph, plan, itemsize=4):
@@ -40,6 +71,6 @@ def parse_size(text):
         value = float(number) * units[unit]
     except (KeyError, ValueError):
         raise ValueError(f"not a size: {text!r} (say 16GiB, 800MB or 1.5e9)") from None
-    if value <= 0:
+    if not math.isfinite(value) or value <= 0:
         raise ValueError(f"a size must be positive, got {text!r}")
     return value

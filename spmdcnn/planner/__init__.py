@@ -134,9 +134,9 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24):
         return solution
     lightest = float(sum(b.min() for b in bytes_))
     if lightest > memory:
-        raise ValueError(f"no plan fits in {memory / 2 ** 30:.3f} GiB per device: the lightest needs "
-                         f"{lightest / 2 ** 30:.3f} GiB (spmdcnn/cost/memory.py's model)")
-    best, low, high = None, 0.0, solution.cost / used
+        raise ValueError(f"no plan fits in {_bytes(memory)} per device: the lightest needs {_bytes(lightest)} "
+                         "(spmdcnn/cost/memory.py's model)")
+    best, low, high = None, 0.0, max(abs(solution.cost), 1e-12) / used
     for _ in range(64):                 # raise the price until a plan fits
         fits, used = solve(high)
         if used <= memory:
@@ -144,7 +144,7 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24):
             break
         low, high = high, high * 4
     if best is None:
-        raise ValueError(f"no plan found within {memory / 2 ** 30:.3f} GiB per device")
+        raise ValueError(f"no plan found within {_bytes(memory)} per device")
     for _ in range(rounds):             # and bisect it down, keeping the fastest that fits
         middle = (low + high) / 2
         candidate, used = solve(middle)
@@ -157,6 +157,10 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24):
             low = middle
     cost = search.evaluate(sizes, problem.node_costs, problem.edges, best.choices)
     return replace(best, cost=cost, exact=False, method=best.method + "+memory limit (Lagrangian)")
+
+
+def _bytes(count):
+    return f"{count / 2 ** 30:.3f} GiB" if count >= 2 ** 27 else f"{count / 2 ** 20:.3f} MiB"
 
 
 def workers():

@@ -1,10 +1,11 @@
 """``spmdcnn plot``: a plan as a picture. One row per layer (the relu and dropout layers that take their input's
-configuration are left out): on the left its configuration, as a bar of its degrees over n, c, h and w on a log
+configuration are drawn with that layer, their times added to its row): on the left its configuration, as a bar of its degrees over n, c, h and w on a log
 scale (one colour per dimension), on the right its predicted compute, transfer and sync time, stacked.
 
 matplotlib draws it (``pip install matplotlib``, or ``spmdcnn[plot]``); it is imported only here.
 """
 
+import copy
 import math
 
 from ..tiling.config import NAMES
@@ -28,8 +29,16 @@ def draw_plan(graph, plan, prediction, output, title):
         import matplotlib.pyplot as plt
     except ImportError:
         raise RuntimeError("spmdcnn plot needs matplotlib: pip install matplotlib (or spmdcnn[plot])") from None
-    rows = [(layer, plan[layer.name], cost) for layer, cost in zip(graph.layers, prediction.layers)
-            if not _inherits(layer, plan)]
+    rows, owner = [], {}
+    for layer, cost in zip(graph.layers, prediction.layers):
+        if _inherits(layer, plan):          # drawn with the layer whose configuration it takes: add its times
+            row = owner[layer.inputs[0]]
+            owner[layer.name] = row
+            for key, _, _ in TIMES:
+                setattr(rows[row][2], key, getattr(rows[row][2], key) + getattr(cost, key))
+        else:
+            owner[layer.name] = len(rows)
+            rows.append((layer, plan[layer.name], copy.copy(cost)))
     height = max(3.0, 0.22 * len(rows) + 1.4)
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, height), sharey=True,
                                          gridspec_kw={"width_ratios": [1, 1.6]})
