@@ -158,12 +158,7 @@ def plots(rows, out):
         ax.set_title(name)
         ax.set_xlabel("devices (P100, 4 per node)")
         ax.grid(True, which="both", alpha=0.3)
-    axes[0][0].set_ylabel("images/s (predicted)")
-    axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    throughput = os.path.join(out, "throughput.png")
-    figure.savefig(throughput, dpi=110)
-    plt.close(figure)
+    throughput = _finish(plt, figure, axes, "images/s (predicted)", os.path.join(out, "throughput.png"))
     count = 16 if all(16 in table[name] for name in names) else max(min(table[name]) for name in names)
     figure, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
     for ax, name in zip(axes[0], names):
@@ -177,13 +172,18 @@ def plots(rows, out):
         ax.set_yscale("log")
         ax.set_title(f"{name}, {count} devices")
         ax.grid(True, axis="y", which="both", alpha=0.3)
-    axes[0][0].set_ylabel("MiB per step (predicted)")
+    communication = _finish(plt, figure, axes, "MiB per step (predicted)", os.path.join(out, "communication.png"))
+    return [throughput, communication]
+
+
+def _finish(plt, figure, axes, label, path):
+    """Label the first panel, add its legend, write ``path``; returns it."""
+    axes[0][0].set_ylabel(label)
     axes[0][0].legend(fontsize=8)
     figure.tight_layout()
-    communication = os.path.join(out, "communication.png")
-    figure.savefig(communication, dpi=110)
+    figure.savefig(path, dpi=110)
     plt.close(figure)
-    return [throughput, communication]
+    return path
 
 
 def vgg16_plan_on_one_node(factor):

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from spmdcnn.cost.compute import ComputeModel
-from spmdcnn.cost.machine import parse_machine_text
+from spmdcnn.cost.machine import load_machine
 from spmdcnn.cost.memory import layer_memory, parse_size, plan_memory
 from spmdcnn.cost.model import CostModel
 from spmdcnn.graph import load_model
@@ -16,14 +16,7 @@ from spmdcnn.runtime.executor import Executor
 from spmdcnn.tiling.plan import named
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
-MACHINE = parse_machine_text("""
-format: spmdcnn-machine/1
-name: two-level
-nodes: 2
-devices_per_node: 2
-intra_node: {bandwidth: 2.0e+10, latency: 5.0e-6}
-inter_node: {bandwidth: 2.0e+9, latency: 3.0e-5}
-""")
+MACHINE = load_machine(os.path.join(MODELS, "..", "jobs", "machines", "paper-p100-4x4.yaml"))
 
 
 def _saved_bytes(executor):
