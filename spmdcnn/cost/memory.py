@@ -18,26 +18,31 @@ the planner's memory limit uses.
 """
 
 import math
+from itertools import product
 from math import ceil, prod
 
+from ..ops.window import pair
 from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs
+from .tiles import _WINDOW_OPS, _candidates
 
 
 
 def layer_memory(layer, degrees, batch, itemsize=4):
-    """Bytes the device with ``layer``'s heaviest tile keeps for it under a configuration of ``degrees``: the tile
-    of the largest part along every dimension (parts differ by one at most)."""
+    """Bytes the device with ``layer``'s heaviest tile keeps for it under a configuration of ``degrees``: the most
+    over the tiles that may differ (one part of each size along every dimension, and for a window the first and
+    last parts, whose reads meet the tensor's edges)."""
     split = degrees[1] if len(degrees) > 1 else 1       # c: output channels or features
 
     def shard(shapes):
         return sum(ceil(s[0] / split) * prod(s[1:]) for s in shapes)
     shape = output_shape(layer, batch)
-    box = tuple(max((part(extent, degree, i) for i in range(degree)), key=lambda r: r[1] - r[0])
-                for extent, degree in zip(shape, degrees))
-    return _saved(layer, box, batch, itemsize) + itemsize * (3 * shard(layer.params.values())
-                                                             + shard(layer.buffers.values()))
+    windows = layer.op in _WINDOW_OPS           # an interior tile reads a halo on both sides
+    parts = [[part(extent, degree, i) for i in _candidates(extent, degree, windows and axis >= 2)]
+             for axis, (extent, degree) in enumerate(zip(shape, degrees))]
+    saved = max(_saved(layer, box, batch, itemsize) for box in product(*parts))
+    return saved + itemsize * (3 * shard(layer.params.values()) + shard(layer.buffers.values()))
 
 
 def _saved(layer, box, batch, itemsize):
@@ -49,15 +54,21 @@ def _saved(layer, box, batch, itemsize):
     if layer.op in ("relu", "dropout"):
         return prod(shape_of(box))
     if layer.op == "maxpool2d":
-        kernel = dict(layer.attrs)["kernel"]
-        positions = prod(kernel) if isinstance(kernel, (tuple, list)) else kernel * kernel
-        return prod(shape_of(box)) * (1 if positions <= 256 else 4)
+        return prod(shape_of(box)) * (1 if prod(pair(layer.attrs["kernel"])) <= 256 else 4)
     return 0
 
 
 def plan_memory(graph, plan, itemsize=4):
     """Bytes device 0 keeps under ``plan``: the sum of :func:`layer_memory` over the layers."""
     return sum(layer_memory(layer, plan[layer.name].degrees, plan.batch, itemsize) for layer in graph.layers)
+
+
+def format_bytes(count):
+    """``count`` bytes as people read them: ``512 B``, ``1.5 KiB``, ``3.8 GiB``."""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if count < 1024 or unit == "GiB":
+            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
+        count /= 1024
 
 
 def parse_size(text):

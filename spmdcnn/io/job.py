@@ -111,7 +111,7 @@ def _validate(values, schema, source, prefix=()):
         if not ok:
             raise FormatError(f"{source}: '{dotted}' must be {_type_name(types)}, got {value!r}")
         choices = _CHOICES.get(path)
-        if choices and value not in choices:
+        if choices and value is not None and value not in choices:
             raise FormatError(f"{source}: '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
         out[key] = float(value) if accepted == _NUMBER else value
     return out

@@ -173,8 +173,6 @@ class Trainer:
         self.batch = job["batch_size"]
         self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,
                                                                            self.world.size)
-        if self.plan is not None and not hasattr(self.plan, "predicted_s"):
-            self.plan.predicted_s = _predicted(self.plan.text)
         if job.get("machine") and job["plan"] in (None, "auto"):
             load_machine(job["machine"]).check_devices(self.world.size)
         if self.rank == 0:
@@ -225,7 +223,8 @@ class Trainer:
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
                  f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
-        history, evaluated, stopped, written, signalled = [], None, None, None, None
+        history, evaluated, stopped = [], None, None
+        written = self.start_step or None       # a resumed run starts from a checkpoint of this step
         interval = _Interval()
         step = self.start_step
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
@@ -248,7 +247,7 @@ class Trainer:
                                 and (end or (eval_every and step % eval_every == 0)))
                 if step % every == 0 or end or evaluate_now or signalled:
                     elapsed = time.perf_counter() - interval.start
-                    evaluated = self._evaluate(step) if evaluate_now else None
+                    evaluated = self._evaluate() if evaluate_now else None
                     self._report(step, loss, interval, elapsed, evaluated, metrics)
                     interval = _Interval()
                 if signalled:
@@ -260,17 +259,17 @@ class Trainer:
                 if ckpt_path and ckpt_every and step % ckpt_every == 0 and not end:
                     self._checkpoint(step)
                     written = step
-            resumed_at_end = self.start_step == self.total_steps and self.start_step > 0
             if self.val is not None and evaluated is None and step == self.total_steps and not signals.got:
-                evaluated = self._evaluate(step)
+                evaluated = self._evaluate()        # a run resumed at its end, or of no steps
                 self.log(f"step {step:>6}/{self.total_steps}  val loss {evaluated[0]:.4f}  val acc "
                          f"{evaluated[1]:.4f}")
-            if ckpt_path and written != step and not resumed_at_end:
+            final = ckpt_path and written != step
+            if final:
                 self._checkpoint(step)
             if stopped:
                 self.log(f"{stopped}: stopped after step {step} of {self.total_steps}"
                          + (f"; checkpoint written to {ckpt_path}" if ckpt_path else "; no checkpoint.path"))
-            elif ckpt_path and not resumed_at_end:
+            elif final:
                 self.log(f"checkpoint written to {ckpt_path} (step {step})")
         finally:
             signals.restore()
@@ -286,9 +285,8 @@ class Trainer:
             if source is not None:
                 source.close()
 
-    def _evaluate(self, step):
-        loss, accuracy = evaluate(self.executor, self.val, self.batch, self.dtype)
-        return loss, accuracy
+    def _evaluate(self):
+        return evaluate(self.executor, self.val, self.batch, self.dtype)
 
     def _step(self, step):
         executor = self.executor
@@ -307,7 +305,7 @@ class Trainer:
                   "accuracy": interval.correct / (count * self.batch) if count else None,
                   "images_per_s": count * self.batch / elapsed if count else None, "lr": self.optimizer.lr,
                   "step_s": elapsed / count if count else None,
-                  "predicted_step_s": getattr(self.plan, "predicted_s", None)}
+                  "predicted_step_s": self.plan.predicted_s}
         line = (f"step {step:>6}/{self.total_steps}  epoch {record['epoch']}  loss {loss:.4f}  "
                 f"(avg {record['loss_avg']:.4f})  acc {record['accuracy']:.3f}  "
                 f"{record['images_per_s']:.1f} images/s  {record['step_s'] * 1e3:.1f} ms/step")
@@ -325,16 +323,6 @@ class Trainer:
         state = state_for(self.job, self.data, step, step // self.steps_per_epoch)
         write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.plan.text,
                          self.job["checkpoint"]["keep"])
-
-
-def _predicted(plan_text):
-    """The ``predicted.iteration_s`` a plan file carries (``spmdcnn plan -o``), or None."""
-    import yaml
-    try:
-        predicted = (yaml.safe_load(plan_text) or {}).get("predicted") or {}
-        return float(predicted["iteration_s"]) if "iteration_s" in predicted else None
-    except (yaml.YAMLError, AttributeError, TypeError, ValueError):
-        return None
 
 
 class _Signals:

@@ -42,8 +42,9 @@ def check_keys(mapping, allowed, where, required=()):
 class Plan:
     """The configuration of every layer; ``text`` is the canonical YAML (every layer listed)."""
 
-    def __init__(self, graph, batch, devices, configs, source):
+    def __init__(self, graph, batch, devices, configs, source, predicted_s=None):
         self.graph, self.batch, self.devices, self.configs, self.source = graph, batch, devices, configs, source
+        self.predicted_s = predicted_s      # the iteration time a planner predicted for it (a file's ``predicted``)
         # names are quoted (JSON strings are YAML): a layer called "null", "1" or "#fc" must read back as itself
         lines = [f"format: {FORMAT}", f"model: {json.dumps(graph.name)}", f"batch_size: {batch}",
                  f"devices: {devices}", "layers:"]
@@ -135,7 +136,18 @@ def from_mapping(data, graph, batch, devices, source):
             configs[layer.name] = _config(layer, default, batch, planned, f"{where} (from default)")
         else:
             configs[layer.name] = ParallelConfig((1,) * len(output_shape(layer, batch)), (0,))
-    return Plan(graph, batch, planned, configs, source)
+    return Plan(graph, batch, planned, configs, source, _predicted(data.get("predicted"), source))
+
+
+def _predicted(predicted, source):
+    """``predicted.iteration_s`` of a plan file (``spmdcnn plan -o`` writes it), or None."""
+    if predicted is None:
+        return None
+    seconds = predicted.get("iteration_s") if isinstance(predicted, dict) else None
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds <= 0:
+        raise PlanError(f"{source}: predicted must hold iteration_s, a positive number of seconds, got "
+                        f"{predicted!r}")
+    return float(seconds)
 
 
 def _split(layer, batch, devices, dim):

@@ -317,3 +317,10 @@ def test_seeds_must_fit_in_64_bits():
     for key in ("seed=18446744073709551616", "data.seed=-1"):
         with pytest.raises(FormatError, match="2\\*\\*63"):
             parse_job({"model": "m.yaml", "batch_size": 2, "steps": 1}, "job.yaml", [key])
+
+
+def test_a_choice_that_may_be_null_can_be_set_to_null(tmp_path):
+    """``--set data.make=null`` turns off a quick start's data maker."""
+    job = load_job(os.path.join(ROOT, "jobs", "quickstart.yaml"), ["data.make=null", "data.val=null",
+                                                                     "eval.every=null"])
+    assert job["data"]["make"] is None and job["data"]["val"] is None

@@ -1,10 +1,12 @@
 """The memory model and the planner's per-device memory limit."""
 
 import os
+from itertools import product as tiles_of
 
 import numpy as np
 import pytest
 
+from spmdcnn.cost import memory
 from spmdcnn.cost.compute import ComputeModel
 from spmdcnn.cost.machine import load_machine
 from spmdcnn.cost.memory import layer_memory, parse_size, plan_memory
@@ -13,6 +15,7 @@ from spmdcnn.graph import load_model
 from spmdcnn.planner import Problem, make_plan
 from spmdcnn.planner.search import evaluate
 from spmdcnn.runtime.executor import Executor
+from spmdcnn.tiling.config import ParallelConfig
 from spmdcnn.tiling.plan import named
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
@@ -111,4 +114,21 @@ def test_the_plan_command_keeps_to_a_memory_limit_and_says_where_it_does_not_app
     assert main(["plan", model, "--devices", "2", "--batch", "8", "--strategy", "data", "--memory", "1GiB"]) == 2
     assert "--memory applies to the optimal search" in capsys.readouterr().err
     assert main(["plan", model, "--devices", "2", "--batch", "8", "--memory", "1KiB"]) == 2
-    assert "no plan fits in 0.001 MiB per device: the lightest needs" in capsys.readouterr().err
+    assert "no plan fits in 1.0 KiB per device: the lightest needs" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layer_name,degrees", [("conv1_2.conv", (1, 1, 4, 1)), ("conv1_2.conv", (2, 2, 3, 3)),
+                                                ("pool1", (1, 1, 5, 2)), ("conv1_2.relu", (1, 1, 7, 1)),
+                                                ("fc6", (3, 5))])
+def test_the_heaviest_tile_is_the_most_any_device_keeps(layer_name, degrees):
+    """Every tile counted one by one: interior tiles of a window read a halo on both sides, uneven splits have
+    larger parts; the model's tile is the heaviest."""
+    graph = load_model(os.path.join(MODELS, "vgg16.yaml"))
+    layer, batch = graph.by_name[layer_name], 8
+    config = ParallelConfig(degrees, tuple(range(int(np.prod(degrees)))))
+    shape = (batch,) + tuple(layer.out_shape)
+    heaviest = max(memory._saved(layer, config.box(shape, index), batch, 4)
+                   for index in tiles_of(*(range(d) for d in degrees)))
+    split = degrees[1] if len(degrees) > 1 else 1
+    params = sum(int(np.ceil(s[0] / split)) * int(np.prod(s[1:])) for s in layer.params.values())
+    assert layer_memory(layer, degrees, batch) == heaviest + 4 * 3 * params

@@ -176,14 +176,16 @@ def test_a_signal_stops_before_the_evaluation_and_a_signal_at_the_end_completes_
     for at, expected in ((3, "SIGTERM"), (5, None)):       # step 4 would evaluate; step 6 is the last
         trainer = Trainer(job(tmp_path / str(at), checkpoint={"path": str(tmp_path / str(at) / "run.h5")}),
                           log=events.append)
-        step, evaluate = trainer._step, trainer._evaluate
+        step, evaluate, done = trainer._step, trainer._evaluate, []
 
-        def signalled(index, at=at, step=step):
+        def signalled(index, at=at, step=step, done=done):
             if index == at:
                 os.kill(os.getpid(), signal.SIGTERM)
+            done.append(index + 1)
             return step(index)
         monkeypatch.setattr(trainer, "_step", signalled)
-        monkeypatch.setattr(trainer, "_evaluate", lambda s, evaluate=evaluate: events.append(f"eval {s}") or evaluate(s))
+        monkeypatch.setattr(trainer, "_evaluate",
+                            lambda evaluate=evaluate, done=done: events.append(f"eval {done[-1]}") or evaluate())
         result = trainer.run()
         assert result["stopped"] == expected and result["steps"] == at + 1
         assert f"eval {at + 1}" not in events
@@ -202,3 +204,18 @@ def test_an_empty_held_out_set_is_refused_before_training(tmp_path):
 def test_zero_steps_evaluate_the_initial_weights(tmp_path):
     result = Trainer(job(tmp_path, steps=0, eval={"every": None}), log=lambda line: None).run()
     assert result["steps"] == 0 and result["val"] is not None
+
+
+def test_a_plan_files_prediction_is_the_logged_predicted_step_time(tmp_path):
+    """``spmdcnn plan -o`` writes ``predicted``; a job under that file logs it beside the measured step time."""
+    from spmdcnn.planner import make_plan
+    from spmdcnn.planner.service import cost_model, plan_document
+    from spmdcnn.tiling.plan import PlanError, parse_plan_text
+    graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
+    result = make_plan(graph, 1, cost_model(graph, 8, 1), "data")
+    (tmp_path / "plan.yaml").write_text(plan_document(result))
+    Trainer(job(tmp_path, plan=str(tmp_path / "plan.yaml")), log=lambda line: None).run()
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[-1]["predicted_step_s"] == pytest.approx(result.prediction.iteration_s, rel=1e-6)
+    with pytest.raises(PlanError, match="predicted must hold iteration_s"):
+        parse_plan_text(result.plan.text + "predicted: {iteration_s: -1}\n", graph, 8, 1, "bad.yaml")
