@@ -8,6 +8,7 @@ import traceback
 
 from . import __version__
 from .cli_files import add_file_commands
+from .cost.memory import format_bytes as _format_bytes
 
 EXAMPLES = """\
 examples:
@@ -304,13 +305,6 @@ def cmd_calibrate(args):
         print(json.dumps(to_json(machine, args.output), indent=1) if args.json
               else "\n".join(summary(machine, args.output)))
     return 0
-
-
-def _format_bytes(count):
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
 
 
 def build_parser():

@@ -100,9 +100,7 @@ class Machine:
         highest latency among its links; None for fewer than two devices."""
         if len(group) < 2:
             return None
-        nodes = [self.node_of(device) for device in group]
-        kinds = {a == b for a, b in zip(nodes, nodes[1:] + nodes[:1])}       # True: a link within a node
-        links = [self.intra_node if within else self.inter_node for within in kinds]
+        links = {self.link(a, b) for a, b in zip(group, group[1:] + group[:1])}
         return Link(min(link.bandwidth for link in links), max(link.latency for link in links))
 
     def to_yaml(self):

@@ -72,7 +72,6 @@ class CostModel:
         self.graph, self.batch, self.machine, self.compute, self.itemsize = graph, batch, machine, compute, itemsize
         self._edges = {}
         self._nodes = {}
-        self._lists = {}
         self._sync = SyncModel(machine, itemsize)
 
     def node(self, layer, config):
@@ -84,22 +83,14 @@ class CostModel:
         return nodes[key]
 
     def node_costs(self, layer, configs):
-        """``t_c + t_s`` of ``layer`` under each of ``configs``, as :meth:`node` gives them: a float64 array.
-
-        The costs of the last list asked for each layer signature are kept: the planner asks the same list for
-        every repeated layer."""
+        """``t_c + t_s`` of ``layer`` under each of ``configs``, as :meth:`node` gives them: a float64 array."""
         configs = list(configs)
-        last = self._lists.get(layer.signature)
-        if last is not None and last[0] == configs:
-            return last[1].copy()
         nodes = self._node_table(layer)
         keys = [(config.degrees, config.devices) for config in configs]
         missing = [config for config, key in zip(configs, keys) if key not in nodes]
         if missing:
             self._add_nodes(layer, missing, nodes)
-        costs = np.array([nodes[key][0] + nodes[key][1] for key in keys], dtype=np.float64)
-        self._lists[layer.signature] = (list(configs), costs)
-        return costs.copy()
+        return np.array([nodes[key][0] + nodes[key][1] for key in keys], dtype=np.float64)
 
     def _node_table(self, layer):
         """``{(degrees, devices): node}`` of the layers with ``layer``'s signature."""

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..graph.blocks import DATA
 from ..ops.window import pair
-from ..tiling.boxes import part, shape_of
+from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs as tile_needs
 
@@ -106,7 +106,7 @@ class LayerClasses:
         self.layer = layer
         self.in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
         self.extents = output_shape(layer, batch)
-        whole = tuple((0, extent) for extent in self.extents)
+        whole = full(self.extents)
         self.whole = tile_shape(layer, whole, tile_needs(layer, whole, self.in_shapes))
         self._found = [{} for _ in self.extents]     # per axis: {degree: Classes}
         self._tables = None

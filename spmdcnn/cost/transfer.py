@@ -27,7 +27,7 @@ from math import prod
 
 import numpy as np
 
-from ..tiling.boxes import part
+from ..tiling.boxes import full, part
 from ..tiling.config import output_shape
 from ..tiling.fields import needs as tile_needs
 from .layout import layout_of
@@ -52,7 +52,6 @@ class EdgeTraffic:
         self._overlaps = {}
         self._links = {}
         self._forward = {}
-        self._tables = {}
         self._overlap_tables = {}
         self._axis_ranges = {}
         self._separable_result = None
@@ -66,7 +65,7 @@ class EdgeTraffic:
             if len(config.degrees) == len(out_shape) and self._separable():
                 # a tile's range along a dimension is its part's (_separable): one read per part, not per tile
                 index = np.array(list(config.indices())).reshape(-1, len(out_shape)).T
-                whole = self._read(tuple((0, extent) for extent in out_shape))
+                whole = self._read(full(out_shape))
                 ranges = [np.array(self._axis_range(k, config.degrees[k]))[:, index[k]] if k < len(out_shape)
                           else np.repeat(np.array(whole[k])[:, None], index.shape[1], axis=1)
                           for k in range(len(self.shape))]
@@ -155,7 +154,7 @@ class EdgeTraffic:
         out_shape = output_shape(self.consumer, self.batch)
         if not (consumers and _contiguous(consumers, len(out_shape)) and self._separable()):
             return None
-        whole = self._read(tuple((0, extent) for extent in out_shape))[len(out_shape):]
+        whole = self._read(full(out_shape))[len(out_shape):]
         reads = tuple(tuple((degree, tuple(map(tuple, self._axis_range(axis, degree))))
                             for degree in sorted({q.degrees[axis] for q in consumers}))
                       for axis in range(len(out_shape)))
@@ -224,11 +223,9 @@ class EdgeTraffic:
 
     def _group_table(self, group):
         """``(rows, cols, 2)``: the elements of the overlaps of one group of dimensions, and whether nonzero."""
-        if group not in self._tables:
-            table = _product([np.take(self._overlap_table(axis, group.degrees[j], group.parts[j]), group.entries[j])
-                              for j, axis in enumerate(group.axes)])
-            self._tables[group] = np.stack([table, table > 0], axis=-1)
-        return self._tables[group]
+        table = _product([np.take(self._overlap_table(axis, group.degrees[j], group.parts[j]), group.entries[j])
+                          for j, axis in enumerate(group.axes)])
+        return np.stack([table, table > 0], axis=-1)
 
     def _overlap_table(self, axis, degrees, splits):
         """``(R + 1, C + 1)`` elements of consumer tile ranges (columns: ``splits[0]`` tiles, then ``splits[1]``,
@@ -276,7 +273,7 @@ class EdgeTraffic:
         if self._separable_result is None:
             out_shape = output_shape(self.consumer, self.batch)
             result = len(out_shape) <= len(self.shape)
-            whole = self._read(tuple((0, extent) for extent in out_shape))
+            whole = self._read(full(out_shape))
             for index in (product(*(range(min(2, extent)) for extent in out_shape)) if result else ()):
                 box = tuple(part(extent, min(2, extent), i) for extent, i in zip(out_shape, index))
                 expected = [tuple(int(a[i]) for a in self._axis_range(k, min(2, extent)))

@@ -122,6 +122,7 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24):
     steps, and the fastest fitting plan seen is kept (``exact`` False: it may miss a better one). A limit below
     the lightest plan's memory is an error."""
     from dataclasses import replace
+    from ..cost.memory import format_bytes
     from . import search
     bytes_ = problem.memory(itemsize)
 
@@ -134,33 +135,28 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24):
         return solution
     lightest = float(sum(b.min() for b in bytes_))
     if lightest > memory:
-        raise ValueError(f"no plan fits in {_bytes(memory)} per device: the lightest needs {_bytes(lightest)} "
+        raise ValueError(f"no plan fits in {format_bytes(memory)} per device: the lightest needs {format_bytes(lightest)} "
                          "(spmdcnn/cost/memory.py's model)")
     best, low, high = None, 0.0, max(abs(solution.cost), 1e-12) / used
     for _ in range(64):                 # raise the price until a plan fits
         fits, used = solve(high)
         if used <= memory:
-            best = fits
+            best, value = fits, search.evaluate(sizes, problem.node_costs, problem.edges, fits.choices)
             break
         low, high = high, high * 4
     if best is None:
-        raise ValueError(f"no plan found within {_bytes(memory)} per device")
+        raise ValueError(f"no plan found within {format_bytes(memory)} per device")
     for _ in range(rounds):             # and bisect it down, keeping the fastest that fits
         middle = (low + high) / 2
         candidate, used = solve(middle)
-        if used <= memory:
-            high = middle
-            value = search.evaluate(sizes, problem.node_costs, problem.edges, candidate.choices)
-            if value < search.evaluate(sizes, problem.node_costs, problem.edges, best.choices):
-                best = candidate
-        else:
+        if used > memory:
             low = middle
-    cost = search.evaluate(sizes, problem.node_costs, problem.edges, best.choices)
-    return replace(best, cost=cost, exact=False, method=best.method + "+memory limit (Lagrangian)")
-
-
-def _bytes(count):
-    return f"{count / 2 ** 30:.3f} GiB" if count >= 2 ** 27 else f"{count / 2 ** 20:.3f} MiB"
+            continue
+        high = middle
+        found = search.evaluate(sizes, problem.node_costs, problem.edges, candidate.choices)
+        if found < value:
+            best, value = candidate, found
+    return replace(best, cost=value, exact=False, method=best.method + "+memory limit (Lagrangian)")
 
 
 def workers():

@@ -5,8 +5,6 @@ import resource
 import statistics
 import time
 
-import numpy as np
-
 from .. import backend
 from ..comm import World
 from ..graph import load_model
@@ -49,15 +47,14 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
                                   print if world.rank == 0 and verbose else (lambda line: None))
     run = training_step(graph, batch, xp, dtype, world, plan, seed)
-    times = []
+    times, sync = [], backend.synchronizer(xp)
     for step in range(warmup + steps):
         if step == warmup:
             world.reset()
         world.barrier()
         start = time.perf_counter()
         run(step)
-        if xp is not np:
-            xp.cuda.get_current_stream().synchronize()
+        sync()
         world.barrier()
         if step >= warmup:
             times.append(time.perf_counter() - start)
@@ -78,5 +75,5 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "bytes_transferred": sum(r["bytes_transferred"] for r in per_rank),
             "bytes_synced": sum(r["bytes_synced"] for r in per_rank),
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in per_rank), "per_rank": per_rank,
-            "predicted_s": getattr(plan, "predicted_s", None), "params": graph.num_params,
+            "predicted_s": plan.predicted_s, "params": graph.num_params,
             "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}

@@ -13,11 +13,12 @@ import statistics
 
 import numpy as np
 
+from ..backend import synchronizer
 from ..cost.calibrate import blas_threads, cpu_name, median_seconds
 from ..cost.compute import ComputeModel, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
-from ..cost.sync import layer_sync
+from ..cost.sync import SyncModel
 from ..graph.graph import Layer
 from ..planner.configs import configurations
 from ..tiling.config import ParallelConfig, output_shape
@@ -113,20 +114,14 @@ def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
     def run():
         out, saved = forward(layer, [x.copy() for x in xs] if shape.op in ("relu", "dropout", "add") else xs, ctx)
         backward(layer, gy if gy is not None else out, saved, ctx)
-    return median_seconds(run, repeats, warmup, sync=_synchronizer(xp))
+    return median_seconds(run, repeats, warmup, sync=synchronizer(xp))
 
 
 def measure_update(count, xp=np, dtype=np.float32, repeats=3, warmup=1):
     """Seconds for an SGD step (momentum and weight decay) over ``count`` parameters."""
     sgd = SGD({"w": (count,)}, dtype, xp, lr=0.01, momentum=0.9, weight_decay=5e-4)
     weights, grads = xp.ones(count, dtype), xp.ones(count, dtype)
-    return median_seconds(lambda: sgd.step(weights, grads), repeats, warmup, sync=_synchronizer(xp))
-
-
-def _synchronizer(xp):
-    if xp is np:
-        return lambda: None
-    return lambda: xp.cuda.get_current_stream().synchronize()
+    return median_seconds(lambda: sgd.step(weights, grads), repeats, warmup, sync=synchronizer(xp))
 
 
 def shapes_to_profile(graph, batch, devices, configs=None):
@@ -192,7 +187,7 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
     once: the contention of training, without its communication)."""
     run = training_step(graph, batch, xp, dtype)
     world.barrier()
-    return median_seconds(run, repeats, warmup, sync=_synchronizer(xp))
+    return median_seconds(run, repeats, warmup, sync=synchronizer(xp))
 
 
 def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, warmup=1):
@@ -203,10 +198,9 @@ def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, 
     sharing a core take turns), and the first to arrive waits for the last; the planner charges this wait at
     every allreduce and every exchange."""
     from ..cost.machine import default_machine, load_machine
-    from ..cost.model import CostModel
     from ..tiling.plan import named
     plan = named("data", graph, batch, world.size)
-    step, sync = training_step(graph, batch, xp, dtype, world, plan), _synchronizer(xp)
+    step, sync = training_step(graph, batch, xp, dtype, world, plan), synchronizer(xp)
     for index in range(warmup + steps):
         if index == warmup:
             world.reset()
@@ -216,10 +210,11 @@ def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, 
     spent = statistics.median(world.allgather(world.counters.sync_s / steps))
     world.reset()
     machine = load_machine(machine) if machine else default_machine()
-    cost = CostModel(graph, batch, machine, ComputeModel(machine.device), np.dtype(dtype).itemsize)
-    nodes = [cost.node(layer, plan[layer.name]) for layer in graph.layers]     # no wait yet: no profile
-    modelled = sum(node[1] for node in nodes) + cost.overhead(world.size)
-    points = sum(layer_sync(layer, plan[layer.name], machine).points for layer in graph.layers) + 1  # + the loss
+    model = SyncModel(machine, np.dtype(dtype).itemsize)
+    syncs = [model.layer(layer, plan[layer.name]) for layer in graph.layers]
+    # the allreduces' ring time, and the loss's (two numbers over every rank)
+    modelled = sum(s.seconds for s in syncs) + machine.allreduce_time(tuple(range(world.size)), 2 * 8)
+    points = sum(s.points for s in syncs) + 1
     return max(spent - modelled, 0.0) / points
 
 
