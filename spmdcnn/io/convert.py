@@ -15,11 +15,9 @@ is written aside and renamed into place when complete.
 
 import os
 
-import h5py
 import numpy as np
 
-from .atomic import written_aside
-from .dataset import DataError
+from .dataset import DataError, write_blocks
 
 BLOCK_BYTES = 32 << 20      # images per block written: about this many bytes
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -42,28 +40,25 @@ class _Moments:
             self.squares += np.square(values).sum(axis=(0, 2, 3))
 
     def result(self):
-        mean = self.total / max(self.count, 1)
-        return mean, np.sqrt(np.maximum(self.squares / max(self.count, 1) - mean ** 2, 0))
+        """``(mean, std)`` (a constant channel's std taken as 1), or None before any value."""
+        if not self.count:
+            return None
+        mean = self.total / self.count
+        std = np.sqrt(np.maximum(self.squares / self.count - mean ** 2, 0))
+        return mean, np.where(std > 0, std, 1.0)
 
 
-def _write(output, count, shape, dtype, labels, blocks, normalize, attrs):
-    """Write ``count`` images of ``shape`` from ``blocks`` (an iterator of (N, C, H, W) arrays) and ``labels``."""
+def _write(output, shape, dtype, labels, blocks, normalize, attrs):
+    """Write the images ``blocks`` yields (:func:`~spmdcnn.io.dataset.write_blocks`), with their per-channel mean
+    and std when ``normalize``."""
     moments = _Moments(shape[0])
-    with written_aside(output) as temporary, h5py.File(temporary, "w") as f:
-        chunk = (max(1, min(count, (1 << 20) // max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize))),) + shape
-        images = f.create_dataset("images", (count,) + shape, dtype=dtype, chunks=chunk if count else None)
-        f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64))
-        done = 0
+
+    def measured():
         for block in blocks:
-            images[done:done + len(block)] = block
-            if normalize:
-                moments.add(block)
-            done += len(block)
-        assert done == count, f"wrote {done} of {count} images"
-        if normalize and count:
-            mean, std = moments.result()
-            images.attrs["mean"], images.attrs["std"] = mean, np.where(std > 0, std, 1.0)
-        f.attrs.update(attrs)
+            moments.add(block)
+            yield block
+    write_blocks(output, shape, dtype, labels, measured() if normalize else blocks,
+                 moments.result if normalize else None, attrs)
 
 
 def _block_size(shape, itemsize):
@@ -95,7 +90,7 @@ def convert_arrays(images_path, labels_path, output, channels_last=False, normal
     shape = tuple(images.shape[1:])
     step = _block_size(shape, images.dtype.itemsize)
     blocks = (np.ascontiguousarray(images[i:i + step]) for i in range(0, len(images), step))
-    _write(output, len(images), shape, images.dtype, labels, blocks, normalize,
+    _write(output, shape, images.dtype, labels, blocks, normalize,
            {"description": f"converted from {os.path.basename(images_path)} and {os.path.basename(labels_path)}"})
     return len(images), shape
 
@@ -150,6 +145,6 @@ def convert_folder(folder, output, size=None, grayscale=False, normalize=True):
                     raise DataError(f"{path}: the image is {image.shape[2]}x{image.shape[1]}, the first one "
                                     f"{shape[2]}x{shape[1]}: give --size H W to resize them all")
             yield np.stack(block)
-    _write(output, len(files), shape, np.uint8, [label for _, label in files], blocks(), normalize,
+    _write(output, shape, np.uint8, [label for _, label in files], blocks(), normalize,
            {"classes": classes, "description": f"converted from the image folder {os.path.abspath(folder)}"})
     return len(files), shape, classes

@@ -212,22 +212,37 @@ def dataset_info(path):
 
 
 def write_dataset(path, images, labels, mean=None, std=None, description=None):
-    """Write ``images`` (N, C, H, W) uint8 or float32 and ``labels`` (N,) as an HDF5 dataset, atomically (into a
-    file beside ``path``, renamed over it when complete); ``mean`` and ``std`` per channel, if given."""
+    """Write ``images`` (N, C, H, W) uint8 or float32 and ``labels`` (N,) as an HDF5 dataset (:func:`write_blocks`);
+    ``mean`` and ``std`` per channel, if given."""
     images, labels = np.asarray(images), np.asarray(labels, dtype=np.int64)
     if images.ndim != 4 or images.dtype not in (np.uint8, np.float32) or labels.shape != images.shape[:1]:
         raise ValueError(f"expected images (N, C, H, W) uint8 or float32 and labels (N,), got {images.shape} "
                          f"{images.dtype} and {labels.shape}")
+    write_blocks(path, images.shape[1:], images.dtype, labels, [images], (mean, std),
+                 {"description": description} if description else None)
+
+
+def write_blocks(path, shape, dtype, labels, blocks, statistics=None, attrs=None):
+    """Write ``len(labels)`` images of ``shape`` (C, H, W) and ``dtype``, which ``blocks`` yields in turn as
+    (n, C, H, W) arrays, and ``labels``, atomically (into a file beside ``path``, renamed over it when complete).
+    ``statistics``: the per-channel ``(mean, std)`` (either may be None), or a function that gives them once every
+    block is written; ``attrs``: the file's attributes."""
+    count = len(labels)
     with written_aside(path) as temporary, h5py.File(temporary, "w") as f:
-        chunk = (max(1, min(len(images), (1 << 20) // max(1, images[0].nbytes if len(images) else 1))),) + \
-            images.shape[1:]
-        data = f.create_dataset("images", data=images, chunks=chunk if len(images) else None)
-        f.create_dataset("labels", data=labels)
-        for key, value in (("mean", mean), ("std", std)):
+        per_image = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
+        chunk = (max(1, min(count, (1 << 20) // per_image)),) + tuple(shape)
+        images = f.create_dataset("images", (count,) + tuple(shape), dtype=dtype, chunks=chunk if count else None)
+        f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64))
+        done = 0
+        for block in blocks:
+            images[done:done + len(block)] = block
+            done += len(block)
+        if done != count:
+            raise ValueError(f"{path}: {done} images for {count} labels")
+        for key, value in zip(("mean", "std"), (statistics() if callable(statistics) else statistics) or ()):
             if value is not None:
-                data.attrs[key] = np.asarray(value, dtype=np.float64)
-        if description:
-            f.attrs["description"] = description
+                images.attrs[key] = np.asarray(value, dtype=np.float64)
+        f.attrs.update(attrs or {})
 
 
 class SyntheticData(_Source):
