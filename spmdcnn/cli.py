@@ -368,6 +368,12 @@ def build_parser():
     p.add_argument("--json", action="store_true", help="print the machine and the raw measurements as JSON")
     p.set_defaults(run=cmd_calibrate)
 
+    def plan_source_options(p):
+        """What a plan needs beside its file (or a named strategy): the model, devices and batch."""
+        p.add_argument("--model", help="model YAML (default: the plan's model_file, or models/<model>.yaml)")
+        p.add_argument("--devices", type=int, help="devices, for a named strategy")
+        p.add_argument("--batch", type=int, help="global batch, for a named strategy or a plan without batch_size")
+
     def cost_options(p):
         p.add_argument("--machine", help="machine YAML (jobs/machines/*.yaml; default: the built-in local machine)")
         p.add_argument("--profile", help="compute profile from spmdcnn profile (default: the analytic model)")
@@ -396,9 +402,7 @@ def build_parser():
                        description="Score plans (plan YAML files, or data/model/owt with --model, --devices and "
                                    "--batch) with the cost model: per layer compute, transfer and sync time.")
     p.add_argument("plans", nargs="+", metavar="PLAN", help="plan YAML file, or data, model, owt")
-    p.add_argument("--model", help="model YAML (default: the plan's model_file, or models/<model>.yaml)")
-    p.add_argument("--devices", type=int, help="devices, for a named strategy")
-    p.add_argument("--batch", type=int, help="global batch, for a named strategy or a plan without batch_size")
+    plan_source_options(p)
     cost_options(p)
     p.set_defaults(run=cmd_simulate)
 
@@ -407,9 +411,7 @@ def build_parser():
                                    "predicted compute, transfer and sync time under the cost model. Needs matplotlib.")
     p.add_argument("plan", metavar="PLAN", help="plan YAML file, or data, model, owt")
     p.add_argument("-o", "--output", required=True, help="picture to write (.png, .svg, .pdf)")
-    p.add_argument("--model", help="model YAML (default: the plan's model_file, or models/<model>.yaml)")
-    p.add_argument("--devices", type=int, help="devices, for a named strategy")
-    p.add_argument("--batch", type=int, help="global batch, for a named strategy or a plan without batch_size")
+    plan_source_options(p)
     cost_options(p)
     p.set_defaults(run=cmd_plot)
 
