@@ -8,8 +8,11 @@ the job: ``mpiexec`` exits non-zero within seconds instead of hanging.
 """
 
 import sys
+import time
 
 from .world import launched, mpi
+
+ABORT_GRACE_S = 0.5     # between printing a rank's message and MPI_Abort (without it a full test run here once lost the message)
 
 
 def world_size():
@@ -30,5 +33,6 @@ def fail(message, error, status=2):
     print(message.replace("spmdcnn: error:", f"spmdcnn: error: rank {comm.Get_rank()}:", 1), file=sys.stderr,
           flush=True)
     sys.stdout.flush()
+    time.sleep(ABORT_GRACE_S)       # the launcher forwards output through its proxies: let it pass before the kill
     comm.Abort(status)
     return status
