@@ -2,8 +2,9 @@
 16-GPU ones are checked for what can be checked without GPUs (their shell, their layout, their jobs and plans).
 
 The one-node Slurm is Debian's slurm-wlm (installed with apt-get when it is missing and this runs as root, unless
-SPMDCNN_TEST_NO_INSTALL is set): slurmctld and slurmd on this machine (and munged when none runs), from a
-configuration written for the test (its own ports, state and spool folders), stopped at the end.
+SPMDCNN_TEST_NO_INSTALL is set): munged, slurmctld and slurmd on this machine, from a configuration written for the
+test (its own ports, state and spool folders, and its own munge key and socket, so that neither a system munged
+nor a dead one's socket left in /run/munge matters), stopped at the end.
 """
 
 import os
@@ -83,6 +84,9 @@ def one_node_slurm(tmp_path):
     folder = tmp_path / "slurm"
     for sub in ("state", "spool", "log", "munge"):
         (folder / sub).mkdir(parents=True)
+    munge = folder / "munge"
+    (munge / "munge.key").write_bytes(os.urandom(1024))
+    (munge / "munge.key").chmod(0o600)
     ctld, slurmd_port = _free_ports(2)
     cpus = os.cpu_count() or 1
     config = folder / "slurm.conf"
@@ -91,6 +95,7 @@ SlurmctldHost={host}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket={munge}/munge.socket
 StateSaveLocation={folder}/state
 SlurmdSpoolDir={folder}/spool
 SlurmctldPidFile={folder}/slurmctld.pid
@@ -111,19 +116,20 @@ NodeName={host} CPUs={cpus} State=UNKNOWN
 PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:8
 """)
     env = {**os.environ, "SLURM_CONF": str(config)}
-    munge_pid = None
-    if not os.path.exists("/run/munge/munge.socket.2"):       # start munged (with Debian's key) for this test
-        os.makedirs("/run/munge", exist_ok=True)
-        if not os.path.exists("/etc/munge/munge.key"):
-            subprocess.run(["mungekey", "--create"], check=True, capture_output=True)
-        subprocess.run(["munged", "--force", f"--pid-file={folder / 'munged.pid'}"], check=True, capture_output=True)
-        munge_pid = int((folder / "munged.pid").read_text())
-    processes = [subprocess.Popen([tool, "-D", "-f", str(config)], env=env, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL) for tool in ("slurmctld", "slurmd")]
+    daemons = [subprocess.Popen(["munged", "--foreground", "--force", f"--socket={munge}/munge.socket",
+                                 f"--key-file={munge}/munge.key", f"--seed-file={munge}/munged.seed",
+                                 f"--pid-file={munge}/munged.pid", f"--log-file={folder}/log/munged.log"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    deadline = time.monotonic() + 30
+    while not (munge / "munge.socket").exists() and daemons[0].poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    daemons += [subprocess.Popen([tool, "-D", "-f", str(config)], env=env, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL) for tool in ("slurmctld", "slurmd")]
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True).stdout
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], env=env, capture_output=True, text=True,
+                                   timeout=60).stdout
             if state.strip() in ("idle", "mix", "alloc"):
                 break
             time.sleep(0.5)
@@ -132,15 +138,13 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
             pytest.fail(f"the one-node Slurm did not come up: sinfo says {state!r}\n{logs}")
         yield env
     finally:
-        for process in processes:
+        for process in reversed(daemons):
             process.terminate()
-        for process in processes:
             try:
                 process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
-        if munge_pid:
-            os.kill(munge_pid, 15)
+                process.wait()
 
 
 @pytest.mark.timeout(1200)
