@@ -28,12 +28,13 @@ def array_module(x):
     return np
 
 
-def get_array_module(name="auto", rank_on_node=None):
+def get_array_module(name="auto", rank_on_node=None, ranks_on_node=None, share=False):
     """Resolve a job's ``backend`` key ('auto', 'numpy' or 'cupy') to an array module.
 
-    'auto' is NumPy until the GPU runtime (cuDNN kernels, device transports) is in place; 'cupy' runs the same
-    kernels on CuPy arrays, on the GPU picked by :func:`bind_device` from ``rank_on_node`` (the rank's index among
-    its node's ranks, :meth:`spmdcnn.comm.World.local_rank`; default :func:`local_rank`).
+    'auto' is NumPy (the GPU runtime is chosen explicitly, with ``backend: cupy``); 'cupy' runs on the GPU
+    picked by :func:`bind_device` from ``rank_on_node`` (the rank's index among its node's ranks,
+    :meth:`spmdcnn.comm.World.local_rank`; default :func:`local_rank`) and ``ranks_on_node`` (how many ranks
+    the node runs; checked against its GPUs unless ``share``).
     """
     if name in ("numpy", "auto"):
         return np
@@ -49,13 +50,22 @@ def get_array_module(name="auto", rank_on_node=None):
     if count == 0:
         raise RuntimeError("backend: 'cupy' was asked for but CuPy is not installed or sees no GPU "
                            "(install spmdcnn[gpu-cuda12] or spmdcnn[gpu-cuda13])")
-    bind_device(cupy, count, rank_on_node)
+    bind_device(cupy, count, rank_on_node, ranks_on_node, share)
     return cupy
 
 
-def bind_device(cupy, count, rank_on_node=None):
-    """Use GPU ``local rank mod count``: one rank per GPU when a node runs as many ranks as it has GPUs."""
-    device = (local_rank() if rank_on_node is None else rank_on_node) % count
+def bind_device(cupy, count, rank_on_node=None, ranks_on_node=None, share=False):
+    """Use GPU ``local rank mod count``: one rank per GPU when a node runs as many ranks as it has GPUs.
+
+    More ranks on a node than it has GPUs is an error (two ranks on one GPU halve its speed and NCCL refuses
+    them) unless ``share`` asks for it: then the ranks take the GPUs in turn.
+    """
+    rank = local_rank() if rank_on_node is None else rank_on_node
+    if ranks_on_node is not None and ranks_on_node > count and not share:
+        raise RuntimeError(f"backend: {ranks_on_node} ranks on this node but it has {count} GPU"
+                           f"{'s' if count != 1 else ''} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
+                           "; start one rank per GPU, or set share_gpus: true to let ranks share them")
+    device = rank % count
     cupy.cuda.Device(device).use()
     return device
 

@@ -108,3 +108,14 @@ def test_an_explicit_rank_on_the_node_picks_the_gpu(monkeypatch):
     monkeypatch.setenv("MPI_LOCALRANKID", "1")
     assert backend.get_array_module("cupy", rank_on_node=7) is cupy
     assert used == [3]
+
+
+def test_more_ranks_than_gpus_on_a_node_is_refused_unless_shared(monkeypatch):
+    used = []
+    cupy = fake_cupy(used, count=2)
+    monkeypatch.setattr(backend, "_cupy", lambda: cupy)
+    with pytest.raises(RuntimeError, match="3 ranks on this node but it has 2 GPUs.*share_gpus: true"):
+        backend.get_array_module("cupy", 2, 3)
+    assert backend.get_array_module("cupy", 2, 3, share=True) is cupy
+    assert backend.get_array_module("cupy", 1, 2) is cupy
+    assert used == [0, 1]

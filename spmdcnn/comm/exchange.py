@@ -8,28 +8,16 @@ back along the same intersections and is *added* into the producer tile's gradie
 The schedule comes from the plan, identically on every rank, so message sizes are never exchanged. Posting
 order is fixed: all receives, then all sends, then one wait, so no plan can deadlock. A message's tag is its
 input slot; messages between the same pair of ranks with the same tag are matched in the order they are sent,
-so consecutive exchanges cannot mix up.
+so consecutive exchanges cannot mix up. The world's transport (:mod:`.transport`) moves the bytes: host
+buffers, device buffers, or NCCL.
 """
 
 import time
 
 import numpy as np
-from ..backend import to_numpy
 from ..tiling.boxes import packed, relative, shape_of
-from .world import mpi
 
 TAG_BASE = 100
-
-
-def _host(xp, array):
-    """A contiguous host buffer MPI can read: the array itself when it is one; a device array is staged through
-    the host (``get`` synchronises the stream first)."""
-    return np.ascontiguousarray(to_numpy(array))
-
-
-def _direct(xp, target):
-    """Whether MPI can write straight into ``target`` (a contiguous host array)."""
-    return xp is np and target.flags.c_contiguous
 
 
 class Exchange:
@@ -80,27 +68,26 @@ class Exchange:
                     inputs[slot] = xp.ascontiguousarray(inputs[slot])
             else:
                 inputs[slot] = xp.empty(shape_of(need.box, need.steps), dtype=self.dtype)
-        requests, arrived = [], []
+        transport = self.world.transport
+        recvs, sends, arrived = [], [], []
         for t in self.recvs:
             target = inputs[t.slot][packed(t.box, t.dst_box, t.steps)]
             # a contiguous part of the input (a range of samples, say) is received in place
-            buffer = target if _direct(xp, target) else np.empty(shape_of(t.box, t.steps), dtype=self.dtype)
-            requests.append(comm.Irecv(buffer, source=t.src, tag=TAG_BASE + t.slot))
+            buffer = transport.recv_buffer(target)
+            recvs.append((buffer, t.src, TAG_BASE + t.slot))
             if buffer is not target:
                 arrived.append((target, buffer))
-        outgoing = []
         for t in self.sends:
-            buffer = _host(xp, sources[t.slot][relative(t.box, t.src_box, t.steps)])
-            requests.append(comm.Isend(buffer, dest=t.dst, tag=TAG_BASE + t.slot))
-            outgoing.append(buffer)
+            sends.append((transport.send_buffer(sources[t.slot][relative(t.box, t.src_box, t.steps)]), t.dst,
+                          TAG_BASE + t.slot))
         for t in self.local:
             if t.slot not in self.view_in:
                 inputs[t.slot][packed(t.box, t.dst_box, t.steps)] = sources[t.slot][relative(t.box, t.src_box,
                                                                                              t.steps)]
-        if requests:
-            mpi().Request.Waitall(requests)
+        transport.exchange(comm, recvs, sends)
         for target, buffer in arrived:
             target[...] = xp.asarray(buffer)
+        outgoing = [buffer for buffer, _, _ in sends]
         self._account(start, sum(b.nbytes for b in outgoing))
         return inputs
 
@@ -113,18 +100,18 @@ class Exchange:
         """
         start = time.perf_counter()
         comm, xp = self.world.comm, self.xp
-        requests, arrived = [], []
+        transport = self.world.transport
+        recvs, sends, arrived = [], [], []
         for t in self.sends:               # the forward's sends come back
             if t.slot in slots:
-                buffer = np.empty(shape_of(t.box, t.steps), dtype=self.dtype)
-                requests.append(comm.Irecv(buffer, source=t.dst, tag=TAG_BASE + t.slot))
+                buffer = transport.recv_buffer(xp.empty(shape_of(t.box, t.steps), dtype=self.dtype))
+                recvs.append((buffer, t.dst, TAG_BASE + t.slot))
                 arrived.append((t, buffer))
-        outgoing = []
         for t in self.recvs:
             if t.slot in slots:
-                buffer = _host(xp, grads[t.slot][packed(t.box, t.dst_box, t.steps)])
-                requests.append(comm.Isend(buffer, dest=t.src, tag=TAG_BASE + t.slot))
-                outgoing.append(buffer)
+                sends.append((transport.send_buffer(grads[t.slot][packed(t.box, t.dst_box, t.steps)]), t.src,
+                              TAG_BASE + t.slot))
+        outgoing = [buffer for buffer, _, _ in sends]
         result = {}
         for slot, box in tiles.items():
             if slot not in slots:
@@ -138,8 +125,7 @@ class Exchange:
             if t.slot in slots and t.slot not in self.view_out:
                 result[t.slot][relative(t.box, t.src_box, t.steps)] += grads[t.slot][packed(t.box, t.dst_box,
                                                                                              t.steps)]
-        if requests:
-            mpi().Request.Waitall(requests)
+        transport.exchange(comm, recvs, sends)
         for t, buffer in arrived:
             result[t.slot][relative(t.box, t.src_box, t.steps)] += xp.asarray(buffer)
         self._account(start, sum(b.nbytes for b in outgoing))

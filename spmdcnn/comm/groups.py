@@ -19,6 +19,8 @@ class ReplicaGroups:
                 member = world.rank in ranks
                 sub = world.comm.Split(0 if member else mpi().UNDEFINED, key=world.rank)
                 made[ranks] = sub if member else None
+                if member:
+                    world.transport.attach(sub)
             if made[ranks] is not None:
                 self.comms[ranks] = made[ranks]
 

@@ -7,17 +7,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..backend import to_numpy
+from .transport import HostTransport, mpi
 
 # what MPI launchers (mpiexec of MPICH, Open MPI, MVAPICH, Intel MPI; srun with PMI or PMIx) put in the environment
 LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
                       "MPI_LOCALNRANKS")
-
-
-def mpi():
-    """mpi4py's MPI module, imported (and MPI initialised) on first use."""
-    from mpi4py import MPI
-    return MPI
 
 
 def slurm_tasks():
@@ -64,6 +58,7 @@ class World:
         self.size = 1 if comm is None else comm.Get_size()
         self.counters = Counters()
         self.subcomms = {}          # sorted ranks -> sub-communicator (None where this rank is not a member)
+        self.transport = HostTransport()     # replaced by the job's choice (comm.transport.choose)
 
     @classmethod
     def create(cls):
@@ -85,29 +80,39 @@ class World:
         """This rank's index among the ranks on its node (collective the first time): a shared-memory split of
         the world, which holds whatever the launcher (srun, mpiexec inside an allocation, ...) sets; alone, the
         launcher's variables (:func:`spmdcnn.backend.local_rank`)."""
+        return self.node_ranks()[0]
+
+    def node_ranks(self):
+        """``(this rank's index on its node, the number of ranks on its node)``; collective the first time."""
         if self.comm is None:
             from ..backend import local_rank
-            return local_rank()
-        if getattr(self, "_local_rank", None) is None:
+            return local_rank(), 1
+        if getattr(self, "_node_ranks", None) is None:
             node = self.comm.Split_type(mpi().COMM_TYPE_SHARED)
-            self._local_rank = node.Get_rank()
+            self._node_ranks = node.Get_rank(), node.Get_size()
             node.Free()
-        return self._local_rank
+        return self._node_ranks
 
     def allreduce(self, array, comm=None):
-        """Sum the contiguous ``array`` over ``comm`` (the world by default) in place; returns it. A device array
-        is staged through the host."""
+        """Sum the contiguous ``array`` over ``comm`` (the world by default) in place, through the transport;
+        returns it."""
         comm = self.comm if comm is None else comm
         if comm is not None and comm.Get_size() > 1:
             start = time.perf_counter()
-            MPI = mpi()
-            host = to_numpy(array)
-            comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM)
-            if host is not array:
-                array.set(host)
+            self.transport.allreduce(array, comm)
             self.counters.sync_s += time.perf_counter() - start
             self.counters.bytes_synced += array.nbytes
         return array
+
+    def use(self, transport):
+        """Move bytes with ``transport`` from now on (collective: it attaches to the world and the replica
+        groups' communicators made so far)."""
+        self.transport.close()
+        self.transport = transport
+        transport.attach(self.comm)
+        for sub in self.subcomms.values():
+            if sub is not None:
+                transport.attach(sub)
 
     def sum_scalars(self, *values):
         """The sums over all ranks of a few numbers (float64)."""

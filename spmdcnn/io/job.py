@@ -45,6 +45,9 @@ SCHEMA = {
     "machine": ((str, type(None)), None),
     "backend": (str, "auto"),
     "dtype": (str, "float32"),
+    "transport": (str, "auto"),              # auto | host | cuda-mpi | nccl (comm/transport.py)
+    "share_gpus": (bool, False),             # let more ranks than GPUs share a node's GPUs
+    "tf32": (bool, False),                   # cupy, float32: convolutions and matmuls may round inputs to TF32
     "init": ((str, type(None)), None),
     "checkpoint": {
         "path": ((str, type(None)), None),
@@ -68,6 +71,7 @@ _CHOICES = {
     ("optimizer", "kind"): ("sgd",),
     ("optimizer", "schedule"): ("constant", "step", "cosine"),
     ("backend",): ("auto", "numpy", "cupy"),
+    ("transport",): ("auto", "host", "cuda-mpi", "nccl"),
     ("dtype",): ("float32", "float64"),
 }
 

@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 
 from .. import backend
-from ..comm import World
+from ..comm import World, choose_transport
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import DataError, HDF5Dataset, SyntheticData
@@ -137,7 +137,7 @@ class Trainer:
         self.job = job
         self.world = world or World.create()
         self.rank = self.world.rank
-        self.rank_on_node = self.world.local_rank()          # collective: before anything may fail on one rank
+        self.node_ranks = self.world.node_ranks()           # collective: before anything may fail on one rank
         say = log or (lambda line: print(line, flush=True))
         self.log = say if self.rank == 0 else (lambda line: None)
         self.data = self.val = None
@@ -147,6 +147,7 @@ class Trainer:
         try:
             self.world.agree(lambda: make_missing_data(job, self.log) if self.rank == 0 else None)
             ckpt = self.world.agree(self._load)
+            self.world.use(choose_transport(self.world, self.xp, job["transport"], self.log))
             if self.plan is None:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
                                       self.log)
@@ -168,7 +169,7 @@ class Trainer:
         """Phase one, without communication: returns ``(kind, checkpoint)`` read on rank 0."""
         job = self.job
         self.graph = load_model(job["model"])
-        self.xp = backend.get_array_module(job["backend"], self.rank_on_node)
+        self.xp = backend.get_array_module(job["backend"], *self.node_ranks, share=job["share_gpus"])
         self.dtype = backend.resolve_dtype(job["dtype"])
         self.batch = job["batch_size"]
         self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,

@@ -11,6 +11,7 @@ import pytest
 
 from conftest import agree
 from plans import random_plan, uniform_plan
+from spmdcnn.backend import to_numpy
 from spmdcnn.graph import load_model
 from spmdcnn.runtime.executor import Executor
 from spmdcnn.runtime.optimizer import SGD
@@ -59,11 +60,11 @@ def _batches(graph, dtype):
     return images, rng.integers(0, graph.num_classes, (STEPS, BATCH))
 
 
-def _run(graph, dtype, plan=None, world=None):
+def _run(graph, dtype, plan=None, world=None, xp=np):
     """Three SGD steps; returns losses, first-step outputs, output gradients and parameter gradients, and the
-    executor and optimizer at the end."""
-    executor = Executor(graph, np, dtype, seed=5, plan=plan, world=world)
-    optimizer = SGD(executor.params.shapes, dtype, np, **HYPER)
+    executor and optimizer at the end (NumPy copies of CuPy arrays)."""
+    executor = Executor(graph, xp, dtype, seed=5, plan=plan, world=world)
+    optimizer = SGD(executor.params.shapes, dtype, xp, **HYPER)
     images, labels = _batches(graph, dtype)
     names = [layer.name for layer in graph.layers if layer is not graph.loss]
     losses, outputs, out_grads, grads = [], {}, {}, {}
@@ -72,9 +73,9 @@ def _run(graph, dtype, plan=None, world=None):
         loss, _, kept = executor.forward(images[step], labels[step], step=step, keep=keep)
         back = executor.backward(keep=keep)
         if step == 0:
-            outputs = {k: v.copy() for k, v in kept.items()}
-            out_grads = {k: np.array(v, copy=True) for k, v in back.items()}
-            grads = {k: v.copy() for k, v in executor.grads.items()}
+            outputs = {k: to_numpy(v).copy() for k, v in kept.items()}
+            out_grads = {k: np.array(to_numpy(v), copy=True) for k, v in back.items()}
+            grads = {k: to_numpy(v).copy() for k, v in executor.grads.items()}
         optimizer.step(executor.params.flat, executor.grads.flat)
         losses.append(loss)
     evaluation, _, _ = executor.forward(images[0], labels[0], step=STEPS, training=False)
@@ -97,7 +98,7 @@ FLOOR = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-2}
 def _compare(what, actual, expected, rtol):
     """A problem message when ``actual`` differs from ``expected`` by more than ``rtol`` of its largest value
     (or of FLOOR when that is larger)."""
-    expected = np.asarray(expected)
+    expected, actual = np.asarray(expected), to_numpy(actual)
     if actual.shape != expected.shape:
         return [f"{what}: shape {actual.shape} != {expected.shape}"]
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
@@ -107,10 +108,11 @@ def _compare(what, actual, expected, rtol):
     return []
 
 
-def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10):
+def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
+    """Problems found running ``plan`` on ``xp`` in ``dtype`` against one NumPy process in ``dtype``."""
     graph = plan.graph
     ref_losses, ref_outputs, ref_out_grads, ref_grads, ref_exec, ref_opt = _reference(name, dtype)
-    losses, outputs, out_grads, grads, executor, optimizer = _run(graph, dtype, plan, world)
+    losses, outputs, out_grads, grads, executor, optimizer = _run(graph, dtype, plan, world, xp)
     problems = []
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
         if abs(a - b) > rtol * abs(b):

@@ -1,0 +1,74 @@
+"""The transports (comm/transport.py): every one that can run here trains random plans exactly as one process
+does. On NumPy that is host MPI under both MPI transports' code; with a GPU (the GPU check,
+benchmarks/gpu_check.sh), CuPy arrays through host staging, CUDA-aware MPI and NCCL where each can work."""
+
+import numpy as np
+import pytest
+
+from conftest import agree
+from plans import random_plan
+from spmdcnn.comm import CollectiveError, choose_transport
+from spmdcnn.comm.transport import CudaMpiTransport, HostTransport, cuda_aware_mpi
+from test_equivalence import _graph, check_plan
+
+
+def _gpus():
+    try:
+        import cupy
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:      # no CuPy, no driver
+        return None
+
+
+def _plans(world, name, count, seed):
+    return [random_plan(_graph(name), 5, world.size, seed=seed + k) for k in range(count)]
+
+
+@pytest.mark.parametrize("transport", [HostTransport, CudaMpiTransport])
+def test_the_mpi_transports_move_host_arrays(world, transport):
+    world.use(transport())
+    try:
+        problems = []
+        for plan in _plans(world, "small_resnet", 2, 300 * world.size):
+            problems += check_plan(world, "small_resnet", plan)[0]
+        agree(world, problems)
+    finally:
+        world.use(HostTransport())
+
+
+def test_numpy_jobs_use_host_mpi(world):
+    assert isinstance(choose_transport(world, np, "auto"), HostTransport)
+    assert isinstance(choose_transport(world, np, "host"), HostTransport)
+    with pytest.raises(ValueError, match="needs backend: cupy"):
+        choose_transport(world, np, "nccl")
+    with pytest.raises(ValueError, match="unknown transport 'ucx'"):
+        choose_transport(world, np, "ucx")
+
+
+def test_cuda_awareness_is_asked_not_assumed(world, monkeypatch):
+    aware, why = cuda_aware_mpi()
+    assert isinstance(aware, bool) and why
+    monkeypatch.setenv("SPMDCNN_CUDA_AWARE_MPI", "1")
+    assert cuda_aware_mpi() == (True, "SPMDCNN_CUDA_AWARE_MPI=1")
+    monkeypatch.setenv("SPMDCNN_CUDA_AWARE_MPI", "0")
+    assert cuda_aware_mpi() == (False, "SPMDCNN_CUDA_AWARE_MPI=0")
+
+
+@pytest.mark.skipif(_gpus() is None, reason="needs CuPy and a GPU (run by benchmarks/gpu_check.sh)")
+@pytest.mark.parametrize("name", ["host", "cuda-mpi", "nccl"])
+def test_cupy_arrays_through_each_transport(world, name):
+    """CuPy float64 on random plans against one NumPy process (on one GPU shared by the ranks, only host staging
+    can work: CUDA-aware MPI is absent there and NCCL refuses two ranks on one GPU)."""
+    cupy = _gpus()
+    try:
+        transport = choose_transport(world, cupy, name, log=print if world.rank == 0 else None)
+    except CollectiveError as error:
+        pytest.skip(str(error))
+    world.use(transport)
+    try:
+        problems = []
+        for plan in _plans(world, "small_inception", 2, 40 * world.size):
+            problems += check_plan(world, "small_inception", plan, xp=cupy)[0]
+        agree(world, problems)
+    finally:
+        world.use(HostTransport())
