@@ -40,6 +40,7 @@ def test_defaults_are_filled_in(tmp_path):
         "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False,
                       "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1, "min_lr": 0.0},
         "plan": "auto", "machine": None, "backend": "auto", "dtype": "float32", "init": None,
+            "transport": "auto", "share_gpus": False, "tf32": False,
         "checkpoint": {"path": None, "every": None, "keep": 1}, "resume": "auto", "seed": 0,
         "log": {"every": 10, "metrics": None, "progress": "auto"}, "eval": {"every": None},
     }
