@@ -28,6 +28,11 @@ def array_module(x):
     return np
 
 
+def on_device(x):
+    """Whether ``x`` is a CuPy (GPU) array: ops take their fused CUDA kernels (``ops/cuda``) for it."""
+    return type(x).__module__.startswith("cupy")
+
+
 def get_array_module(name="auto", rank_on_node=None, ranks_on_node=None, share=False):
     """Resolve a job's ``backend`` key ('auto', 'numpy' or 'cupy') to an array module.
 

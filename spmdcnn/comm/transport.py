@@ -206,12 +206,13 @@ def cuda_aware_mpi():
     if library is None:
         return False, "the MPI library was not found among this process's loaded libraries"
     if hasattr(library, "MPIX_Query_cuda_support"):
-        library.MPIX_Query_cuda_support.restype = ctypes.c_int
+        library.MPIX_Query_cuda_support.restype, library.MPIX_Query_cuda_support.argtypes = ctypes.c_int, []
         answer = bool(library.MPIX_Query_cuda_support())
         return answer, f"MPIX_Query_cuda_support() = {int(answer)}"
     if hasattr(library, "MPIX_GPU_query_support"):
+        library.MPIX_GPU_query_support.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
         supported = ctypes.c_int(0)
-        cuda = 1                                   # MPIX_GPU_SUPPORT_CUDA
+        cuda = 0                                   # MPIX_GPU_SUPPORT_CUDA (ZE is 1, HIP 2)
         if library.MPIX_GPU_query_support(cuda, ctypes.byref(supported)) == 0:
             return bool(supported.value), f"MPIX_GPU_query_support(CUDA) = {supported.value}"
     return False, "the MPI library has no CUDA-awareness query"

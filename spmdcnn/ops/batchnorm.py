@@ -15,6 +15,7 @@ backward reduces its two sums at once, stacked as (2, C).
 """
 
 from .. import backend
+from .cuda import kernels as cuda
 from .parallel import over_samples
 from .scratch import scratch
 
@@ -50,6 +51,9 @@ def _centred_dots(xp, a, x, mean):
 def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1, training=True,
                         reduce=_identity, count=None):
     """Returns ``y, saved``; in training also updates ``running_mean`` and ``running_var`` in place."""
+    if backend.on_device(x):
+        return cuda.batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps, momentum, training, reduce,
+                                        count)
     xp = backend.array_module(x)
     N, C, H, W = x.shape
     x3 = x.reshape(N, C, H * W)
@@ -82,6 +86,8 @@ def batchnorm2d_backward(gy, saved):
 
     With xhat = (x - mean) * inv_std: gx = gamma*inv_std * (gy - gbeta/M) - gamma*inv_std^2*ggamma/M * (x - mean).
     """
+    if backend.on_device(gy):
+        return cuda.batchnorm2d_backward(gy, saved)
     xp = backend.array_module(gy)
     if saved[0] == "eval":
         scale = saved[1]

@@ -15,9 +15,12 @@ Paths:
   col2im become long contiguous copies, at the price of computing (Wp - oW) discarded columns per row, so
   this path is taken when those are at most ``SHIFTED_WASTE`` of the row;
 - strided (and narrow stride-1 maps): classic im2col with strided window views.
+
+CuPy arrays go to cuDNN (``ops/cuda/conv.py``) and take these paths only where cuDNN cannot run a case.
 """
 
 from .. import backend
+from .cuda import conv as cudnn
 from .parallel import over_samples
 from .scratch import scratch
 from .window import output_extent, pair, sides, window_slice
@@ -155,6 +158,15 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
     oH, oW = geometry.output_shape(H, W, kH, kW)
     if oH <= 0 or oW <= 0:
         raise ValueError(f"conv2d: a {kH}x{kW} kernel with {geometry} over a {H}x{W} input gives an empty output")
+    if backend.on_device(x) and cudnn.available():
+        return cudnn.conv2d_forward(x, w, b, geometry, need_input_grad,
+                                    fallback=lambda: _host_forward(x, w, b, geometry, need_input_grad, oH, oW))
+    return _host_forward(x, w, b, geometry, need_input_grad, oH, oW)
+
+
+def _host_forward(x, w, b, geometry, need_input_grad, oH, oW):
+    """im2col + GEMM (on NumPy, or on CuPy where cuDNN is missing or cannot run a case)."""
+    K, _, kH, kW = w.shape
     if (kH, kW) == (1, 1) and geometry.padding == ((0, 0), (0, 0)) and geometry.stride != (1, 1):
         # a strided 1x1 convolution reads every s-th pixel: subsample, then a pointwise product
         sh, sw = geometry.stride
@@ -197,6 +209,8 @@ def conv2d_backward(gy, saved, gw_out=None):
     ``gw`` is written into ``gw_out`` (shaped like the weight) when given.
     """
     kind = saved[0]
+    if kind == "cudnn":
+        return cudnn.conv2d_backward(gy, saved, gw_out, fallback=_columns_backward)
     xp = backend.array_module(gy)
     if kind == "subsample":
         _, inner, x_shape, geometry = saved

@@ -6,6 +6,7 @@ when its top 53 bits, read as a fraction of 2**53, are at least ``p``. Kept valu
 """
 
 from .. import backend
+from .cuda import kernels as cuda
 from ..counters import bits53, global_indices, stream_key as _key
 
 
@@ -24,6 +25,8 @@ def dropout_forward(x, p, key, start=None, global_shape=None, inplace=False):
     xp = backend.array_module(x)
     if p == 0.0:
         return x, None
+    if backend.on_device(x):
+        return cuda.dropout_forward(x, p, key, start, global_shape, inplace)
     keep = dropout_mask(xp, x.shape, p, key, start, global_shape)
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     y = xp.multiply(x, keep, out=x if inplace else None)

@@ -6,6 +6,7 @@ kH*kW (with floor mode no window leaves the padded input).
 """
 
 from .. import backend
+from .cuda import kernels as cuda
 from .parallel import over_samples
 from .window import output_extent, pad_spatial, pair, sides, window_slice
 
@@ -42,6 +43,8 @@ def maxpool2d_forward(x, geometry):
     The winner is tracked with modular uint8 arithmetic, ``idx += better * (index - idx)``, which is several
     times faster than masked assignment and keeps the first maximum on ties.
     """
+    if backend.on_device(x):
+        return cuda.maxpool2d_forward(x, geometry)
     xp = backend.array_module(x)
     N, C, H, W = x.shape
     oH, oW = geometry.output_shape(H, W)
@@ -71,6 +74,8 @@ def maxpool2d_forward(x, geometry):
 
 def maxpool2d_backward(gy, saved):
     """Route each output gradient to the input element that won its window."""
+    if backend.on_device(gy):
+        return cuda.maxpool2d_backward(gy, saved)
     x_shape, argmax, geometry = saved
     xp = backend.array_module(gy)
     N, C, H, W = x_shape
@@ -91,6 +96,8 @@ def maxpool2d_backward(gy, saved):
 
 def avgpool2d_forward(x, geometry):
     """``y = sum over the (zero-padded) window / (kH*kW)``."""
+    if backend.on_device(x):
+        return cuda.avgpool2d_forward(x, geometry)
     xp = backend.array_module(x)
     N, C, H, W = x.shape
     oH, oW = geometry.output_shape(H, W)
@@ -103,6 +110,8 @@ def avgpool2d_forward(x, geometry):
 
 
 def avgpool2d_backward(gy, saved):
+    if backend.on_device(gy):
+        return cuda.avgpool2d_backward(gy, saved)
     x_shape, geometry = saved
     xp = backend.array_module(gy)
     N, C, H, W = x_shape

@@ -8,6 +8,7 @@ w and v once, whatever the number of tensors; on the host the blocks are shared 
 
 import numpy as np
 
+from ..ops.cuda import kernels as cuda
 from ..ops.parallel import parallel_for
 from .params import FlatStore
 
@@ -32,8 +33,9 @@ class SGD:
         blocks = -(-weights.size // BLOCK)
         if self.xp is np:
             parallel_for(lambda b0, b1: self._update(weights, grads, lr, b0 * BLOCK, b1 * BLOCK), blocks)
-        else:
-            self._update(weights, grads, lr, 0, weights.size, block=weights.size)
+        else:                   # one fused kernel over the whole array
+            cuda.sgd_update(weights, grads, None if self.velocity is None else self.velocity.flat, lr,
+                            self.momentum, self.weight_decay, self.nesterov)
 
     def _update(self, weights, grads, lr, begin, end, block=BLOCK):
         xp = self.xp

@@ -1,0 +1,218 @@
+"""Convolution on the GPU as cuDNN graphs (``nvidia-cudnn-frontend``; CuPy 14 has no cuDNN of its own).
+
+Forward (``conv_fprop``), data gradient (``conv_dgrad``) and weight gradient (``conv_wgrad``) are each one graph,
+built once per (shapes, geometry, data type, TF32 choice, device) and cached; executing a built graph with new
+arrays costs one launch. Tensors keep spmdcnn's NCHW layout: the graphs are told the arrays' strides.
+
+- Per-side padding: a tile's padding is often one-sided, which many cuDNN engines refuse; the input is then
+  padded explicitly up to the symmetric part (forward and weight gradient read the padded copy; the data
+  gradient is computed for it and cropped).
+- The bias is added and its gradient summed by CuPy (fused conv+bias graphs want channels-last layouts).
+- float32 convolutions use full float32 arithmetic unless TF32 is allowed (``set_tf32``, the job's ``tf32``):
+  without it, engines that round inputs (the TENSOR_CORE and DOWN_CONVERT_INPUTS numerical notes) are excluded.
+- bfloat16 (ml_dtypes' dtype on CuPy) runs bfloat16 in and out with float32 accumulation; float32 weights (the
+  master copy) are rounded to bfloat16 for the call and the weight gradient is returned in float32.
+- When cuDNN is missing or no engine supports a case (float64 on some GPUs), the convolution falls back to the
+  im2col + cuBLAS path that NumPy uses (``ops.conv``), once logged.
+"""
+
+import functools
+import logging
+import threading
+
+import numpy
+
+from ..window import output_extent, pad_spatial
+
+log = logging.getLogger("spmdcnn")
+_state = threading.local()
+_settings = {"tf32": False}
+_unsupported = set()          # cache keys no cuDNN engine runs: the fallback takes them
+
+
+def set_tf32(allowed):
+    """Whether float32 convolutions may round their inputs to TF32 (tensor cores), as PyTorch's
+    ``torch.backends.cudnn.allow_tf32``."""
+    _settings["tf32"] = bool(allowed)
+
+
+def _cudnn():
+    try:
+        import cudnn
+    except (ImportError, OSError, RuntimeError):
+        return None
+    return cudnn
+
+
+def available():
+    """Whether cuDNN's frontend imports (the library itself is loaded on first use)."""
+    return _cudnn() is not None
+
+
+def _handle():
+    """This thread's cuDNN handle on the current device, set to the current stream."""
+    import cupy
+    cudnn = _cudnn()
+    device = cupy.cuda.Device().id
+    handles = getattr(_state, "handles", None)
+    if handles is None:
+        handles = _state.handles = {}
+    if device not in handles:
+        handles[device] = cudnn.create_handle()
+    handle = handles[device]
+    cudnn.set_stream(handle, cupy.cuda.get_current_stream().ptr)
+    return handle
+
+
+def _cudnn_type(dtype):
+    cudnn = _cudnn()
+    name = numpy.dtype(dtype).name
+    return {"float32": cudnn.data_type.FLOAT, "float64": cudnn.data_type.DOUBLE,
+            "bfloat16": cudnn.data_type.BFLOAT16, "float16": cudnn.data_type.HALF}[name]
+
+
+def _packed(shape):
+    strides, step = [], 1
+    for extent in reversed(shape):
+        strides.insert(0, step)
+        step *= int(extent)
+    return strides
+
+
+def dtype_of(name):
+    """The NumPy dtype called ``name`` (bfloat16: ml_dtypes')."""
+    if name == "bfloat16":
+        import ml_dtypes
+        return numpy.dtype(ml_dtypes.bfloat16)
+    return numpy.dtype(name)
+
+
+class _Graph:
+    """One built cuDNN graph, its tensors by role, and the data type of its output."""
+
+    def __init__(self, graph, tensors, out_type):
+        self.graph, self.tensors, self.out_dtype = graph, tensors, dtype_of(out_type)
+        self.workspace = max(graph.get_workspace_size(), 1)
+
+    def __call__(self, **arrays):
+        import cupy
+        workspace = cupy.empty(self.workspace, dtype=cupy.uint8)
+        self.graph.execute({self.tensors[role]: array.data.ptr for role, array in arrays.items()}, workspace,
+                           handle=_handle())
+
+
+@functools.lru_cache(maxsize=1024)
+def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, tf32, device):
+    """The graph of ``kind`` (fprop, dgrad, wgrad) for packed NCHW arrays; raises when no engine runs it."""
+    cudnn = _cudnn()
+    io, out, f32 = _cudnn_type(io_type), _cudnn_type(out_type), _cudnn_type("float32")
+    compute = _cudnn_type("float64") if io_type == "float64" else f32
+    graph = cudnn.pygraph(handle=_handle(), name=f"spmdcnn_{kind}", io_data_type=io,
+                          intermediate_data_type=compute, compute_data_type=compute)
+    attrs = dict(padding=list(padding), stride=list(stride), dilation=list(dilation), compute_data_type=compute)
+
+    def tensor(name, shape, data_type=io):
+        return graph.tensor(name=name, dim=list(shape), stride=_packed(shape), data_type=data_type)
+    if kind == "fprop":
+        inputs = {"x": tensor("x", x_shape), "w": tensor("w", w_shape)}
+        result, shape = graph.conv_fprop(image=inputs["x"], weight=inputs["w"], name="fprop", **attrs), y_shape
+    elif kind == "dgrad":
+        inputs = {"gy": tensor("gy", y_shape), "w": tensor("w", w_shape)}
+        result, shape = graph.conv_dgrad(loss=inputs["gy"], filter=inputs["w"], name="dgrad", **attrs), x_shape
+    else:
+        inputs = {"x": tensor("x", x_shape), "gy": tensor("gy", y_shape)}
+        result, shape = graph.conv_wgrad(image=inputs["x"], loss=inputs["gy"], name="wgrad", **attrs), w_shape
+    result.set_output(True).set_data_type(out).set_dim(list(shape)).set_stride(_packed(shape))
+    graph.validate()
+    graph.build_operation_graph()
+    graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    if io_type == "float32" and not tf32:
+        graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE, cudnn.numerical_note.DOWN_CONVERT_INPUTS])
+    graph.check_support()
+    graph.build_plans()
+    return _Graph(graph, {**inputs, "out": result}, out_type)
+
+
+def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation):
+    """The cached graph, or None when cuDNN is missing or runs no engine for it (logged once per case)."""
+    import cupy
+    if not available():
+        return None
+    key = (kind, io_type, out_type, tuple(x_shape), tuple(w_shape), tuple(y_shape), padding, stride, dilation,
+           _settings["tf32"] and io_type == "float32", cupy.cuda.Device().id)
+    if key in _unsupported:
+        return None
+    try:
+        return _build(*key)
+    except Exception as error:          # cudnnGraphNotSupportedError, or an engine that failed to build
+        _unsupported.add(key)
+        log.warning("cuDNN runs no engine for %s %s x %s (%s): %s; using im2col + cuBLAS", kind, x_shape,
+                    w_shape, io_type, error)
+        return None
+
+
+def _symmetric(geometry):
+    """``(extra padding to apply by hand, symmetric padding for cuDNN)``."""
+    (top, bottom), (left, right) = geometry.padding
+    ph, pw = min(top, bottom), min(left, right)
+    return ((top - ph, bottom - ph), (left - pw, right - pw)), (ph, pw)
+
+
+def conv2d_forward(x, w, b, geometry, need_input_grad, fallback):
+    """``(y, saved)`` through cuDNN, or ``fallback()`` when cuDNN cannot run this case."""
+    import cupy
+    extra, padding = _symmetric(geometry)
+    io_type = x.dtype.name
+    xpad = cupy.ascontiguousarray(pad_spatial(x, extra))
+    wio = cupy.ascontiguousarray(w.astype(x.dtype, copy=False))           # bfloat16: round the master weights
+    N, C, H, W = xpad.shape
+    K, _, kH, kW = w.shape
+    y_shape = (N, K) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in
+                              zip((H, W), (kH, kW), geometry.stride, padding, geometry.dilation))
+    graph = _graph("fprop", io_type, io_type, xpad.shape, w.shape, y_shape, padding, geometry.stride,
+                   geometry.dilation)
+    if graph is None:
+        return fallback()
+    y = cupy.empty(y_shape, dtype=x.dtype)
+    graph(x=xpad, w=wio, out=y)
+    if b is not None:
+        y += b.astype(y.dtype, copy=False).reshape(1, K, 1, 1)
+    return y, ("cudnn", xpad, w, wio, b is not None, geometry, need_input_grad, x.shape)
+
+
+def conv2d_backward(gy, saved, gw_out, fallback):
+    """``(gx, gw, gb)`` of a forward that ran on cuDNN; a gradient no engine runs goes through
+    ``fallback(gy, saved, gw_out)`` (ops.conv's im2col backward) on the padded input."""
+    import cupy
+    _, xpad, w, wio, has_bias, geometry, need_input_grad, x_shape = saved
+    extra, padding = _symmetric(geometry)
+    gy = cupy.ascontiguousarray(gy)
+    io_type, master = gy.dtype.name, w.dtype
+    args = (xpad.shape, w.shape, gy.shape, padding, geometry.stride, geometry.dilation)
+    # the weight gradient straight in the master weights' type where an engine does that, else in the io type
+    wgrad = _graph("wgrad", io_type, master.name, *args) or _graph("wgrad", io_type, io_type, *args)
+    dgrad = _graph("dgrad", io_type, io_type, *args) if need_input_grad else None
+    if wgrad is None or (need_input_grad and dgrad is None):
+        from ..conv import ConvGeometry
+        symmetric = ConvGeometry(geometry.stride, padding, geometry.dilation)
+        gxpad, gw, gb = fallback(gy, (xpad, wio, has_bias, symmetric, need_input_grad), None)
+        gw = gw.astype(master, copy=False)
+        gb = None if gb is None else gb.astype(master, copy=False)
+    else:
+        gb = gy.sum(axis=(0, 2, 3), dtype=master) if has_bias else None
+        direct = gw_out is not None and gw_out.flags.c_contiguous and gw_out.dtype == wgrad.out_dtype
+        gw = gw_out if direct else cupy.empty(w.shape, dtype=wgrad.out_dtype)
+        wgrad(x=xpad, gy=gy, out=gw)
+        gw = gw.astype(master, copy=False)
+        gxpad = None
+        if need_input_grad:
+            gxpad = cupy.empty(xpad.shape, dtype=gy.dtype)
+            dgrad(gy=gy, w=wio, out=gxpad)
+    if gw_out is not None and gw is not gw_out:
+        gw_out[...] = gw
+        gw = gw_out
+    gx = gxpad
+    if gxpad is not None and gxpad.shape != tuple(x_shape):
+        (top, _), (left, _) = extra
+        gx = cupy.ascontiguousarray(gxpad[:, :, top:top + x_shape[2], left:left + x_shape[3]])
+    return gx, gw, gb

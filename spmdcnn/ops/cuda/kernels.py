@@ -1,0 +1,291 @@
+"""Fused CuPy kernels for the ops whose NumPy versions are chains of array expressions: pooling, batchnorm,
+dropout and the SGD update. Each computes exactly what its NumPy counterpart computes (same formula, same tie
+rules, same counter-based dropout mask), in one or two launches instead of one per expression or per sample.
+
+Kernels are compiled on first use (CuPy caches them on disk); this module imports without CuPy.
+"""
+
+import functools
+
+import numpy
+
+# ---------------------------------------------------------------------------------------------------------------
+# pooling: one thread per output element (forward) or per input element (backward: it gathers from the windows
+# that contain it, in a fixed order, so results are deterministic and need no atomics)
+
+_WINDOW_PARAMS = ("int32 H, int32 W, int32 oH, int32 oW, int32 kH, int32 kW, int32 sh, int32 sw, "
+                  "int32 top, int32 left")
+
+_OUTPUT_POSITION = """
+    const int ow = i % oW; const int t = i / oW; const int oh = t % oH; const long long nc = t / oH;
+    const int h0 = oh * sh - top, w0 = ow * sw - left;
+    const long long base = nc * (long long)H * W;
+"""
+
+_INPUT_POSITION = """
+    const int w = i % W; const int t = i / W; const int h = t % H; const long long nc = t / H;
+    const long long obase = nc * (long long)oH * oW;
+    const int hp = h + top, wp = w + left;               // position in the padded input
+    const int oh_lo = hp >= kH ? (hp - kH) / sh + 1 : 0, oh_hi = min(hp / sh, oH - 1);
+    const int ow_lo = wp >= kW ? (wp - kW) / sw + 1 : 0, ow_hi = min(wp / sw, oW - 1);
+"""
+
+
+@functools.cache
+def _maxpool_forward(index_type):
+    import cupy
+    return cupy.ElementwiseKernel(
+        f"raw T x, {_WINDOW_PARAMS}", f"T y, {index_type} arg",
+        _OUTPUT_POSITION + """
+        T best = -CUDART_INF; int winner = 0;          // padding is -inf: it never wins
+        for (int p = 0; p < kH; ++p) {
+            const int h = h0 + p;
+            for (int q = 0; q < kW; ++q) {
+                const int w = w0 + q;
+                const T v = (h >= 0 && h < H && w >= 0 && w < W) ? x[base + (long long)h * W + w] : (T)-CUDART_INF;
+                if (v > best) { best = v; winner = p * kW + q; }     // strictly: the first maximum wins ties
+            }
+        }
+        y = best; arg = winner;
+        """, f"spmdcnn_maxpool_forward_{index_type}", preamble="#include <math_constants.h>")
+
+
+@functools.cache
+def _maxpool_backward(index_type):
+    import cupy
+    return cupy.ElementwiseKernel(
+        f"raw T gy, raw {index_type} arg, {_WINDOW_PARAMS}", "T gx",
+        _INPUT_POSITION + """
+        T sum = 0;
+        for (int oh = oh_lo; oh <= oh_hi; ++oh)
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+                const long long o = obase + (long long)oh * oW + ow;
+                if ((int)arg[o] == (hp - oh * sh) * kW + (wp - ow * sw)) sum += gy[o];
+            }
+        gx = sum;
+        """, f"spmdcnn_maxpool_backward_{index_type}")
+
+
+@functools.cache
+def _avgpool_forward():
+    import cupy
+    return cupy.ElementwiseKernel(
+        f"raw T x, {_WINDOW_PARAMS}", "T y",
+        _OUTPUT_POSITION + """
+        T sum = 0;                                     // the padding counts as zeros
+        for (int p = 0; p < kH; ++p) {
+            const int h = h0 + p;
+            if (h < 0 || h >= H) continue;
+            for (int q = 0; q < kW; ++q) {
+                const int w = w0 + q;
+                if (w >= 0 && w < W) sum += x[base + (long long)h * W + w];
+            }
+        }
+        y = sum * (T)(1.0 / (kH * kW));
+        """, "spmdcnn_avgpool_forward")
+
+
+@functools.cache
+def _avgpool_backward():
+    import cupy
+    return cupy.ElementwiseKernel(
+        f"raw T gy, {_WINDOW_PARAMS}", "T gx",
+        _INPUT_POSITION + """
+        T sum = 0;
+        for (int oh = oh_lo; oh <= oh_hi; ++oh)
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) sum += gy[obase + (long long)oh * oW + ow];
+        gx = sum * (T)(1.0 / (kH * kW));
+        """, "spmdcnn_avgpool_backward")
+
+
+def _window_args(geometry, H, W, oH, oW):
+    (kH, kW), (sh, sw) = geometry.kernel, geometry.stride
+    (top, _), (left, _) = geometry.padding
+    return H, W, oH, oW, kH, kW, sh, sw, top, left
+
+
+def maxpool2d_forward(x, geometry):
+    import cupy
+    N, C, H, W = x.shape
+    oH, oW = geometry.output_shape(H, W)
+    index_type = "uint8" if geometry.kernel[0] * geometry.kernel[1] <= 256 else "uint32"
+    y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
+    arg = cupy.empty((N, C, oH, oW), dtype=index_type)
+    _maxpool_forward(index_type)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y, arg)
+    return y, (x.shape, arg, geometry)
+
+
+def maxpool2d_backward(gy, saved):
+    import cupy
+    x_shape, arg, geometry = saved
+    N, C, H, W = x_shape
+    gx = cupy.empty(x_shape, dtype=gy.dtype)
+    _maxpool_backward(arg.dtype.name)(cupy.ascontiguousarray(gy), arg,
+                                      *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
+    return gx
+
+
+def avgpool2d_forward(x, geometry):
+    import cupy
+    N, C, H, W = x.shape
+    oH, oW = geometry.output_shape(H, W)
+    y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
+    _avgpool_forward()(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y)
+    return y, (x.shape, geometry)
+
+
+def avgpool2d_backward(gy, saved):
+    import cupy
+    x_shape, geometry = saved
+    N, C, H, W = x_shape
+    gx = cupy.empty(x_shape, dtype=gy.dtype)
+    _avgpool_backward()(cupy.ascontiguousarray(gy), *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
+    return gx
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# batchnorm: per-channel sums in float64 by reduction kernels over (N, HW), the rest element-wise
+
+
+@functools.cache
+def _bn_kernels():
+    import cupy
+    sums = cupy.ReductionKernel("T x", "float64 s", "(double)x", "a + b", "s = a", "0", "spmdcnn_bn_sum")
+    centred_dot = cupy.ReductionKernel(
+        "T a, T x, float64 mean", "float64 s", "(double)a * ((double)x - mean)", "a + b", "s = a", "0",
+        "spmdcnn_bn_centred_dot")
+    centred_square = cupy.ReductionKernel(
+        "T x, float64 mean", "float64 s", "((double)x - mean) * ((double)x - mean)", "a + b", "s = a", "0",
+        "spmdcnn_bn_centred_square")
+    affine = cupy.ElementwiseKernel("T x, T scale, T shift", "T y", "y = x * scale + shift", "spmdcnn_bn_affine")
+    backward = cupy.ElementwiseKernel(
+        "T gy, T x, T mean, T k1, T k2, T k3", "T gx", "gx = gy * k1 - (x - mean) * k2 - k3",
+        "spmdcnn_bn_backward")
+    return sums, centred_dot, centred_square, affine, backward
+
+
+def _channel(v, dtype):
+    return v.astype(dtype).reshape(1, -1, 1)
+
+
+def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps, momentum, training, reduce, count):
+    """As :func:`spmdcnn.ops.batchnorm.batchnorm2d_forward`, in four launches (two reductions, one affine map,
+    the running statistics)."""
+    sums, _, centred_square, affine, _ = _bn_kernels()
+    N, C, H, W = x.shape
+    x3 = x.reshape(N, C, H * W)
+    if not training:
+        inv_std = 1.0 / (running_var.astype("float64") + eps) ** 0.5
+        scale = gamma * inv_std
+        shift = beta - running_mean * scale
+        return affine(x3, _channel(scale, x.dtype), _channel(shift, x.dtype)).reshape(x.shape), \
+            ("eval", scale.astype(x.dtype))
+    M = N * H * W if count is None else count
+    if M <= 1:
+        raise ValueError(f"batchnorm2d: training needs more than one value per channel, got {M} "
+                         f"(batch {N}, {H}x{W}); use a larger batch")
+    mean = reduce(sums(x3, axis=(0, 2))) / M
+    var = reduce(centred_square(x3, mean.reshape(1, C, 1), axis=(0, 2))) / M
+    inv_std = 1.0 / (var + eps) ** 0.5
+    scale = gamma * inv_std.astype(x.dtype)
+    y = affine(x3, _channel(scale, x.dtype), _channel(beta - mean * scale, x.dtype))
+    running_mean *= 1.0 - momentum
+    running_mean += (momentum * mean).astype(running_mean.dtype)
+    running_var *= 1.0 - momentum
+    running_var += (momentum * var * (M / max(M - 1, 1))).astype(running_var.dtype)
+    return y.reshape(x.shape), ("train", x3, mean, gamma, inv_std, M, reduce)
+
+
+def batchnorm2d_backward(gy, saved):
+    import cupy
+    if saved[0] == "eval":
+        return gy * saved[1].reshape(1, -1, 1, 1), None, None
+    sums, centred_dot, _, _, backward = _bn_kernels()
+    _, x3, mean, gamma, inv_std, M, reduce = saved
+    C = x3.shape[1]
+    gy3 = gy.reshape(x3.shape)
+    gbeta, dot = reduce(cupy.stack([sums(gy3, axis=(0, 2)),
+                                    centred_dot(gy3, x3, mean.reshape(1, C, 1), axis=(0, 2))]))
+    ggamma = dot * inv_std
+    k1 = gamma * inv_std
+    k2 = gamma * inv_std * inv_std * ggamma / M
+    k3 = gamma * inv_std * gbeta / M
+    gx = backward(gy3, x3, _channel(mean, gy.dtype), _channel(k1, gy.dtype), _channel(k2, gy.dtype),
+                  _channel(k3, gy.dtype))
+    return gx.reshape(gy.shape), ggamma.astype(gy.dtype), gbeta.astype(gy.dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# dropout: the counter-based mask (spmdcnn.counters) computed in the kernel from each element's global index
+
+_SPLITMIX = """
+__device__ unsigned long long spmdcnn_mix(unsigned long long z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+"""
+
+
+@functools.cache
+def _dropout_forward(ndim):
+    import cupy
+    decompose = "\n".join(
+        f"        {{ const long long c = rest % shape{a}; rest /= shape{a}; g += (c + start{a}) * stride{a}; }}"
+        for a in reversed(range(ndim)))
+    params = ", ".join(f"int64 shape{a}, int64 start{a}, uint64 stride{a}" for a in range(ndim))
+    return cupy.ElementwiseKernel(
+        f"T x, uint64 key, uint64 threshold, T scale, {params}", "T y, bool keep",
+        f"""
+        long long rest = i; unsigned long long g = 0;
+{decompose}
+        keep = (spmdcnn_mix(g ^ key) >> 11) >= threshold;
+        y = keep ? x * scale : (T)0;
+        """, f"spmdcnn_dropout_forward_{ndim}", preamble=_SPLITMIX)
+
+
+def dropout_forward(x, p, key, start, global_shape, inplace):
+    """As :func:`spmdcnn.ops.dropout.dropout_forward` for ``0 < p``: one launch computes mask and output."""
+    import cupy
+    x = cupy.ascontiguousarray(x)
+    start = (0,) * x.ndim if start is None else start
+    global_shape = x.shape if global_shape is None else global_shape
+    strides, total = [], 1
+    for extent in reversed(global_shape):
+        strides.insert(0, total)
+        total *= int(extent)
+    args = [a for axis in range(x.ndim) for a in (x.shape[axis], start[axis], strides[axis])]
+    scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+    y = x if inplace else cupy.empty_like(x)
+    keep = cupy.empty(x.shape, dtype=bool)
+    _dropout_forward(x.ndim)(x, numpy.uint64(key), numpy.uint64(round(p * (1 << 53))), x.dtype.type(scale), *args,
+                             y, keep)
+    return y, (keep, scale)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SGD: the whole flat parameter array in one launch
+
+
+@functools.cache
+def _sgd(momentum, nesterov, decay):
+    import cupy
+    g = "grad + wd * w" if decay else "grad"
+    if not momentum:
+        code = f"const T g = {g}; w -= lr * g;"
+        return cupy.ElementwiseKernel("T grad, T lr, T wd, T mu", "T w", code, "spmdcnn_sgd_plain")
+    step = "g + mu * v" if nesterov else "v"
+    code = f"const T g = {g}; v = mu * v + g; w -= lr * ({step});"
+    return cupy.ElementwiseKernel("T grad, T lr, T wd, T mu", "T w, T v", code,
+                                  f"spmdcnn_sgd_{'nesterov' if nesterov else 'momentum'}")
+
+
+def sgd_update(weights, grads, velocity, lr, momentum, weight_decay, nesterov):
+    """``weights`` (and ``velocity``) updated in place from ``grads``: PyTorch's SGD, as runtime.optimizer."""
+    kernel = _sgd(bool(momentum), bool(nesterov), bool(weight_decay))
+    t = weights.dtype.type
+    if momentum:
+        kernel(grads, t(lr), t(weight_decay), t(momentum), weights, velocity)
+    else:
+        kernel(grads, t(lr), t(weight_decay), t(momentum), weights)

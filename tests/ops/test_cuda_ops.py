@@ -1,0 +1,164 @@
+"""Every op on CuPy arrays (cuDNN convolutions, the fused kernels of ops/cuda) against the NumPy op in float64,
+which the other op tests hold to PyTorch: forward, and backward for a random output gradient. float64 on the GPU
+agrees to rounding; float32 (and TF32) to their precision. Needs CuPy and a GPU: benchmarks/gpu_check.sh runs
+these on the GPU machine."""
+
+import numpy as np
+import pytest
+
+from op_cases import CONV_CASES, POOL_CASES
+from spmdcnn.counters import stream_key
+from spmdcnn.ops import batchnorm, conv, dropout, linear, loss, pool, relu
+from spmdcnn.runtime.optimizer import SGD
+
+
+def _cupy():
+    try:
+        import cupy
+        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:        # no CuPy, no driver
+        return None
+
+
+cp = _cupy()
+pytestmark = pytest.mark.skipif(cp is None, reason="needs CuPy and a GPU (run by benchmarks/gpu_check.sh)")
+TOLERANCE = {"float64": 1e-10, "float32": 1e-4}
+DTYPES = ["float64", "float32"]
+
+
+def _close(actual, expected, dtype, what, scale=None):
+    actual = cp.asnumpy(actual).astype(np.float64)
+    expected = np.asarray(expected, dtype=np.float64)
+    assert actual.shape == expected.shape, what
+    scale = max(float(np.max(np.abs(expected))) if expected.size else 0.0, 1e-3) if scale is None else scale
+    error = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
+    assert error <= TOLERANCE[dtype] * scale, f"{what}: max error {error:.3g} (scale {scale:.3g})"
+
+
+def _rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(CONV_CASES))
+def test_conv2d_on_cudnn(case, dtype):
+    x_shape, w_shape, stride, padding, dilation, bias = CONV_CASES[case]
+    rng = _rng(1)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    b = rng.standard_normal(w_shape[0]) if bias else None
+    geometry = conv.ConvGeometry(stride, padding, dilation)
+    y, saved = conv.conv2d_forward(x, w, b, geometry)
+    gy = rng.standard_normal(y.shape)
+    gx, gw, gb = conv.conv2d_backward(gy, saved)
+    on = [None if a is None else cp.asarray(a.astype(dtype)) for a in (x, w, b)]
+    gw_out = cp.empty(w_shape, dtype=dtype)
+    y2, saved2 = conv.conv2d_forward(*on, geometry)
+    assert saved2[0] == "cudnn" or dtype == "float64"       # float64: cuDNN where an engine runs it
+    gx2, gw2, gb2 = conv.conv2d_backward(cp.asarray(gy.astype(dtype)), saved2, gw_out=gw_out)
+    assert gw2 is gw_out
+    for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("gw", gw2, gw)) + ((("gb", gb2, gb),) if bias else ()):
+        _close(a, e, dtype, f"{case} {what}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(POOL_CASES))
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_pooling_kernels(case, kind, dtype):
+    x_shape, kernel, stride, padding = POOL_CASES[case]
+    x = _rng(2).standard_normal(x_shape)
+    if kind == "max":                         # ties: the first maximum of a window wins, on both
+        x = np.round(x * 2) / 2
+    geometry = pool.PoolGeometry(kernel, stride, padding)
+    forward, backward = (pool.maxpool2d_forward, pool.maxpool2d_backward) if kind == "max" else \
+        (pool.avgpool2d_forward, pool.avgpool2d_backward)
+    y, saved = forward(x, geometry)
+    gy = _rng(3).standard_normal(y.shape)
+    gx = backward(gy, saved)
+    y2, saved2 = forward(cp.asarray(x.astype(dtype)), geometry)
+    gx2 = backward(cp.asarray(gy.astype(dtype)), saved2)
+    _close(y2, y, dtype, "y")
+    _close(gx2, gx, dtype, "gx")
+    if kind == "max":
+        assert np.array_equal(cp.asnumpy(saved2[1]), saved[1])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("training", [True, False])
+def test_batchnorm_kernels(training, dtype):
+    rng = _rng(4)
+    x = rng.standard_normal((4, 5, 6, 7)) * 3 + 10          # a large mean: the two-pass variance matters
+    gamma, beta = rng.standard_normal(5), rng.standard_normal(5)
+    stats = rng.random(5), rng.random(5) + 0.5
+    means, variances = stats[0].copy(), stats[1].copy()
+    y, saved = batchnorm.batchnorm2d_forward(x, gamma, beta, means, variances, training=training)
+    gy = rng.standard_normal(x.shape)
+    gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)
+    on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
+    means2, variances2 = on(stats[0]), on(stats[1])
+    y2, saved2 = batchnorm.batchnorm2d_forward(on(x), on(gamma), on(beta), means2, variances2, training=training)
+    gx2, ggamma2, gbeta2 = batchnorm.batchnorm2d_backward(on(gy), saved2)
+    _close(y2, y, dtype, "y")
+    _close(gx2, gx, dtype, "gx")
+    _close(means2, means, dtype, "running mean")
+    _close(variances2, variances, dtype, "running var")
+    if training:
+        _close(ggamma2, ggamma, dtype, "ggamma")
+        _close(gbeta2, gbeta, dtype, "gbeta")
+
+
+@pytest.mark.parametrize("p", [0.1, 0.5, 0.9])
+def test_dropout_kernel_draws_the_host_mask(p):
+    """The mask of a tile (start offsets in a larger global tensor) is bit for bit the NumPy one."""
+    x = _rng(5).standard_normal((3, 4, 5, 6))
+    key = stream_key(7, 3, "drop")
+    start, global_shape = (2, 1, 3, 0), (8, 6, 9, 6)
+    y, (keep, scale) = dropout.dropout_forward(x, p, key, start, global_shape)
+    y2, (keep2, scale2) = dropout.dropout_forward(cp.asarray(x), p, key, start, global_shape)
+    assert np.array_equal(cp.asnumpy(keep2), keep) and scale2 == scale
+    _close(y2, y, "float64", "y")
+    flat = _rng(6).standard_normal((5, 7))                 # linear layers' inputs are 2-D
+    keep = dropout.dropout_forward(flat, p, key, (3, 0), (10, 7))[1][0]
+    assert np.array_equal(cp.asnumpy(dropout.dropout_forward(cp.asarray(flat), p, key, (3, 0), (10, 7))[1][0]), keep)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("momentum,decay", [(0.0, 0.0), (0.9, 0.0), (0.9, 1e-3), (0.0, 1e-3)])
+def test_sgd_kernel(momentum, decay, nesterov):
+    if nesterov and not momentum:
+        return
+    rng = _rng(8)
+    shapes = {"a.weight": (70, 3), "b.bias": (7,)}
+    size = 217
+    w, g = rng.standard_normal(size), rng.standard_normal(size)
+    host = SGD(shapes, np.float64, np, lr=0.1, momentum=momentum, weight_decay=decay, nesterov=nesterov)
+    device = SGD(shapes, np.float64, cp, lr=0.1, momentum=momentum, weight_decay=decay, nesterov=nesterov)
+    w2, g2 = cp.asarray(w), cp.asarray(g)
+    for _ in range(3):
+        host.step(w, g)
+        device.step(w2, g2)
+    _close(w2, w, "float64", "weights")
+    if momentum:
+        _close(device.velocity.flat, host.velocity.flat, "float64", "momentum")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_linear_relu_and_loss(dtype):
+    rng = _rng(9)
+    x, w, b = rng.standard_normal((6, 11)), rng.standard_normal((4, 11)), rng.standard_normal(4)
+    labels = np.array([0, 3, 1, -1, 2, 3])                 # -1: a padding sample the loss ignores
+    on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
+    h, saved_h = linear.linear_forward(x, w, b)
+    r, saved_r = relu.relu_forward(h)
+    value, saved_l = loss.softmax_cross_entropy_forward(r, labels, total=5)
+    h2, saved_h2 = linear.linear_forward(on(x), on(w), on(b))
+    r2, saved_r2 = relu.relu_forward(h2)
+    value2, saved_l2 = loss.softmax_cross_entropy_forward(r2, cp.asarray(labels), total=5)
+    assert abs(value2 - value) <= TOLERANCE[dtype] * 10
+    gr = loss.softmax_cross_entropy_backward(1.0, saved_l)
+    gr2 = loss.softmax_cross_entropy_backward(1.0, saved_l2)
+    _close(gr2, gr, dtype, "loss gradient")
+    gh, gh2 = relu.relu_backward(gr, saved_r), relu.relu_backward(gr2, saved_r2)
+    gx, gw, gb = linear.linear_backward(gh, saved_h)
+    gx2, gw2, gb2 = linear.linear_backward(gh2, saved_h2)
+    for what, a, e in (("gx", gx2, gx), ("gw", gw2, gw), ("gb", gb2, gb)):
+        _close(a, e, dtype, what)
