@@ -75,12 +75,45 @@ def bind_device(cupy, count, rank_on_node=None, ranks_on_node=None, share=False)
     return device
 
 
-def resolve_dtype(name):
-    """The NumPy dtype for a job's ``dtype`` key."""
+def resolve_dtype(name, xp=np):
+    """The NumPy dtype for a job's ``dtype`` key. ``bfloat16`` (ml_dtypes' type) is for CuPy: activations in
+    bfloat16, parameters, gradients and momentum in float32 (:func:`master_dtype`)."""
+    if name == "bfloat16":
+        if xp is np:
+            raise ValueError("dtype: bfloat16 runs on the GPU only (backend: cupy); on the CPU use float32")
+        try:
+            import ml_dtypes
+        except ImportError:
+            raise ValueError("dtype: bfloat16 needs ml_dtypes (pip install spmdcnn[gpu-cuda12] or ml_dtypes)") \
+                from None
+        return np.dtype(ml_dtypes.bfloat16)
     try:
         return np.dtype(_DTYPES[name])
     except KeyError:
-        raise ValueError(f"dtype: unsupported dtype {name!r}; expected one of {', '.join(_DTYPES)}") from None
+        raise ValueError(f"dtype: unsupported dtype {name!r}; expected one of {', '.join(_DTYPES)}, bfloat16") \
+            from None
+
+
+def master_dtype(dtype):
+    """The dtype of parameters, gradients, buffers and optimizer state for activations of ``dtype``: float32
+    for bfloat16 (mixed precision with a float32 master copy), ``dtype`` itself otherwise."""
+    dtype = np.dtype(dtype)
+    return np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
+
+
+def is_bfloat16(dtype):
+    return np.dtype(dtype).name == "bfloat16"
+
+
+def set_precision(xp, tf32=False):
+    """Whether float32 convolutions (cuDNN) and matrix products (cuBLAS) on ``xp`` may round their inputs to
+    TF32; nothing to set for NumPy."""
+    if xp is np:
+        return
+    from .ops.cuda import conv
+    conv.set_tf32(tf32)
+    from cupy._core import _routines_linalg as linalg       # CuPy's per-dtype GEMM compute type
+    linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if tf32 else linalg.COMPUTE_TYPE_FP32)
 
 
 def local_rank():

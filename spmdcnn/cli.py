@@ -100,7 +100,8 @@ def cmd_bench(args):
     from .runtime.bench import bench
     world = World.create()
     result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed, args.plan,
-                   world, args.machine, not args.json)
+                   world, args.machine, not args.json, tf32=args.tf32, transport=args.transport,
+                   share_gpus=args.share_gpus)
     if world.rank != 0:
         return 0
     if args.json:
@@ -273,11 +274,13 @@ def cmd_profile(args):
     from .graph import load_model
     from .runtime.profile import default_path, device_name, profile
     world = World.create()
-    rank_on_node = world.local_rank()
+    node_ranks = world.node_ranks()
 
     def load():
         graph = load_model(args.model)
-        xp, dtype = backend.get_array_module(args.backend, rank_on_node), backend.resolve_dtype(args.dtype)
+        xp = backend.get_array_module(args.backend, *node_ranks, share=args.share_gpus)
+        backend.set_precision(xp, args.tf32)
+        dtype = backend.resolve_dtype(args.dtype, xp)
         device = device_name(world, xp, dtype)
         path = args.output or default_path(device)
         store = Profile.load(path, device) if world.rank == 0 else None
@@ -345,8 +348,13 @@ def build_parser():
     p.add_argument("--batch", type=int, required=True, help="global batch size")
     p.add_argument("--steps", type=int, default=10, help="timed iterations (default 10)")
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
+                   help="bfloat16: activations in bfloat16, float32 master weights (cupy only)")
     p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
+    p.add_argument("--tf32", action="store_true", help="cupy, float32: let convolutions and matmuls use TF32")
+    p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
+                   help="how ranks move data (default auto: nccl, cuda-mpi or host, whichever works)")
+    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan", default="data",
                    help="data, model, owt, auto (the planner) or a plan YAML file (default data; one process runs "
@@ -427,8 +435,10 @@ def build_parser():
     p.add_argument("--repeats", type=int, default=3, help="timed runs per tile (median; default 3)")
     p.add_argument("--machine", help="machine YAML whose ring model the measured wait per synchronization is "
                    "taken beyond (default: the built-in local machine)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
+    p.add_argument("--tf32", action="store_true", help="cupy, float32: let convolutions and matmuls use TF32")
+    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
     p.set_defaults(run=cmd_profile)
 
     add_file_commands(sub, common)

@@ -36,6 +36,13 @@ def _is_device(array):
     return type(array).__module__.startswith("cupy")
 
 
+def _bytes(buffer):
+    """``buffer`` as MPI can take it: a type MPI has no name for (bfloat16) travels as raw 16-bit words."""
+    if buffer.dtype.name == "bfloat16":
+        return buffer.view(np.uint16)
+    return buffer
+
+
 def _synchronize(array):
     """Wait for the work queued on the current stream (which wrote ``array``) before MPI or NCCL reads it."""
     import cupy
@@ -61,8 +68,8 @@ class HostTransport:
 
     def exchange(self, comm, recvs, sends):
         """Post every receive ``(buffer, source, tag)``, then every send ``(buffer, dest, tag)``; wait for all."""
-        requests = [comm.Irecv(buffer, source=source, tag=tag) for buffer, source, tag in recvs]
-        requests += [comm.Isend(buffer, dest=dest, tag=tag) for buffer, dest, tag in sends]
+        requests = [comm.Irecv(_bytes(buffer), source=source, tag=tag) for buffer, source, tag in recvs]
+        requests += [comm.Isend(_bytes(buffer), dest=dest, tag=tag) for buffer, dest, tag in sends]
         if requests:
             mpi().Request.Waitall(requests)
 
@@ -141,6 +148,8 @@ class NcclTransport(CudaMpiTransport):
 
     def _type(self, dtype):
         nccl, dtype = self.nccl, np.dtype(dtype)
+        if dtype.name == "bfloat16":
+            return nccl.NCCL_BFLOAT16
         types = {np.dtype(np.float32): nccl.NCCL_FLOAT32, np.dtype(np.float64): nccl.NCCL_FLOAT64,
                  np.dtype(np.float16): nccl.NCCL_FLOAT16, np.dtype(np.int64): nccl.NCCL_INT64,
                  np.dtype(np.int32): nccl.NCCL_INT32, np.dtype(np.uint8): nccl.NCCL_UINT8}

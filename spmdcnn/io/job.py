@@ -72,7 +72,7 @@ _CHOICES = {
     ("optimizer", "schedule"): ("constant", "step", "cosine"),
     ("backend",): ("auto", "numpy", "cupy"),
     ("transport",): ("auto", "host", "cuda-mpi", "nccl"),
-    ("dtype",): ("float32", "float64"),
+    ("dtype",): ("float32", "float64", "bfloat16"),
 }
 
 

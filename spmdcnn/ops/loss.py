@@ -11,7 +11,11 @@ from .. import backend
 
 
 def softmax_cross_entropy_forward(logits, labels, total=None):
+    """bfloat16 logits are taken in float32; the gradient comes back in the logits' type."""
     xp = backend.array_module(logits)
+    dtype = logits.dtype
+    if dtype.name == "bfloat16":
+        logits = logits.astype(xp.float32)
     N, F = logits.shape
     total = N if total is None else total
     if labels.shape != (N,):
@@ -29,15 +33,15 @@ def softmax_cross_entropy_forward(logits, labels, total=None):
     loss = xp.where(padding, 0, per_row).sum(dtype=xp.float64) / total
     probs = exp
     probs /= sum_exp
-    return float(loss), (probs, labels, total)
+    return float(loss), (probs, labels, total, dtype)
 
 
 def softmax_cross_entropy_backward(gloss, saved):
-    probs, labels, total = saved
+    probs, labels, total, dtype = saved
     xp = backend.array_module(probs)
     g = probs.copy()
     padding = labels < 0
     g[xp.arange(len(labels)), xp.where(padding, 0, labels)] -= 1.0
     g[padding] = 0
     g *= gloss / total
-    return g
+    return g.astype(dtype, copy=False)

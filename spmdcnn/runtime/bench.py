@@ -6,7 +6,7 @@ import statistics
 import time
 
 from .. import backend
-from ..comm import World
+from ..comm import World, choose_transport
 from ..graph import load_model
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
@@ -29,7 +29,7 @@ def blas_info():
 
 
 def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
-          world=None, machine=None, verbose=False):
+          world=None, machine=None, verbose=False, tf32=False, transport="auto", share_gpus=False):
     """Time ``steps`` training iterations after ``warmup`` on the ranks of ``world`` under ``plan``.
 
     Every iteration starts after a barrier and lasts until the slowest rank is done. The breakdown per rank:
@@ -37,13 +37,16 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     allreduce, batchnorm statistics, loss), ``compute_s`` (the rest); bytes are totals over all ranks per iteration.
     """
     world = world or World.create()
-    rank_on_node = world.local_rank()
+    node_ranks = world.node_ranks()
 
     def load():
         graph = load_model(model_path)
         chosen = None if plan in (None, "auto") else load_plan(plan, graph, batch, world.size)
-        return graph, chosen, backend.get_array_module(backend_name, rank_on_node), backend.resolve_dtype(dtype)
+        xp = backend.get_array_module(backend_name, *node_ranks, share=share_gpus)
+        backend.set_precision(xp, tf32)
+        return graph, chosen, xp, backend.resolve_dtype(dtype, xp)
     graph, plan_spec, xp, dtype = world.agree(load)
+    world.use(choose_transport(world, xp, transport, print if world.rank == 0 and verbose else None))
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
                                   print if world.rank == 0 and verbose else (lambda line: None))
     run = training_step(graph, batch, xp, dtype, world, plan, seed)

@@ -13,6 +13,7 @@ tile per layer), for any batch size.
 
 import numpy as np
 
+from .. import backend
 from ..comm import World
 from ..graph.blocks import DATA
 from ..tiling.boxes import relative
@@ -74,14 +75,15 @@ class Executor:
     def __init__(self, graph, xp=np, dtype=np.float32, seed=0, plan=None, world=None):
         self.graph = graph
         self.xp = xp
-        self.dtype = np.dtype(dtype)
+        self.dtype = np.dtype(dtype)                       # activations and their gradients
+        self.param_dtype = backend.master_dtype(dtype)      # parameters, gradients, buffers (bfloat16: float32)
         self.seed = seed
         self.world = world or World(None)
         self.plan = plan
         self.program = self._program(plan.batch if plan else 1)
-        self.params = FlatStore(self.program.param_shapes, self.dtype, xp)
-        self.grads = FlatStore(self.program.param_shapes, self.dtype, xp)
-        self.buffers = FlatStore(self.program.buffer_shapes, self.dtype, xp)
+        self.params = FlatStore(self.program.param_shapes, self.param_dtype, xp)
+        self.grads = FlatStore(self.program.param_shapes, self.param_dtype, xp)
+        self.buffers = FlatStore(self.program.buffer_shapes, self.param_dtype, xp)
         self.training = True
         self.step = 0
         self.labels = None
@@ -111,7 +113,7 @@ class Executor:
                 store = self.params if kind in layer.params else self.buffers
                 if name in store:
                     store[name][...] = self.xp.asarray(initial_value(layer, kind, seed, self.shards[name]),
-                                                       self.dtype)
+                                                       self.param_dtype)
 
     def needs_input_grad(self, layer):
         return any(self._requires_grad[ref] for ref in layer.inputs)

@@ -13,7 +13,7 @@ import statistics
 
 import numpy as np
 
-from ..backend import synchronizer
+from ..backend import master_dtype, synchronizer
 from ..cost.calibrate import blas_threads, cpu_name, median_seconds
 from ..cost.compute import ComputeModel, update_key
 from ..cost.tiles import tile_shapes
@@ -29,12 +29,15 @@ from .optimizer import SGD
 
 def device_name(world, xp=np, dtype=np.float32):
     """The profile's device: the processor, its BLAS threads per rank, how many ranks share it, and the dtype."""
+    precision = np.dtype(dtype).name
     if xp is not np:
+        from ..ops.cuda.conv import tf32_allowed
         name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
+        precision += "+tf32" if tf32_allowed() and precision == "float32" else ""
     else:
         name = f"{cpu_name()} x{blas_threads()}"
     ranks = "" if world.size == 1 else f", {world.size} ranks"
-    return f"{name}{ranks}, {np.dtype(dtype).name}"
+    return f"{name}{ranks}, {precision}"
 
 
 def default_path(device):
@@ -67,12 +70,13 @@ class _Site:
 class _Context:
     def __init__(self, layer, shape, xp, dtype, rng):
         self.layer, self.shape = layer, shape
-        self.params = {f"{layer.name}.{n}": xp.asarray(rng.standard_normal(s).astype(dtype) * 0.1)
+        master = master_dtype(dtype)            # parameters in float32 under bfloat16, as the executor keeps them
+        self.params = {f"{layer.name}.{n}": xp.asarray((rng.standard_normal(s) * 0.1).astype(master))
                        for n, s in shape.params}
         self.grads = {name: xp.zeros_like(value) for name, value in self.params.items()}
         channels = shape.output[1] if len(shape.output) > 1 else 1
-        self.buffers = {f"{layer.name}.running_mean": xp.zeros(channels, dtype),
-                        f"{layer.name}.running_var": xp.ones(channels, dtype)}
+        self.buffers = {f"{layer.name}.running_mean": xp.zeros(channels, master),
+                        f"{layer.name}.running_var": xp.ones(channels, master)}
         self.training, self.step, self.seed = True, 0, 0
         self.labels = None
         if shape.op == "softmax_cross_entropy":
@@ -119,7 +123,7 @@ def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
 
 def measure_update(count, xp=np, dtype=np.float32, repeats=3, warmup=1):
     """Seconds for an SGD step (momentum and weight decay) over ``count`` parameters."""
-    sgd = SGD({"w": (count,)}, dtype, xp, lr=0.01, momentum=0.9, weight_decay=5e-4)
+    sgd = SGD({"w": (count,)}, master_dtype(dtype), xp, lr=0.01, momentum=0.9, weight_decay=5e-4)
     weights, grads = xp.ones(count, dtype), xp.ones(count, dtype)
     return median_seconds(lambda: sgd.step(weights, grads), repeats, warmup, sync=synchronizer(xp))
 
@@ -171,7 +175,7 @@ def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0):
     from ..io.dataset import SyntheticData
     from .executor import Executor
     executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
-    optimizer = SGD(executor.params.shapes, dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    optimizer = SGD(executor.params.shapes, executor.param_dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch, dtype)
     images, labels = xp.asarray(images), xp.asarray(labels)
 

@@ -17,7 +17,7 @@ def gather_global(executor, store):
         return {}
     result = {}
     for name in _names(executor.graph, store, pieces):
-        full = np.empty(program.global_shape(name), dtype=executor.dtype)
+        full = np.empty(program.global_shape(name), dtype=executor.param_dtype)
         covered = 0
         for part in pieces:
             if name in part:
@@ -43,7 +43,7 @@ def scatter_global(executor, store, arrays):
     for name in store:
         if name in arrays:
             c0, c1 = executor.shards[name]
-            store[name][...] = xp.asarray(arrays[name][c0:c1], dtype=executor.dtype)
+            store[name][...] = xp.asarray(arrays[name][c0:c1], dtype=executor.param_dtype)
 
 
 GROUPS = ("params", "buffers", "momentum")

@@ -69,7 +69,7 @@ def make_missing_data(job, log):
 
 def make_optimizer(job, executor):
     spec = job["optimizer"]
-    return SGD(executor.params.shapes, executor.dtype, executor.xp, lr=spec["lr"], momentum=spec["momentum"],
+    return SGD(executor.params.shapes, executor.param_dtype, executor.xp, lr=spec["lr"], momentum=spec["momentum"],
                weight_decay=spec["weight_decay"], nesterov=spec["nesterov"])
 
 
@@ -82,7 +82,7 @@ def restore(executor, optimizer, tensors, weights_only=False):
         store = stores[group]
         if store is not None and name in store:
             c0, c1 = executor.shards[name]
-            store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.dtype)
+            store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.param_dtype)
 
 
 def write_checkpoint(path, executor, optimizer, state, plan_text, keep=1):
@@ -170,7 +170,8 @@ class Trainer:
         job = self.job
         self.graph = load_model(job["model"])
         self.xp = backend.get_array_module(job["backend"], *self.node_ranks, share=job["share_gpus"])
-        self.dtype = backend.resolve_dtype(job["dtype"])
+        self.dtype = backend.resolve_dtype(job["dtype"], self.xp)
+        backend.set_precision(self.xp, job["tf32"])
         self.batch = job["batch_size"]
         self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,
                                                                            self.world.size)

@@ -36,6 +36,10 @@ def set_tf32(allowed):
     _settings["tf32"] = bool(allowed)
 
 
+def tf32_allowed():
+    return _settings["tf32"]
+
+
 def _cudnn():
     try:
         import cudnn

@@ -2,7 +2,9 @@
 dropout and the SGD update. Each computes exactly what its NumPy counterpart computes (same formula, same tie
 rules, same counter-based dropout mask), in one or two launches instead of one per expression or per sample.
 
-Kernels are compiled on first use (CuPy caches them on disk); this module imports without CuPy.
+Kernels are compiled on first use (CuPy caches them on disk); this module imports without CuPy. Every kernel is
+generic over the array type ``T``; bfloat16 (ml_dtypes' type in CuPy) computes and accumulates in float32 (``A``),
+float32 and float64 in their own type.
 """
 
 import functools
@@ -12,6 +14,16 @@ import numpy
 # ---------------------------------------------------------------------------------------------------------------
 # pooling: one thread per output element (forward) or per input element (backward: it gathers from the windows
 # that contain it, in a fixed order, so results are deterministic and need no atomics)
+
+def _accumulator(dtype):
+    """The C type a kernel computes in for arrays of ``dtype`` (a name): float for bfloat16, else the type."""
+    return {"float64": "double", "float32": "float", "bfloat16": "float", "float16": "float"}[dtype]
+
+
+def accumulation_dtype(dtype):
+    """The NumPy dtype of per-channel factors and sums for arrays of ``dtype``."""
+    return numpy.dtype(numpy.float64 if numpy.dtype(dtype) == numpy.float64 else numpy.float32)
+
 
 _WINDOW_PARAMS = ("int32 H, int32 W, int32 oH, int32 oW, int32 kH, int32 kW, int32 sh, int32 sw, "
                   "int32 top, int32 left")
@@ -32,70 +44,75 @@ _INPUT_POSITION = """
 
 
 @functools.cache
-def _maxpool_forward(index_type):
+def _maxpool_forward(index_type, dtype):
     import cupy
+    A = _accumulator(dtype)
     return cupy.ElementwiseKernel(
         f"raw T x, {_WINDOW_PARAMS}", f"T y, {index_type} arg",
-        _OUTPUT_POSITION + """
-        T best = -CUDART_INF; int winner = 0;          // padding is -inf: it never wins
-        for (int p = 0; p < kH; ++p) {
+        _OUTPUT_POSITION + f"""
+        {A} best = -CUDART_INF_F; int winner = 0;       // padding is -inf: it never wins
+        for (int p = 0; p < kH; ++p) {{
             const int h = h0 + p;
-            for (int q = 0; q < kW; ++q) {
+            for (int q = 0; q < kW; ++q) {{
                 const int w = w0 + q;
-                const T v = (h >= 0 && h < H && w >= 0 && w < W) ? x[base + (long long)h * W + w] : (T)-CUDART_INF;
-                if (v > best) { best = v; winner = p * kW + q; }     // strictly: the first maximum wins ties
-            }
-        }
-        y = best; arg = winner;
-        """, f"spmdcnn_maxpool_forward_{index_type}", preamble="#include <math_constants.h>")
+                const {A} v = (h >= 0 && h < H && w >= 0 && w < W) ? ({A})x[base + (long long)h * W + w]
+                                                                     : ({A})-CUDART_INF_F;
+                if (v > best) {{ best = v; winner = p * kW + q; }}     // strictly: the first maximum wins ties
+            }}
+        }}
+        y = (T)best; arg = winner;
+        """, f"spmdcnn_maxpool_forward_{index_type}_{dtype}", preamble="#include <math_constants.h>")
 
 
 @functools.cache
-def _maxpool_backward(index_type):
+def _maxpool_backward(index_type, dtype):
     import cupy
+    A = _accumulator(dtype)
     return cupy.ElementwiseKernel(
         f"raw T gy, raw {index_type} arg, {_WINDOW_PARAMS}", "T gx",
-        _INPUT_POSITION + """
-        T sum = 0;
+        _INPUT_POSITION + f"""
+        {A} sum = 0;
         for (int oh = oh_lo; oh <= oh_hi; ++oh)
-            for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) {{
                 const long long o = obase + (long long)oh * oW + ow;
-                if ((int)arg[o] == (hp - oh * sh) * kW + (wp - ow * sw)) sum += gy[o];
-            }
-        gx = sum;
-        """, f"spmdcnn_maxpool_backward_{index_type}")
+                if ((int)arg[o] == (hp - oh * sh) * kW + (wp - ow * sw)) sum += ({A})gy[o];
+            }}
+        gx = (T)sum;
+        """, f"spmdcnn_maxpool_backward_{index_type}_{dtype}")
 
 
 @functools.cache
-def _avgpool_forward():
+def _avgpool_forward(dtype):
     import cupy
+    A = _accumulator(dtype)
     return cupy.ElementwiseKernel(
         f"raw T x, {_WINDOW_PARAMS}", "T y",
-        _OUTPUT_POSITION + """
-        T sum = 0;                                     // the padding counts as zeros
-        for (int p = 0; p < kH; ++p) {
+        _OUTPUT_POSITION + f"""
+        {A} sum = 0;                                   // the padding counts as zeros
+        for (int p = 0; p < kH; ++p) {{
             const int h = h0 + p;
             if (h < 0 || h >= H) continue;
-            for (int q = 0; q < kW; ++q) {
+            for (int q = 0; q < kW; ++q) {{
                 const int w = w0 + q;
-                if (w >= 0 && w < W) sum += x[base + (long long)h * W + w];
-            }
-        }
-        y = sum * (T)(1.0 / (kH * kW));
-        """, "spmdcnn_avgpool_forward")
+                if (w >= 0 && w < W) sum += ({A})x[base + (long long)h * W + w];
+            }}
+        }}
+        y = (T)(sum * ({A})(1.0 / (kH * kW)));
+        """, f"spmdcnn_avgpool_forward_{dtype}")
 
 
 @functools.cache
-def _avgpool_backward():
+def _avgpool_backward(dtype):
     import cupy
+    A = _accumulator(dtype)
     return cupy.ElementwiseKernel(
         f"raw T gy, {_WINDOW_PARAMS}", "T gx",
-        _INPUT_POSITION + """
-        T sum = 0;
+        _INPUT_POSITION + f"""
+        {A} sum = 0;
         for (int oh = oh_lo; oh <= oh_hi; ++oh)
-            for (int ow = ow_lo; ow <= ow_hi; ++ow) sum += gy[obase + (long long)oh * oW + ow];
-        gx = sum * (T)(1.0 / (kH * kW));
-        """, "spmdcnn_avgpool_backward")
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) sum += ({A})gy[obase + (long long)oh * oW + ow];
+        gx = (T)(sum * ({A})(1.0 / (kH * kW)));
+        """, f"spmdcnn_avgpool_backward_{dtype}")
 
 
 def _window_args(geometry, H, W, oH, oW):
@@ -111,7 +128,8 @@ def maxpool2d_forward(x, geometry):
     index_type = "uint8" if geometry.kernel[0] * geometry.kernel[1] <= 256 else "uint32"
     y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
     arg = cupy.empty((N, C, oH, oW), dtype=index_type)
-    _maxpool_forward(index_type)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y, arg)
+    _maxpool_forward(index_type, x.dtype.name)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW),
+                                               y, arg)
     return y, (x.shape, arg, geometry)
 
 
@@ -120,8 +138,8 @@ def maxpool2d_backward(gy, saved):
     x_shape, arg, geometry = saved
     N, C, H, W = x_shape
     gx = cupy.empty(x_shape, dtype=gy.dtype)
-    _maxpool_backward(arg.dtype.name)(cupy.ascontiguousarray(gy), arg,
-                                      *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
+    _maxpool_backward(arg.dtype.name, gy.dtype.name)(cupy.ascontiguousarray(gy), arg,
+                                                     *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
     return gx
 
 
@@ -130,7 +148,7 @@ def avgpool2d_forward(x, geometry):
     N, C, H, W = x.shape
     oH, oW = geometry.output_shape(H, W)
     y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
-    _avgpool_forward()(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y)
+    _avgpool_forward(x.dtype.name)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y)
     return y, (x.shape, geometry)
 
 
@@ -139,7 +157,8 @@ def avgpool2d_backward(gy, saved):
     x_shape, geometry = saved
     N, C, H, W = x_shape
     gx = cupy.empty(x_shape, dtype=gy.dtype)
-    _avgpool_backward()(cupy.ascontiguousarray(gy), *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
+    _avgpool_backward(gy.dtype.name)(cupy.ascontiguousarray(gy),
+                                     *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
     return gx
 
 
@@ -148,30 +167,33 @@ def avgpool2d_backward(gy, saved):
 
 
 @functools.cache
-def _bn_kernels():
+def _bn_kernels(dtype):
     import cupy
-    sums = cupy.ReductionKernel("T x", "float64 s", "(double)x", "a + b", "s = a", "0", "spmdcnn_bn_sum")
+    x = "(double)(float)" if dtype == "bfloat16" else "(double)"        # bfloat16 converts through float
+    sums = cupy.ReductionKernel("T x", "float64 s", f"{x}x", "a + b", "s = a", "0", f"spmdcnn_bn_sum_{dtype}")
     centred_dot = cupy.ReductionKernel(
-        "T a, T x, float64 mean", "float64 s", "(double)a * ((double)x - mean)", "a + b", "s = a", "0",
-        "spmdcnn_bn_centred_dot")
+        "T a, T x, float64 mean", "float64 s", f"{x}a * ({x}x - mean)", "a + b", "s = a", "0",
+        f"spmdcnn_bn_centred_dot_{dtype}")
     centred_square = cupy.ReductionKernel(
-        "T x, float64 mean", "float64 s", "((double)x - mean) * ((double)x - mean)", "a + b", "s = a", "0",
-        "spmdcnn_bn_centred_square")
-    affine = cupy.ElementwiseKernel("T x, T scale, T shift", "T y", "y = x * scale + shift", "spmdcnn_bn_affine")
+        "T x, float64 mean", "float64 s", f"({x}x - mean) * ({x}x - mean)", "a + b", "s = a", "0",
+        f"spmdcnn_bn_centred_square_{dtype}")
+    affine = cupy.ElementwiseKernel("T x, A scale, A shift", "T y", "y = (T)((A)x * scale + shift)",
+                                    f"spmdcnn_bn_affine_{dtype}")
     backward = cupy.ElementwiseKernel(
-        "T gy, T x, T mean, T k1, T k2, T k3", "T gx", "gx = gy * k1 - (x - mean) * k2 - k3",
-        "spmdcnn_bn_backward")
+        "T gy, T x, A mean, A k1, A k2, A k3", "T gx", "gx = (T)((A)gy * k1 - ((A)x - mean) * k2 - k3)",
+        f"spmdcnn_bn_backward_{dtype}")
     return sums, centred_dot, centred_square, affine, backward
 
 
 def _channel(v, dtype):
-    return v.astype(dtype).reshape(1, -1, 1)
+    """A per-channel vector as (1, C, 1) in the accumulation type of arrays of ``dtype``."""
+    return v.astype(accumulation_dtype(dtype)).reshape(1, -1, 1)
 
 
 def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps, momentum, training, reduce, count):
     """As :func:`spmdcnn.ops.batchnorm.batchnorm2d_forward`, in four launches (two reductions, one affine map,
-    the running statistics)."""
-    sums, _, centred_square, affine, _ = _bn_kernels()
+    the running statistics). Parameters and running statistics may be float32 under bfloat16 activations."""
+    sums, _, centred_square, affine, _ = _bn_kernels(x.dtype.name)
     N, C, H, W = x.shape
     x3 = x.reshape(N, C, H * W)
     if not training:
@@ -179,7 +201,7 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps, momentum
         scale = gamma * inv_std
         shift = beta - running_mean * scale
         return affine(x3, _channel(scale, x.dtype), _channel(shift, x.dtype)).reshape(x.shape), \
-            ("eval", scale.astype(x.dtype))
+            ("eval", _channel(scale, x.dtype))
     M = N * H * W if count is None else count
     if M <= 1:
         raise ValueError(f"batchnorm2d: training needs more than one value per channel, got {M} "
@@ -187,7 +209,7 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps, momentum
     mean = reduce(sums(x3, axis=(0, 2))) / M
     var = reduce(centred_square(x3, mean.reshape(1, C, 1), axis=(0, 2))) / M
     inv_std = 1.0 / (var + eps) ** 0.5
-    scale = gamma * inv_std.astype(x.dtype)
+    scale = gamma * inv_std.astype(gamma.dtype)
     y = affine(x3, _channel(scale, x.dtype), _channel(beta - mean * scale, x.dtype))
     running_mean *= 1.0 - momentum
     running_mean += (momentum * mean).astype(running_mean.dtype)
@@ -198,9 +220,12 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps, momentum
 
 def batchnorm2d_backward(gy, saved):
     import cupy
+    sums, centred_dot, _, affine, backward = _bn_kernels(gy.dtype.name)
     if saved[0] == "eval":
-        return gy * saved[1].reshape(1, -1, 1, 1), None, None
-    sums, centred_dot, _, _, backward = _bn_kernels()
+        scale = saved[1]
+        zero = cupy.zeros_like(scale)
+        N, C = gy.shape[:2]
+        return affine(gy.reshape(N, C, -1), scale, zero).reshape(gy.shape), None, None
     _, x3, mean, gamma, inv_std, M, reduce = saved
     C = x3.shape[1]
     gy3 = gy.reshape(x3.shape)
@@ -212,7 +237,7 @@ def batchnorm2d_backward(gy, saved):
     k3 = gamma * inv_std * gbeta / M
     gx = backward(gy3, x3, _channel(mean, gy.dtype), _channel(k1, gy.dtype), _channel(k2, gy.dtype),
                   _channel(k3, gy.dtype))
-    return gx.reshape(gy.shape), ggamma.astype(gy.dtype), gbeta.astype(gy.dtype)
+    return gx.reshape(gy.shape), ggamma.astype(gamma.dtype), gbeta.astype(gamma.dtype)
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -236,12 +261,12 @@ def _dropout_forward(ndim):
         for a in reversed(range(ndim)))
     params = ", ".join(f"int64 shape{a}, int64 start{a}, uint64 stride{a}" for a in range(ndim))
     return cupy.ElementwiseKernel(
-        f"T x, uint64 key, uint64 threshold, T scale, {params}", "T y, bool keep",
+        f"T x, uint64 key, uint64 threshold, A scale, {params}", "T y, bool keep",
         f"""
         long long rest = i; unsigned long long g = 0;
 {decompose}
         keep = (spmdcnn_mix(g ^ key) >> 11) >= threshold;
-        y = keep ? x * scale : (T)0;
+        y = keep ? (T)((A)x * scale) : (T)0;
         """, f"spmdcnn_dropout_forward_{ndim}", preamble=_SPLITMIX)
 
 
@@ -259,8 +284,8 @@ def dropout_forward(x, p, key, start, global_shape, inplace):
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     y = x if inplace else cupy.empty_like(x)
     keep = cupy.empty(x.shape, dtype=bool)
-    _dropout_forward(x.ndim)(x, numpy.uint64(key), numpy.uint64(round(p * (1 << 53))), x.dtype.type(scale), *args,
-                             y, keep)
+    _dropout_forward(x.ndim)(x, numpy.uint64(key), numpy.uint64(round(p * (1 << 53))),
+                             accumulation_dtype(x.dtype).type(scale), *args, y, keep)
     return y, (keep, scale)
 
 
@@ -289,3 +314,29 @@ def sgd_update(weights, grads, velocity, lr, momentum, weight_decay, nesterov):
         kernel(grads, t(lr), t(weight_decay), t(momentum), weights, velocity)
     else:
         kernel(grads, t(lr), t(weight_decay), t(momentum), weights)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# relu: output and mask in one launch (NumPy's maximum and comparison are two); the gradient in one
+
+
+@functools.cache
+def _relu():
+    import cupy
+    forward = cupy.ElementwiseKernel("T x", "T y, bool positive", "positive = x > (T)0; y = positive ? x : (T)0",
+                                     "spmdcnn_relu_forward")
+    backward = cupy.ElementwiseKernel("T gy, bool positive", "T gx", "gx = positive ? gy : (T)0",
+                                      "spmdcnn_relu_backward")
+    return forward, backward
+
+
+def relu_forward(x, inplace):
+    import cupy
+    positive = cupy.empty(x.shape, dtype=bool)
+    y = x if inplace else cupy.empty_like(x)
+    _relu()[0](x, y, positive)
+    return y, positive
+
+
+def relu_backward(gy, positive):
+    return _relu()[1](gy, positive)
