@@ -15,9 +15,20 @@ buffers, device buffers, or NCCL.
 import time
 
 import numpy as np
+
+from ..backend import on_device
+from ..ops.cuda.kernels import add_into
 from ..tiling.boxes import packed, relative, shape_of
 
 TAG_BASE = 100
+
+
+def _accumulate(target, source):
+    """``target += source``; on the GPU in the accumulation type of bfloat16 (ops/cuda)."""
+    if on_device(target):
+        add_into(target, source)
+    else:
+        target += source
 
 
 class Exchange:
@@ -123,11 +134,11 @@ class Exchange:
                 result[slot] = xp.zeros(shape_of(box), dtype=self.dtype)
         for t in self.local:
             if t.slot in slots and t.slot not in self.view_out:
-                result[t.slot][relative(t.box, t.src_box, t.steps)] += grads[t.slot][packed(t.box, t.dst_box,
-                                                                                             t.steps)]
+                _accumulate(result[t.slot][relative(t.box, t.src_box, t.steps)],
+                            grads[t.slot][packed(t.box, t.dst_box, t.steps)])
         transport.exchange(comm, recvs, sends)
         for t, buffer in arrived:
-            result[t.slot][relative(t.box, t.src_box, t.steps)] += xp.asarray(buffer)
+            _accumulate(result[t.slot][relative(t.box, t.src_box, t.steps)], xp.asarray(buffer))
         self._account(start, sum(b.nbytes for b in outgoing))
         return result
 

@@ -38,6 +38,8 @@ def dropout_backward(gy, saved):
     if saved is None:
         return gy
     keep, scale = saved
+    if backend.on_device(gy):
+        return cuda.dropout_backward(gy, keep, scale)
     gx = gy * keep
     gx *= scale
     return gx

@@ -116,6 +116,9 @@ def test_dropout_kernel_draws_the_host_mask(p):
     y2, (keep2, scale2) = dropout.dropout_forward(cp.asarray(x), p, key, start, global_shape)
     assert np.array_equal(cp.asnumpy(keep2), keep) and scale2 == scale
     _close(y2, y, "float64", "y")
+    gy = _rng(7).standard_normal(x.shape)
+    _close(dropout.dropout_backward(cp.asarray(gy), (keep2, scale2)), dropout.dropout_backward(gy, (keep, scale)),
+           "float64", "gx")
     flat = _rng(6).standard_normal((5, 7))                 # linear layers' inputs are 2-D
     keep = dropout.dropout_forward(flat, p, key, (3, 0), (10, 7))[1][0]
     assert np.array_equal(cp.asnumpy(dropout.dropout_forward(cp.asarray(flat), p, key, (3, 0), (10, 7))[1][0]), keep)

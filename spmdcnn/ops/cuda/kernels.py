@@ -172,7 +172,7 @@ def _bn_kernels(dtype):
     x = "(double)(float)" if dtype == "bfloat16" else "(double)"        # bfloat16 converts through float
     sums = cupy.ReductionKernel("T x", "float64 s", f"{x}x", "a + b", "s = a", "0", f"spmdcnn_bn_sum_{dtype}")
     centred_dot = cupy.ReductionKernel(
-        "T a, T x, float64 mean", "float64 s", f"{x}a * ({x}x - mean)", "a + b", "s = a", "0",
+        "T g, T x, float64 mean", "float64 s", f"{x}g * ({x}x - mean)", "a + b", "s = a", "0",
         f"spmdcnn_bn_centred_dot_{dtype}")
     centred_square = cupy.ReductionKernel(
         "T x, float64 mean", "float64 s", f"({x}x - mean) * ({x}x - mean)", "a + b", "s = a", "0",
@@ -289,6 +289,17 @@ def dropout_forward(x, p, key, start, global_shape, inplace):
     return y, (keep, scale)
 
 
+@functools.cache
+def _dropout_backward():
+    import cupy
+    return cupy.ElementwiseKernel("T gy, bool keep, A scale", "T gx", "gx = keep ? (T)((A)gy * scale) : (T)0",
+                                  "spmdcnn_dropout_backward")
+
+
+def dropout_backward(gy, keep, scale):
+    return _dropout_backward()(gy, keep, accumulation_dtype(gy.dtype).type(scale))
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # SGD: the whole flat parameter array in one launch
 
@@ -340,3 +351,31 @@ def relu_forward(x, inplace):
 
 def relu_backward(gy, positive):
     return _relu()[1](gy, positive)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# sums of tensors (add layers, gradients summed back into producer tiles), in the accumulation type
+
+
+@functools.cache
+def _add(dtype):
+    import cupy
+    A = _accumulator(dtype)
+    return cupy.ElementwiseKernel("T x", "T y", f"y = (T)(({A})y + ({A})x)", f"spmdcnn_add_into_{dtype}")
+
+
+@functools.cache
+def _add2(dtype):
+    import cupy
+    A = _accumulator(dtype)
+    return cupy.ElementwiseKernel("T a, T b", "T y", f"y = (T)(({A})a + ({A})b)", f"spmdcnn_add_{dtype}")
+
+
+def add_into(target, source):
+    """``target += source`` (``target`` may be a strided view)."""
+    _add(target.dtype.name)(source.astype(target.dtype, copy=False), target)
+    return target
+
+
+def add(a, b):
+    return _add2(a.dtype.name)(a, b)
