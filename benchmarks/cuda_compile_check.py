@@ -1,5 +1,6 @@
 """Compile every CUDA kernel of spmdcnn/ops/cuda/kernels.py with NVRTC, for float32, float64 and bfloat16,
-without a GPU: a check to run before spending GPU time.
+without a GPU, and describe every convolution graph with the cuDNN frontend: a check to run before spending GPU
+time.
 
     pip install cupy-cuda12x nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12
     LD_LIBRARY_PATH=$(python -c 'import nvidia.cuda_nvrtc, os; print(os.path.dirname(nvidia.cuda_nvrtc.__file__))')/lib \
@@ -10,6 +11,7 @@ like CuPy's generated code (its CArray, bfloat16 and math headers; element refer
 CArrays for raw ones, the type placeholders typedef'd) and compiled for compute_90. It catches what a kernel
 body gets wrong (syntax, types, bfloat16 conversions), not CuPy's own code generation.
 """
+import importlib.util
 import os
 import sys
 
@@ -98,4 +100,35 @@ for d in ("float32", "float64", "bfloat16"):
             failures += 1
             print(f"--- {kernel.name}\n{log[:1500]}")
 print(f"{len(cases) + 9} kernels, {failures} failed to compile")
+
+
+def describe_convolutions():
+    """Describe every convolution graph of the op tests' cases (cuDNN frontend's IR, no GPU): the calls, their
+    keywords and the tensors' dims and strides. Building the graphs needs the GPU."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ops"))
+    from op_cases import CONV_CASES
+    from spmdcnn.ops.conv import ConvGeometry
+    from spmdcnn.ops.cuda import conv
+    from spmdcnn.ops.window import output_extent
+    count = 0
+    for x_shape, w_shape, stride, padding, dilation, _ in CONV_CASES.values():
+        geometry = ConvGeometry(stride, padding, dilation)
+        extra, symmetric = conv._symmetric(geometry)
+        N, C, H, W = x_shape
+        H, W = H + sum(extra[0]), W + sum(extra[1])
+        y_shape = (N, w_shape[0]) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in zip(
+            (H, W), w_shape[2:], geometry.stride, symmetric, geometry.dilation))
+        for kind in ("fprop", "dgrad", "wgrad"):
+            for io, out in (("float32", "float32"), ("float64", "float64"), ("bfloat16", "bfloat16"),
+                            ("bfloat16", "float32")):
+                conv.describe(kind, io, out, (N, C, H, W), w_shape, y_shape, symmetric, geometry.stride,
+                              geometry.dilation)
+                count += 1
+    return count
+
+
+if importlib.util.find_spec("cudnn") is not None:
+    print(f"{describe_convolutions()} cuDNN convolution graphs described")
+else:
+    print("cuDNN frontend not installed: convolution graphs not described (pip install nvidia-cudnn-frontend)")
 sys.exit(1 if failures else 0)

@@ -70,7 +70,7 @@ def _handle():
 
 def _cudnn_type(dtype):
     cudnn = _cudnn()
-    name = numpy.dtype(dtype).name
+    name = dtype if isinstance(dtype, str) else numpy.dtype(dtype).name
     return {"float32": cudnn.data_type.FLOAT, "float64": cudnn.data_type.DOUBLE,
             "bfloat16": cudnn.data_type.BFLOAT16, "float16": cudnn.data_type.HALF}[name]
 
@@ -105,18 +105,18 @@ class _Graph:
                            handle=_handle())
 
 
-@functools.lru_cache(maxsize=1024)
-def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, tf32, device):
-    """The graph of ``kind`` (fprop, dgrad, wgrad) for packed NCHW arrays; raises when no engine runs it."""
+def describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, handle=None):
+    """The (unbuilt) cuDNN graph of ``kind`` (fprop, dgrad, wgrad) for packed NCHW arrays, and its tensors by
+    role (x, w, gy, out). Building it needs the GPU; describing it does not."""
     cudnn = _cudnn()
     io, out, f32 = _cudnn_type(io_type), _cudnn_type(out_type), _cudnn_type("float32")
     compute = _cudnn_type("float64") if io_type == "float64" else f32
-    graph = cudnn.pygraph(handle=_handle(), name=f"spmdcnn_{kind}", io_data_type=io,
+    graph = cudnn.pygraph(handle=handle, name=f"spmdcnn_{kind}", io_data_type=io,
                           intermediate_data_type=compute, compute_data_type=compute)
     attrs = dict(padding=list(padding), stride=list(stride), dilation=list(dilation), compute_data_type=compute)
 
-    def tensor(name, shape, data_type=io):
-        return graph.tensor(name=name, dim=list(shape), stride=_packed(shape), data_type=data_type)
+    def tensor(name, shape):
+        return graph.tensor(name=name, dim=list(shape), stride=_packed(shape), data_type=io)
     if kind == "fprop":
         inputs = {"x": tensor("x", x_shape), "w": tensor("w", w_shape)}
         result, shape = graph.conv_fprop(image=inputs["x"], weight=inputs["w"], name="fprop", **attrs), y_shape
@@ -127,6 +127,15 @@ def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, 
         inputs = {"x": tensor("x", x_shape), "gy": tensor("gy", y_shape)}
         result, shape = graph.conv_wgrad(image=inputs["x"], loss=inputs["gy"], name="wgrad", **attrs), w_shape
     result.set_output(True).set_data_type(out).set_dim(list(shape)).set_stride(_packed(shape))
+    return graph, {**inputs, "out": result}
+
+
+@functools.lru_cache(maxsize=1024)
+def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, tf32, device):
+    """The built graph (cached); raises when no engine runs it."""
+    cudnn = _cudnn()
+    graph, tensors = describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation,
+                              handle=_handle())
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -134,7 +143,7 @@ def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, 
         graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE, cudnn.numerical_note.DOWN_CONVERT_INPUTS])
     graph.check_support()
     graph.build_plans()
-    return _Graph(graph, {**inputs, "out": result}, out_type)
+    return _Graph(graph, tensors, out_type)
 
 
 def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation):
