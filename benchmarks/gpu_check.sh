@@ -11,7 +11,7 @@
 # What the machine lacks travels as wheels in .wheels/ (git-ignored; carry it): nvidia-cudnn-frontend and
 # ml_dtypes for its Python 3.12, and pytest with pytest-timeout. Fetch them here with
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
-#       -d .wheels nvidia-cudnn-frontend==1.32.0 ml_dtypes pytest pytest-timeout pluggy iniconfig packaging
+#       -d .wheels nvidia-cudnn-frontend==1.32.0 ml_dtypes pytest pytest-timeout pluggy iniconfig packaging pygments
 # and run on the machine: bash benchmarks/gpu_check.sh   (about 6 minutes)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,7 +27,7 @@ if [ ${#missing[@]} -gt 0 ] && ls .wheels/*.whl >/dev/null 2>&1; then
 fi
 export PYTHONPATH="$PWD:$DEPS${PYTHONPATH:+:$PYTHONPATH}"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-export SPMDCNN_CACHE="$OUT/cache" PYTHONUNBUFFERED=1
+export SPMDCNN_CACHE="$OUT/cache" PYTHONUNBUFFERED=1 SPMDCNN_REQUIRE_GPU=1   # GPU tests fail, not skip, without one
 
 python3 - > "$OUT/environment.txt" 2>&1 <<'EOF'
 import cupy, numpy

@@ -2,6 +2,8 @@
 does. On NumPy that is host MPI under both MPI transports' code; with a GPU (the GPU check,
 benchmarks/gpu_check.sh), CuPy arrays through host staging, CUDA-aware MPI and NCCL where each can work."""
 
+import os
+
 import numpy as np
 import pytest
 
@@ -54,7 +56,8 @@ def test_cuda_awareness_is_asked_not_assumed(world, monkeypatch):
     assert cuda_aware_mpi() == (False, "SPMDCNN_CUDA_AWARE_MPI=0")
 
 
-@pytest.mark.skipif(_gpus() is None, reason="needs CuPy and a GPU (run by benchmarks/gpu_check.sh)")
+@pytest.mark.skipif(_gpus() is None and not os.environ.get("SPMDCNN_REQUIRE_GPU"),
+                    reason="needs CuPy and a GPU (run by benchmarks/gpu_check.sh)")
 @pytest.mark.parametrize("name", ["host", "cuda-mpi", "nccl"])
 def test_cupy_arrays_through_each_transport(world, name):
     """CuPy float64 on random plans against one NumPy process (on one GPU shared by the ranks, only host staging
