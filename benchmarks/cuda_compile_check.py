@@ -113,7 +113,7 @@ def describe_convolutions():
     count = 0
     for x_shape, w_shape, stride, padding, dilation, _ in CONV_CASES.values():
         geometry = ConvGeometry(stride, padding, dilation)
-        extra, symmetric = conv._symmetric(geometry)
+        extra, symmetric = conv._symmetric(geometry, w_shape[2:])
         N, C, H, W = x_shape
         H, W = H + sum(extra[0]), W + sum(extra[1])
         y_shape = (N, w_shape[0]) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in zip(

@@ -12,7 +12,7 @@
 # ml_dtypes for its Python 3.12, and pytest with pytest-timeout. Fetch them here with
 #   pip download --no-deps --only-binary=:all: --python-version 3.12 --platform manylinux_2_28_x86_64 \
 #       -d .wheels nvidia-cudnn-frontend==1.32.0 ml_dtypes pytest pytest-timeout pluggy iniconfig packaging pygments
-# and run on the machine: bash benchmarks/gpu_check.sh   (about 6 minutes)
+# and run on the machine: bash benchmarks/gpu_check.sh   (at most 570 s of steps)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
@@ -63,11 +63,12 @@ step() {        # step NAME SECONDS COMMAND...: run, keep the output, note the r
     tail -n 3 "$OUT/$name.txt" | sed 's/^/    /' | tee -a "$OUT/summary.txt"
 }
 : > "$OUT/summary.txt"
-step ops 150 python3 -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --timeout 60 -rs
-step transports 150 mpiexec -n 2 python3 -m mpi4py -m pytest tests/mpi/test_transport.py -q -p no:cacheprovider \
-    --timeout 120 -rs
-step training 200 python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 180 -rs
-step vs_torch 300 python3 benchmarks/gpu_vs_torch.py --json "$OUT/vs_torch.json"
+# the limits add up to 570 s: one call of the device tool (at most 600 s)
+step ops 90 python3 -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --timeout 60 -rs
+step transports 90 mpiexec -n 2 python3 -m mpi4py -m pytest tests/mpi/test_transport.py -q -p no:cacheprovider \
+    --timeout 80 -rs
+step training 150 python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 140 -rs
+step vs_torch 240 python3 benchmarks/gpu_vs_torch.py --steps 5 --warmup 2 --json "$OUT/vs_torch.json"
 cat "$OUT/environment.txt" "$OUT/summary.txt"
 grep -A8 "^| model" "$OUT/vs_torch.txt"
 exit $status

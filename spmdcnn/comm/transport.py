@@ -44,7 +44,8 @@ def _bytes(buffer):
 
 
 def _synchronize(array):
-    """Wait for the work queued on the current stream (which wrote ``array``) before MPI or NCCL reads it."""
+    """Wait for the work queued on the current stream (which wrote ``array``, or may still read memory MPI is about
+    to write) before MPI touches device memory."""
     import cupy
     cupy.cuda.get_current_stream().synchronize()
 
@@ -111,8 +112,10 @@ class CudaMpiTransport(HostTransport):
         return np.empty(target.shape, dtype=target.dtype)
 
     def exchange(self, comm, recvs, sends):
-        if any(_is_device(buffer) for buffer, _, _ in sends):
-            _synchronize(sends[0][0])
+        # the kernels that fill the send buffers, and the ones still reading memory a receive buffer reuses,
+        # must be done before MPI touches device memory outside the stream's order
+        if any(_is_device(buffer) for buffer, _, _ in recvs + sends):
+            _synchronize(None)
         super().exchange(comm, recvs, sends)
 
     def allreduce(self, array, comm):
@@ -165,32 +168,36 @@ class NcclTransport(CudaMpiTransport):
         import cupy
         nc = self._comm(comm)
         stream = cupy.cuda.get_current_stream().ptr
-        staged = []
+        # every buffer on the device and every type known before the group starts: an error inside a group
+        # would launch half of it
+        incoming = [(buffer, buffer if _is_device(buffer) else cupy.empty(buffer.shape, buffer.dtype), source)
+                    for buffer, source, _ in recvs]
+        outgoing = [(self._device(buffer), dest) for buffer, dest, _ in sends]
+        types = [self._type(device.dtype) for _, device, _ in incoming] + \
+            [self._type(device.dtype) for device, _ in outgoing]
         self.nccl.groupStart()
         try:
-            for buffer, source, _ in recvs:
-                device = buffer if _is_device(buffer) else cupy.empty(buffer.shape, buffer.dtype)
-                nc.recv(device.data.ptr, device.size, self._type(device.dtype), source, stream)
-                staged.append((buffer, device))
-            for buffer, dest, _ in sends:
-                device = self._device(buffer)
-                nc.send(device.data.ptr, device.size, self._type(device.dtype), dest, stream)
-                staged.append((None, device))        # kept alive until the group completes
+            for (_, device, source), kind in zip(incoming, types):
+                nc.recv(device.data.ptr, device.size, kind, source, stream)
+            for (device, dest), kind in zip(outgoing, types[len(incoming):]):
+                nc.send(device.data.ptr, device.size, kind, dest, stream)
         finally:
             self.nccl.groupEnd()
-        for buffer, device in staged:
-            if buffer is not None and buffer is not device:
+        for buffer, device, _ in incoming:
+            if buffer is not device:
                 device.get(out=buffer)
-        cupy.cuda.get_current_stream().synchronize()
+        cupy.cuda.get_current_stream().synchronize()     # outgoing buffers may be freed after this
 
     def allreduce(self, array, comm):
         import cupy
         nc = self._comm(comm)
         device = array if _is_device(array) else cupy.asarray(array)
-        nc.allReduce(device.data.ptr, device.data.ptr, device.size, self._type(device.dtype),
-                     self.nccl.NCCL_SUM, cupy.cuda.get_current_stream().ptr)
+        stream = cupy.cuda.get_current_stream()
+        nc.allReduce(device.data.ptr, device.data.ptr, device.size, self._type(device.dtype), self.nccl.NCCL_SUM,
+                     stream.ptr)
         if device is not array:
             device.get(out=array)
+        stream.synchronize()        # the sync counters time the reduction itself, not only its launch
         return array
 
     def close(self):

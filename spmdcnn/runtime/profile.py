@@ -124,7 +124,7 @@ def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
 def measure_update(count, xp=np, dtype=np.float32, repeats=3, warmup=1):
     """Seconds for an SGD step (momentum and weight decay) over ``count`` parameters."""
     sgd = SGD({"w": (count,)}, master_dtype(dtype), xp, lr=0.01, momentum=0.9, weight_decay=5e-4)
-    weights, grads = xp.ones(count, dtype), xp.ones(count, dtype)
+    weights, grads = xp.ones(count, master_dtype(dtype)), xp.ones(count, master_dtype(dtype))
     return median_seconds(lambda: sgd.step(weights, grads), repeats, warmup, sync=synchronizer(xp))
 
 

@@ -171,6 +171,8 @@ class Trainer:
         self.graph = load_model(job["model"])
         self.xp = backend.get_array_module(job["backend"], *self.node_ranks, share=job["share_gpus"])
         self.dtype = backend.resolve_dtype(job["dtype"], self.xp)
+        # images are scaled and normalised in float32 under bfloat16, and rounded when they reach the device
+        self.read_dtype = backend.master_dtype(self.dtype)
         backend.set_precision(self.xp, job["tf32"])
         self.batch = job["batch_size"]
         self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,
@@ -288,12 +290,12 @@ class Trainer:
                 source.close()
 
     def _evaluate(self):
-        return evaluate(self.executor, self.val, self.batch, self.dtype)
+        return evaluate(self.executor, self.val, self.batch, self.read_dtype)
 
     def _step(self, step):
         executor = self.executor
         epoch, s = divmod(step, self.steps_per_epoch)
-        loss, correct, _ = executor.forward(self.data.tiles(epoch, s, self.batch, self.dtype), step=step)
+        loss, correct, _ = executor.forward(self.data.tiles(epoch, s, self.batch, self.read_dtype), step=step)
         if not np.isfinite(loss):       # before the update: the weights stay those of the last good step
             raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
         executor.backward()

@@ -94,15 +94,33 @@ def dtype_of(name):
 class _Graph:
     """One built cuDNN graph, its tensors by role, and the data type of its output."""
 
-    def __init__(self, graph, tensors, out_type):
-        self.graph, self.tensors, self.out_dtype = graph, tensors, dtype_of(out_type)
+    def __init__(self, graph, tensors, out_type, key):
+        self.graph, self.tensors, self.out_dtype, self.key = graph, tensors, dtype_of(out_type), key
         self.workspace = max(graph.get_workspace_size(), 1)
+        self.proven = False           # it ran once: from then on an error is an error, not an unsupported case
 
     def __call__(self, **arrays):
+        """Run on ``arrays`` (by role; contiguous, 16-byte aligned); False when the graph's first run fails
+        (the case is then taken by the fallback from now on)."""
         import cupy
         workspace = cupy.empty(self.workspace, dtype=cupy.uint8)
-        self.graph.execute({self.tensors[role]: array.data.ptr for role, array in arrays.items()}, workspace,
-                           handle=_handle())
+        try:
+            self.graph.execute({self.tensors[role]: array.data.ptr for role, array in arrays.items()},
+                               workspace.data.ptr, handle=_handle())
+        except Exception as error:
+            if self.proven:
+                raise
+            _unsupported.add(self.key)
+            log.warning("cuDNN failed to run %s (%s); using im2col + cuBLAS", self.key[:4], error)
+            return False
+        self.proven = True
+        return True
+
+
+def _aligned(array):
+    """``array``, or a copy of it where its address is not 16-byte aligned (cuDNN's engines assume it is; a
+    parameter's view into the flat parameter array, or a tile's view into a larger one, may not be)."""
+    return array if array.data.ptr % 16 == 0 else array.copy()
 
 
 def describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, handle=None):
@@ -130,7 +148,7 @@ def describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride
     return graph, {**inputs, "out": result}
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=8192)
 def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, tf32, device):
     """The built graph (cached); raises when no engine runs it."""
     cudnn = _cudnn()
@@ -143,11 +161,13 @@ def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, 
         graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE, cudnn.numerical_note.DOWN_CONVERT_INPUTS])
     graph.check_support()
     graph.build_plans()
-    return _Graph(graph, tensors, out_type)
+    return _Graph(graph, tensors, out_type,
+                  (kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, tf32, device))
 
 
-def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation):
-    """The cached graph, or None when cuDNN is missing or runs no engine for it (logged once per case)."""
+def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, quiet=False):
+    """The cached graph, or None when cuDNN is missing or runs no engine for it (logged once per case, unless
+    ``quiet``: a first choice with a second one to try)."""
     import cupy
     if not available():
         return None
@@ -159,35 +179,41 @@ def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, 
         return _build(*key)
     except Exception as error:          # cudnnGraphNotSupportedError, or an engine that failed to build
         _unsupported.add(key)
-        log.warning("cuDNN runs no engine for %s %s x %s (%s): %s; using im2col + cuBLAS", kind, x_shape,
-                    w_shape, io_type, error)
+        if not quiet:
+            log.warning("cuDNN runs no engine for %s %s x %s (%s): %s; using im2col + cuBLAS", kind, x_shape,
+                        w_shape, io_type, error)
         return None
 
 
-def _symmetric(geometry):
-    """``(extra padding to apply by hand, symmetric padding for cuDNN)``."""
-    (top, bottom), (left, right) = geometry.padding
-    ph, pw = min(top, bottom), min(left, right)
-    return ((top - ph, bottom - ph), (left - pw, right - pw)), (ph, pw)
+def _symmetric(geometry, kernel):
+    """``(extra padding to apply by hand, symmetric padding for cuDNN)``: cuDNN gets the padding both sides
+    share, or none where it would be as wide as the (dilated) kernel, which engines refuse."""
+    extra, symmetric = [], []
+    for (before, after), k, d in zip(geometry.padding, kernel, geometry.dilation):
+        shared = min(before, after)
+        if shared >= (k - 1) * d + 1:
+            shared = 0
+        extra.append((before - shared, after - shared))
+        symmetric.append(shared)
+    return tuple(extra), tuple(symmetric)
 
 
 def conv2d_forward(x, w, b, geometry, need_input_grad, fallback):
     """``(y, saved)`` through cuDNN, or ``fallback()`` when cuDNN cannot run this case."""
     import cupy
-    extra, padding = _symmetric(geometry)
-    io_type = x.dtype.name
-    xpad = cupy.ascontiguousarray(pad_spatial(x, extra))
-    wio = cupy.ascontiguousarray(w.astype(x.dtype, copy=False))           # bfloat16: round the master weights
-    N, C, H, W = xpad.shape
     K, _, kH, kW = w.shape
+    extra, padding = _symmetric(geometry, (kH, kW))
+    io_type = x.dtype.name
+    xpad = _aligned(cupy.ascontiguousarray(pad_spatial(x, extra)))
+    wio = _aligned(cupy.ascontiguousarray(w.astype(x.dtype, copy=False)))   # bfloat16: round the master weights
+    N, C, H, W = xpad.shape
     y_shape = (N, K) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in
                               zip((H, W), (kH, kW), geometry.stride, padding, geometry.dilation))
     graph = _graph("fprop", io_type, io_type, xpad.shape, w.shape, y_shape, padding, geometry.stride,
                    geometry.dilation)
-    if graph is None:
-        return fallback()
     y = cupy.empty(y_shape, dtype=x.dtype)
-    graph(x=xpad, w=wio, out=y)
+    if graph is None or not graph(x=xpad, w=wio, out=y):
+        return fallback()
     if b is not None:
         y += b.astype(y.dtype, copy=False).reshape(1, K, 1, 1)
     return y, ("cudnn", xpad, w, wio, b is not None, geometry, need_input_grad, x.shape)
@@ -198,29 +224,19 @@ def conv2d_backward(gy, saved, gw_out, fallback):
     ``fallback(gy, saved, gw_out)`` (ops.conv's im2col backward) on the padded input."""
     import cupy
     _, xpad, w, wio, has_bias, geometry, need_input_grad, x_shape = saved
-    extra, padding = _symmetric(geometry)
-    gy = cupy.ascontiguousarray(gy)
+    extra, padding = _symmetric(geometry, w.shape[2:])
+    gy = _aligned(cupy.ascontiguousarray(gy))
     io_type, master = gy.dtype.name, w.dtype
-    args = (xpad.shape, w.shape, gy.shape, padding, geometry.stride, geometry.dilation)
-    # the weight gradient straight in the master weights' type where an engine does that, else in the io type
-    wgrad = _graph("wgrad", io_type, master.name, *args) or _graph("wgrad", io_type, io_type, *args)
-    dgrad = _graph("dgrad", io_type, io_type, *args) if need_input_grad else None
-    if wgrad is None or (need_input_grad and dgrad is None):
+    gradients = _cudnn_backward(gy, xpad, wio, master, padding, geometry, need_input_grad, gw_out)
+    if gradients is None:
         from ..conv import ConvGeometry
         symmetric = ConvGeometry(geometry.stride, padding, geometry.dilation)
         gxpad, gw, gb = fallback(gy, (xpad, wio, has_bias, symmetric, need_input_grad), None)
         gw = gw.astype(master, copy=False)
         gb = None if gb is None else gb.astype(master, copy=False)
     else:
+        gxpad, gw = gradients
         gb = gy.sum(axis=(0, 2, 3), dtype=master) if has_bias else None
-        direct = gw_out is not None and gw_out.flags.c_contiguous and gw_out.dtype == wgrad.out_dtype
-        gw = gw_out if direct else cupy.empty(w.shape, dtype=wgrad.out_dtype)
-        wgrad(x=xpad, gy=gy, out=gw)
-        gw = gw.astype(master, copy=False)
-        gxpad = None
-        if need_input_grad:
-            gxpad = cupy.empty(xpad.shape, dtype=gy.dtype)
-            dgrad(gy=gy, w=wio, out=gxpad)
     if gw_out is not None and gw is not gw_out:
         gw_out[...] = gw
         gw = gw_out
@@ -229,3 +245,28 @@ def conv2d_backward(gy, saved, gw_out, fallback):
         (top, _), (left, _) = extra
         gx = cupy.ascontiguousarray(gxpad[:, :, top:top + x_shape[2], left:left + x_shape[3]])
     return gx, gw, gb
+
+
+def _cudnn_backward(gy, xpad, wio, master, padding, geometry, need_input_grad, gw_out):
+    """``(gx of the padded input or None, gw in the master type)`` through cuDNN, or None when an engine is
+    missing for either."""
+    import cupy
+    io_type = gy.dtype.name
+    args = (xpad.shape, wio.shape, gy.shape, padding, geometry.stride, geometry.dilation)
+    # the weight gradient straight in the master weights' type where an engine does that, else in the io type
+    wgrad = _graph("wgrad", io_type, master.name, *args, quiet=master.name != io_type) or \
+        _graph("wgrad", io_type, io_type, *args)
+    dgrad = _graph("dgrad", io_type, io_type, *args) if need_input_grad else None
+    if wgrad is None or (need_input_grad and dgrad is None):
+        return None
+    direct = gw_out is not None and gw_out.flags.c_contiguous and gw_out.dtype == wgrad.out_dtype \
+        and gw_out.data.ptr % 16 == 0
+    gw = gw_out if direct else cupy.empty(wio.shape, dtype=wgrad.out_dtype)
+    if not wgrad(x=xpad, gy=gy, out=gw):
+        return None
+    gxpad = None
+    if need_input_grad:
+        gxpad = cupy.empty(xpad.shape, dtype=gy.dtype)
+        if not dgrad(gy=gy, w=wio, out=gxpad):
+            return None
+    return gxpad, gw.astype(master, copy=False)

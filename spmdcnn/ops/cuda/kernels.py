@@ -50,18 +50,22 @@ def _maxpool_forward(index_type, dtype):
     return cupy.ElementwiseKernel(
         f"raw T x, {_WINDOW_PARAMS}", f"T y, {index_type} arg",
         _OUTPUT_POSITION + f"""
-        {A} best = -CUDART_INF_F; int winner = 0;       // padding is -inf: it never wins
+        const {A} minus_inf = ({A})__int_as_float(0xff800000);
+        {A} best = minus_inf; int winner = 0;            // padding is -inf: it never wins
+        bool nan = false;
         for (int p = 0; p < kH; ++p) {{
             const int h = h0 + p;
             for (int q = 0; q < kW; ++q) {{
                 const int w = w0 + q;
                 const {A} v = (h >= 0 && h < H && w >= 0 && w < W) ? ({A})x[base + (long long)h * W + w]
-                                                                     : ({A})-CUDART_INF_F;
+                                                                     : minus_inf;
                 if (v > best) {{ best = v; winner = p * kW + q; }}     // strictly: the first maximum wins ties
+                nan |= v != v;
             }}
         }}
-        y = (T)best; arg = winner;
-        """, f"spmdcnn_maxpool_forward_{index_type}_{dtype}", preamble="#include <math_constants.h>")
+        y = nan ? (T)({A})__int_as_float(0x7fc00000) : (T)best;      // NaN propagates, as in NumPy
+        arg = winner;
+        """, f"spmdcnn_maxpool_forward_{index_type}_{dtype}")
 
 
 @functools.cache
@@ -334,8 +338,9 @@ def sgd_update(weights, grads, velocity, lr, momentum, weight_decay, nesterov):
 @functools.cache
 def _relu():
     import cupy
-    forward = cupy.ElementwiseKernel("T x", "T y, bool positive", "positive = x > (T)0; y = positive ? x : (T)0",
-                                     "spmdcnn_relu_forward")
+    forward = cupy.ElementwiseKernel(       # NaN stays NaN (NumPy's maximum), so a diverging loss shows
+        "T x", "T y, bool positive", "positive = x > (T)0; y = (positive || x != x) ? x : (T)0",
+        "spmdcnn_relu_forward")
     backward = cupy.ElementwiseKernel("T gy, bool positive", "T gx", "gx = positive ? gy : (T)0",
                                       "spmdcnn_relu_backward")
     return forward, backward
