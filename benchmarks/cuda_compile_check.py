@@ -121,9 +121,10 @@ def describe_convolutions():
         for kind in ("fprop", "dgrad", "wgrad"):
             for io, out in (("float32", "float32"), ("float64", "float64"), ("bfloat16", "bfloat16"),
                             ("bfloat16", "float32")):
-                conv.describe(kind, io, out, (N, C, H, W), w_shape, y_shape, symmetric, geometry.stride,
-                              geometry.dilation)
-                count += 1
+                for layout in conv.LAYOUTS:
+                    conv.describe(kind, io, out, (N, C, H, W), w_shape, y_shape, symmetric, geometry.stride,
+                                  geometry.dilation, layout)
+                    count += 1
     return count
 
 

@@ -59,12 +59,15 @@ def torch_images_per_s(name, batch, precision, steps, warmup):
 
 
 def spmdcnn_images_per_s(name, batch, dtype, tf32, steps, warmup):
+    """``(images/s, {"graph layout": calls})``: the convolutions' paths (cuDNN in NCHW or NHWC, or im2col)."""
+    import cupy
+    from spmdcnn.ops.cuda import conv
     from spmdcnn.runtime.bench import bench
+    conv.paths.clear()
     result = bench(os.path.join(ROOT, "models", f"{name}.yaml"), batch, steps=steps, warmup=warmup, dtype=dtype,
                    backend_name="cupy", plan="data", tf32=tf32)
-    import cupy
     cupy.get_default_memory_pool().free_all_blocks()
-    return batch / result["step_s_median"]
+    return batch / result["step_s_median"], {" ".join(k): v for k, v in sorted(conv.paths.items())}
 
 
 def main():
@@ -88,7 +91,8 @@ def main():
                 if precision == "fp32" else [("spmdcnn", "bfloat16", False)]
             for key, dtype, tf32 in variants:
                 try:
-                    row[key] = spmdcnn_images_per_s(name, batch, dtype, tf32, args.steps, args.warmup)
+                    row[key], row[f"{key}_convolutions"] = spmdcnn_images_per_s(name, batch, dtype, tf32,
+                                                                                args.steps, args.warmup)
                 except Exception as error:
                     row[f"{key}_error"] = f"{type(error).__name__}: {error}"
             if "pytorch" in row and "spmdcnn" in row:

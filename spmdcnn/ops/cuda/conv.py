@@ -2,7 +2,9 @@
 
 Forward (``conv_fprop``), data gradient (``conv_dgrad``) and weight gradient (``conv_wgrad``) are each one graph,
 built once per (shapes, geometry, data type, TF32 choice, device) and cached; executing a built graph with new
-arrays costs one launch. Tensors keep spmdcnn's NCHW layout: the graphs are told the arrays' strides.
+arrays costs one launch. Tensors keep spmdcnn's NCHW layout and the graphs are told so; a case no engine runs in
+NCHW (bfloat16 often wants channels-last) is run on channels-last copies (NHWC, weights KRSC) before falling back.
+``paths`` counts the calls per (graph, layout), im2col included: the GPU benchmark reports it.
 
 - Per-side padding: a tile's padding is often one-sided, which many cuDNN engines refuse; the input is then
   padded explicitly up to the symmetric part (forward and weight gradient read the padded copy; the data
@@ -16,6 +18,7 @@ arrays costs one launch. Tensors keep spmdcnn's NCHW layout: the graphs are told
   im2col + cuBLAS path that NumPy uses (``ops.conv``), once logged.
 """
 
+import collections
 import functools
 import logging
 import threading
@@ -28,6 +31,35 @@ log = logging.getLogger("spmdcnn")
 _state = threading.local()
 _settings = {"tf32": False}
 _unsupported = set()          # cache keys no cuDNN engine runs: the fallback takes them
+LAYOUTS = ("nchw", "nhwc")
+paths = collections.Counter()  # (fprop | dgrad | wgrad | forward | backward, nchw | nhwc | im2col) -> calls
+
+
+def _strides(shape, layout):
+    """Element strides of a 4-D tensor with logical dims ``shape`` (N, C, H, W or K, C, R, S) stored packed in
+    ``layout``."""
+    if layout == "nchw":
+        return _packed(shape)
+    N, C, H, W = shape
+    return [H * W * C, 1, W * C, C]
+
+
+def _to(array, layout):
+    """A contiguous array holding ``array`` (logical NCHW) in ``layout``."""
+    import cupy
+    return array if layout == "nchw" else cupy.ascontiguousarray(array.transpose(0, 2, 3, 1))
+
+
+def _empty(shape, dtype, layout):
+    import cupy
+    N, C, H, W = shape
+    return cupy.empty(shape if layout == "nchw" else (N, H, W, C), dtype=dtype)
+
+
+def _back(array, layout):
+    """The logical NCHW contiguous array of a result stored in ``layout``."""
+    import cupy
+    return array if layout == "nchw" else cupy.ascontiguousarray(array.transpose(0, 3, 1, 2))
 
 
 def set_tf32(allowed):
@@ -111,7 +143,7 @@ class _Graph:
             if self.proven:
                 raise
             _unsupported.add(self.key)
-            log.warning("cuDNN failed to run %s (%s); using im2col + cuBLAS", self.key[:4], error)
+            log.warning("cuDNN failed to run %s (%s)", self.key[:4] + self.key[9:10], error)
             return False
         self.proven = True
         return True
@@ -123,9 +155,11 @@ def _aligned(array):
     return array if array.data.ptr % 16 == 0 else array.copy()
 
 
-def describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, handle=None):
-    """The (unbuilt) cuDNN graph of ``kind`` (fprop, dgrad, wgrad) for packed NCHW arrays, and its tensors by
-    role (x, w, gy, out). Building it needs the GPU; describing it does not."""
+def describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, layout="nchw",
+             handle=None):
+    """The (unbuilt) cuDNN graph of ``kind`` (fprop, dgrad, wgrad) for arrays packed in ``layout`` (nchw, or
+    nhwc with KRSC weights), and its tensors by role (x, w, gy, out). Building it needs the GPU; describing it
+    does not."""
     cudnn = _cudnn()
     io, out, f32 = _cudnn_type(io_type), _cudnn_type(out_type), _cudnn_type("float32")
     compute = _cudnn_type("float64") if io_type == "float64" else f32
@@ -134,7 +168,7 @@ def describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride
     attrs = dict(padding=list(padding), stride=list(stride), dilation=list(dilation), compute_data_type=compute)
 
     def tensor(name, shape):
-        return graph.tensor(name=name, dim=list(shape), stride=_packed(shape), data_type=io)
+        return graph.tensor(name=name, dim=list(shape), stride=_strides(shape, layout), data_type=io)
     if kind == "fprop":
         inputs = {"x": tensor("x", x_shape), "w": tensor("w", w_shape)}
         result, shape = graph.conv_fprop(image=inputs["x"], weight=inputs["w"], name="fprop", **attrs), y_shape
@@ -144,16 +178,16 @@ def describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride
     else:
         inputs = {"x": tensor("x", x_shape), "gy": tensor("gy", y_shape)}
         result, shape = graph.conv_wgrad(image=inputs["x"], loss=inputs["gy"], name="wgrad", **attrs), w_shape
-    result.set_output(True).set_data_type(out).set_dim(list(shape)).set_stride(_packed(shape))
+    result.set_output(True).set_data_type(out).set_dim(list(shape)).set_stride(_strides(shape, layout))
     return graph, {**inputs, "out": result}
 
 
 @functools.lru_cache(maxsize=8192)
-def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, tf32, device):
+def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, layout, tf32, device):
     """The built graph (cached); raises when no engine runs it."""
     cudnn = _cudnn()
     graph, tensors = describe(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation,
-                              handle=_handle())
+                              layout, handle=_handle())
     graph.validate()
     graph.build_operation_graph()
     graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -161,18 +195,19 @@ def _build(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, 
         graph.deselect_numeric_notes([cudnn.numerical_note.TENSOR_CORE, cudnn.numerical_note.DOWN_CONVERT_INPUTS])
     graph.check_support()
     graph.build_plans()
-    return _Graph(graph, tensors, out_type,
-                  (kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, tf32, device))
+    return _Graph(graph, tensors, out_type, (kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride,
+                                             dilation, layout, tf32, device))
 
 
-def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, quiet=False):
+def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, dilation, layout="nchw",
+           quiet=False):
     """The cached graph, or None when cuDNN is missing or runs no engine for it (logged once per case, unless
     ``quiet``: a first choice with a second one to try)."""
     import cupy
     if not available():
         return None
     key = (kind, io_type, out_type, tuple(x_shape), tuple(w_shape), tuple(y_shape), padding, stride, dilation,
-           _settings["tf32"] and io_type == "float32", cupy.cuda.Device().id)
+           layout, _settings["tf32"] and io_type == "float32", cupy.cuda.Device().id)
     if key in _unsupported:
         return None
     try:
@@ -180,8 +215,8 @@ def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, 
     except Exception as error:          # cudnnGraphNotSupportedError, or an engine that failed to build
         _unsupported.add(key)
         if not quiet:
-            log.warning("cuDNN runs no engine for %s %s x %s (%s): %s; using im2col + cuBLAS", kind, x_shape,
-                        w_shape, io_type, error)
+            log.warning("cuDNN runs no engine for %s %s x %s (%s, %s): %s", kind, x_shape, w_shape, io_type,
+                        layout, error)
         return None
 
 
@@ -199,24 +234,34 @@ def _symmetric(geometry, kernel):
 
 
 def conv2d_forward(x, w, b, geometry, need_input_grad, fallback):
-    """``(y, saved)`` through cuDNN, or ``fallback()`` when cuDNN cannot run this case."""
-    import cupy
+    """``(y, saved)`` through cuDNN (NCHW, else channels-last), or ``fallback()`` when cuDNN cannot run it."""
     K, _, kH, kW = w.shape
     extra, padding = _symmetric(geometry, (kH, kW))
     io_type = x.dtype.name
-    xpad = _aligned(cupy.ascontiguousarray(pad_spatial(x, extra)))
-    wio = _aligned(cupy.ascontiguousarray(w.astype(x.dtype, copy=False)))   # bfloat16: round the master weights
+    xpad = _aligned(_contiguous(pad_spatial(x, extra)))
+    wio = _aligned(_contiguous(w.astype(x.dtype, copy=False)))         # bfloat16: round the master weights
     N, C, H, W = xpad.shape
     y_shape = (N, K) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in
                               zip((H, W), (kH, kW), geometry.stride, padding, geometry.dilation))
-    graph = _graph("fprop", io_type, io_type, xpad.shape, w.shape, y_shape, padding, geometry.stride,
-                   geometry.dilation)
-    y = cupy.empty(y_shape, dtype=x.dtype)
-    if graph is None or not graph(x=xpad, w=wio, out=y):
+    for layout in LAYOUTS:
+        graph = _graph("fprop", io_type, io_type, xpad.shape, w.shape, y_shape, padding, geometry.stride,
+                       geometry.dilation, layout, quiet=layout != LAYOUTS[-1])
+        y = _empty(y_shape, x.dtype, layout)
+        if graph is not None and graph(x=_to(xpad, layout), w=_to(wio, layout), out=y):
+            paths["fprop", layout] += 1
+            y = _back(y, layout)
+            break
+    else:
+        paths["forward", "im2col"] += 1
         return fallback()
     if b is not None:
         y += b.astype(y.dtype, copy=False).reshape(1, K, 1, 1)
     return y, ("cudnn", xpad, w, wio, b is not None, geometry, need_input_grad, x.shape)
+
+
+def _contiguous(array):
+    import cupy
+    return cupy.ascontiguousarray(array)
 
 
 def conv2d_backward(gy, saved, gw_out, fallback):
@@ -226,17 +271,20 @@ def conv2d_backward(gy, saved, gw_out, fallback):
     _, xpad, w, wio, has_bias, geometry, need_input_grad, x_shape = saved
     extra, padding = _symmetric(geometry, w.shape[2:])
     gy = _aligned(cupy.ascontiguousarray(gy))
-    io_type, master = gy.dtype.name, w.dtype
-    gradients = _cudnn_backward(gy, xpad, wio, master, padding, geometry, need_input_grad, gw_out)
-    if gradients is None:
+    master = w.dtype
+    for layout in LAYOUTS:
+        gradients = _cudnn_backward(gy, xpad, wio, master, padding, geometry, need_input_grad, gw_out, layout)
+        if gradients is not None:
+            gxpad, gw = gradients
+            gb = gy.sum(axis=(0, 2, 3), dtype=master) if has_bias else None
+            break
+    else:
         from ..conv import ConvGeometry
+        paths["backward", "im2col"] += 1
         symmetric = ConvGeometry(geometry.stride, padding, geometry.dilation)
         gxpad, gw, gb = fallback(gy, (xpad, wio, has_bias, symmetric, need_input_grad), None)
         gw = gw.astype(master, copy=False)
         gb = None if gb is None else gb.astype(master, copy=False)
-    else:
-        gxpad, gw = gradients
-        gb = gy.sum(axis=(0, 2, 3), dtype=master) if has_bias else None
     if gw_out is not None and gw is not gw_out:
         gw_out[...] = gw
         gw = gw_out
@@ -247,26 +295,30 @@ def conv2d_backward(gy, saved, gw_out, fallback):
     return gx, gw, gb
 
 
-def _cudnn_backward(gy, xpad, wio, master, padding, geometry, need_input_grad, gw_out):
-    """``(gx of the padded input or None, gw in the master type)`` through cuDNN, or None when an engine is
-    missing for either."""
-    import cupy
+def _cudnn_backward(gy, xpad, wio, master, padding, geometry, need_input_grad, gw_out, layout):
+    """``(gx of the padded input or None, gw in the master type)`` through cuDNN graphs in ``layout``, or None
+    when an engine is missing for either."""
     io_type = gy.dtype.name
-    args = (xpad.shape, wio.shape, gy.shape, padding, geometry.stride, geometry.dilation)
+    args = (xpad.shape, wio.shape, gy.shape, padding, geometry.stride, geometry.dilation, layout)
+    quiet = layout != LAYOUTS[-1]
     # the weight gradient straight in the master weights' type where an engine does that, else in the io type
-    wgrad = _graph("wgrad", io_type, master.name, *args, quiet=master.name != io_type) or \
-        _graph("wgrad", io_type, io_type, *args)
-    dgrad = _graph("dgrad", io_type, io_type, *args) if need_input_grad else None
+    wgrad = _graph("wgrad", io_type, master.name, *args, quiet=quiet or master.name != io_type) or \
+        _graph("wgrad", io_type, io_type, *args, quiet=quiet)
+    dgrad = _graph("dgrad", io_type, io_type, *args, quiet=quiet) if need_input_grad else None
     if wgrad is None or (need_input_grad and dgrad is None):
         return None
-    direct = gw_out is not None and gw_out.flags.c_contiguous and gw_out.dtype == wgrad.out_dtype \
-        and gw_out.data.ptr % 16 == 0
-    gw = gw_out if direct else cupy.empty(wio.shape, dtype=wgrad.out_dtype)
-    if not wgrad(x=xpad, gy=gy, out=gw):
+    gy_in = _to(gy, layout)
+    direct = layout == "nchw" and gw_out is not None and gw_out.flags.c_contiguous and \
+        gw_out.dtype == wgrad.out_dtype and gw_out.data.ptr % 16 == 0
+    gw = gw_out if direct else _empty(wio.shape, wgrad.out_dtype, layout)
+    if not wgrad(x=_to(xpad, layout), gy=gy_in, out=gw):
         return None
     gxpad = None
     if need_input_grad:
-        gxpad = cupy.empty(xpad.shape, dtype=gy.dtype)
-        if not dgrad(gy=gy, w=wio, out=gxpad):
+        gxpad = _empty(xpad.shape, gy.dtype, layout)
+        if not dgrad(gy=gy_in, w=_to(wio, layout), out=gxpad):
             return None
-    return gxpad, gw.astype(master, copy=False)
+        gxpad = _back(gxpad, layout)
+        paths["dgrad", layout] += 1
+    paths["wgrad", layout] += 1
+    return gxpad, _back(gw, layout).astype(master, copy=False)
