@@ -99,7 +99,8 @@ def main():
                 row["ratio"] = row["spmdcnn"] / row["pytorch"]
             rows.append(row)
             print(json.dumps(row), flush=True)
-    print("\n| model | batch | precision | PyTorch images/s | spmdcnn images/s | ratio |\n|---|---:|---|---:|---:|---:|")
+    print("\n| model | batch | precision | PyTorch images/s | spmdcnn images/s | ratio |")
+    print("|---|---:|---|---:|---:|---:|")
     for row in rows:
         cells = [f"{row[k]:.0f}" if k in row else "error" for k in ("pytorch", "spmdcnn")]
         ratio = f"{row['ratio']:.2f}x" if "ratio" in row else "-"

@@ -67,9 +67,10 @@ def bind_device(cupy, count, rank_on_node=None, ranks_on_node=None, share=False)
     """
     rank = local_rank() if rank_on_node is None else rank_on_node
     if ranks_on_node is not None and ranks_on_node > count and not share:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
         raise RuntimeError(f"backend: {ranks_on_node} ranks on this node but it has {count} GPU"
-                           f"{'s' if count != 1 else ''} (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})"
-                           "; start one rank per GPU, or set share_gpus: true to let ranks share them")
+                           f"{'s' if count != 1 else ''} (CUDA_VISIBLE_DEVICES={visible!r}); start one rank per "
+                           "GPU, or set share_gpus: true to let ranks share them")
     device = rank % count
     cupy.cuda.Device(device).use()
     return device
@@ -99,10 +100,6 @@ def master_dtype(dtype):
     for bfloat16 (mixed precision with a float32 master copy), ``dtype`` itself otherwise."""
     dtype = np.dtype(dtype)
     return np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
-
-
-def is_bfloat16(dtype):
-    return np.dtype(dtype).name == "bfloat16"
 
 
 def set_precision(xp, tf32=False):

@@ -43,9 +43,9 @@ def _bytes(buffer):
     return buffer
 
 
-def _synchronize(array):
-    """Wait for the work queued on the current stream (which wrote ``array``, or may still read memory MPI is about
-    to write) before MPI touches device memory."""
+def _synchronize():
+    """Wait for the work queued on the current stream (which wrote what MPI is about to read, or may still read
+    memory MPI is about to write) before MPI touches device memory."""
     import cupy
     cupy.cuda.get_current_stream().synchronize()
 
@@ -115,13 +115,13 @@ class CudaMpiTransport(HostTransport):
         # the kernels that fill the send buffers, and the ones still reading memory a receive buffer reuses,
         # must be done before MPI touches device memory outside the stream's order
         if any(_is_device(buffer) for buffer, _, _ in recvs + sends):
-            _synchronize(None)
+            _synchronize()
         super().exchange(comm, recvs, sends)
 
     def allreduce(self, array, comm):
         MPI = mpi()
         if _is_device(array):
-            _synchronize(array)
+            _synchronize()
         comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
         return array
 

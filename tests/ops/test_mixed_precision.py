@@ -59,4 +59,5 @@ def test_the_executor_keeps_float32_parameters_under_bfloat16():
     graph = load_model(os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny_cnn.yaml"))
     executor = Executor(graph, np, BF16)
     assert executor.dtype == BF16
-    assert {executor.params.flat.dtype, executor.grads.flat.dtype, executor.buffers.flat.dtype} == {np.dtype(np.float32)}
+    stores = (executor.params, executor.grads, executor.buffers)
+    assert {store.flat.dtype for store in stores} == {np.dtype(np.float32)}
