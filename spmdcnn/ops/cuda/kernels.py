@@ -167,7 +167,8 @@ def avgpool2d_backward(gy, saved):
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# batchnorm: per-channel sums in float64 by reduction kernels over (N, HW), the rest element-wise
+# batchnorm (ops/batchnorm.py does the rest): per-channel sums in float64 by reduction kernels over (N, HW), the
+# normalisation and its gradient element-wise
 
 
 @functools.cache
@@ -194,54 +195,26 @@ def _channel(v, dtype):
     return v.astype(accumulation_dtype(dtype)).reshape(1, -1, 1)
 
 
-def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps, momentum, training, reduce, count):
-    """As :func:`spmdcnn.ops.batchnorm.batchnorm2d_forward`, in four launches (two reductions, one affine map,
-    the running statistics). Parameters and running statistics may be float32 under bfloat16 activations."""
-    sums, _, centred_square, affine, _ = _bn_kernels(x.dtype.name)
-    N, C, H, W = x.shape
-    x3 = x.reshape(N, C, H * W)
-    if not training:
-        inv_std = 1.0 / (running_var.astype("float64") + eps) ** 0.5
-        scale = gamma * inv_std
-        shift = beta - running_mean * scale
-        return affine(x3, _channel(scale, x.dtype), _channel(shift, x.dtype)).reshape(x.shape), \
-            ("eval", _channel(scale, x.dtype))
-    M = N * H * W if count is None else count
-    if M <= 1:
-        raise ValueError(f"batchnorm2d: training needs more than one value per channel, got {M} "
-                         f"(batch {N}, {H}x{W}); use a larger batch")
-    mean = reduce(sums(x3, axis=(0, 2))) / M
-    var = reduce(centred_square(x3, mean.reshape(1, C, 1), axis=(0, 2))) / M
-    inv_std = 1.0 / (var + eps) ** 0.5
-    scale = gamma * inv_std.astype(gamma.dtype)
-    y = affine(x3, _channel(scale, x.dtype), _channel(beta - mean * scale, x.dtype))
-    running_mean *= 1.0 - momentum
-    running_mean += (momentum * mean).astype(running_mean.dtype)
-    running_var *= 1.0 - momentum
-    running_var += (momentum * var * (M / max(M - 1, 1))).astype(running_var.dtype)
-    return y.reshape(x.shape), ("train", x3, mean, gamma, inv_std, M, reduce)
+def bn_sums(x3):
+    """Per-channel float64 sums of a (N, C, HW) array."""
+    return _bn_kernels(x3.dtype.name)[0](x3, axis=(0, 2))
 
 
-def batchnorm2d_backward(gy, saved):
-    import cupy
-    sums, centred_dot, _, affine, backward = _bn_kernels(gy.dtype.name)
-    if saved[0] == "eval":
-        scale = saved[1]
-        zero = cupy.zeros_like(scale)
-        N, C = gy.shape[:2]
-        return affine(gy.reshape(N, C, -1), scale, zero).reshape(gy.shape), None, None
-    _, x3, mean, gamma, inv_std, M, reduce = saved
-    C = x3.shape[1]
-    gy3 = gy.reshape(x3.shape)
-    gbeta, dot = reduce(cupy.stack([sums(gy3, axis=(0, 2)),
-                                    centred_dot(gy3, x3, mean.reshape(1, C, 1), axis=(0, 2))]))
-    ggamma = dot * inv_std
-    k1 = gamma * inv_std
-    k2 = gamma * inv_std * inv_std * ggamma / M
-    k3 = gamma * inv_std * gbeta / M
-    gx = backward(gy3, x3, _channel(mean, gy.dtype), _channel(k1, gy.dtype), _channel(k2, gy.dtype),
-                  _channel(k3, gy.dtype))
-    return gx.reshape(gy.shape), ggamma.astype(gamma.dtype), gbeta.astype(gamma.dtype)
+def bn_centred_dot(a3, x3, mean):
+    """Per-channel float64 ``sum(a * (x - mean))`` over (N, HW)."""
+    kernel = _bn_kernels(x3.dtype.name)[1 if a3 is not x3 else 2]
+    mean = mean.reshape(1, -1, 1)
+    return kernel(a3, x3, mean, axis=(0, 2)) if a3 is not x3 else kernel(x3, mean, axis=(0, 2))
+
+
+def bn_affine(x3, scale, shift):
+    """``x * scale + shift`` per channel, computed in the accumulation type."""
+    return _bn_kernels(x3.dtype.name)[3](x3, _channel(scale, x3.dtype), _channel(shift, x3.dtype))
+
+
+def bn_backward(gy3, x3, mean, k1, k2, k3):
+    """``gy * k1 - (x - mean) * k2 - k3`` per channel."""
+    return _bn_kernels(gy3.dtype.name)[4](gy3, x3, *(_channel(v, gy3.dtype) for v in (mean, k1, k2, k3)))
 
 
 # ---------------------------------------------------------------------------------------------------------------
