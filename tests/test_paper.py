@@ -27,6 +27,23 @@ def test_one_device_runs_at_the_papers_single_gpu_throughput():
     assert "| alexnet | 2 |" in text and "layer-wise / best other" in text
 
 
+def test_the_synchronization_ablation_isolates_batch_norm_and_latency():
+    """Inception-v3's data parallelism at 16 devices: dropping global-batch batch norm and fusing the gradient
+    allreduces each shorten the iteration, and the row as spmdcnn runs it is the simulated plan itself."""
+    factors = reproduce.paper_factors()
+    text = reproduce.synchronization_ablation(["inception_v3", "alexnet"], factors)
+    rows = [line.split(" | ") for line in text.splitlines() if line.startswith("| inception_v3")]
+    assert [r[1] for r in rows] == ["as spmdcnn runs it", "batch norm per device",
+                                    "batch norm per device, gradients fused"]
+    iterations = [float(r[3]) for r in rows]
+    assert iterations[0] > iterations[1] > iterations[2]
+    graph = reproduce.load_model(os.path.join(ROOT, "models", "inception_v3.yaml"))
+    simulated = reproduce.calibrated_cost(graph, 16, factors["inception_v3"]).simulate(
+        reproduce.named("data", graph, 32 * 16, 16)).iteration_s
+    assert iterations[0] == pytest.approx(simulated * 1e3, abs=0.05)
+    assert "| alexnet | gradients fused |" in text and "batch norm per device" not in text.split("| alexnet")[1]
+
+
 def test_the_script_writes_its_table_json_and_pictures(tmp_path):
     result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "paper", "reproduce.py"), "--models",
                              "alexnet", "vgg16", "--devices", "1", "4", "--out", str(tmp_path)],
