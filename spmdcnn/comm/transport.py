@@ -1,7 +1,7 @@
 """How bytes move between ranks (DESIGN.md §5): one interface, three transports.
 
-- ``host``: MPI on host buffers. NumPy arrays go as they are; CuPy arrays are staged through the host (copied
-  down after the stream is synchronized, copied up after the receive). Works everywhere.
+- ``host``: MPI on host buffers. NumPy arrays go as they are; CuPy arrays are staged through page-locked host
+  buffers (copied down after the stream is synchronized, copied up after the receive). Works everywhere.
 - ``cuda-mpi``: MPI on device buffers (mpi4py reads CuPy arrays through ``__cuda_array_interface__``), for an MPI
   built CUDA-aware. Detected, never assumed (:func:`cuda_aware_mpi`): handing a device buffer to an MPI that is
   not CUDA-aware crashes the process. The stream is synchronized before MPI touches a device buffer.
@@ -56,16 +56,23 @@ class HostTransport:
     name = "host"
 
     def send_buffer(self, array):
-        """A contiguous host buffer holding ``array`` (the array itself when it is one)."""
+        """A contiguous host buffer holding ``array`` (the array itself when it is one; a device array's copy in
+        page-locked memory from CuPy's pool, which the copy engine fills directly)."""
         if _is_device(array):
-            return np.ascontiguousarray(array.get())     # get() waits for the stream
+            import cupy
+            import cupyx
+            host = cupyx.empty_pinned(array.shape, dtype=array.dtype)
+            cupy.ascontiguousarray(array).get(out=host)          # waits for the stream
+            return host
         return np.ascontiguousarray(array)
 
     def recv_buffer(self, target):
-        """Where to receive into for ``target``: the target itself when MPI can write into it."""
-        if not _is_device(target) and target.flags.c_contiguous:
-            return target
-        return np.empty(target.shape, dtype=target.dtype)
+        """Where to receive into for ``target``: the target itself when MPI can write into it (a contiguous host
+        array), else a host buffer (page-locked for a device target)."""
+        if not _is_device(target):
+            return target if target.flags.c_contiguous else np.empty(target.shape, dtype=target.dtype)
+        import cupyx
+        return cupyx.empty_pinned(target.shape, dtype=target.dtype)
 
     def exchange(self, comm, recvs, sends):
         """Post every receive ``(buffer, source, tag)``, then every send ``(buffer, dest, tag)``; wait for all."""
