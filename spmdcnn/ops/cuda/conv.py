@@ -72,7 +72,9 @@ def tf32_allowed():
     return _settings["tf32"]
 
 
+@functools.cache
 def _cudnn():
+    """The cuDNN frontend module, or None (looked for once)."""
     try:
         import cudnn
     except (ImportError, OSError, RuntimeError):
