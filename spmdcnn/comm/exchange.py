@@ -57,6 +57,12 @@ class Exchange:
         # backward without a copy: the whole producer tile's gradient is one local needed box's
         self.view_out = {slot: ts[0] for slot, ts in outgoing.items()
                          if len(ts) == 1 and ts[0].dst == me and ts[0].box == ts[0].src_box and not ts[0].steps}
+        # the index expressions of every transfer, computed once: the schedule is the same at every step
+        self._in_producer = {id(t): relative(t.box, t.src_box, t.steps) for t in transfers if t.src == me}
+        self._in_needed = {id(t): packed(t.box, t.dst_box, t.steps) for t in transfers if t.dst == me}
+        self._box_shape = {id(t): shape_of(t.box, t.steps) for t in self.sends}
+        self._view_out = {slot: packed(t.box, t.dst_box) for slot, t in self.view_out.items()}
+        self._need_shapes = {}
 
     @property
     def remote(self):
@@ -74,28 +80,32 @@ class Exchange:
         for slot, need in needs.items():
             if slot in self.view_in:
                 t = self.view_in[slot]
-                inputs[slot] = sources[slot][relative(t.box, t.src_box, t.steps)]
+                inputs[slot] = sources[slot][self._in_producer[id(t)]]
                 if t.steps:     # a compact copy: the layer may keep it for backward, not the whole producer tile
                     inputs[slot] = xp.ascontiguousarray(inputs[slot])
             else:
-                inputs[slot] = xp.empty(shape_of(need.box, need.steps), dtype=self.dtype)
+                if slot not in self._need_shapes:
+                    self._need_shapes[slot] = shape_of(need.box, need.steps)
+                inputs[slot] = xp.empty(self._need_shapes[slot], dtype=self.dtype)
+        if not (self.recvs or self.sends or self.local):
+            return inputs
         transport = self.world.transport
         recvs, sends, arrived = [], [], []
         for t in self.recvs:
-            target = inputs[t.slot][packed(t.box, t.dst_box, t.steps)]
+            target = inputs[t.slot][self._in_needed[id(t)]]
             # a contiguous part of the input (a range of samples, say) is received in place
             buffer = transport.recv_buffer(target)
             recvs.append((buffer, t.src, TAG_BASE + t.slot))
             if buffer is not target:
                 arrived.append((target, buffer))
         for t in self.sends:
-            sends.append((transport.send_buffer(sources[t.slot][relative(t.box, t.src_box, t.steps)]), t.dst,
+            sends.append((transport.send_buffer(sources[t.slot][self._in_producer[id(t)]]), t.dst,
                           TAG_BASE + t.slot))
         for t in self.local:
             if t.slot not in self.view_in:
-                inputs[t.slot][packed(t.box, t.dst_box, t.steps)] = sources[t.slot][relative(t.box, t.src_box,
-                                                                                             t.steps)]
-        transport.exchange(comm, recvs, sends)
+                inputs[t.slot][self._in_needed[id(t)]] = sources[t.slot][self._in_producer[id(t)]]
+        if recvs or sends:
+            transport.exchange(comm, recvs, sends)
         for target, buffer in arrived:
             target[...] = xp.asarray(buffer)
         outgoing = [buffer for buffer, _, _ in sends]
@@ -115,12 +125,12 @@ class Exchange:
         recvs, sends, arrived = [], [], []
         for t in self.sends:               # the forward's sends come back
             if t.slot in slots:
-                buffer = transport.recv_buffer(xp.empty(shape_of(t.box, t.steps), dtype=self.dtype))
+                buffer = transport.recv_buffer(xp.empty(self._box_shape[id(t)], dtype=self.dtype))
                 recvs.append((buffer, t.dst, TAG_BASE + t.slot))
                 arrived.append((t, buffer))
         for t in self.recvs:
             if t.slot in slots:
-                sends.append((transport.send_buffer(grads[t.slot][packed(t.box, t.dst_box, t.steps)]), t.src,
+                sends.append((transport.send_buffer(grads[t.slot][self._in_needed[id(t)]]), t.src,
                               TAG_BASE + t.slot))
         outgoing = [buffer for buffer, _, _ in sends]
         result = {}
@@ -128,17 +138,16 @@ class Exchange:
             if slot not in slots:
                 continue
             if slot in self.view_out:
-                t = self.view_out[slot]
-                result[slot] = grads[slot][packed(t.box, t.dst_box)]
+                result[slot] = grads[slot][self._view_out[slot]]
             else:
                 result[slot] = xp.zeros(shape_of(box), dtype=self.dtype)
         for t in self.local:
             if t.slot in slots and t.slot not in self.view_out:
-                _accumulate(result[t.slot][relative(t.box, t.src_box, t.steps)],
-                            grads[t.slot][packed(t.box, t.dst_box, t.steps)])
-        transport.exchange(comm, recvs, sends)
+                _accumulate(result[t.slot][self._in_producer[id(t)]], grads[t.slot][self._in_needed[id(t)]])
+        if recvs or sends:
+            transport.exchange(comm, recvs, sends)
         for t, buffer in arrived:
-            _accumulate(result[t.slot][relative(t.box, t.src_box, t.steps)], xp.asarray(buffer))
+            _accumulate(result[t.slot][self._in_producer[id(t)]], xp.asarray(buffer))
         self._account(start, sum(b.nbytes for b in outgoing))
         return result
 
