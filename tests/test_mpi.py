@@ -365,13 +365,17 @@ def _bad_input(tmp_path, case):
             (tmp_path / "other.h5").write_bytes(data[:len(data) // 2])
         expected = "does not fit model" if case == "checkpoint of another model" else "truncated or corrupt"
         return write_job(tmp_path, "job", **base, checkpoint={"path": str(tmp_path / "other.h5")}), [expected]
+    if case == "device transport on the cpu":
+        return write_job(tmp_path, "job", **base, transport="nccl"), ["transport: 'nccl'", "needs backend: cupy"]
+    if case == "bfloat16 on the cpu":
+        return write_job(tmp_path, "job", **base, dtype="bfloat16"), ["bfloat16 runs on the GPU only"]
     raise AssertionError(case)
 
 
 @pytest.mark.parametrize("case", ["job unknown key", "job wrong type", "model unknown key", "plan unknown key",
                                   "plan wrong type", "plan for 4 devices", "plan for 1 device", "missing dataset",
                                   "unreadable dataset", "images of another size", "checkpoint of another model",
-                                  "truncated checkpoint"])
+                                  "truncated checkpoint", "device transport on the cpu", "bfloat16 on the cpu"])
 def test_bad_input_ends_every_rank_at_once_with_one_message(tmp_path, case):
     """Each mistake: every rank ends within seconds, one clear message naming the file, exit status 2, no
     traceback, and the checkpoint at checkpoint.path (whatever it holds) left as it was."""

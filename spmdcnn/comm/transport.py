@@ -278,17 +278,27 @@ def _nccl_possible(world, xp):
     return True, "every rank has a GPU of its own"
 
 
+def check(name, xp):
+    """Refuse a ``transport`` that cannot work with array module ``xp`` whatever the ranks (no communication:
+    jobs call it while loading, before anything collective)."""
+    if name not in TRANSPORTS:
+        raise ValueError(f"transport: unknown transport {name!r}; expected one of {', '.join(TRANSPORTS)}")
+    if name in ("cuda-mpi", "nccl") and xp is np:
+        raise ValueError(f"transport: {name!r} moves device arrays; it needs backend: cupy")
+
+
 def choose(world, xp, name="auto", log=None):
     """The transport for a job's ``transport`` key on array module ``xp``: the same on every rank.
 
     ``auto`` tries nccl, then cuda-mpi, then host; an explicit name that cannot work here is an error (on every
     rank). Logs the choice and why through ``log`` (rank 0).
     """
-    if name not in TRANSPORTS:
-        raise ValueError(f"transport: unknown transport {name!r}; expected one of {', '.join(TRANSPORTS)}")
+    from .world import CollectiveError      # every failure below is the same on every rank: one message
+    try:
+        check(name, xp)
+    except ValueError as error:
+        raise CollectiveError(str(error)) from None
     if xp is np or world.size == 1:
-        if name in ("cuda-mpi", "nccl") and xp is np:
-            raise ValueError(f"transport: {name!r} moves device arrays; it needs backend: cupy")
         return HostTransport()
     verdicts = {}
     if name in ("auto", "nccl"):
@@ -307,7 +317,6 @@ def choose(world, xp, name="auto", log=None):
                 log(f"transport {candidate} ({why})" + (f"; not {tried}" if tried and name == "auto" else ""))
             return transport
         if name != "auto":
-            from .world import CollectiveError         # the verdicts are the same on every rank
             raise CollectiveError(f"transport: {name!r} cannot work here: {why}")
     raise AssertionError("host always works")
 

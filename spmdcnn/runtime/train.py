@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import backend
 from ..comm import World, choose_transport
+from ..comm.transport import check as check_transport
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import DataError, HDF5Dataset, SyntheticData
@@ -171,6 +172,7 @@ class Trainer:
         self.graph = load_model(job["model"])
         self.xp = backend.get_array_module(job["backend"], *self.node_ranks, share=job["share_gpus"])
         self.dtype = backend.resolve_dtype(job["dtype"], self.xp)
+        check_transport(job["transport"], self.xp)
         # images are scaled and normalised in float32 under bfloat16, and rounded when they reach the device
         self.read_dtype = backend.master_dtype(self.dtype)
         backend.set_precision(self.xp, job["tf32"])
