@@ -300,9 +300,19 @@ def cmd_profile(args):
 def cmd_calibrate(args):
     from .comm import World
     from .cost.calibrate import calibrate, check_name, prepare_output, summary, to_json, write_machine
+    from . import backend
+    from .comm import choose_transport
     world = World.create()
-    world.agree(lambda: check_name(args.name) or (prepare_output(args.output) if world.rank == 0 else None))
-    machine = calibrate(world, args.name, args.quick)
+    node_ranks = world.node_ranks()
+
+    def load():
+        check_name(args.name)
+        if world.rank == 0:
+            prepare_output(args.output)
+        return backend.get_array_module(args.backend, *node_ranks, share=args.share_gpus)
+    xp = world.agree(load)
+    world.use(choose_transport(world, xp, args.transport))
+    machine = calibrate(world, args.name, args.quick, xp)
     world.agree(lambda: write_machine(machine, args.output) if world.rank == 0 else None)
     if world.rank == 0:
         print(json.dumps(to_json(machine, args.output), indent=1) if args.json
@@ -374,6 +384,11 @@ def build_parser():
     p.add_argument("--name", default="local", help="the machine's name (default local)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds; for tests)")
     p.add_argument("--json", action="store_true", help="print the machine and the raw measurements as JSON")
+    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
+                   help="cupy: measure each rank's GPU, and the links between GPUs through --transport")
+    p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
+                   help="the transport training will use (default auto: nccl, cuda-mpi or host, whichever works)")
+    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
     p.set_defaults(run=cmd_calibrate)
 
     def plan_source_options(p):

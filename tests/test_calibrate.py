@@ -132,3 +132,18 @@ def test_calibrate_errors_name_the_problem(tmp_path, capsys, args, message):
     err = capsys.readouterr().err
     assert code == 2 and message in err and err.startswith("spmdcnn: error:")
     assert not (tmp_path / "m.yaml").exists()
+
+
+def test_the_links_are_measured_through_the_worlds_transport():
+    """calibrate times exchanges as training makes them: through the world's transport, which it records."""
+    from spmdcnn.comm import World
+    from spmdcnn.comm.transport import HostTransport
+    from spmdcnn.cost.calibrate import calibrate, summary
+
+    class Counting(HostTransport):
+        name = "counting"
+    world = World(None)
+    world.use(Counting())
+    machine = calibrate(world, "t", quick=True)
+    assert machine.measured["transport"] == "counting"
+    assert "links measured through the counting transport" in "\n".join(summary(machine))

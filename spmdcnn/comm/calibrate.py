@@ -2,7 +2,8 @@
 runtime's exchanges take between two ranks of one node and between two nodes.
 
 An exchange is what :class:`~spmdcnn.comm.exchange.Exchange` does: post the receive, post the send, wait for
-both, with contiguous host buffers. All pairs exchange at once, both ways, so each link is measured under the load
+both, through the world's transport (host buffers; on GPUs, device buffers staged through the host or handed to a
+CUDA-aware MPI or NCCL). All pairs exchange at once, both ways, so each link is measured under the load
 training puts on it (ranks of one node share its memory bus; ranks of two nodes share their network adapters).
 
 No deadlock is possible: the pairs come from the placement that every rank gathered, so every rank computes the
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..backend import array_module
 from .world import mpi
 
 SIZES = (8, 1 << 10, 1 << 16, 1 << 20, 1 << 22, 1 << 24)     # bytes per message: 8 B, 1 KiB, ... 16 MiB
@@ -124,25 +126,30 @@ def fit_link(sizes, seconds):
 
 
 def _exchange_seconds(world, partner, send, receive, repeats, warmup, batch):
-    """This rank's median time of one exchange with ``partner`` (None: only the barriers, returns None)."""
-    comm, waitall = world.comm, mpi().Request.Waitall
+    """This rank's median time of one exchange with ``partner`` (None: only the barriers, returns None), through
+    the world's transport as training's exchanges go (device buffers staged, or handed to MPI or NCCL)."""
+    comm, transport = world.comm, world.transport
     times = []
     for repeat in range(warmup + repeats):
         world.barrier()
         start = time.perf_counter()
         if partner is not None:
             for _ in range(batch):
-                waitall([comm.Irecv(receive, source=partner, tag=TAG), comm.Isend(send, dest=partner, tag=TAG)])
+                buffer = transport.recv_buffer(receive)
+                transport.exchange(comm, [(buffer, partner, TAG)], [(transport.send_buffer(send), partner, TAG)])
+                if buffer is not receive:
+                    receive[...] = array_module(receive).asarray(buffer)
         if repeat >= warmup:
             times.append((time.perf_counter() - start) / batch)
     return statistics.median(times) if partner is not None else None
 
 
-def measure_link(world, kind, partner, sizes, repeats, warmup, max_batch):
+def measure_link(world, kind, partner, sizes, repeats, warmup, max_batch, xp=np):
     """Time the exchanges of every size between the pairs ``partner`` (the same list on every rank) and fit
-    them. A collective: every rank calls it with the same arguments."""
+    them, with buffers of ``xp`` (NumPy, or CuPy on the GPUs). A collective: every rank calls it with the same
+    arguments."""
     largest = max(sizes)
-    send, receive = np.ones(largest, dtype=np.uint8), np.empty(largest, dtype=np.uint8)
+    send, receive = xp.ones(largest, dtype=np.uint8), xp.empty(largest, dtype=np.uint8)
     mine = []
     for size in sizes:
         batch = max(1, min(max_batch, BATCH_BYTES // size))
@@ -155,7 +162,7 @@ def measure_link(world, kind, partner, sizes, repeats, warmup, max_batch):
     return LinkMeasurement(kind, pairs, tuple(sizes), seconds, latency, bandwidth)
 
 
-def measure_links(world, quick=False):
+def measure_links(world, quick=False, xp=np):
     """``(placement, {"intra_node": LinkMeasurement, "inter_node": ...})``; a level with no pair to measure (one
     rank per node; one node) is missing. A collective: every rank calls it. One process measures nothing."""
     where = placement(world)
@@ -167,5 +174,5 @@ def measure_links(world, quick=False):
     for kind, partner in (("intra_node", intra_node_partners(where.node_of)),
                           ("inter_node", inter_node_partners(where.node_of))):
         if any(p is not None for p in partner):
-            links[kind] = measure_link(world, kind, partner, sizes, repeats, warmup, max_batch)
+            links[kind] = measure_link(world, kind, partner, sizes, repeats, warmup, max_batch, xp)
     return where, links

@@ -4,11 +4,11 @@
   and between nodes, all pairs at once, and fits ``t = latency + bytes / bandwidth``. With one node,
   ``inter_node`` is ``intra_node`` (nothing crosses nodes in such a job); with one rank per node, ``intra_node``
   is ``inter_node``; one process measures no link and writes :data:`DEFAULT_LINK` (shared memory, conservative).
-- device: float32 matrix multiply rate on convolution-sized GEMMs (``flops``), bytes/s of a large ``np.add``
-  counting its three arrays (``memory_bandwidth``), seconds per call of a tiny NumPy op (``overhead``); measured
+- device: float32 matrix multiply rate on convolution-sized GEMMs (``flops``), bytes/s of a large ``add``
+  counting its three arrays (``memory_bandwidth``), seconds per call of a tiny op (``overhead``); measured
   on every rank at once, so that ranks sharing cores or memory see the contention they will see in training,
-  and averaged over the ranks. The device is the CPU with NumPy: its name is the CPU model and BLAS threads per
-  rank.
+  and averaged over the ranks. The device is the CPU with NumPy (named by the CPU model and BLAS threads per
+  rank), or with ``--backend cupy`` each rank's GPU (named by the GPU).
 
 The machine's ``measured`` key keeps the raw points, so the file documents what was measured.
 """
@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from ..backend import synchronizer
 from ..comm.calibrate import measure_links
 from .machine import Device, Link, Machine
 
@@ -75,29 +76,36 @@ def median_seconds(fn, repeats, warmup=1, calls=1, sync=None):
     return statistics.median(times)
 
 
-def device_rates(quick=False, barrier=lambda: None):
+def device_rates(quick=False, barrier=lambda: None, xp=np):
     """This rank's ``{"name", "gemm_seconds": [...], "flops", "memory_bandwidth", "overhead"}``: the GEMMs' median times
-    and the rate over all of them (total FLOPs / total time), the ``np.add`` bytes/s, the tiny op's seconds.
-    ``barrier`` starts each measurement on every rank at once."""
+    and the rate over all of them (total FLOPs / total time), the ``add``'s bytes/s, the tiny op's seconds, on the
+    CPU (NumPy) or this rank's GPU (CuPy; every call ends with the stream's synchronization). ``barrier`` starts
+    each measurement on every rank at once."""
     rng = np.random.default_rng(0)
+    sync = None if xp is np else synchronizer(xp)
     repeats = 3 if quick else 25
     gemms = GEMMS[:1] if quick else GEMMS
     gemm_seconds = []
     for m, k, n in gemms:
-        a = rng.standard_normal((m, k), dtype=np.float32)
-        b = rng.standard_normal((k, n), dtype=np.float32)
-        out = np.empty((m, n), dtype=np.float32)
+        a = xp.asarray(rng.standard_normal((m, k), dtype=np.float32))
+        b = xp.asarray(rng.standard_normal((k, n), dtype=np.float32))
+        out = xp.empty((m, n), dtype=np.float32)
         barrier()
-        gemm_seconds.append(median_seconds(lambda: np.matmul(a, b, out=out), repeats))
+        gemm_seconds.append(median_seconds(lambda: xp.matmul(a, b, out=out), repeats, sync=sync))
     flops = sum(2 * m * k * n for m, k, n in gemms) / sum(gemm_seconds)
     count = STREAM_BYTES // 4
-    x, y, z = np.full(count, 1.0, np.float32), np.full(count, 2.0, np.float32), np.empty(count, np.float32)
+    x, y, z = xp.full(count, 1.0, np.float32), xp.full(count, 2.0, np.float32), xp.empty(count, np.float32)
     barrier()
-    stream = median_seconds(lambda: np.add(x, y, out=z), repeats)
-    small = [np.ones(TINY, np.float32) for _ in range(3)]
+    stream = median_seconds(lambda: xp.add(x, y, out=z), repeats, sync=sync)
+    small = [xp.ones(TINY, np.float32) for _ in range(3)]
     barrier()
-    overhead = median_seconds(lambda: np.add(small[0], small[1], out=small[2]), repeats, calls=1000)
-    return {"name": f"{cpu_name()} x{blas_threads()}", "gemm_seconds": gemm_seconds, "flops": flops,
+    overhead = median_seconds(lambda: xp.add(small[0], small[1], out=small[2]), repeats, calls=1000)
+    if sync is not None:
+        sync()
+        name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
+    else:
+        name = f"{cpu_name()} x{blas_threads()}"
+    return {"name": name, "gemm_seconds": gemm_seconds, "flops": flops,
             "memory_bandwidth": 3 * STREAM_BYTES / stream, "overhead": overhead}
 
 
@@ -112,19 +120,20 @@ def check_name(name):
         raise ValueError(f"calibrate: machine name {name!r} may use only letters, digits and _ . + -")
 
 
-def calibrate(world, name="local", quick=False):
+def calibrate(world, name="local", quick=False, xp=np):
     """Measure the machine the ranks of ``world`` run on (a collective: every rank calls it and gets the same
-    :class:`Machine`). ``quick``: fewer sizes, shapes and repetitions (seconds, for tests)."""
+    :class:`Machine`): the links through the world's transport, and the device (``xp``: NumPy, the CPU; CuPy,
+    each rank's GPU). ``quick``: fewer sizes, shapes and repetitions (seconds, for tests)."""
     check_name(name)
     start = time.perf_counter()
-    where, links = measure_links(world, quick)
-    rates = world.allgather(device_rates(quick, world.barrier))    # every rank at once: training's contention
+    where, links = measure_links(world, quick, xp)
+    rates = world.allgather(device_rates(quick, world.barrier, xp))    # every rank at once: training's contention
     device = Device(rates[0]["name"],
                     *(statistics.fmean(r[key] for r in rates) for key in ("flops", "memory_bandwidth", "overhead")))
     intra = links.get("intra_node") or links.get("inter_node")
     inter = links.get("inter_node") or intra
     measured = {"ranks": world.size, "hosts": sorted(set(where.hosts), key=where.hosts.index),
-                "placement": "block" if where.block else "not block"}
+                "placement": "block" if where.block else "not block", "transport": world.transport.name}
     for kind in ("intra_node", "inter_node"):
         m = links.get(kind)
         measured[kind] = _measured_link(m) if m else _unmeasured(kind, where, world.size)
@@ -176,6 +185,7 @@ def summary(machine, path=None):
     lines = [f"machine {machine.name}: {ranks} rank{'s' * (ranks != 1)} on {machine.nodes} "
              f"node{'s' * (machine.nodes != 1)}, {machine.devices_per_node} per node "
              f"(measured in {measured.get('seconds', 0):.1f} s)",
+             f"  links measured through the {measured.get('transport', 'host')} transport",
              f"  intra-node: {link('intra_node')}",
              f"  inter-node: {link('inter_node')}",
              f"  device {d.name!r}: {d.flops / 1e9:.1f} GFLOP/s (float32 matmul), {d.memory_bandwidth / 1e9:.2f} GB/s "

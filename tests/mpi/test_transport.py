@@ -92,3 +92,26 @@ def test_bfloat16_travels_as_16_bit_words(world):
     transport.exchange(world.comm, [(received, peer, 7)], [(transport.send_buffer(values + world.rank), peer, 7)])
     expected = (values + peer)
     agree(world, [] if np.array_equal(received.view(np.uint16), expected.view(np.uint16)) else ["bits differ"])
+
+
+def test_calibration_exchanges_go_through_the_transport(world):
+    """``spmdcnn calibrate`` times the transport training uses: every timed exchange is the transport's."""
+    from spmdcnn.comm.calibrate import intra_node_partners, measure_link, placement
+    if world.size < 2:
+        pytest.skip("needs two ranks")
+
+    class Counting(HostTransport):
+        calls = 0
+
+        def exchange(self, comm, recvs, sends):
+            Counting.calls += 1
+            super().exchange(comm, recvs, sends)
+    world.use(Counting())
+    try:
+        partner = intra_node_partners(placement(world).node_of)
+        link = measure_link(world, "intra_node", partner, (8, 1 << 16), repeats=2, warmup=1, max_batch=2)
+    finally:
+        world.use(HostTransport())
+    expected = 0 if partner[world.rank] is None else 2 * 3 * 2       # sizes x (warmup + repeats) x batch
+    agree(world, [] if Counting.calls == expected and link.bandwidth > 0 else
+          [f"{Counting.calls} exchanges through the transport, expected {expected}"])
