@@ -115,19 +115,30 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None)
     return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered)
 
 
-def _within_memory(problem, sizes, memory, itemsize, rounds=24):
-    """The fastest plan found whose memory (:meth:`Problem.memory`) fits in ``memory`` bytes: Lagrangian relaxation
-    of the limit. The search runs on the costs plus ``price`` times each configuration's bytes; the unlimited
-    optimum when it fits (exact), else the price rises until a plan fits and is bisected down for ``rounds``
-    steps, and the fastest fitting plan seen is kept (``exact`` False: it may miss a better one). A limit below
-    the lightest plan's memory is an error."""
+def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, seconds=30.0):
+    """The fastest plan whose memory (:meth:`Problem.memory`) fits in ``memory`` bytes.
+
+    The unlimited optimum when it fits. Otherwise a Lagrangian relaxation of the limit: the search runs on the
+    costs plus ``price`` times each configuration's bytes; the price rises until a plan fits and is bisected for
+    ``rounds`` steps, giving a fitting plan (an upper bound) and, at every price, a lower bound on the best fitting
+    plan's cost (the relaxed optimum minus ``price`` times the limit). Where the two differ, branch and bound
+    closes the gap: a node of the tree restricts some layers' configurations, its bound is the relaxed optimum
+    at the best price under those restrictions, and it branches on the layer whose relaxed choice takes the most
+    memory beyond its lightest allowed one (that choice alone, or all but it). Exact when the tree is searched
+    within ``nodes`` relaxed searches and ``seconds``; otherwise the best fitting plan found, reported as not proven
+    optimal. A limit below the lightest plan's memory is an error."""
     from dataclasses import replace
     from ..cost.memory import format_bytes
     from . import search
     bytes_ = problem.memory(itemsize)
+    costs, edges = problem.node_costs, problem.edges
 
-    def solve(price):
-        solution = search.optimize(sizes, [c + price * b for c, b in zip(problem.node_costs, bytes_)], problem.edges)
+    def solve(price, allowed=None):
+        priced = [c + price * b for c, b in zip(costs, bytes_)]
+        if allowed:
+            for v, mask in allowed.items():
+                priced[v] = np.where(mask, priced[v], np.inf)
+        solution = search.optimize(sizes, priced, edges)
         used = float(sum(b[c] for b, c in zip(bytes_, solution.choices)))
         return solution, used
     solution, used = solve(0.0)
@@ -135,28 +146,86 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24):
         return solution
     lightest = float(sum(b.min() for b in bytes_))
     if lightest > memory:
-        raise ValueError(f"no plan fits in {format_bytes(memory)} per device: the lightest needs {format_bytes(lightest)} "
-                         "(spmdcnn/cost/memory.py's model)")
+        raise ValueError(f"no plan fits in {format_bytes(memory)} per device: the lightest needs "
+                         f"{format_bytes(lightest)} (spmdcnn/cost/memory.py's model)")
+    bound, bound_price = solution.cost, 0.0          # price 0: the unlimited optimum bounds every fitting plan
     best, low, high = None, 0.0, max(abs(solution.cost), 1e-12) / used
     for _ in range(64):                 # raise the price until a plan fits
         fits, used = solve(high)
+        if fits.cost - high * memory > bound:
+            bound, bound_price = fits.cost - high * memory, high
         if used <= memory:
-            best, value = fits, search.evaluate(sizes, problem.node_costs, problem.edges, fits.choices)
+            best, value = fits, search.evaluate(sizes, costs, edges, fits.choices)
             break
         low, high = high, high * 4
     if best is None:
         raise ValueError(f"no plan found within {format_bytes(memory)} per device")
-    for _ in range(rounds):             # and bisect it down, keeping the fastest that fits
+    for _ in range(rounds):             # and bisect it down, keeping the fastest that fits and the best bound
         middle = (low + high) / 2
         candidate, used = solve(middle)
+        if candidate.cost - middle * memory > bound:
+            bound, bound_price = candidate.cost - middle * memory, middle
         if used > memory:
             low = middle
             continue
         high = middle
-        found = search.evaluate(sizes, problem.node_costs, problem.edges, candidate.choices)
+        found = search.evaluate(sizes, costs, edges, candidate.choices)
         if found < value:
             best, value = candidate, found
-    return replace(best, cost=value, exact=False, method=best.method + "+memory limit (Lagrangian)")
+    best, value, exact = _branch_and_bound(solve, bytes_, memory, bound_price, best, value, bound, nodes,
+                                           time.perf_counter() + seconds,
+                                           lambda choices: search.evaluate(sizes, costs, edges, choices))
+    method = best.method + ("+memory limit (Lagrangian branch and bound)" if exact else
+                            "+memory limit (Lagrangian, not proven)")
+    return replace(best, cost=value, exact=exact, method=method)
+
+
+def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, deadline, objective):
+    """``(best, value, exact)``: the fitting plan of least ``objective`` below the incumbent ``best`` (``value``),
+    by depth-first branch and bound on relaxed searches at ``price`` (see :func:`_within_memory`); ``exact`` when
+    the tree was searched within ``budget`` searches before ``deadline`` (``time.perf_counter``). ``bound`` is the
+    root's lower bound."""
+    tolerance = 1e-9 * max(abs(value), 1e-12)
+    if value - bound <= tolerance:
+        return best, value, True
+    stack = [{}]
+    searches = 0
+    while stack:
+        if searches >= budget or time.perf_counter() > deadline:
+            return best, value, False
+        allowed = stack.pop()
+        solution, used = solve(price, allowed)
+        searches += 1
+        lower = solution.cost - price * memory
+        if not np.isfinite(solution.cost) or lower >= value - tolerance:
+            continue                        # nothing in this subtree beats the incumbent
+        if used <= memory:
+            found = objective(solution.choices)
+            if found < value:
+                best, value = solution, found
+            if found - lower <= tolerance:
+                continue                    # the subtree's best fitting plan is this one
+        # branch on the layer whose relaxed choice takes the most memory beyond its lightest allowed configuration
+        # (a plan that fits: beyond the least its other allowed configurations take)
+        excess = []
+        for v, (b, c) in enumerate(zip(bytes_, solution.choices)):
+            mask = allowed.get(v, np.ones(len(b), dtype=bool))
+            others = mask.copy()
+            others[c] = False
+            if used <= memory:
+                excess.append(b[c] - b[others].min() if others.any() else -np.inf)
+            else:
+                excess.append(b[c] - b[mask].min())
+        v = int(np.argmax(excess))
+        if excess[v] == -np.inf or (used > memory and excess[v] <= 0):
+            continue        # every layer fixed, or every layer at its lightest: nothing better in this subtree
+        mask = allowed.get(v, np.ones(len(bytes_[v]), dtype=bool))
+        without, only = mask.copy(), np.zeros_like(mask)
+        without[solution.choices[v]] = False
+        only[solution.choices[v]] = True
+        stack.append({**allowed, v: only})        # searched second: its relaxed optimum is this one
+        stack.append({**allowed, v: without})
+    return best, value, True
 
 
 def workers():

@@ -90,7 +90,7 @@ def test_a_memory_limit_changes_the_plan_and_is_kept():
     limit = (lightest + used) / 2
     limited = make_plan(graph, 4, cost, memory=limit)
     assert plan_memory(graph, limited.plan) <= limit
-    assert limited.plan.text != free.plan.text and not limited.solution.exact
+    assert limited.plan.text != free.plan.text and limited.solution.exact      # branch and bound proved it
     assert limited.prediction.iteration_s >= free.prediction.iteration_s
     sizes = [len(c) for c in problem.choices]
     index = {name: i for i, name in enumerate(problem.nodes)}
@@ -132,3 +132,48 @@ def test_the_heaviest_tile_is_the_most_any_device_keeps(layer_name, degrees):
     split = degrees[1] if len(degrees) > 1 else 1
     params = sum(int(np.ceil(s[0] / split)) * int(np.prod(s[1:])) for s in layer.params.values())
     assert layer_memory(layer, degrees, batch) == heaviest + 4 * 3 * params
+
+
+class _RandomProblem:
+    """A small search problem with random costs, transfer tables and memory per configuration."""
+
+    def __init__(self, seed, nodes=6):
+        rng = np.random.default_rng(seed)
+        self.sizes = [int(rng.integers(2, 5)) for _ in range(nodes)]
+        self.node_costs = [rng.random(s) for s in self.sizes]
+        pairs = [(v - 1, v) for v in range(1, nodes)] + [(0, nodes - 1), (1, nodes - 2)]   # a chain with shortcuts
+        self.edges = [(u, v, rng.random((self.sizes[u], self.sizes[v])) * 0.5) for u, v in pairs]
+        self._bytes = [rng.integers(1, 100, s).astype(float) for s in self.sizes]
+
+    def memory(self, itemsize):
+        return self._bytes
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_the_memory_limited_search_is_exact(seed):
+    """Against every assignment: the limited search returns the fastest plan that fits, proven so."""
+    import itertools
+    from spmdcnn.planner import _within_memory
+    from spmdcnn.planner.search import evaluate as objective
+    problem = _RandomProblem(seed)
+    sizes, bytes_ = problem.sizes, problem.memory(4)
+    every = [(objective(sizes, problem.node_costs, problem.edges, list(c)),
+              sum(b[i] for b, i in zip(bytes_, c))) for c in itertools.product(*(range(s) for s in sizes))]
+    lightest, unlimited = min(m for _, m in every), min(every)[1]
+    for share in (0.05, 0.3, 0.6, 0.9):
+        limit = lightest + share * (unlimited - lightest)
+        expected = min(f for f, m in every if m <= limit)
+        solution = _within_memory(problem, sizes, limit, 4)
+        assert sum(b[i] for b, i in zip(bytes_, solution.choices)) <= limit
+        assert solution.cost == pytest.approx(expected, rel=1e-9) and solution.exact, (share, solution.method)
+
+
+def test_a_search_out_of_budget_says_it_is_not_proven():
+    from spmdcnn.planner import _within_memory
+    problem = _RandomProblem(3, nodes=8)
+    sizes, bytes_ = problem.sizes, problem.memory(4)
+    lightest = sum(b.min() for b in bytes_)
+    heaviest = sum(b.max() for b in bytes_)
+    solution = _within_memory(problem, sizes, lightest + 0.2 * (heaviest - lightest), 4, nodes=1)
+    if not solution.exact:
+        assert "not proven" in solution.method
