@@ -125,8 +125,9 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, s
     closes the gap: a node of the tree restricts some layers' configurations, its bound is the relaxed optimum
     at the best price under those restrictions, and it branches on the layer whose relaxed choice takes the most
     memory beyond its lightest allowed one (that choice alone, or all but it). Exact when the tree is searched
-    within ``nodes`` relaxed searches and ``seconds``; otherwise the best fitting plan found, reported as not proven
-    optimal. A limit below the lightest plan's memory is an error."""
+    within ``nodes`` relaxed searches and ``seconds``; otherwise the best fitting plan found, not proven optimal but
+    within a proven distance of it (the least bound of the subtrees left), which its method names. A limit below
+    the lightest plan's memory is an error."""
     from dataclasses import replace
     from ..cost.memory import format_bytes
     from . import search
@@ -172,28 +173,31 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, s
         found = search.evaluate(sizes, costs, edges, candidate.choices)
         if found < value:
             best, value = candidate, found
-    best, value, exact = _branch_and_bound(solve, bytes_, memory, bound_price, best, value, bound, nodes,
+    best, value, lower = _branch_and_bound(solve, bytes_, memory, bound_price, best, value, bound, nodes,
                                            time.perf_counter() + seconds,
                                            lambda choices: search.evaluate(sizes, costs, edges, choices))
+    exact = lower >= value - 1e-9 * max(abs(value), 1e-12)
+    gap = 0.0 if exact else (value - lower) / abs(value)
     method = best.method + ("+memory limit (Lagrangian branch and bound)" if exact else
-                            "+memory limit (Lagrangian, not proven)")
+                            f"+memory limit (Lagrangian branch and bound, within {100 * gap:.2g} % of optimal)")
     return replace(best, cost=value, exact=exact, method=method)
 
 
 def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, deadline, objective):
-    """``(best, value, exact)``: the fitting plan of least ``objective`` below the incumbent ``best`` (``value``),
-    by depth-first branch and bound on relaxed searches at ``price`` (see :func:`_within_memory`); ``exact`` when
-    the tree was searched within ``budget`` searches before ``deadline`` (``time.perf_counter``). ``bound`` is the
-    root's lower bound."""
+    """``(best, value, lower)``: the fitting plan of least ``objective`` found from the incumbent ``best``
+    (``value``) by depth-first branch and bound on relaxed searches at ``price`` (see :func:`_within_memory`), and a
+    proven lower bound on the best fitting plan's objective: ``value`` itself when the tree was searched within
+    ``budget`` searches before ``deadline`` (``time.perf_counter``), else the least bound of the subtrees left.
+    ``bound`` is the root's lower bound."""
     tolerance = 1e-9 * max(abs(value), 1e-12)
     if value - bound <= tolerance:
-        return best, value, True
-    stack = [{}]
+        return best, value, value
+    stack = [({}, bound)]                   # subtrees to search, each with its parent's lower bound
     searches = 0
     while stack:
         if searches >= budget or time.perf_counter() > deadline:
-            return best, value, False
-        allowed = stack.pop()
+            return best, value, min(value, min(parent for _, parent in stack))
+        allowed, _ = stack.pop()
         solution, used = solve(price, allowed)
         searches += 1
         lower = solution.cost - price * memory
@@ -223,9 +227,9 @@ def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, 
         without, only = mask.copy(), np.zeros_like(mask)
         without[solution.choices[v]] = False
         only[solution.choices[v]] = True
-        stack.append({**allowed, v: only})        # searched second: its relaxed optimum is this one
-        stack.append({**allowed, v: without})
-    return best, value, True
+        stack.append(({**allowed, v: only}, lower))        # searched second: its relaxed optimum is this one
+        stack.append(({**allowed, v: without}, lower))
+    return best, value, value
 
 
 def workers():
