@@ -6,6 +6,7 @@ that take its configuration); every input of a layer is an edge with one cost pe
 same tables, and ``data``, ``model`` and ``owt`` are the fixed strategies of ``tiling.plan``.
 """
 
+import heapq
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -185,19 +186,19 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, s
 
 def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, deadline, objective):
     """``(best, value, lower)``: the fitting plan of least ``objective`` found from the incumbent ``best``
-    (``value``) by depth-first branch and bound on relaxed searches at ``price`` (see :func:`_within_memory`), and a
+    (``value``) by best-first branch and bound on relaxed searches at ``price`` (see :func:`_within_memory`), and a
     proven lower bound on the best fitting plan's objective: ``value`` itself when the tree was searched within
     ``budget`` searches before ``deadline`` (``time.perf_counter``), else the least bound of the subtrees left.
     ``bound`` is the root's lower bound."""
     tolerance = 1e-9 * max(abs(value), 1e-12)
     if value - bound <= tolerance:
         return best, value, value
-    stack = [({}, bound)]                   # subtrees to search, each with its parent's lower bound
+    stack = [(bound, 0, {})]                # a heap of subtrees to search: (parent's bound, order, restrictions)
     searches = 0
     while stack:
         if searches >= budget or time.perf_counter() > deadline:
-            return best, value, min(value, min(parent for _, parent in stack))
-        allowed, _ = stack.pop()
+            return best, value, min(value, stack[0][0])
+        _, _, allowed = heapq.heappop(stack)
         solution, used = solve(price, allowed)
         searches += 1
         lower = solution.cost - price * memory
@@ -227,8 +228,8 @@ def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, 
         without, only = mask.copy(), np.zeros_like(mask)
         without[solution.choices[v]] = False
         only[solution.choices[v]] = True
-        stack.append(({**allowed, v: only}, lower))        # searched second: its relaxed optimum is this one
-        stack.append(({**allowed, v: without}, lower))
+        heapq.heappush(stack, (lower, searches * 2 + 1, {**allowed, v: only}))
+        heapq.heappush(stack, (lower, searches * 2, {**allowed, v: without}))
     return best, value, value
 
 
