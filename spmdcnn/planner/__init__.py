@@ -193,12 +193,12 @@ def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, 
     tolerance = 1e-9 * max(abs(value), 1e-12)
     if value - bound <= tolerance:
         return best, value, value
-    stack = [(bound, 0, {})]                # a heap of subtrees to search: (parent's bound, order, restrictions)
+    heap = [(bound, 0, {})]                # a heap of subtrees to search: (parent's bound, order, restrictions)
     searches = 0
-    while stack:
+    while heap:
         if searches >= budget or time.perf_counter() > deadline:
-            return best, value, min(value, stack[0][0])
-        _, _, allowed = heapq.heappop(stack)
+            return best, value, min(value, heap[0][0])
+        _, _, allowed = heapq.heappop(heap)
         solution, used = solve(price, allowed)
         searches += 1
         lower = solution.cost - price * memory
@@ -228,8 +228,8 @@ def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, 
         without, only = mask.copy(), np.zeros_like(mask)
         without[solution.choices[v]] = False
         only[solution.choices[v]] = True
-        heapq.heappush(stack, (lower, searches * 2 + 1, {**allowed, v: only}))
-        heapq.heappush(stack, (lower, searches * 2, {**allowed, v: without}))
+        heapq.heappush(heap, (lower, searches * 2 + 1, {**allowed, v: only}))
+        heapq.heappush(heap, (lower, searches * 2, {**allowed, v: without}))
     return best, value, value
 
 
