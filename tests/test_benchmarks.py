@@ -25,3 +25,8 @@ def test_vs_pytorch_reports_both_sides_and_the_ratio():
 def test_profile_step_names_the_layers_and_the_gemm_floor():
     out = run("benchmarks/profile_step.py", "models/small_resnet.yaml", "--batch", "4", "--steps", "1")
     assert "per op" in out and "conv2d" in out and "GFLOP per iteration" in out
+
+
+def test_runtime_overhead_times_the_runtime_without_kernels():
+    out = run("benchmarks/runtime_overhead.py", "models/small_inception.yaml", "--steps", "2")
+    assert "ms of runtime per training step" in out and "us per layer and direction" in out
