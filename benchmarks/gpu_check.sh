@@ -5,7 +5,9 @@
 #   2. plans on CuPy through each transport that can work, on 2 ranks sharing the GPU (tests/mpi/test_transport.py);
 #   3. training from the command line: 2 ranks sharing the GPU under a layer-wise plan over host staging against
 #      1 rank, the refusal of more ranks than GPUs, bfloat16 against float32 (tests/test_gpu.py);
-#   4. spmdcnn against PyTorch: AlexNet 128, VGG-16 64, Inception-v3 64, fp32 and bf16 (benchmarks/gpu_vs_torch.py).
+#   4. spmdcnn profile and calibrate on the GPU (tile times for the planner; the GPU's rates and the links through
+#      the transport, 2 ranks sharing the GPU);
+#   5. spmdcnn against PyTorch: AlexNet 128, VGG-16 64, Inception-v3 64, fp32 and bf16 (benchmarks/gpu_vs_torch.py).
 # Every step runs even when an earlier one fails; the outputs go to $OUT (default /tmp/gpu_check), with a summary.
 #
 # What the machine lacks travels as wheels in .wheels/ (git-ignored; carry it): nvidia-cudnn-frontend and
@@ -64,11 +66,15 @@ step() {        # step NAME SECONDS COMMAND...: run, keep the output, note the r
 }
 : > "$OUT/summary.txt"
 # the limits add up to 570 s: one call of the device tool (at most 600 s)
-step ops 90 python3 -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --timeout 60 -rs
-step transports 90 mpiexec -n 2 python3 -m mpi4py -m pytest tests/mpi/test_transport.py -q -p no:cacheprovider \
-    --timeout 80 -rs
-step training 150 python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 140 -rs
-step vs_torch 240 python3 benchmarks/gpu_vs_torch.py --steps 5 --warmup 2 --json "$OUT/vs_torch.json"
+step ops 80 python3 -m pytest tests/ops/test_cuda_ops.py -q -p no:cacheprovider --timeout 60 -rs
+step transports 80 mpiexec -n 2 python3 -m mpi4py -m pytest tests/mpi/test_transport.py -q -p no:cacheprovider \
+    --timeout 70 -rs
+step training 130 python3 -m pytest tests/test_gpu.py -q -p no:cacheprovider --timeout 120 -rs
+step profile 40 python3 -m spmdcnn.cli profile models/small_resnet.yaml --batch 8 --devices 2 --backend cupy \
+    --repeats 2 -o "$OUT/profile.json"
+step calibrate 30 mpiexec -n 2 python3 -m spmdcnn.cli calibrate --quick --backend cupy --share-gpus \
+    -o "$OUT/h200.yaml" --name h200
+step vs_torch 210 python3 benchmarks/gpu_vs_torch.py --steps 5 --warmup 2 --json "$OUT/vs_torch.json"
 cat "$OUT/environment.txt" "$OUT/summary.txt"
 grep -A8 "^| model" "$OUT/vs_torch.txt"
 exit $status

@@ -6,8 +6,8 @@ Each cell times whole training iterations (forward, backward, SGD with momentum 
 one synthetic batch after a warm-up, with the GPU synchronized before the clock is read:
 - PyTorch: the torchvision model (Inception-v3 without its auxiliary head, as spmdcnn's model has none), fp32
   with PyTorch's defaults (cuDNN convolutions may use TF32, matmuls do not), bf16 as autocast in channels_last;
-- spmdcnn: ``spmdcnn.runtime.bench.bench`` on CuPy, plan ``data`` on one rank, fp32 (with and without TF32) and
-  bfloat16 (float32 master weights).
+- spmdcnn: ``spmdcnn.runtime.bench.bench`` on CuPy, plan ``data`` on one rank, fp32 with TF32 as PyTorch's
+  convolutions (``--without-tf32`` adds full fp32) and bfloat16 (float32 master weights).
 AlexNet runs at batch 128, VGG-16 and Inception-v3 at batch 64 (issue 6), the sizes of ``../shared/DEVICE.md``'s
 PyTorch numbers. The target is spmdcnn >= 0.9x PyTorch in every cell.
 """
@@ -77,6 +77,8 @@ def main():
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--json", help="also write the rows as JSON here")
+    parser.add_argument("--without-tf32", action="store_true",
+                        help="also time spmdcnn's fp32 without TF32 (PyTorch's fp32 convolutions use it)")
     args = parser.parse_args()
     rows = []
     for name in args.models:
@@ -87,7 +89,8 @@ def main():
                 row["pytorch"] = torch_images_per_s(name, batch, precision, args.steps, args.warmup)
             except Exception as error:              # report the cell, go on with the others
                 row["pytorch_error"] = f"{type(error).__name__}: {error}"
-            variants = [("spmdcnn", "float32", True), ("spmdcnn_no_tf32", "float32", False)] \
+            variants = [("spmdcnn", "float32", True)] + ([("spmdcnn_no_tf32", "float32", False)]
+                                                         if args.without_tf32 else []) \
                 if precision == "fp32" else [("spmdcnn", "bfloat16", False)]
             for key, dtype, tf32 in variants:
                 try:
