@@ -78,11 +78,9 @@ extern "C" __global__ void check(double* out) {{ {declarations}; out[0] = {kerne
 def elementwise_cases():
     for dtype in DTYPES:
         accumulate = "float64" if dtype == "float64" else "float32"
-        for index in ("uint8", "uint32"):
-            yield f"maxpool_forward_{index}_{dtype}", kernels._maxpool_forward(index, dtype), {"T": dtype}
-            yield f"maxpool_backward_{index}_{dtype}", kernels._maxpool_backward(index, dtype), {"T": dtype}
-        yield f"avgpool_forward_{dtype}", kernels._avgpool_forward(dtype), {"T": dtype}
-        yield f"avgpool_backward_{dtype}", kernels._avgpool_backward(dtype), {"T": dtype}
+        for kind in ("maxpool_forward", "maxpool_backward", "avgpool_forward", "avgpool_backward"):
+            for index in ("uint8", "uint32") if kind.startswith("max") else (None,):
+                yield f"{kind}_{index}_{dtype}", kernels._pooling(kind, dtype, index), {"T": dtype}
         _, _, _, affine, backward = kernels._bn_kernels(dtype)
         yield f"bn_affine_{dtype}", affine, {"T": dtype, "A": accumulate}
         yield f"bn_backward_{dtype}", backward, {"T": dtype, "A": accumulate}

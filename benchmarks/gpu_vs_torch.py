@@ -53,8 +53,6 @@ def torch_images_per_s(name, batch, precision, steps, warmup):
         torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - start)
-    del model, optimizer
-    torch.cuda.empty_cache()
     return batch / statistics.median(times)
 
 
@@ -87,6 +85,8 @@ def main():
             row = {"model": name, "batch": batch, "precision": precision}
             try:
                 row["pytorch"] = torch_images_per_s(name, batch, precision, args.steps, args.warmup)
+                import torch
+                torch.cuda.empty_cache()            # the model is gone: its memory goes back for spmdcnn's run
             except Exception as error:              # report the cell, go on with the others
                 row["pytorch_error"] = f"{type(error).__name__}: {error}"
             variants = [("spmdcnn", "float32", True)] + ([("spmdcnn_no_tf32", "float32", False)]

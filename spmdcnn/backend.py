@@ -33,6 +33,17 @@ def on_device(x):
     return type(x).__module__.startswith("cupy")
 
 
+def gpus():
+    """``(cupy, number of GPUs it sees)``: ``(None, 0)`` without CuPy, and 0 GPUs where it has no driver or device."""
+    cupy = _cupy()
+    if cupy is None:
+        return None, 0
+    try:
+        return cupy, cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no driver, no device: CuPy imports but cannot run
+        return cupy, 0
+
+
 def get_array_module(name="auto", rank_on_node=None, ranks_on_node=None, share=False):
     """Resolve a job's ``backend`` key ('auto', 'numpy' or 'cupy') to an array module.
 
@@ -45,13 +56,7 @@ def get_array_module(name="auto", rank_on_node=None, ranks_on_node=None, share=F
         return np
     if name != "cupy":
         raise ValueError(f"backend: unknown backend {name!r}; expected one of auto, numpy, cupy")
-    cupy = _cupy()
-    count = 0
-    if cupy is not None:
-        try:
-            count = cupy.cuda.runtime.getDeviceCount()
-        except Exception:  # no driver, no device: CuPy imports but cannot run
-            count = 0
+    cupy, count = gpus()
     if count == 0:
         raise RuntimeError("backend: 'cupy' was asked for but CuPy is not installed or sees no GPU "
                            "(install spmdcnn[gpu-cuda12] or spmdcnn[gpu-cuda13])")
@@ -82,12 +87,7 @@ def resolve_dtype(name, xp=np):
     if name == "bfloat16":
         if xp is np:
             raise ValueError("dtype: bfloat16 runs on the GPU only (backend: cupy); on the CPU use float32")
-        try:
-            import ml_dtypes
-        except ImportError:
-            raise ValueError("dtype: bfloat16 needs ml_dtypes (pip install spmdcnn[gpu-cuda12] or ml_dtypes)") \
-                from None
-        return np.dtype(ml_dtypes.bfloat16)
+        return bfloat16()
     try:
         return np.dtype(_DTYPES[name])
     except KeyError:
@@ -95,9 +95,19 @@ def resolve_dtype(name, xp=np):
             from None
 
 
+def bfloat16():
+    """ml_dtypes' bfloat16, the NumPy dtype CuPy 14 holds bfloat16 arrays in."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ValueError("dtype: bfloat16 needs ml_dtypes (pip install spmdcnn[gpu-cuda12] or ml_dtypes)") from None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
 def master_dtype(dtype):
     """The dtype of parameters, gradients, buffers and optimizer state for activations of ``dtype``: float32
-    for bfloat16 (mixed precision with a float32 master copy), ``dtype`` itself otherwise."""
+    for bfloat16 (mixed precision with a float32 master copy), ``dtype`` itself otherwise. The GPU kernels
+    compute and accumulate in it too."""
     dtype = np.dtype(dtype)
     return np.dtype(np.float32) if dtype.name == "bfloat16" else dtype
 

@@ -13,20 +13,14 @@ import numpy as np
 import pytest
 import yaml
 
+from spmdcnn.backend import gpus
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
 
 
-def _gpus():
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:        # no CuPy, no driver
-        return 0
-
-
 # benchmarks/gpu_check.sh sets SPMDCNN_REQUIRE_GPU: there a missing GPU fails instead of skipping
-pytestmark = pytest.mark.skipif(_gpus() == 0 and not os.environ.get("SPMDCNN_REQUIRE_GPU"),
+pytestmark = pytest.mark.skipif(gpus()[1] == 0 and not os.environ.get("SPMDCNN_REQUIRE_GPU"),
                                 reason="needs CuPy and a GPU (run by benchmarks/gpu_check.sh)")
 
 
@@ -70,7 +64,7 @@ def test_two_ranks_sharing_the_gpu_train_as_one(tmp_path, dtype, rtol):
 
 
 def test_more_ranks_than_gpus_are_refused_unless_shared(tmp_path):
-    if _gpus() > 1:
+    if gpus()[1] > 1:
         pytest.skip("this machine has a GPU for each of two ranks")
     result, _ = _train(tmp_path, "refused", 2, "float32", "data")
     assert result.returncode == 2, result.stdout + result.stderr

@@ -61,6 +61,13 @@ def blas_threads():
         return os.cpu_count() or 1
 
 
+def processor_name(xp=np):
+    """What runs the kernels: this rank's GPU (CuPy), or the CPU model and its BLAS threads (NumPy)."""
+    if xp is np:
+        return f"{cpu_name()} x{blas_threads()}"
+    return xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
+
+
 def median_seconds(fn, repeats, warmup=1, calls=1, sync=None):
     """The median over ``repeats`` of the time of one call of ``fn`` (timed over ``calls`` calls), after
     ``warmup`` untimed calls; ``sync`` (a device stream's synchronization) ends every call."""
@@ -100,12 +107,7 @@ def device_rates(quick=False, barrier=lambda: None, xp=np):
     small = [xp.ones(TINY, np.float32) for _ in range(3)]
     barrier()
     overhead = median_seconds(lambda: xp.add(small[0], small[1], out=small[2]), repeats, calls=1000)
-    if sync is not None:
-        sync()
-        name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
-    else:
-        name = f"{cpu_name()} x{blas_threads()}"
-    return {"name": name, "gemm_seconds": gemm_seconds, "flops": flops,
+    return {"name": processor_name(xp), "gemm_seconds": gemm_seconds, "flops": flops,
             "memory_bandwidth": 3 * STREAM_BYTES / stream, "overhead": overhead}
 
 

@@ -126,12 +126,12 @@ def avgpool2d_backward(gy, saved):
 
 def global_avgpool_forward(x):
     """Mean over H and W: (N, C, H, W) -> (N, C, 1, 1)."""
-    mean = x.mean(axis=(2, 3), keepdims=True, dtype=cuda.accumulation_dtype(x.dtype))
+    mean = x.mean(axis=(2, 3), keepdims=True, dtype=backend.master_dtype(x.dtype))
     return mean.astype(x.dtype, copy=False), x.shape
 
 
 def global_avgpool_backward(gy, x_shape):
     xp = backend.array_module(gy)
     H, W = x_shape[2], x_shape[3]
-    share = gy.astype(cuda.accumulation_dtype(gy.dtype), copy=False) * (1.0 / (H * W))
+    share = gy.astype(backend.master_dtype(gy.dtype), copy=False) * (1.0 / (H * W))
     return xp.broadcast_to(share.astype(gy.dtype, copy=False), x_shape).copy()

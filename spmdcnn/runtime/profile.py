@@ -14,7 +14,7 @@ import statistics
 import numpy as np
 
 from ..backend import master_dtype, synchronizer
-from ..cost.calibrate import blas_threads, cpu_name, median_seconds
+from ..cost.calibrate import median_seconds, processor_name
 from ..cost.compute import ComputeModel, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
@@ -32,12 +32,9 @@ def device_name(world, xp=np, dtype=np.float32):
     precision = np.dtype(dtype).name
     if xp is not np:
         from ..ops.cuda.conv import tf32_allowed
-        name = xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
         precision += "+tf32" if tf32_allowed() and precision == "float32" else ""
-    else:
-        name = f"{cpu_name()} x{blas_threads()}"
     ranks = "" if world.size == 1 else f", {world.size} ranks"
-    return f"{name}{ranks}, {precision}"
+    return f"{processor_name(xp)}{ranks}, {precision}"
 
 
 def default_path(device):

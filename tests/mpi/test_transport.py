@@ -9,17 +9,10 @@ import pytest
 
 from conftest import agree
 from plans import random_plan
+from spmdcnn.backend import gpus
 from spmdcnn.comm import CollectiveError, choose_transport
 from spmdcnn.comm.transport import CudaMpiTransport, HostTransport, cuda_aware_mpi
 from test_equivalence import _graph, check_plan
-
-
-def _gpus():
-    try:
-        import cupy
-        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:      # no CuPy, no driver
-        return None
 
 
 def _plans(world, name, count, seed):
@@ -56,13 +49,13 @@ def test_cuda_awareness_is_asked_not_assumed(world, monkeypatch):
     assert cuda_aware_mpi() == (False, "SPMDCNN_CUDA_AWARE_MPI=0")
 
 
-@pytest.mark.skipif(_gpus() is None and not os.environ.get("SPMDCNN_REQUIRE_GPU"),
+@pytest.mark.skipif(gpus()[1] == 0 and not os.environ.get("SPMDCNN_REQUIRE_GPU"),
                     reason="needs CuPy and a GPU (run by benchmarks/gpu_check.sh)")
 @pytest.mark.parametrize("name", ["host", "cuda-mpi", "nccl"])
 def test_cupy_arrays_through_each_transport(world, name):
     """CuPy float64 on random plans against one NumPy process (on one GPU shared by the ranks, only host staging
     can work: CUDA-aware MPI is absent there and NCCL refuses two ranks on one GPU)."""
-    cupy = _gpus()
+    cupy, _ = gpus()
     try:
         transport = choose_transport(world, cupy, name, log=print if world.rank == 0 else None)
     except CollectiveError as error:

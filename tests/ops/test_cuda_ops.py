@@ -9,20 +9,14 @@ import numpy as np
 import pytest
 
 from op_cases import CONV_CASES, POOL_CASES
+from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
 from spmdcnn.ops import batchnorm, conv, dropout, linear, loss, pool, relu
 from spmdcnn.runtime.optimizer import SGD
 
 
-def _cupy():
-    try:
-        import cupy
-        return cupy if cupy.cuda.runtime.getDeviceCount() > 0 else None
-    except Exception:        # no CuPy, no driver
-        return None
-
-
-cp = _cupy()
+_cupy, _count = gpus()
+cp = _cupy if _count else None
 # benchmarks/gpu_check.sh sets SPMDCNN_REQUIRE_GPU: there a missing GPU fails instead of skipping
 pytestmark = pytest.mark.skipif(cp is None and not os.environ.get("SPMDCNN_REQUIRE_GPU"),
                                 reason="needs CuPy and a GPU (run by benchmarks/gpu_check.sh)")

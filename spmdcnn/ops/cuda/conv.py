@@ -25,6 +25,7 @@ import threading
 
 import numpy
 
+from ...backend import bfloat16
 from ..window import output_extent, pad_spatial
 
 log = logging.getLogger("spmdcnn")
@@ -117,19 +118,12 @@ def _packed(shape):
     return strides
 
 
-def dtype_of(name):
-    """The NumPy dtype called ``name`` (bfloat16: ml_dtypes')."""
-    if name == "bfloat16":
-        import ml_dtypes
-        return numpy.dtype(ml_dtypes.bfloat16)
-    return numpy.dtype(name)
-
-
 class _Graph:
     """One built cuDNN graph, its tensors by role, and the data type of its output."""
 
     def __init__(self, graph, tensors, out_type, key):
-        self.graph, self.tensors, self.out_dtype, self.key = graph, tensors, dtype_of(out_type), key
+        out_dtype = bfloat16() if out_type == "bfloat16" else numpy.dtype(out_type)
+        self.graph, self.tensors, self.out_dtype, self.key = graph, tensors, out_dtype, key
         self.workspace = max(graph.get_workspace_size(), 1)
         self.proven = False           # it ran once: from then on an error is an error, not an unsupported case
 

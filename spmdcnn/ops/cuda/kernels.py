@@ -11,6 +11,8 @@ import functools
 
 import numpy
 
+from ...backend import master_dtype
+
 # ---------------------------------------------------------------------------------------------------------------
 # pooling: one thread per output element (forward) or per input element (backward: it gathers from the windows
 # that contain it, in a fixed order, so results are deterministic and need no atomics)
@@ -18,11 +20,6 @@ import numpy
 def _accumulator(dtype):
     """The C type a kernel computes in for arrays of ``dtype`` (a name): float for bfloat16, else the type."""
     return {"float64": "double", "float32": "float", "bfloat16": "float", "float16": "float"}[dtype]
-
-
-def accumulation_dtype(dtype):
-    """The NumPy dtype of per-channel factors and sums for arrays of ``dtype``."""
-    return numpy.dtype(numpy.float64 if numpy.dtype(dtype) == numpy.float64 else numpy.float32)
 
 
 _WINDOW_PARAMS = ("int32 H, int32 W, int32 oH, int32 oW, int32 kH, int32 kW, int32 sh, int32 sw, "
@@ -43,80 +40,68 @@ _INPUT_POSITION = """
 """
 
 
-@functools.cache
-def _maxpool_forward(index_type, dtype):
-    import cupy
-    A = _accumulator(dtype)
-    return cupy.ElementwiseKernel(
-        f"raw T x, {_WINDOW_PARAMS}", f"T y, {index_type} arg",
-        _OUTPUT_POSITION + f"""
-        const {A} minus_inf = ({A})__int_as_float(0xff800000);
-        {A} best = minus_inf; int winner = 0;            // padding is -inf: it never wins
-        bool nan = false;
-        for (int p = 0; p < kH; ++p) {{
-            const int h = h0 + p;
-            for (int q = 0; q < kW; ++q) {{
-                const int w = w0 + q;
-                const {A} v = (h >= 0 && h < H && w >= 0 && w < W) ? ({A})x[base + (long long)h * W + w]
-                                                                     : minus_inf;
-                if (v > best) {{ best = v; winner = p * kW + q; }}     // strictly: the first maximum wins ties
-                nan |= v != v;
-            }}
-        }}
-        y = nan ? (T)({A})__int_as_float(0x7fc00000) : (T)best;      // NaN propagates, as in NumPy
-        arg = winner;
-        """, f"spmdcnn_maxpool_forward_{index_type}_{dtype}")
+# kernel bodies: ``A`` is the type they compute in (the builder typedefs it per dtype)
+_MAXPOOL_FORWARD = """
+    const A minus_inf = (A)__int_as_float(0xff800000);
+    A best = minus_inf; int winner = 0;              // padding is -inf: it never wins
+    bool nan = false;
+    for (int p = 0; p < kH; ++p) {
+        const int h = h0 + p;
+        for (int q = 0; q < kW; ++q) {
+            const int w = w0 + q;
+            const A v = (h >= 0 && h < H && w >= 0 && w < W) ? (A)x[base + (long long)h * W + w] : minus_inf;
+            if (v > best) { best = v; winner = p * kW + q; }       // strictly: the first maximum wins ties
+            nan |= v != v;
+        }
+    }
+    y = nan ? (T)(A)__int_as_float(0x7fc00000) : (T)best;          // NaN propagates, as in NumPy
+    arg = winner;
+"""
+
+_MAXPOOL_BACKWARD = """
+    A sum = 0;
+    for (int oh = oh_lo; oh <= oh_hi; ++oh)
+        for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+            const long long o = obase + (long long)oh * oW + ow;
+            if ((int)arg[o] == (hp - oh * sh) * kW + (wp - ow * sw)) sum += (A)gy[o];
+        }
+    gx = (T)sum;
+"""
+
+_AVGPOOL_FORWARD = """
+    A sum = 0;                                       // the padding counts as zeros
+    for (int p = 0; p < kH; ++p) {
+        const int h = h0 + p;
+        if (h < 0 || h >= H) continue;
+        for (int q = 0; q < kW; ++q) {
+            const int w = w0 + q;
+            if (w >= 0 && w < W) sum += (A)x[base + (long long)h * W + w];
+        }
+    }
+    y = (T)(sum * (A)(1.0 / (kH * kW)));
+"""
+
+_AVGPOOL_BACKWARD = """
+    A sum = 0;
+    for (int oh = oh_lo; oh <= oh_hi; ++oh)
+        for (int ow = ow_lo; ow <= ow_hi; ++ow) sum += (A)gy[obase + (long long)oh * oW + ow];
+    gx = (T)(sum * (A)(1.0 / (kH * kW)));
+"""
 
 
 @functools.cache
-def _maxpool_backward(index_type, dtype):
+def _pooling(kind, dtype, index_type=None):
+    """The pooling kernel ``kind`` (maxpool_forward, maxpool_backward, avgpool_forward, avgpool_backward) for
+    arrays of ``dtype``; max pooling's winners are ``index_type``."""
     import cupy
-    A = _accumulator(dtype)
-    return cupy.ElementwiseKernel(
-        f"raw T gy, raw {index_type} arg, {_WINDOW_PARAMS}", "T gx",
-        _INPUT_POSITION + f"""
-        {A} sum = 0;
-        for (int oh = oh_lo; oh <= oh_hi; ++oh)
-            for (int ow = ow_lo; ow <= ow_hi; ++ow) {{
-                const long long o = obase + (long long)oh * oW + ow;
-                if ((int)arg[o] == (hp - oh * sh) * kW + (wp - ow * sw)) sum += ({A})gy[o];
-            }}
-        gx = (T)sum;
-        """, f"spmdcnn_maxpool_backward_{index_type}_{dtype}")
-
-
-@functools.cache
-def _avgpool_forward(dtype):
-    import cupy
-    A = _accumulator(dtype)
-    return cupy.ElementwiseKernel(
-        f"raw T x, {_WINDOW_PARAMS}", "T y",
-        _OUTPUT_POSITION + f"""
-        {A} sum = 0;                                   // the padding counts as zeros
-        for (int p = 0; p < kH; ++p) {{
-            const int h = h0 + p;
-            if (h < 0 || h >= H) continue;
-            for (int q = 0; q < kW; ++q) {{
-                const int w = w0 + q;
-                if (w >= 0 && w < W) sum += ({A})x[base + (long long)h * W + w];
-            }}
-        }}
-        y = (T)(sum * ({A})(1.0 / (kH * kW)));
-        """, f"spmdcnn_avgpool_forward_{dtype}")
-
-
-@functools.cache
-def _avgpool_backward(dtype):
-    import cupy
-    A = _accumulator(dtype)
-    return cupy.ElementwiseKernel(
-        f"raw T gy, {_WINDOW_PARAMS}", "T gx",
-        _INPUT_POSITION + f"""
-        {A} sum = 0;
-        for (int oh = oh_lo; oh <= oh_hi; ++oh)
-            for (int ow = ow_lo; ow <= ow_hi; ++ow) sum += ({A})gy[obase + (long long)oh * oW + ow];
-        gx = (T)(sum * ({A})(1.0 / (kH * kW)));
-        """, f"spmdcnn_avgpool_backward_{dtype}")
+    inputs, outputs, position, body = {
+        "maxpool_forward": ("raw T x", f"T y, {index_type} arg", _OUTPUT_POSITION, _MAXPOOL_FORWARD),
+        "maxpool_backward": (f"raw T gy, raw {index_type} arg", "T gx", _INPUT_POSITION, _MAXPOOL_BACKWARD),
+        "avgpool_forward": ("raw T x", "T y", _OUTPUT_POSITION, _AVGPOOL_FORWARD),
+        "avgpool_backward": ("raw T gy", "T gx", _INPUT_POSITION, _AVGPOOL_BACKWARD)}[kind]
+    return cupy.ElementwiseKernel(f"{inputs}, {_WINDOW_PARAMS}", outputs, position + body,
+                                  f"spmdcnn_{kind}_{index_type or ''}_{dtype}",
+                                  preamble=f"typedef {_accumulator(dtype)} A;")
 
 
 def _window_args(geometry, H, W, oH, oW):
@@ -132,8 +117,8 @@ def maxpool2d_forward(x, geometry):
     index_type = "uint8" if geometry.kernel[0] * geometry.kernel[1] <= 256 else "uint32"
     y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
     arg = cupy.empty((N, C, oH, oW), dtype=index_type)
-    _maxpool_forward(index_type, x.dtype.name)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW),
-                                               y, arg)
+    kernel = _pooling("maxpool_forward", x.dtype.name, index_type)
+    kernel(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y, arg)
     return y, (x.shape, arg, geometry)
 
 
@@ -142,8 +127,8 @@ def maxpool2d_backward(gy, saved):
     x_shape, arg, geometry = saved
     N, C, H, W = x_shape
     gx = cupy.empty(x_shape, dtype=gy.dtype)
-    _maxpool_backward(arg.dtype.name, gy.dtype.name)(cupy.ascontiguousarray(gy), arg,
-                                                     *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
+    kernel = _pooling("maxpool_backward", gy.dtype.name, arg.dtype.name)
+    kernel(cupy.ascontiguousarray(gy), arg, *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
     return gx
 
 
@@ -152,7 +137,7 @@ def avgpool2d_forward(x, geometry):
     N, C, H, W = x.shape
     oH, oW = geometry.output_shape(H, W)
     y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
-    _avgpool_forward(x.dtype.name)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y)
+    _pooling("avgpool_forward", x.dtype.name)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y)
     return y, (x.shape, geometry)
 
 
@@ -161,8 +146,8 @@ def avgpool2d_backward(gy, saved):
     x_shape, geometry = saved
     N, C, H, W = x_shape
     gx = cupy.empty(x_shape, dtype=gy.dtype)
-    _avgpool_backward(gy.dtype.name)(cupy.ascontiguousarray(gy),
-                                     *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
+    kernel = _pooling("avgpool_backward", gy.dtype.name)
+    kernel(cupy.ascontiguousarray(gy), *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
     return gx
 
 
@@ -192,7 +177,7 @@ def _bn_kernels(dtype):
 
 def _channel(v, dtype):
     """A per-channel vector as (1, C, 1) in the accumulation type of arrays of ``dtype``."""
-    return v.astype(accumulation_dtype(dtype)).reshape(1, -1, 1)
+    return v.astype(master_dtype(dtype)).reshape(1, -1, 1)
 
 
 def bn_sums(x3):
@@ -262,7 +247,7 @@ def dropout_forward(x, p, key, start, global_shape, inplace):
     y = x if inplace else cupy.empty_like(x)
     keep = cupy.empty(x.shape, dtype=bool)
     _dropout_forward(x.ndim)(x, numpy.uint64(key), numpy.uint64(round(p * (1 << 53))),
-                             accumulation_dtype(x.dtype).type(scale), *args, y, keep)
+                             master_dtype(x.dtype).type(scale), *args, y, keep)
     return y, (keep, scale)
 
 
@@ -274,7 +259,7 @@ def _dropout_backward():
 
 
 def dropout_backward(gy, keep, scale):
-    return _dropout_backward()(gy, keep, accumulation_dtype(gy.dtype).type(scale))
+    return _dropout_backward()(gy, keep, master_dtype(gy.dtype).type(scale))
 
 
 # ---------------------------------------------------------------------------------------------------------------
