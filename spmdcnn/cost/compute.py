@@ -18,6 +18,7 @@ from math import prod
 
 import numpy as np
 
+from ..io.atomic import written_aside
 from .tiles import TileShape, combine, layer_classes
 
 PROFILE_FORMAT = "spmdcnn-profile/1"
@@ -98,16 +99,12 @@ class Profile:
 
     def save(self, path=None):
         path = path or self.path
-        folder = os.path.dirname(os.path.abspath(path))
-        os.makedirs(folder, exist_ok=True)
         data = {"format": PROFILE_FORMAT, "device": self.device, "in_situ": self.in_situ,
                 "entries": [{"key": key, "seconds": seconds,
                              **({"shape": self.shapes[key].to_json()} if key in self.shapes else {})}
                             for key, seconds in sorted(self.entries.items())]}
-        temporary = f"{path}.tmp{os.getpid()}"
-        with open(temporary, "w", encoding="utf-8") as handle:
+        with written_aside(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:
             json.dump(data, handle, indent=0)
-        os.replace(temporary, path)
         self.path = path
 
     @classmethod

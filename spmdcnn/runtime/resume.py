@@ -9,9 +9,9 @@ a dataset copied to node-local scratch still resumes.
 
 import json
 import os
-import uuid
 
 from ..graph.graph import parse_model
+from ..io.atomic import written_aside
 from ..io.checkpoint import CheckpointError
 from ..io.yamlfile import FormatError, load_yaml_text
 
@@ -61,7 +61,5 @@ def trim_metrics(path, step):
                 continue
             if isinstance(record, dict) and isinstance(record.get("step"), int) and record["step"] <= step:
                 kept.append(json.dumps(record) + "\n")
-    temporary = f"{path}.{uuid.uuid4().hex[:8]}.tmp"
-    with open(temporary, "w", encoding="utf-8") as handle:
+    with written_aside(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:
         handle.writelines(kept)
-    os.replace(temporary, path)
