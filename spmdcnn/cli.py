@@ -170,7 +170,7 @@ def cmd_plan(args):
         from .cost.calibrate import prepare_output
         prepare_output(args.output)
         with open(args.output, "w", encoding="utf-8") as handle:
-            handle.write(plan_document(chosen, args.model))
+            handle.write(plan_document(chosen, args.model, args.output))
     if args.json:
         print(json.dumps({"model": graph.name, "devices": args.devices, "batch": args.batch,
                           "machine": cost.machine.name, "output": args.output,
@@ -207,7 +207,8 @@ def cmd_plan(args):
 
 
 def _load_plan_for_simulate(spec, args):
-    """A plan file (its model from --model, its model_file, or models/<name>.yaml) or a named strategy."""
+    """A plan file (its model from --model, its model_file (relative to the plan file's folder), or
+    models/<name>.yaml) or a named strategy."""
     import os
     from .graph import load_model
     from .io.yamlfile import read_yaml
@@ -220,9 +221,15 @@ def _load_plan_for_simulate(spec, args):
     data, _ = read_yaml(spec, "plan file")
     if not isinstance(data, dict):
         raise ValueError(f"{spec}: not a plan (expected a mapping)")
-    model = args.model or data.get("model_file")
-    if model is not None and not isinstance(model, str):
-        raise ValueError(f"{spec}: model_file must be a path, got {model!r}")
+    model = args.model
+    if model is None and data.get("model_file") is not None:
+        written = data["model_file"]
+        if not isinstance(written, str):
+            raise ValueError(f"{spec}: model_file must be a path, got {written!r}")
+        model = os.path.join(os.path.dirname(os.path.abspath(spec)), written)
+        if not os.path.exists(model):
+            raise ValueError(f"{spec}: model_file {written} does not exist (read from the plan file's folder: "
+                             f"{os.path.normpath(model)}); pass --model MODEL.yaml")
     if model is None:
         model = os.path.join("models", f"{data.get('model')}.yaml")
         if not os.path.exists(model):

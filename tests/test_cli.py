@@ -265,6 +265,47 @@ def test_train_end_to_end_in_a_subprocess(tmp_path):
     assert "step         2" in info.stdout and "tiny_cnn" in info.stdout
 
 
+def test_a_complete_run_says_so_and_how_to_train_again(tmp_path, capsys):
+    job = write_job(tmp_path)
+    assert call(capsys, "train", job)[0] == 0
+    code, out, err = call(capsys, "train", job)
+    assert code == 0, err
+    assert "this run is already complete (step 3 of 3): nothing to train" in out, out
+    assert "--set resume=false" in out and "--set checkpoint.path=OTHER.h5" in out and "--set steps=N" in out
+    code, out, err = call(capsys, "train", job, "--set", "resume=false")     # what the message says works
+    assert code == 0 and "already complete" not in out and "step      3/3" in out, out
+
+
+def test_a_copied_job_run_elsewhere_stops_on_its_paths_before_writing_anything(tmp_path):
+    """The quick start's job copied to another folder: its relative model path is missing there. The job is
+    checked whole before data.make writes the digits or an output folder is made."""
+    shutil.copy(os.path.join(ROOT, "jobs", "quickstart.yaml"), tmp_path / "job.yaml")
+    result = subprocess.run([sys.executable, "-m", "spmdcnn.cli", "train", "job.yaml"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=120)
+    expect_clean_error(result, "job.yaml: 'model' names models/digits_cnn.yaml, which does not exist",
+                       f"relative to the current folder, {tmp_path}")
+    assert sorted(os.listdir(tmp_path)) == ["job.yaml"]
+
+
+@pytest.mark.parametrize("key, value", [("init", "nothing.h5"), ("data.path", "nothing.h5"), ("plan", "p.yaml"),
+                                        ("machine", "m.yaml")])
+def test_a_missing_input_names_its_key_and_who_gave_it(tmp_path, key, value):
+    extra = ["--set", "data={kind: hdf5, path: nothing.h5}"] if key == "data.path" else []
+    job = write_job(tmp_path, checkpoint={"path": str(tmp_path / "new" / "run.h5")})
+    result = run("train", job, *extra, "--set", f"{key}={value}" if key != "data.path" else "seed=0")
+    origin = "--set data={kind: hdf5, path: nothing.h5}" if key == "data.path" else f"--set {key}={value}"
+    expect_clean_error(result, f"{origin}: '{key}' names {value}, which does not exist")
+    assert not (tmp_path / "new").exists()
+
+
+def test_output_folders_are_made_only_once_the_job_is_checked(tmp_path):
+    (tmp_path / "bad-plan.yaml").write_text("format: spmdcnn-plan/1\ndevices: 1\nlayers: {nolayer: {n: 1}}\n")
+    job = write_job(tmp_path, plan=str(tmp_path / "bad-plan.yaml"),
+                    checkpoint={"path": str(tmp_path / "deep" / "er" / "run.h5")})
+    expect_clean_error(run("train", job), "nolayer")
+    assert not (tmp_path / "deep").exists()
+
+
 # --- errors: exit 2, one line, no traceback ------------------------------------------------------------------
 
 def test_missing_job_file(tmp_path):

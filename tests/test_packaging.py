@@ -16,3 +16,18 @@ def test_the_wheel_carries_the_digits(tmp_path):
     names = zipfile.ZipFile(glob.glob(str(tmp_path / "spmdcnn-*.whl"))[0]).namelist()
     assert "spmdcnn/io/data/digits.csv.gz" in names and "spmdcnn/io/data/README.md" in names
     assert "spmdcnn/cli_files.py" in names
+
+
+def test_no_test_installs_anything():
+    """The test command leaves the machine as it is: no test runs a package manager (CI's .ci/run installs what
+    CI alone needs before it calls the test command)."""
+    import io
+    import tokenize
+    installers = {"apt-get", "apt", "yum", "dnf", "conda", "install", "pip3"}
+    found = []
+    for path in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True):
+        with open(path, encoding="utf-8") as handle:
+            for token in tokenize.generate_tokens(io.StringIO(handle.read()).readline):
+                if token.type == tokenize.STRING and token.string.strip("\"'") in installers:
+                    found.append(f"{os.path.relpath(path, ROOT)}:{token.start[0]}: {token.string}")
+    assert not found, found

@@ -74,3 +74,14 @@ def test_the_plot_command_draws_any_plan(tmp_path):
     assert subprocess.run([sys.executable, "-m", "spmdcnn.cli", "plot", str(plan), "-o", str(svg)], cwd=ROOT,
                           capture_output=True).returncode == 0
     assert b"<svg" in svg.read_bytes()[:500]
+
+
+def test_a_plain_run_writes_beside_the_user_never_over_the_committed_results(tmp_path):
+    committed = os.path.join(ROOT, "benchmarks", "paper", "results")
+    before = {name: os.path.getmtime(os.path.join(committed, name)) for name in os.listdir(committed)}
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "paper", "reproduce.py"),
+                             "--models", "alexnet", "--devices", "1", "2"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert {"table.md", "results.json"} <= set(os.listdir(tmp_path / "paper-results"))
+    assert {name: os.path.getmtime(os.path.join(committed, name)) for name in os.listdir(committed)} == before

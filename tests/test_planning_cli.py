@@ -85,6 +85,28 @@ def test_plan_writes_a_plan_with_its_prediction_and_simulate_scores_it(tmp_path)
     assert [row["name"] for row in scored[0]["predicted"]["layers"]] == list(plan.configs)
 
 
+def test_a_plan_written_elsewhere_is_simulated_from_its_own_folder(tmp_path):
+    """model_file is written relative to the plan file's folder, and read from there, whatever the folder."""
+    plan = tmp_path / "x" / "plan.yaml"
+    written = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "-o", plan)
+    assert written.returncode == 0, written.stderr
+    model_file = yaml.safe_load(plan.read_text())["model_file"]
+    assert os.path.normpath(os.path.join(plan.parent, model_file)) == os.path.join(ROOT, "models", "tiny_cnn.yaml")
+    for cwd in (tmp_path / "x", tmp_path):
+        result = subprocess.run([sys.executable, "-m", "spmdcnn.cli", "simulate", os.path.relpath(plan, cwd)],
+                                cwd=cwd, capture_output=True, text=True, timeout=120)
+        assert result.returncode == 0 and "predicted iteration" in result.stdout, result.stderr
+
+
+def test_a_plan_whose_model_file_is_missing_says_where_it_looked(tmp_path):
+    (tmp_path / "plan.yaml").write_text("format: spmdcnn-plan/1\nmodel: tiny_cnn\nbatch_size: 4\ndevices: 2\n"
+                                        "model_file: ../models/tiny.yaml\n")
+    result = run("simulate", tmp_path / "plan.yaml")
+    assert result.returncode == 2, result.stderr
+    assert "model_file ../models/tiny.yaml does not exist (read from the plan file's folder: " \
+        f"{os.path.join(os.path.dirname(tmp_path), 'models', 'tiny.yaml')})" in result.stderr, result.stderr
+
+
 def test_plan_compare_and_json_list_every_strategy():
     result = run("plan", "models/vgg16.yaml", "--devices", 16, "--batch", 512, "--machine", PAPER, "--compare")
     assert result.returncode == 0, result.stderr

@@ -11,7 +11,10 @@ plans are simulated and the layer-wise optimum is searched; the predicted throug
 to the paper's results.
 
     python benchmarks/paper/reproduce.py [--models alexnet vgg16 inception_v3 resnet50] [--devices 1 2 4 8 16 64]
-        [--out benchmarks/paper/results]
+        [--out DIR]
+
+The results go to ``paper-results/`` in the current folder, so that a run never overwrites the committed ones in
+``benchmarks/paper/results/`` unless asked (``--out benchmarks/paper/results``).
 """
 
 import argparse
@@ -268,7 +271,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3", "resnet50"])
     parser.add_argument("--devices", nargs="+", type=int, default=[1, 2, 4, 8, 16, 64])
-    parser.add_argument("--out", default=os.path.join(ROOT, "benchmarks", "paper", "results"))
+    parser.add_argument("--out", default="paper-results",
+                        help="folder to write (default paper-results; the committed results are in "
+                             "benchmarks/paper/results: --out benchmarks/paper/results updates them)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     rows = run(args.models, args.devices)

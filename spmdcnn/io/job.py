@@ -1,16 +1,20 @@
-"""Job YAML (DESIGN.md §3.3): loading, ``--set`` overrides, defaults and validation.
+"""Job YAML (docs/formats.md#job-files): loading, ``--set`` overrides, defaults and validation.
 
 Every key is checked against the schema below; an unknown key or a value of the wrong type is refused with a
-message naming the key and the file.
+message naming the key, where it came from (the file, or the ``--set`` that gave it) and, for an unknown key,
+the nearest known one.
 """
 
 import copy
+import difflib
+import os
 
 import yaml
 
 from .yamlfile import FormatError, read_yaml
 
 _REQUIRED = object()
+PLAN_NAMES = ("auto", "data", "model", "owt")   # a plan file otherwise (spmdcnn/tiling/plan.py)
 _NUMBER = (int, float)
 
 # key -> (accepted types, default); a nested dict is a sub-schema.
@@ -82,26 +86,71 @@ def _type_name(types):
     return " or ".join(names.get(t, t.__name__) for t in types)
 
 
-def _validate(values, schema, source, prefix=()):
+class _Origins:
+    """Where each key of a job came from: the ``--set`` item that last set it (or a section above it), else the
+    job file."""
+
+    def __init__(self, source, overrides=()):
+        self.source, self.items = source, []
+        for item in overrides:
+            if "=" in item:
+                self.items.append((tuple(item.split("=", 1)[0].strip().split(".")), item))
+
+    def __call__(self, dotted):
+        path = tuple(dotted.split(".")) if isinstance(dotted, str) else tuple(dotted)
+        for keys, item in reversed(self.items):
+            if path[:len(keys)] == keys:
+                return f"--set {item}"
+        return self.source
+
+
+def _dotted_keys(schema=None, prefix=()):
+    for key, rule in (schema or SCHEMA).items():
+        if isinstance(rule, dict):
+            yield from _dotted_keys(rule, prefix + (key,))
+        else:
+            yield ".".join(prefix + (key,))
+
+
+def _nearest(word, choices):
+    """`` (did you mean 'x'?)`` for the choice nearest to ``word``, or nothing."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def _nearest_key(path):
+    """The suggestion for an unknown key: the nearest known dotted key, or one with the same last name."""
+    dotted = ".".join(map(str, path))
+    known = list(_dotted_keys())
+    hint = _nearest(dotted, known)
+    if not hint:
+        same = [key for key in known if key.rsplit(".", 1)[-1] == str(path[-1])]
+        hint = f" (did you mean '{same[0]}'?)" if same else ""
+    return hint
+
+
+def _validate(values, schema, where, prefix=()):
     if not isinstance(values, dict):
-        raise FormatError(f"{source}: '{'.'.join(prefix) or 'job'}' must be a mapping, got {values!r}")
+        raise FormatError(f"{where(prefix or ('job',))}: '{'.'.join(prefix) or 'job'}' must be a mapping, "
+                          f"got {values!r}")
     unknown = sorted(set(values) - set(schema))
     if unknown:
-        key = ".".join(prefix + (unknown[0],))
+        path = prefix + (unknown[0],)
         allowed = ", ".join(sorted(schema))
-        raise FormatError(f"{source}: unknown key '{key}' (allowed here: {allowed})")
+        raise FormatError(f"{where(path)}: unknown key '{'.'.join(map(str, path))}'{_nearest_key(path)} "
+                          f"(allowed here: {allowed})")
     out = {}
     for key, rule in schema.items():
         path = prefix + (key,)
         dotted = ".".join(path)
         if isinstance(rule, dict):
             section = values.get(key)
-            out[key] = _validate({} if section is None else section, rule, source, path)
+            out[key] = _validate({} if section is None else section, rule, where, path)
             continue
         types, default = rule
         if key not in values:
             if default is _REQUIRED:
-                raise FormatError(f"{source}: missing key '{dotted}'")
+                raise FormatError(f"{where(path)}: missing key '{dotted}'")
             out[key] = default
             continue
         value = values[key]
@@ -113,10 +162,11 @@ def _validate(values, schema, source, prefix=()):
         else:
             ok = isinstance(value, accepted)
         if not ok:
-            raise FormatError(f"{source}: '{dotted}' must be {_type_name(types)}, got {value!r}")
+            raise FormatError(f"{where(path)}: '{dotted}' must be {_type_name(types)}, got {value!r}")
         choices = _CHOICES.get(path)
         if choices and value is not None and value not in choices:
-            raise FormatError(f"{source}: '{dotted}' must be one of {', '.join(choices)}, got {value!r}")
+            raise FormatError(f"{where(path)}: '{dotted}' must be one of {', '.join(choices)}, got {value!r}"
+                              f"{_nearest(str(value), choices)}")
         out[key] = float(value) if accepted == _NUMBER else value
     return out
 
@@ -128,9 +178,15 @@ def _number(text):
         return text
 
 
+# keys of which a job gives exactly one: an override of one replaces the other of the job file
+_ALTERNATIVES = (("steps", "epochs"),)
+
+
 def apply_overrides(values, overrides, source="--set"):
-    """Apply ``key.sub=value`` strings (values parsed as YAML) to a nested mapping, in order."""
+    """Apply ``key.sub=value`` strings (values parsed as YAML) to a nested mapping, in order. Setting one of
+    ``steps`` and ``epochs`` drops the other one that ``values`` gives (unless an override sets it too)."""
     values = copy.deepcopy(values)
+    given = set()
     for item in overrides:
         if "=" not in item:
             raise FormatError(f"{source}: expected key=value, got {item!r}")
@@ -146,74 +202,104 @@ def apply_overrides(values, overrides, source="--set"):
                 node[key] = {}
             node = node[key]
         node[keys[-1]] = value
+        given.add(dotted.strip())
+    for pair in _ALTERNATIVES:
+        for key, other in (pair, pair[::-1]):
+            if key in given and other not in given:
+                values.pop(other, None)
     return values
 
 
+class Job(dict):
+    """A validated job: the mapping of its keys, and :meth:`where` a key came from (for messages)."""
+
+    def __init__(self, values, origins):
+        super().__init__(values)
+        self.origins = origins
+
+    def where(self, dotted):
+        """The job file, or ``--set key=value`` when an override gave ``dotted`` (or a section above it)."""
+        return self.origins(dotted)
+
+
 def parse_job(values, source="<job>", overrides=()):
+    """The validated :class:`Job` of the mapping ``values`` (read from ``source``) with ``overrides`` applied."""
     if values is None:
         values = {}
     if not isinstance(values, dict):
         raise FormatError(f"{source}: a job file must be a mapping of keys, got {type(values).__name__}")
-    job = _validate(apply_overrides(values, overrides), SCHEMA, source)
-    if job["batch_size"] <= 0:
-        raise FormatError(f"{source}: 'batch_size' must be positive, got {job['batch_size']}")
-    if (job["steps"] is None) == (job["epochs"] is None):
-        raise FormatError(f"{source}: give exactly one of 'steps' and 'epochs'")
+    where = _Origins(source, overrides)
+    job = _validate(apply_overrides(values, overrides), SCHEMA, where)
+
+    def check(ok, key, message):
+        if not ok:
+            raise FormatError(f"{where(key)}: {message}")
+    check(job["batch_size"] > 0, "batch_size", f"'batch_size' must be positive, got {job['batch_size']}")
+    check((job["steps"] is None) != (job["epochs"] is None), "steps" if job["steps"] is not None else "epochs",
+          "give exactly one of 'steps' and 'epochs'")
     for key, value in (("seed", job["seed"]), ("data.seed", job["data"]["seed"])):
-        if not 0 <= value < 2 ** 63:
-            raise FormatError(f"{source}: '{key}' must lie in [0, 2**63), got {value}")
-    if job["data"]["num_samples"] <= 0:
-        raise FormatError(f"{source}: 'data.num_samples' must be positive, got {job['data']['num_samples']}")
+        check(0 <= value < 2 ** 63, key, f"'{key}' must lie in [0, 2**63), got {value}")
+    check(job["data"]["num_samples"] > 0, "data.num_samples",
+          f"'data.num_samples' must be positive, got {job['data']['num_samples']}")
     for key in ("steps", "epochs"):
-        if job[key] is not None and job[key] < 0:
-            raise FormatError(f"{source}: '{key}' must be non-negative, got {job[key]}")
-    if job["data"]["kind"] == "hdf5" and not job["data"]["path"]:
-        raise FormatError(f"{source}: 'data.path' is needed when data.kind is hdf5")
-    if job["checkpoint"]["every"] is not None and job["checkpoint"]["every"] <= 0:
-        raise FormatError(f"{source}: 'checkpoint.every' must be positive, got {job['checkpoint']['every']}")
-    if job["checkpoint"]["keep"] <= 0:
-        raise FormatError(f"{source}: 'checkpoint.keep' must be positive, got {job['checkpoint']['keep']}")
-    if job["log"]["every"] <= 0:
-        raise FormatError(f"{source}: 'log.every' must be positive, got {job['log']['every']}")
-    if job["resume"] not in ("auto", True, False):
-        raise FormatError(f"{source}: 'resume' must be auto, true or false, got {job['resume']!r}")
-    if job["log"]["progress"] not in ("auto", True, False):
-        raise FormatError(f"{source}: 'log.progress' must be auto, true or false, got {job['log']['progress']!r}")
-    _check_data(job, source)
-    _check_optimizer(job["optimizer"], source)
-    return job
+        check(job[key] is None or job[key] >= 0, key, f"'{key}' must be non-negative, got {job[key]}")
+    check(job["data"]["kind"] != "hdf5" or job["data"]["path"], "data.kind",
+          "'data.path' is needed when data.kind is hdf5")
+    for key in ("checkpoint.every", "log.every"):
+        section, name = key.split(".")
+        value = job[section][name]
+        check(value is None or value > 0, key, f"'{key}' must be positive, got {value}")
+    check(job["checkpoint"]["keep"] > 0, "checkpoint.keep",
+          f"'checkpoint.keep' must be positive, got {job['checkpoint']['keep']}")
+    check(job["resume"] in ("auto", True, False), "resume",
+          f"'resume' must be auto, true or false, got {job['resume']!r}")
+    check(job["log"]["progress"] in ("auto", True, False), "log.progress",
+          f"'log.progress' must be auto, true or false, got {job['log']['progress']!r}")
+    _check_plan(job["plan"], where)
+    _check_data(job, where)
+    _check_optimizer(job["optimizer"], where)
+    return Job(job, where)
 
 
-def _check_data(job, source):
+def _check_plan(plan, where):
+    """A plan is a name or a file: a word that is neither is refused with the names (a typo of one, mostly)."""
+    if plan is None or plan in PLAN_NAMES or os.path.exists(plan) or plan.endswith((".yaml", ".yml")) \
+            or os.sep in plan:
+        return
+    raise FormatError(f"{where('plan')}: 'plan' must be one of {', '.join(PLAN_NAMES)} or a plan file, got "
+                      f"{plan!r}{_nearest(plan, PLAN_NAMES)} (no such file)")
+
+
+def _check_data(job, where):
     data, every = job["data"], job["eval"]["every"]
     if data["kind"] != "hdf5":
         for key in ("val", "make"):
             if data[key] is not None:
-                raise FormatError(f"{source}: 'data.{key}' needs data.kind hdf5, got {data['kind']}")
+                raise FormatError(f"{where('data.' + key)}: 'data.{key}' needs data.kind hdf5, got {data['kind']}")
     if data["make"] and not data["val"]:
-        raise FormatError(f"{source}: 'data.make: {data['make']}' writes data.path and data.val: give data.val")
+        raise FormatError(f"{where('data.make')}: 'data.make: {data['make']}' writes data.path and data.val: give data.val")
     if every is not None and every <= 0:
-        raise FormatError(f"{source}: 'eval.every' must be positive, got {every}")
+        raise FormatError(f"{where('eval.every')}: 'eval.every' must be positive, got {every}")
     if every is not None and not data["val"]:
-        raise FormatError(f"{source}: 'eval.every' evaluates data.val: give data.val")
+        raise FormatError(f"{where('eval.every')}: 'eval.every' evaluates data.val: give data.val")
 
 
-def _check_optimizer(spec, source):
-    if spec["lr"] < 0 or spec["min_lr"] < 0:
-        raise FormatError(f"{source}: 'optimizer.lr' and 'optimizer.min_lr' must be non-negative")
-    if not 0 < spec["gamma"] <= 1:
-        raise FormatError(f"{source}: 'optimizer.gamma' must lie in (0, 1], got {spec['gamma']}")
-    if spec["min_lr"] > spec["lr"]:
-        raise FormatError(f"{source}: 'optimizer.min_lr' ({spec['min_lr']}) must not exceed 'optimizer.lr' "
-                          f"({spec['lr']})")
-    if spec["warmup_steps"] < 0:
-        raise FormatError(f"{source}: 'optimizer.warmup_steps' must be non-negative, got {spec['warmup_steps']}")
-    if spec["schedule"] == "step" and not (spec["decay_every"] or 0) > 0:
-        raise FormatError(f"{source}: 'optimizer.schedule: step' needs a positive 'optimizer.decay_every' "
-                          f"(steps between decays), got {spec['decay_every']}")
-    if spec["schedule"] != "step" and spec["decay_every"] is not None:
-        raise FormatError(f"{source}: 'optimizer.decay_every' applies to schedule: step, not "
-                          f"{spec['schedule']}")
+def _check_optimizer(spec, where):
+    def check(ok, key, message):
+        if not ok:
+            raise FormatError(f"{where('optimizer.' + key)}: {message}")
+    check(spec["lr"] >= 0 and spec["min_lr"] >= 0, "lr" if spec["lr"] < 0 else "min_lr",
+          "'optimizer.lr' and 'optimizer.min_lr' must be non-negative")
+    check(0 < spec["gamma"] <= 1, "gamma", f"'optimizer.gamma' must lie in (0, 1], got {spec['gamma']}")
+    check(spec["min_lr"] <= spec["lr"], "min_lr",
+          f"'optimizer.min_lr' ({spec['min_lr']}) must not exceed 'optimizer.lr' ({spec['lr']})")
+    check(spec["warmup_steps"] >= 0, "warmup_steps",
+          f"'optimizer.warmup_steps' must be non-negative, got {spec['warmup_steps']}")
+    check(spec["schedule"] != "step" or (spec["decay_every"] or 0) > 0, "decay_every",
+          "'optimizer.schedule: step' needs a positive 'optimizer.decay_every' (steps between decays), got "
+          f"{spec['decay_every']}")
+    check(spec["schedule"] == "step" or spec["decay_every"] is None, "decay_every",
+          f"'optimizer.decay_every' applies to schedule: step, not {spec['schedule']}")
 
 
 def load_job(path, overrides=()):

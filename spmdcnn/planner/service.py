@@ -1,6 +1,7 @@
 """Planning as the commands and jobs use it: a cost model from files, and plans written with their prediction."""
 
 import json
+import os
 
 from ..cost.compute import ComputeModel, Profile
 from ..cost.machine import default_machine, load_machine
@@ -18,11 +19,15 @@ def cost_model(graph, batch, devices, machine=None, profile=None, itemsize=4, no
     return CostModel(graph, batch, machine, ComputeModel(machine.device, store, itemsize), itemsize)
 
 
-def plan_document(result, model_file=None):
-    """The plan YAML (DESIGN.md §3.2) of a planner :class:`Result`, with ``predicted`` (and ``model_file``)."""
+def plan_document(result, model_file=None, path=None):
+    """The plan YAML (docs/formats.md#plan-files) of a planner :class:`Result`, with ``predicted`` and
+    ``model_file``: relative to the folder of ``path`` (where the plan is written), as plan files read it."""
     summary = {key: round(value, 9) if key.endswith("_s") else int(value)
                for key, value in result.prediction.summary().items()}
     text = result.plan.text
     if model_file:
-        text += f"model_file: {json.dumps(str(model_file))}\n"
+        model_file = str(model_file)
+        if path is not None and not os.path.isabs(model_file):
+            model_file = os.path.relpath(os.path.abspath(model_file), os.path.dirname(os.path.abspath(path)))
+        text += f"model_file: {json.dumps(model_file)}\n"
     return text + f"predicted: {json.dumps(summary)}\n"

@@ -6,7 +6,6 @@ import signal
 import sys
 import threading
 import time
-import uuid
 
 import numpy as np
 
@@ -16,8 +15,9 @@ from ..comm.transport import check as check_transport
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import DataError, HDF5Dataset, SyntheticData
+from ..io.yamlfile import FormatError
 from ..cost.machine import load_machine
-from ..tiling.plan import load_plan
+from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
 from .evaluate import evaluate
 from .executor import Executor
@@ -57,15 +57,85 @@ def _open_checked(path, graph, seed, shuffle):
     return data
 
 
+def data_to_make(job):
+    """``data.make``: whether ``data.path`` or ``data.val`` is missing and is to be written."""
+    spec = job["data"]
+    return bool(spec["make"]) and not (os.path.exists(spec["path"]) and os.path.exists(spec["val"]))
+
+
 def make_missing_data(job, log):
     """``data.make``: write ``data.path`` and ``data.val`` when either is missing (rank 0 only)."""
     spec = job["data"]
-    if not spec["make"] or (os.path.exists(spec["path"]) and os.path.exists(spec["val"])):
+    if not data_to_make(job):
         return
     from ..io.digits import make_digits
     train, val = make_digits(spec["path"], spec["val"], seed=spec["seed"])
     log(f"data: wrote {spec['path']} ({train} samples) and {spec['val']} ({val} held out), scikit-learn's "
         "handwritten digits (spmdcnn data digits)")
+
+
+def _where(job, key):
+    """The file (or ``--set``) that gave ``key`` of ``job``."""
+    return job.where(key) if hasattr(job, "where") else "job"
+
+
+def check_inputs(job):
+    """Every file the job reads exists: the model, a plan file, the machine, ``init``, the datasets (unless
+    ``data.make`` writes them; ``init`` unless a checkpoint to resume wins over it). The message names the key,
+    who gave it, and the folder it was looked for in."""
+    keys = ["model", "machine"]
+    ckpt = job["checkpoint"]["path"]
+    if not (job["resume"] in ("auto", True) and ckpt and os.path.exists(ckpt)):    # a checkpoint wins over init
+        keys.append("init")
+    if job["plan"] not in (None, "auto", "data", "model", "owt"):
+        keys.append("plan")
+    if job["data"]["kind"] == "hdf5" and not data_to_make(job):
+        keys += ["data.path", "data.val"]
+    for key in keys:
+        section, _, name = key.rpartition(".")
+        path = (job[section] if section else job)[name]
+        if path and not os.path.exists(path):
+            folder = "" if os.path.isabs(path) else f" (paths in a job are relative to the current folder, {os.getcwd()})"
+            raise FormatError(f"{_where(job, key)}: '{key}' names {path}, which does not exist{folder}")
+
+
+def _output_problem(path):
+    """Why ``path`` cannot be written (without creating anything), or None."""
+    if os.path.isdir(path):
+        return "is a directory; give a file path"
+    if os.path.exists(path):
+        return None if os.access(path, os.W_OK) else "the file exists and is not writable"
+    folder = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(folder):           # the nearest folder that exists: the rest will be created in it
+        folder = os.path.dirname(folder)
+    if not os.path.isdir(folder):
+        return f"{folder} is not a folder"
+    if not os.access(folder, os.W_OK | os.X_OK):
+        return f"cannot write in {folder}"
+    return None
+
+
+def output_paths(job):
+    """``{key: path}`` of what the job writes: the checkpoint, the metrics, and the datasets ``data.make`` makes."""
+    paths = {"checkpoint.path": job["checkpoint"]["path"], "log.metrics": job["log"]["metrics"]}
+    if data_to_make(job):
+        paths.update({"data.path": job["data"]["path"], "data.val": job["data"]["val"]})
+    return {key: path for key, path in paths.items() if path}
+
+
+def check_outputs(job):
+    """Fail before training, not hours later, when an output path cannot be written; nothing is created."""
+    for key, path in output_paths(job).items():
+        problem = _output_problem(path)
+        if problem:
+            raise CheckpointError(f"{key} {path} (from {_where(job, key)}): {problem}")
+
+
+def prepare_outputs(job, log):
+    """Once the whole job is checked: the folders of its outputs, and the data ``data.make`` writes."""
+    for path in output_paths(job).values():
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    make_missing_data(job, log)
 
 
 def make_optimizer(job, executor):
@@ -104,23 +174,6 @@ def write_checkpoint(path, executor, optimizer, state, plan_text, keep=1):
     executor.world.agree(write)
 
 
-def _check_writable(path, what):
-    """Fail before training, not hours later, when an output path cannot be written."""
-    if os.path.isdir(path):
-        raise CheckpointError(f"{what} {path}: is a directory; give a file path")
-    if os.path.exists(path) and not os.access(path, os.W_OK):
-        raise CheckpointError(f"{what} {path}: the file exists and is not writable")
-    directory = os.path.dirname(os.path.abspath(path))
-    try:
-        os.makedirs(directory, exist_ok=True)
-        probe = os.path.join(directory, f".spmdcnn-write-test-{uuid.uuid4().hex}")
-        with open(probe, "w", encoding="utf-8"):
-            pass
-        os.unlink(probe)
-    except OSError as error:
-        raise CheckpointError(f"{what} {path}: cannot write there: {error}") from None
-
-
 class NonFiniteLoss(FloatingPointError):
     collective = True          # the loss is the same on every rank: each stops at the same step
 
@@ -146,10 +199,15 @@ class Trainer:
         if self.progress and self.progress.active:
             self.log = self.progress.write
         try:
-            self.world.agree(lambda: make_missing_data(job, self.log) if self.rank == 0 else None)
-            ckpt = self.world.agree(self._load)
+            self.world.agree(self._check)             # the whole job, before anything is written
+            self.world.agree(lambda: prepare_outputs(job, self.log) if self.rank == 0 else None)
+            ckpt = self.world.agree(self._open)
+            self.complete = self.world.bcast(self._complete(ckpt))
             self.world.use(choose_transport(self.world, self.xp, job["transport"], self.log))
-            if self.plan is None:
+            if self.plan is None and self.complete:     # nothing to train: no need to profile and search
+                self.plan = named("data", self.graph, self.batch, self.world.size)
+                self.plan.source = "plan data (to evaluate a complete run)"
+            elif self.plan is None:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
                                       self.log)
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
@@ -166,9 +224,24 @@ class Trainer:
             self._close()
             raise
 
-    def _load(self):
-        """Phase one, without communication: returns ``(kind, checkpoint)`` read on rank 0."""
+    def _complete(self, ckpt):
+        """On rank 0: whether the checkpoint it resumes from ends the run already (said, with what to do)."""
+        if ckpt is None or ckpt[0] != "resume" or ckpt[1].step < self.total_steps:
+            return False
+        job, step = self.job, ckpt[1].step
+        path = job["checkpoint"]["path"]
+        length = "steps" if job["steps"] is not None else "epochs"
+        self.log(f"{path}: this run is already complete (step {step} of {self.total_steps}): nothing to train; "
+                 f"it is evaluated and the job ends. To train again, start over with --set resume=false (which "
+                 f"overwrites {path}), or start another run with --set checkpoint.path=OTHER.h5 (and log.metrics), "
+                 f"or continue this one for longer with a larger --set {length}=N")
+        return True
+
+    def _check(self):
+        """Phase one, without communication and without writing anything: the model, backend, plan, machine,
+        the files the job reads and (rank 0) the paths it writes."""
         job = self.job
+        check_inputs(job)
         self.graph = load_model(job["model"])
         self.xp = backend.get_array_module(job["backend"], *self.node_ranks, share=job["share_gpus"])
         self.dtype = backend.resolve_dtype(job["dtype"], self.xp)
@@ -182,13 +255,21 @@ class Trainer:
         if job.get("machine") and job["plan"] in (None, "auto"):
             load_machine(job["machine"]).check_devices(self.world.size)
         if self.rank == 0:
-            for key, what in ((("checkpoint", "path"), "checkpoint.path"), (("log", "metrics"), "log.metrics")):
-                if job[key[0]][key[1]]:
-                    _check_writable(job[key[0]][key[1]], what)
-        self.data = make_data(job, self.graph)
-        self.val = make_val(job, self.graph)
+            check_outputs(job)
+        if not data_to_make(job):
+            self._open_data()
+
+    def _open_data(self):
+        if self.data is None:
+            self.data = make_data(self.job, self.graph)
+            self.val = make_val(self.job, self.graph)
         self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
+        job = self.job
         self.total_steps = job["steps"] if job["steps"] is not None else job["epochs"] * self.steps_per_epoch
+
+    def _open(self):
+        """Phase two, once the data exists: returns ``(kind, checkpoint)`` read on rank 0 (None elsewhere)."""
+        self._open_data()
         return self._read_checkpoint() if self.rank == 0 else None
 
     def _read_checkpoint(self):

@@ -1,4 +1,4 @@
-"""Job YAML (DESIGN.md §3.3): defaults, ``--set`` overrides, and one clear error per bad key or value."""
+"""Job YAML (docs/formats.md#job-files): defaults, ``--set`` overrides, and one clear error per bad key or value."""
 
 import os
 import textwrap
@@ -171,14 +171,91 @@ def test_an_override_with_invalid_yaml_is_refused():
         apply_overrides({}, ["optimizer.lr=[0.1"])
 
 
-def test_an_override_of_an_unknown_key_is_refused_naming_it(tmp_path):
+def expect_override_error(path, overrides, *fragments):
+    """An error in an override names that ``--set``, not the job file, as its source."""
+    with pytest.raises(FormatError) as info:
+        load_job(path, overrides)
+    message = str(info.value)
+    assert message.startswith(f"--set {overrides[-1]}: "), message
+    assert path not in message, message
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_an_override_of_an_unknown_key_is_refused_naming_it_and_the_nearest_key(tmp_path):
     path = write(tmp_path, MINIMAL)
-    expect_error(path, "optimizer.lrr", overrides=["optimizer.lrr=0.1"])
+    expect_override_error(path, ["optimizer.lrr=0.1"], "unknown key 'optimizer.lrr'",
+                          "did you mean 'optimizer.lr'?")
+
+
+def test_an_unknown_key_in_the_wrong_section_suggests_where_it_lives(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    expect_override_error(path, ["lr=0.1"], "unknown key 'lr'", "did you mean 'optimizer.lr'?")
+    expect_error(write(tmp_path, MINIMAL + "data: {shufle: false}\n"), "unknown key 'data.shufle'",
+                 "did you mean 'data.shuffle'?")
 
 
 def test_an_override_of_the_wrong_type_is_refused_naming_it(tmp_path):
     path = write(tmp_path, MINIMAL)
-    expect_error(path, "'optimizer.lr'", "fast", overrides=["optimizer.lr=fast"])
+    expect_override_error(path, ["optimizer.lr=fast"], "'optimizer.lr'", "fast")
+
+
+def test_an_override_of_a_whole_section_is_the_source_of_its_errors(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    expect_override_error(path, ["optimizer.lr=0.2", "data={kind: hdf5, paht: x.h5}"], "unknown key 'data.paht'",
+                          "did you mean 'data.path'?")
+
+
+def test_a_bad_value_checked_after_parsing_names_its_override(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    expect_override_error(path, ["batch_size=0"], "'batch_size' must be positive")
+    expect_override_error(path, ["optimizer.gamma=2"], "'optimizer.gamma'")
+    expect_override_error(path, ["backend=cupyy"], "'backend' must be one of", "did you mean 'cupy'?")
+
+
+def test_a_file_error_still_names_the_file_when_overrides_are_given(tmp_path):
+    path = write(tmp_path, MINIMAL + "optimizer: {lrr: 1}\n")
+    expect_error(path, "unknown key 'optimizer.lrr'", overrides=["batch_size=4"])
+
+
+@pytest.mark.parametrize("override, other", [("steps=10", "epochs"), ("epochs=3", "steps")])
+def test_setting_steps_or_epochs_replaces_the_other_from_the_file(tmp_path, override, other):
+    base = "model: models/tiny_cnn.yaml\nbatch_size: 8\n" + ("epochs: 20\n" if other == "epochs" else "steps: 5\n")
+    job = load_job(write(tmp_path, base), [override])
+    key, value = override.split("=")
+    assert job[key] == int(value) and job[other] is None
+
+
+def test_setting_both_steps_and_epochs_is_refused_naming_the_override(tmp_path):
+    expect_override_error(write(tmp_path, MINIMAL), ["epochs=2", "steps=3"], "give exactly one of")
+
+
+def test_a_file_with_both_steps_and_epochs_is_still_refused(tmp_path):
+    expect_error(write(tmp_path, MINIMAL + "epochs: 2\n"), "give exactly one of")
+
+
+@pytest.mark.parametrize("plan, hint", [("dta", "did you mean 'data'?"), ("owtt", "did you mean 'owt'?"),
+                                        ("xyz", "")])
+def test_a_plan_that_is_neither_a_name_nor_a_file_lists_the_names(tmp_path, monkeypatch, plan, hint):
+    monkeypatch.chdir(tmp_path)
+    message = expect_override_error(write(tmp_path, MINIMAL), [f"plan={plan}"],
+                                    "'plan' must be one of auto, data, model, owt or a plan file", hint)
+    assert "no such file" in message
+
+
+def test_a_plan_file_without_a_suffix_is_a_file(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "myplan").write_text("format: spmdcnn-plan/1\n")
+    assert load_job(write(tmp_path, MINIMAL), ["plan=myplan"])["plan"] == "myplan"
+
+
+def test_a_job_knows_where_each_key_came_from(tmp_path):
+    path = write(tmp_path, MINIMAL)
+    job = load_job(path, ["optimizer.lr=0.5", "data={kind: synthetic}"])
+    assert job.where("optimizer.lr") == "--set optimizer.lr=0.5"
+    assert job.where("data.kind") == "--set data={kind: synthetic}"
+    assert job.where("model") == path and job.where("optimizer.momentum") == path
 
 
 # --- unknown keys and wrong types --------------------------------------------------------------------------------
