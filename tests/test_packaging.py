@@ -26,6 +26,8 @@ def test_no_test_installs_anything():
     installers = {"apt-get", "apt", "yum", "dnf", "conda", "install", "pip3"}
     found = []
     for path in glob.glob(os.path.join(ROOT, "tests", "**", "*.py"), recursive=True):
+        if os.path.samefile(path, __file__):        # the names above
+            continue
         with open(path, encoding="utf-8") as handle:
             for token in tokenize.generate_tokens(io.StringIO(handle.read()).readline):
                 if token.type == tokenize.STRING and token.string.strip("\"'") in installers:
