@@ -47,16 +47,7 @@ def cmd_data(args):
         print(f"wrote {paths[0]} ({train} samples) and {paths[1]} ({val} held out)")
         return 0
     if args.action == "convert":
-        from .io.convert import convert_arrays, convert_folder
-        if args.labels:
-            count, shape = convert_arrays(args.source, args.labels, args.output, args.channels_last, args.normalize)
-            what = ""
-        else:
-            count, shape, classes = convert_folder(args.source, args.output, args.size, args.grayscale,
-                                                   args.normalize)
-            what = f", {len(classes)} classes ({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''})"
-        print(f"wrote {args.output}: {count} images of {'x'.join(map(str, shape))} (C x H x W){what}")
-        return 0
+        return _convert(args)
     from .io.dataset import dataset_info
     info = dataset_info(args.file)
     if args.json:
@@ -69,6 +60,27 @@ def cmd_data(args):
         if info.get(key) is not None:
             print(f"  {key}: {info[key]}")
     print("  samples per class: " + ", ".join(f"{label}: {count}" for label, count in info["per_class"].items()))
+    return 0
+
+
+def _convert(args):
+    """``data convert``: a folder, or arrays with ``--labels``. Its progress goes to standard output, like the
+    ``wrote ...`` line printed last (the progress is closed, its bar erased, before): one stream keeps them in
+    order in a batch log, and errors alone on standard error."""
+    from .io.convert import convert_arrays, convert_folder
+    from .progress import Progress
+
+    def progress(total):
+        return Progress(total, "convert", unit="images")
+    if args.labels:
+        count, shape = convert_arrays(args.source, args.labels, args.output, args.channels_last, args.normalize,
+                                      progress)
+        what = ""
+    else:
+        count, shape, classes = convert_folder(args.source, args.output, args.size, args.grayscale,
+                                               args.normalize, progress)
+        what = f", {len(classes)} classes ({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''})"
+    print(f"wrote {args.output}: {count} images of {'x'.join(map(str, shape))} (C x H x W){what}")
     return 0
 
 
@@ -114,13 +126,19 @@ def add_file_commands(sub, common):
     d = dsub.add_parser("convert", parents=[common], help="an image folder or NumPy arrays into a dataset",
                         description="Write an HDF5 dataset from an image folder (one sub-folder of images per class; "
                         "their sorted names give the labels; needs Pillow) or from NumPy arrays (SOURCE the images "
-                        ".npy, --labels the labels .npy). Streams: datasets larger than memory convert.")
-    d.add_argument("source", help="image folder, or images .npy ((N, C, H, W) uint8 or float32)")
+                        ".npy, --labels the labels .npy). Streams: datasets larger than memory convert. Shows its "
+                        "progress: a bar on a terminal, a line every 5 % in a log.")
+    d.add_argument("source", help="image folder, or images .npy ((N, C, H, W) or (N, H, W, C), uint8 or float32)")
     d.add_argument("-o", "--output", required=True, help="dataset HDF5 file to write")
     d.add_argument("--labels", help="labels .npy ((N,) integers): SOURCE is then an images .npy")
     d.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize every image to H x W (folders)")
     d.add_argument("--grayscale", action="store_true", help="one channel instead of RGB (folders)")
-    d.add_argument("--channels-last", action="store_true", help="the images .npy is (N, H, W, C)")
+    layout = d.add_mutually_exclusive_group()
+    layout.add_argument("--channels-first", dest="channels_last", action="store_const", const=False, default=None,
+                        help="the images .npy is (N, C, H, W) (without either option: taken as that when only its "
+                        "second dim is 1, 3 or 4; any other shape needs one of the two)")
+    layout.add_argument("--channels-last", dest="channels_last", action="store_const", const=True, default=None,
+                        help="the images .npy is (N, H, W, C)")
     d.add_argument("--no-normalize", dest="normalize", action="store_false",
                    help="store no per-channel mean and std (by default they are measured and stored)")
     d.set_defaults(run=cmd_data)
