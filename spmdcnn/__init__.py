@@ -16,6 +16,27 @@ _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_C
 _THREAD_VARIABLES = ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
 
 
+def usable_cores():
+    """The cores this process may run on (its affinity where the system tells it)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(local):
+    """The threads each of ``local`` ranks sharing this node gets (the BLAS's, and spmdcnn's own pool's): the
+    count the user set in a thread variable, else all the cores the launcher bound this rank to, else its share
+    of the usable cores (at least one)."""
+    for variable in _THREAD_VARIABLES:
+        value = os.environ.get(variable, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    usable = usable_cores()
+    bound = usable < (os.cpu_count() or usable)
+    return usable if bound or local <= 1 else max(1, usable // local)
+
+
 def _share_cores():
     """Ranks on one node share its cores: without this, each rank's BLAS would start a thread per core and
     ``mpiexec -n 4`` on 4 cores would run 16 threads. Where the user set no thread count, each rank gets its
@@ -25,12 +46,7 @@ def _share_cores():
     local = next((int(os.environ[v]) for v in _LOCAL_SIZE_VARIABLES if os.environ.get(v, "").isdigit()), 1)
     if local <= 1:
         return
-    try:
-        usable = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        usable = os.cpu_count() or 1
-    bound = usable < (os.cpu_count() or usable)
-    threads = str(usable if bound else max(1, usable // local))
+    threads = str(threads_per_rank(local))
     for variable in _THREAD_VARIABLES:
         os.environ[variable] = threads
 

@@ -154,3 +154,82 @@ def test_profile_refuses_a_profile_of_another_device(tmp_path):
     Profile("some other device").save(str(out))
     result = run("profile", "models/tiny_cnn.yaml", "--batch", 4, "--devices", 1, "-o", out)
     assert result.returncode == 2 and "not of this device" in result.stderr
+
+
+def _cached(tmp_path, devices, entries=1):
+    """A profile in a private cache, named as a job of ``devices`` ranks on this machine names it."""
+    from spmdcnn.runtime.profile import default_path, job_device
+    env = {**os.environ, "SPMDCNN_CACHE": str(tmp_path / "cache")}
+    for variable in ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(variable, None)
+    old = {key: os.environ.pop(key, None) for key in ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS",
+                                                       "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+    os.environ["SPMDCNN_CACHE"] = env["SPMDCNN_CACHE"]
+    try:
+        device = job_device(devices)
+        path = default_path(device)
+    finally:
+        os.environ.pop("SPMDCNN_CACHE")
+        os.environ.update({key: value for key, value in old.items() if value is not None})
+    store = Profile(device, {f"bogus-{i}": 1.0 for i in range(entries)}, spreads={"bogus-0": 0.08})
+    store.save(path)
+    return env, device, path
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate", "plot"])
+def test_the_first_line_says_which_compute_model_and_a_cached_profile_is_used(tmp_path, command):
+    env, device, path = _cached(tmp_path, 2)
+    args = {"plan": ["plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4],
+            "simulate": ["simulate", "owt", "--model", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4],
+            "plot": ["plot", "owt", "--model", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4,
+                     "-o", tmp_path / "p.png"]}[command]
+    used = run(*args, env=env)
+    assert used.returncode == 0, used.stderr
+    assert used.stdout.splitlines()[0] == f"compute: the cached profile {path} of {device!r} (1 tile times, " \
+                                          "spread 8.0 %)", used.stdout
+    other = run(*[a if a != 2 else 3 for a in args], env=env)           # 3 ranks: no profile of those
+    assert other.returncode == 0, other.stderr
+    assert other.stdout.startswith("compute: the analytic model (no cached profile of ") and "3 ranks" in \
+        other.stdout.splitlines()[0]
+    forced = run(*args, "--profile", "none", env=env)
+    assert forced.stdout.startswith("compute: the analytic model (--profile none)")
+    paper = run(*args, "--machine", PAPER, env=env)
+    assert paper.stdout.startswith("compute: the analytic model of machine paper-p100-4x4's device 'p100' (not "
+                                   "this computer")
+
+
+def test_plan_breaks_ties_within_the_profiles_spread_and_says_so(tmp_path):
+    env, _, _ = _cached(tmp_path, 4)
+    result = run("plan", "models/digits_cnn.yaml", "--devices", 4, "--batch", 64, env=env)
+    assert result.returncode == 0, result.stderr
+    assert "ties: plans within 8.0 % of the fastest" in result.stdout, result.stdout
+    off = run("plan", "models/digits_cnn.yaml", "--devices", 4, "--batch", 64, "--tie", 0, env=env)
+    assert "ties:" not in off.stdout
+
+
+def test_the_profile_name_does_not_depend_on_optional_packages():
+    """threadpoolctl (a test extra) must not change the cache key: a profile would silently be measured again."""
+    code = ("import sys; sys.modules['threadpoolctl'] = None if sys.argv[1] == 'without' else sys.modules.get("
+            "'threadpoolctl'); from spmdcnn.runtime.profile import job_device; print(job_device(1), '|', "
+            "job_device(4))")
+    names = [subprocess.run([sys.executable, "-c", code, case], cwd=ROOT, capture_output=True, text=True,
+                            timeout=60).stdout for case in ("with", "without")]
+    assert names[0] == names[1] and "x" in names[0], names
+
+
+def test_long_device_lists_are_abbreviated_and_memory_shows_the_limits_digits(tmp_path):
+    result = run("plan", "models/vgg16.yaml", "--devices", 16, "--batch", 512, "--machine", PAPER, "--memory",
+                 "1.87GiB")
+    assert result.returncode == 0, result.stderr
+    assert "devices: [0, 1, 2, ..., 15]}" in result.stdout and "7, 8, 9" not in result.stdout
+    assert "memory: 1.85 GiB on the busiest device (limit 1.87 GiB)" in result.stdout, result.stdout
+    assert max(len(line) for line in result.stdout.splitlines() if "devices: [" in line) < 120
+
+
+def test_plot_json_prints_the_prediction(tmp_path):
+    out = tmp_path / "p.svg"
+    result = run("plot", "owt", "--model", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "-o", out, "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["output"] == str(out) and out.exists() and data["predicted"]["iteration_s"] > 0
+    assert data["compute"].startswith("compute: ")

@@ -46,31 +46,25 @@ def cpu_name():
     return " ".join(re.sub(r"\((R|TM|tm|r)\)", "", model).split())
 
 
-def blas_threads():
-    """Threads of NumPy's BLAS in this process (threadpoolctl when installed, else the usable CPUs)."""
-    try:
-        from threadpoolctl import threadpool_info
-        counts = [info["num_threads"] for info in threadpool_info() if info.get("user_api") == "blas"]
-        if counts:
-            return max(counts)
-    except ImportError:
-        pass
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:      # not Linux
-        return os.cpu_count() or 1
+def blas_threads(ranks=1):
+    """Threads of the BLAS in each rank of a job of ``ranks`` ranks on this node (1: this process alone, or a
+    rank whose launcher set its threads). It is read from the thread variables spmdcnn sets (or the user did) and
+    the usable cores, never from an optional package, so that a profile's name is the same whatever is installed."""
+    from .. import threads_per_rank
+    return threads_per_rank(ranks)
 
 
-def processor_name(xp=np):
-    """What runs the kernels: this rank's GPU (CuPy), or the CPU model and its BLAS threads (NumPy)."""
+def processor_name(xp=np, ranks=1):
+    """What runs the kernels: this rank's GPU (CuPy), or the CPU model and its BLAS threads (NumPy; in this
+    process, or with ``ranks`` in each rank of a job of that many ranks on this node)."""
     if xp is np:
-        return f"{cpu_name()} x{blas_threads()}"
+        return f"{cpu_name()} x{blas_threads(ranks)}"
     return xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
 
 
-def median_seconds(fn, repeats, warmup=1, calls=1, sync=None):
-    """The median over ``repeats`` of the time of one call of ``fn`` (timed over ``calls`` calls), after
-    ``warmup`` untimed calls; ``sync`` (a device stream's synchronization) ends every call."""
+def timings(fn, repeats, warmup=1, calls=1, sync=None):
+    """Seconds of one call of ``fn`` (timed over ``calls`` calls), ``repeats`` times, after ``warmup`` untimed
+    calls; ``sync`` (a device stream's synchronization) ends every call."""
     run = fn if sync is None else (lambda: (fn(), sync()))
     for _ in range(warmup):
         run()
@@ -80,7 +74,17 @@ def median_seconds(fn, repeats, warmup=1, calls=1, sync=None):
         for _ in range(calls):
             run()
         times.append((time.perf_counter() - start) / calls)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn, repeats, warmup=1, calls=1, sync=None):
+    """The median of :func:`timings`."""
+    return statistics.median(timings(fn, repeats, warmup, calls, sync))
+
+
+def spread(times):
+    """How much repeated timings of one thing disagree: (slowest - fastest) / median (0 for one timing)."""
+    return (max(times) - min(times)) / statistics.median(times) if len(times) > 1 else 0.0
 
 
 def device_rates(quick=False, barrier=lambda: None, xp=np):

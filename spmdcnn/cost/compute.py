@@ -72,9 +72,18 @@ class Profile:
     runs slower than alone (its inputs are no longer in cache, the runtime's own work between kernels), and
     :attr:`factor`, the median ratio, scales every tile time by that much."""
 
-    def __init__(self, device, entries=None, shapes=None, path=None, in_situ=None):
+    def __init__(self, device, entries=None, shapes=None, path=None, in_situ=None, spreads=None):
         self.device, self.entries, self.shapes, self.path = device, dict(entries or {}), dict(shapes or {}), path
         self.in_situ = dict(in_situ or {})
+        self.spreads = dict(spreads or {})
+
+    @property
+    def spread(self):
+        """The profile's own noise: the median over its measured tiles of how much their repeated timings
+        disagree ((slowest - fastest) / median; 0 when it has none). The planner takes plans whose predictions
+        differ by less than this fraction as ties."""
+        values = [value for key, value in self.spreads.items() if key in self.entries]
+        return statistics.median(values) if values else 0.0
 
     @property
     def factor(self):
@@ -90,9 +99,11 @@ class Profile:
     def get(self, shape):
         return self.entries.get(shape.key)
 
-    def add(self, shape, seconds):
+    def add(self, shape, seconds, spread=None):
         self.entries[shape.key] = float(seconds)
         self.shapes[shape.key] = shape
+        if spread is not None:
+            self.spreads[shape.key] = float(spread)
 
     def __len__(self):
         return len(self.entries)
@@ -101,6 +112,7 @@ class Profile:
         path = path or self.path
         data = {"format": PROFILE_FORMAT, "device": self.device, "in_situ": self.in_situ,
                 "entries": [{"key": key, "seconds": seconds,
+                             **({"spread": self.spreads[key]} if key in self.spreads else {}),
                              **({"shape": self.shapes[key].to_json()} if key in self.shapes else {})}
                             for key, seconds in sorted(self.entries.items())]}
         with written_aside(path) as temporary, open(temporary, "w", encoding="utf-8") as handle:
@@ -123,7 +135,8 @@ class Profile:
             raise ValueError(f"{path}: not an spmdcnn profile (format {PROFILE_FORMAT!r})")
         entries = {e["key"]: float(e["seconds"]) for e in data.get("entries", [])}
         shapes = {e["key"]: TileShape.from_json(e["shape"]) for e in data.get("entries", []) if "shape" in e}
-        return cls(data.get("device", "unknown"), entries, shapes, path, data.get("in_situ"))
+        spreads = {e["key"]: float(e["spread"]) for e in data.get("entries", []) if "spread" in e}
+        return cls(data.get("device", "unknown"), entries, shapes, path, data.get("in_situ"), spreads)
 
 
 class ComputeModel:

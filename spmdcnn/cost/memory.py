@@ -63,12 +63,35 @@ def plan_memory(graph, plan, itemsize=4):
     return sum(layer_memory(layer, plan[layer.name].degrees, plan.batch, itemsize) for layer in graph.layers)
 
 
-def format_bytes(count):
-    """``count`` bytes as people read them: ``512 B``, ``1.5 KiB``, ``3.8 GiB``."""
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if count < 1024 or unit == "GiB":
-            return f"{count:.0f} {unit}" if unit == "B" else f"{count:.1f} {unit}"
-        count /= 1024
+_UNITS = ("B", "KiB", "MiB", "GiB")
+
+
+def _unit(count):
+    """The index of the unit ``count`` bytes read best in."""
+    index = 0
+    while index < len(_UNITS) - 1 and count >= 1024 ** (index + 1):
+        index += 1
+    return index
+
+
+def format_bytes(count, digits=1, unit=None):
+    """``count`` bytes as people read them: ``512 B``, ``1.5 KiB``, ``3.8 GiB`` (``digits`` after the point;
+    ``unit`` an index into B, KiB, MiB, GiB, else the one that suits ``count``)."""
+    index = _unit(count) if unit is None else unit
+    if index == 0:
+        return f"{count:.0f} B"
+    return f"{count / 1024 ** index:.{digits}f} {_UNITS[index]}"
+
+
+def format_against(used, limit, most=4):
+    """``(used, limit)`` as text in one unit, with the fewest digits (at most ``most``) that tell them apart, so
+    that a limit's effect shows: ``1.85 GiB`` against ``1.87 GiB``, not ``1.9`` against ``1.9``."""
+    index = _unit(max(used, limit))
+    for digits in range(1, most + 1):
+        pair = format_bytes(used, digits, index), format_bytes(limit, digits, index)
+        if pair[0] != pair[1] or used == limit:
+            break
+    return pair
 
 
 def parse_size(text):

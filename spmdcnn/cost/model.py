@@ -130,7 +130,7 @@ class CostModel:
         for layer in self.graph.layers:
             config = plan[layer.name]
             compute, sync, synced = self.node(layer, config)
-            row = LayerCost(layer.name, config.describe(), compute, 0.0, sync, 0.0, synced)
+            row = LayerCost(layer.name, config.describe(short=True), compute, 0.0, sync, 0.0, synced)
             for slot, ref in enumerate(layer.inputs):
                 if ref == DATA:
                     continue

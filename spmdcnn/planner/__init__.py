@@ -24,6 +24,32 @@ STRATEGIES = ("optimal",) + NAMED + ("exhaustive",)
 
 
 @dataclass
+class Ties:
+    """How a tie was broken: plans predicted within ``band`` (a fraction) of the ``fastest_s`` are taken as equal,
+    and the one with the fewest exchanges chosen (``exchanges``, against the fastest plan's ``fastest_exchanges``)
+    among ``candidates`` plans."""
+    band: float
+    fastest_s: float
+    chosen_s: float
+    exchanges: int
+    fastest_exchanges: int
+    candidates: int
+
+    @property
+    def changed(self):
+        return self.exchanges < self.fastest_exchanges
+
+    def describe(self):
+        """One line for the log: what was taken as a tie and what was chosen."""
+        band = f"plans within {100 * self.band:.1f} % of the fastest ({self.fastest_s * 1e3:.1f} ms; the profile's " \
+               "spread) are ties, and the one with the fewest exchanges wins"
+        if not self.changed:
+            return f"{band}: the fastest, with {self.exchanges} exchanges, has the fewest"
+        return (f"{band}: chose {self.exchanges} exchanges instead of {self.fastest_exchanges}, predicted "
+                f"{self.chosen_s * 1e3:.1f} ms")
+
+
+@dataclass
 class Result:
     plan: Plan
     prediction: object
@@ -32,6 +58,7 @@ class Result:
     solution: object = None
     nodes: int = 0
     configurations: int = 0
+    ties: Ties = None
 
 
 class Problem:
@@ -93,9 +120,11 @@ class Problem:
         return Plan(self.graph, batch, self.devices, configs, source)
 
 
-def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None):
+def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None, tie=0.0):
     """The :class:`Result` of ``strategy`` for ``graph`` on ``devices`` devices under ``cost``; with ``memory``
-    (bytes), the optimum among the plans that keep at most that much on every device (:func:`_within_memory`)."""
+    (bytes), the optimum among the plans that keep at most that much on every device (:func:`_within_memory`).
+    With ``tie`` (a fraction: the profile's spread), the optimal search takes plans predicted within that much of
+    the fastest as equal and returns the one among them with the fewest exchanges (:func:`_fewest_exchanges`)."""
     start = time.perf_counter()
     if strategy in NAMED:
         plan = named(strategy, graph, cost.batch, devices)
@@ -111,9 +140,47 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None)
         solution = search.optimize(sizes, problem.node_costs, problem.edges)
     else:
         solution = search.exhaustive(sizes, problem.node_costs, problem.edges, limit=limit)
+    ties = None
+    if tie > 0 and strategy == "optimal" and memory is None:
+        solution, ties = _fewest_exchanges(problem, sizes, solution, tie, cost.overhead(devices))
     plan = problem.plan(solution.choices, cost.batch, f"plan {strategy}")
     elapsed = time.perf_counter() - start
-    return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered)
+    return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered, ties)
+
+
+PRICES = tuple(2.0 ** k for k in range(-3, 4))   # the prices per exchange tried, in units of band / exchanges
+
+
+def _fewest_exchanges(problem, sizes, fastest, tie, overhead):
+    """``(solution, ties)``: among the plans predicted within ``tie`` (a fraction) of the ``fastest`` solution's
+    time, the one with the fewest exchanges (edges that move data between devices), the fastest of those.
+
+    The candidates are the fastest plan and the optima of the cost plus a price per exchange, at prices of
+    ``PRICES`` times the band divided by the fastest plan's exchanges (a plan with fewer exchanges that costs less
+    than the band more wins at the higher prices). Exact for the price, not over all plans: the plan returned is
+    within the band and has no more exchanges than the fastest."""
+    from . import search
+    costs, edges = problem.node_costs, problem.edges
+
+    def exchanges(choices):
+        return sum(int(table[choices[u], choices[v]] > 0) for u, v, table in edges)
+    moves = {}
+    for _, _, table in edges:
+        moves.setdefault(id(table), (table, table > 0))
+    best_s = fastest.cost + overhead
+    band = tie * best_s
+    candidates = [(exchanges(fastest.choices), fastest.cost, fastest)]
+    for price in PRICES:
+        charge = price * band / max(candidates[0][0], 1)
+        priced = {key: table + charge * moved for key, (table, moved) in moves.items()}
+        found = search.optimize(sizes, costs, [(u, v, priced[id(table)]) for u, v, table in edges])
+        value = search.evaluate(sizes, costs, edges, found.choices)
+        if value <= fastest.cost + band:
+            candidates.append((exchanges(found.choices), value, found))
+    count, value, chosen = min(candidates, key=lambda c: (c[0], c[1]))
+    from dataclasses import replace
+    chosen = replace(chosen, cost=value)
+    return chosen, Ties(tie, best_s, value + overhead, count, candidates[0][0], len(candidates))
 
 
 def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, seconds=30.0):
@@ -130,7 +197,7 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, s
     within a proven distance of it (the least bound of the subtrees left), which its method names. A limit below
     the lightest plan's memory is an error."""
     from dataclasses import replace
-    from ..cost.memory import format_bytes
+    from ..cost.memory import format_against
     from . import search
     bytes_ = problem.memory(itemsize)
     costs, edges = problem.node_costs, problem.edges
@@ -148,8 +215,9 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, s
         return solution
     lightest = float(sum(b.min() for b in bytes_))
     if lightest > memory:
-        raise ValueError(f"no plan fits in {format_bytes(memory)} per device: the lightest needs "
-                         f"{format_bytes(lightest)} (spmdcnn/cost/memory.py's model)")
+        needs, limit = format_against(lightest, memory)
+        raise ValueError(f"no plan fits in {limit} per device (--memory): the lightest needs {needs} "
+                         "(the memory model of docs/architecture.md#the-cost-model-and-the-planner)")
     bound, bound_price = solution.cost, 0.0          # price 0: the unlimited optimum bounds every fitting plan
     best, low, high = None, 0.0, max(abs(solution.cost), 1e-12) / used
     for _ in range(64):                 # raise the price until a plan fits
@@ -161,7 +229,7 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, s
             break
         low, high = high, high * 4
     if best is None:
-        raise ValueError(f"no plan found within {format_bytes(memory)} per device")
+        raise ValueError(f"no plan found within {format_against(memory, memory)[0]} per device (--memory)")
     for _ in range(rounds):             # and bisect it down, keeping the fastest that fits and the best bound
         middle = (low + high) / 2
         candidate, used = solve(middle)

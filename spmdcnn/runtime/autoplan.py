@@ -6,6 +6,7 @@ import time
 from ..cost.compute import Profile
 from ..planner import make_plan
 from ..planner.service import cost_model
+from ..progress import Progress
 from ..tiling.plan import named, parse_plan_text
 from .profile import default_path, device_name, profile
 
@@ -32,7 +33,8 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log):
     store = world.bcast(world.agree(load))
     start = time.perf_counter()
     references = len(store.in_situ)
-    measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log, machine=machine)
+    measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log, machine=machine,
+                       progress=lambda total: Progress(total, "profile", unit="tile shapes"))
     if (measured or len(store.in_situ) != references) and world.rank == 0:
         try:
             store.save(path)
@@ -44,15 +46,17 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log):
         if world.rank != 0:
             return None
         cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize)
-        best = make_plan(graph, world.size, cost, "optimal")
+        best = make_plan(graph, world.size, cost, "optimal", tie=store.spread)
         data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
         predicted = best.prediction.iteration_s
         log(f"plan auto: searched {best.configurations} configurations of {best.nodes} layers in "
             f"{best.search_s:.2f} s (profile {path}: {measured} tile shapes measured in {profiled:.1f} s); "
             f"predicted {predicted * 1e3:.1f} ms per step, data parallelism {data * 1e3:.1f} ms "
             f"({data / predicted:.2f}x)")
+        if best.ties:
+            log(f"plan auto: {best.ties.describe()}")
         for layer in graph.layers:
-            log(f"  {layer.name}: {best.plan[layer.name].describe()}")
+            log(f"  {layer.name}: {best.plan[layer.name].describe(short=True)}")
         return best.plan.text, predicted
     text, predicted = world.bcast(world.agree(search))
     plan = parse_plan_text(text, graph, batch, world.size, "plan auto")

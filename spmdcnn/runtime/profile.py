@@ -14,8 +14,8 @@ import statistics
 import numpy as np
 
 from ..backend import master_dtype, synchronizer
-from ..cost.calibrate import median_seconds, processor_name
-from ..cost.compute import ComputeModel, update_key
+from ..cost.calibrate import median_seconds, processor_name, spread, timings
+from ..cost.compute import ComputeModel, Profile, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..cost.sync import SyncModel
@@ -33,8 +33,28 @@ def device_name(world, xp=np, dtype=np.float32):
     if xp is not np:
         from ..ops.cuda.conv import tf32_allowed
         precision += "+tf32" if tf32_allowed() and precision == "float32" else ""
-    ranks = "" if world.size == 1 else f", {world.size} ranks"
-    return f"{processor_name(xp)}{ranks}, {precision}"
+    return _device(processor_name(xp), world.size, precision)
+
+
+def _device(processor, ranks, precision):
+    return f"{processor}{'' if ranks == 1 else f', {ranks} ranks'}, {precision}"
+
+
+def job_device(devices, dtype=np.float32, per_node=None):
+    """The device name of the profile that a CPU job of ``devices`` ranks, ``per_node`` of them (default all) on
+    each node like this one, measures and uses (``plan: auto`` under ``mpiexec -n devices``), seen from here."""
+    return _device(processor_name(np, per_node or devices), devices, np.dtype(dtype).name)
+
+
+def cached_profile(devices, dtype=np.float32, per_node=None):
+    """``(profile or None, device, path)``: the cached profile of a CPU job of ``devices`` ranks
+    (:func:`job_device`)."""
+    device = job_device(devices, dtype, per_node)
+    path = default_path(device)
+    if not os.path.exists(path):
+        return None, device, path
+    store = Profile.load(path, device)
+    return (store if store.device == device else None), device, path
 
 
 def default_path(device):
@@ -103,7 +123,8 @@ def _layer(shape):
 
 
 def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
-    """Seconds for one forward and backward of the tile ``shape`` (a :class:`~spmdcnn.cost.tiles.TileShape`)."""
+    """The ``repeats`` timings (seconds) of one forward and backward of the tile ``shape`` (a
+    :class:`~spmdcnn.cost.tiles.TileShape`)."""
     rng = np.random.default_rng(seed)
     layer = _layer(shape)
     ctx = _Context(layer, shape, xp, dtype, rng)
@@ -115,14 +136,14 @@ def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
     def run():
         out, saved = forward(layer, [x.copy() for x in xs] if shape.op in ("relu", "dropout", "add") else xs, ctx)
         backward(layer, gy if gy is not None else out, saved, ctx)
-    return median_seconds(run, repeats, warmup, sync=synchronizer(xp))
+    return timings(run, repeats, warmup, sync=synchronizer(xp))
 
 
 def measure_update(count, xp=np, dtype=np.float32, repeats=3, warmup=1):
-    """Seconds for an SGD step (momentum and weight decay) over ``count`` parameters."""
+    """The ``repeats`` timings (seconds) of an SGD step (momentum and weight decay) over ``count`` parameters."""
     sgd = SGD({"w": (count,)}, master_dtype(dtype), xp, lr=0.01, momentum=0.9, weight_decay=5e-4)
     weights, grads = xp.ones(count, master_dtype(dtype)), xp.ones(count, master_dtype(dtype))
-    return median_seconds(lambda: sgd.step(weights, grads), repeats, warmup, sync=synchronizer(xp))
+    return timings(lambda: sgd.step(weights, grads), repeats, warmup, sync=synchronizer(xp))
 
 
 def shapes_to_profile(graph, batch, devices, configs=None):
@@ -141,12 +162,14 @@ def shapes_to_profile(graph, batch, devices, configs=None):
 
 
 def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32, repeats=3, log=None,
-            machine=None):
+            machine=None, progress=None):
     """Measure every tile shape ``profile_store`` lacks, on all ranks at once, then (if the profile has none for
     this model, batch and rank count) a reference iteration (:func:`reference_iteration`) and the wait per
     synchronization (:func:`synchronization_wait`, against ``machine``: a machine YAML path, or None for the
-    built-in local machine); returns the number of tile shapes measured."""
-    count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log)
+    built-in local machine); returns the number of tile shapes measured. ``progress(total)``: a
+    :class:`~spmdcnn.progress.Progress` for rank 0 to show the measuring by (None: none)."""
+    count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log,
+                           progress)
     digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
     key = f"{graph.name} ({digest}) batch {batch} on {devices} devices, {world.size} ranks"
     if key not in profile_store.in_situ:
@@ -160,9 +183,12 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
                        for layer in graph.layers) / profile_store.factor
         profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "wait": wait}
         if log:
-            log(f"profile: the whole model at batch {sample} takes {measured * 1e3:.1f} ms per iteration on each of "
-                f"{world.size} rank{'s' * (world.size != 1)}, its tiles alone {isolated * 1e3:.1f} ms: tile times "
-                f"scaled by {profile_store.factor:.3f}; {wait * 1e3:.2f} ms lost per synchronization")
+            share = "" if devices == 1 else f", its share of the global batch {batch} on {devices} devices"
+            ranks = "one rank" if world.size == 1 else f"each of {world.size} ranks at once"
+            wait_text = f"; {wait * 1e3:.2f} ms lost per synchronization" if world.size > 1 else ""
+            log(f"profile: one training iteration of the whole model at {sample} samples per device{share}, on "
+                f"{ranks}: {measured * 1e3:.1f} ms, its tiles run alone {isolated * 1e3:.1f} ms, so tile times "
+                f"are scaled by {profile_store.factor:.3f}{wait_text}")
     return count
 
 
@@ -219,28 +245,36 @@ def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, 
     return max(spent - modelled, 0.0) / points
 
 
-def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log):
+def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=None):
     missing = [s for s in shapes if profile_store.get(s) is None]
     missing_updates = [n for n in updates if update_key(n) not in profile_store.entries]
     jobs = [("tile", s) for s in missing] + [("sgd", n) for n in missing_updates]
     if log:
-        log(f"profile: {len(jobs)} of {len(shapes) + len(updates)} tile shapes to measure on {world.size} "
-            f"rank{'s' * (world.size != 1)}")
+        where = "on this process" if world.size == 1 else f"shared between {world.size} ranks, measuring at once"
+        log(f"profile: {len(jobs)} of {len(shapes) + len(updates)} tile shapes to measure, {where}")
+    bar = progress(len(jobs)) if progress is not None and world.rank == 0 and jobs else None
     mine = {}
-    for i in range(world.rank, len(jobs), world.size):
-        kind, item = jobs[i]
-        if kind == "tile":
-            mine[i] = measure_tile(item, xp, dtype, repeats)
-        else:
-            mine[i] = measure_update(item, xp, dtype, repeats)
+    try:
+        for count, i in enumerate(range(world.rank, len(jobs), world.size), 1):
+            kind, item = jobs[i]
+            if kind == "tile":
+                mine[i] = measure_tile(item, xp, dtype, repeats)
+            else:
+                mine[i] = measure_update(item, xp, dtype, repeats)
+            if bar:                     # rank 0's share, as the share of all: the ranks measure alike
+                bar.update(min(len(jobs), count * world.size))
+    finally:
+        if bar:
+            bar.close()
     world.barrier()
     measured = {}
     for part in world.allgather(mine):
         measured.update(part)
-    for i, seconds in measured.items():
+    for i, times in measured.items():
         kind, item = jobs[i]
         if kind == "tile":
-            profile_store.add(item, seconds)
+            profile_store.add(item, statistics.median(times), spread(times))
         else:
-            profile_store.entries[update_key(item)] = seconds
+            profile_store.entries[update_key(item)] = statistics.median(times)
+            profile_store.spreads[update_key(item)] = spread(times)
     return len(jobs)

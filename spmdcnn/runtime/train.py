@@ -16,6 +16,7 @@ from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import DataError, HDF5Dataset, SyntheticData
 from ..io.yamlfile import FormatError
+from ..progress import Progress
 from ..cost.machine import load_machine
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
@@ -195,9 +196,8 @@ class Trainer:
         say = log or (lambda line: print(line, flush=True))
         self.log = say if self.rank == 0 else (lambda line: None)
         self.data = self.val = None
-        self.progress = _Progress(job["log"]["progress"]) if self.rank == 0 and log is None else None
-        if self.progress and self.progress.active:
-            self.log = self.progress.write
+        self.progress = None
+        self.bar = self.rank == 0 and log is None         # a progress bar while training (log.progress)
         try:
             self.world.agree(self._check)             # the whole job, before anything is written
             self.world.agree(lambda: prepare_outputs(job, self.log) if self.rank == 0 else None)
@@ -317,6 +317,11 @@ class Trainer:
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
         every, eval_every = job["log"]["every"], job["eval"]["every"]
         signals = _Signals()
+        plain_log = self.log
+        if self.bar and step < self.total_steps:
+            self.progress = training_progress(job["log"]["progress"], self.total_steps, step)
+            if self.progress:
+                self.log = self.progress.write
         try:
             if self.rank == 0:
                 metrics = _open_metrics(job["log"]["metrics"], self.start_step)
@@ -327,7 +332,7 @@ class Trainer:
                 history.append(loss)
                 interval.add(loss, correct)
                 if self.progress:
-                    self.progress.update(step, self.total_steps, loss)
+                    self.progress.update(step, note=f"loss {loss:.4f}")
                 signalled = signals.received(self.world)      # every rank the same: all stop after this step
                 end = step == self.total_steps
                 evaluate_now = (not signalled and self.val is not None
@@ -362,6 +367,7 @@ class Trainer:
             signals.restore()
             if self.progress:
                 self.progress.close()
+                self.progress, self.log = None, plain_log
             if metrics:
                 metrics.close()
             self._close()
@@ -448,38 +454,20 @@ class _Signals:
         self.previous = {}
 
 
-class _Progress:
-    """A progress bar on rank 0's terminal (``log.progress``: auto draws it when standard output is one); the
-    log lines print above it. In a batch log nothing is drawn."""
+def training_progress(setting, total, start, stream=None):
+    """The bar of a training run on rank 0 (``log.progress``: ``auto`` draws it when standard output is a
+    terminal, ``true`` always, ``false`` never), or None. In a batch log the log lines say how far it is."""
+    stream = stream or sys.stdout
+    if setting == "auto":
+        setting = _isatty(stream)
+    return Progress(total, "train", unit="steps", stream=stream, setting=True, initial=start) if setting else None
 
-    WIDTH = 30
 
-    def __init__(self, setting, stream=None):
-        self.stream = stream or sys.stdout
-        self.active = setting is True or (setting == "auto" and self.stream.isatty())
-        self.shown = ""
-
-    def write(self, line):
-        if self.shown:
-            self.stream.write("\r\x1b[K")
-        print(line, file=self.stream, flush=True)
-        if self.shown:
-            self.stream.write(self.shown)
-            self.stream.flush()
-
-    def update(self, step, total, loss):
-        if not self.active:
-            return
-        done = int(self.WIDTH * step / max(total, 1))
-        self.shown = f"[{'#' * done}{'.' * (self.WIDTH - done)}] {step}/{total}  loss {loss:.4f}"
-        self.stream.write("\r\x1b[K" + self.shown)
-        self.stream.flush()
-
-    def close(self):
-        if self.active and self.shown:
-            self.stream.write("\r\x1b[K")
-            self.stream.flush()
-            self.shown = ""
+def _isatty(stream):
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
 
 
 class _Interval:

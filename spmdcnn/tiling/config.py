@@ -30,6 +30,9 @@ def output_shape(layer, batch):
     return (batch,) + tuple(layer.out_shape)
 
 
+SHORT_DEVICES = 6       # device lists longer than this are abbreviated for people (describe(short=True))
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """``degrees``, one per dimension of the output (1 where the op may not split), and one device per tile."""
@@ -76,7 +79,16 @@ class ParallelConfig:
             groups.setdefault(key, []).append(device)
         return groups
 
-    def describe(self):
-        """The configuration in plan YAML's flow style: ``{n: 2, h: 2, devices: [0, 1, 2, 3]}``."""
+    def describe(self, short=False):
+        """The configuration in plan YAML's flow style: ``{n: 2, h: 2, devices: [0, 1, 2, 3]}``; ``short``, for
+        people, abbreviates a long device list: ``[0, 1, 2, ..., 15]`` for a run of consecutive devices,
+        ``[7, 3, 5, ... (64 devices)]`` otherwise."""
         text = ", ".join(f"{d}: {k}" for d, k in zip(NAMES, self.degrees) if k != 1) or "n: 1"
-        return f"{{{text}, devices: [{', '.join(map(str, self.devices))}]}}"
+        devices = list(self.devices)
+        if short and len(devices) > SHORT_DEVICES:
+            run = devices == list(range(devices[0], devices[0] + len(devices)))
+            tail = f"..., {devices[-1]}" if run else f"... ({len(devices)} devices)"
+            listed = ", ".join(map(str, devices[:3])) + ", " + tail
+        else:
+            listed = ", ".join(map(str, devices))
+        return f"{{{text}, devices: [{listed}]}}"

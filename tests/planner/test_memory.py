@@ -115,7 +115,7 @@ def test_the_plan_command_keeps_to_a_memory_limit_and_says_where_it_does_not_app
     assert main(["plan", model, "--devices", "2", "--batch", "8", "--strategy", "data", "--memory", "1GiB"]) == 2
     assert "--memory applies to the optimal search" in capsys.readouterr().err
     assert main(["plan", model, "--devices", "2", "--batch", "8", "--memory", "1KiB"]) == 2
-    assert "no plan fits in 1.0 KiB per device: the lightest needs" in capsys.readouterr().err
+    assert "no plan fits in 1.0 KiB per device (--memory): the lightest needs" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("layer_name,degrees", [("conv1_2.conv", (1, 1, 4, 1)), ("conv1_2.conv", (2, 2, 3, 3)),

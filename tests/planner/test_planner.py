@@ -148,3 +148,39 @@ def test_pruning_drops_configurations_but_never_the_optimum(name, devices, batch
     assert solutions[0].cost == pytest.approx(solutions[1].cost, rel=1e-12)
     assert solutions[1].kept == sum(sizes) == problem.considered
     assert solutions[0].kept < sum(sizes)       # the planner's tables leave room to prune
+
+
+def _exchanges(cost, plan):
+    """Inputs of layers that move data between devices under ``plan``, as the cost model counts them."""
+    from spmdcnn.graph.blocks import DATA
+    return sum(cost.edge(layer, slot).forward(plan[ref], plan[layer.name]).bytes > 0
+               for layer in cost.graph.layers for slot, ref in enumerate(layer.inputs) if ref != DATA)
+
+
+@pytest.mark.parametrize("name,devices,batch", [("tiny_cnn", 4, 8), ("mini_inception", 4, 4), ("mini_residual", 4, 4),
+                                               ("cifar_cnn", 4, 16)])
+def test_plans_within_the_tie_band_prefer_fewer_exchanges(name, devices, batch):
+    graph = model(name)
+    cost = cost_model(graph, batch)
+    fastest = make_plan(graph, devices, cost, "optimal")
+    assert fastest.ties is None                                    # no band: the optimum itself
+    fast_s, fast_moves = fastest.prediction.iteration_s, _exchanges(cost, fastest.plan)
+    for tie in (0.01, 0.1, 0.5):
+        result = make_plan(graph, devices, cost, "optimal", tie=tie)
+        ties = result.ties
+        assert result.prediction.iteration_s <= fast_s * (1 + tie) * (1 + 1e-12)
+        assert ties.chosen_s == pytest.approx(result.prediction.iteration_s, rel=1e-9)
+        assert ties.fastest_s == pytest.approx(fast_s, rel=1e-9) and ties.fastest_exchanges == fast_moves
+        assert ties.exchanges == _exchanges(cost, result.plan) <= fast_moves
+        assert ("instead of" in ties.describe()) == (ties.exchanges < fast_moves)
+    # a band wide enough for data parallelism, which exchanges nothing between layers, reaches no exchanges
+    data = make_plan(graph, devices, cost, "data")
+    wide = data.prediction.iteration_s / fast_s - 1 + 1e-6
+    assert _exchanges(cost, data.plan) == 0
+    assert make_plan(graph, devices, cost, "optimal", tie=max(wide, 1e-6)).ties.exchanges == 0
+
+
+def test_a_tie_band_never_applies_to_a_memory_limited_search():
+    graph = model("tiny_cnn")
+    cost = cost_model(graph, 8)
+    assert make_plan(graph, 4, cost, "optimal", memory=1e12, tie=0.5).ties is None

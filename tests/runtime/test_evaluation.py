@@ -16,7 +16,7 @@ from spmdcnn.io.yamlfile import FormatError
 from spmdcnn.runtime.evaluate import evaluate
 from spmdcnn.runtime.executor import Executor
 from spmdcnn.runtime.schedule import learning_rate
-from spmdcnn.runtime.train import Trainer, _Progress
+from spmdcnn.runtime.train import Trainer, training_progress
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 
@@ -140,19 +140,29 @@ def test_the_progress_bar_draws_only_on_a_terminal():
         def isatty(self):
             return True
     screen = Terminal()
-    bar = _Progress("auto", screen)
-    bar.update(3, 12, 0.5)
+    bar = training_progress("auto", 12, 0, screen)
+    bar.update(3, note="loss 0.5000")
     bar.write("step 3")
     bar.close()
     text = screen.getvalue()
-    assert "[#######.......................] 3/12  loss 0.5000" in text and "step 3\n" in text
+    assert "train [#####...............] 3/12 steps" in text and "loss 0.5000" in text and "step 3\n" in text
     assert text.endswith("\r\x1b[K")
-    plain = io.StringIO()
-    log = _Progress("auto", plain)
-    assert not log.active
-    log.update(3, 12, 0.5)
-    log.write("step 3")
-    assert plain.getvalue() == "step 3\n"
+    assert training_progress("auto", 12, 0, io.StringIO()) is None          # a batch log: the log lines say it
+    assert training_progress(False, 12, 0, screen) is None
+    assert training_progress(True, 12, 4, io.StringIO()) is not None
+
+
+def test_a_run_on_a_terminal_prints_its_log_lines_above_the_bar(tmp_path, monkeypatch):
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+    screen = Terminal()
+    monkeypatch.setattr("sys.stdout", screen)
+    job = parse_job({"model": os.path.join(MODELS, "tiny_cnn.yaml"), "batch_size": 4, "steps": 4,
+                     "data": {"kind": "synthetic", "num_samples": 16}, "log": {"every": 2}}, "job")
+    Trainer(job).run()
+    text = screen.getvalue()
+    assert "train [" in text and "4/4 steps" in text and "\rstep      2/4" in text.replace("\x1b[K", ""), text
 
 
 def test_the_digits_written_on_first_use(tmp_path):

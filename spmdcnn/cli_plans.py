@@ -1,0 +1,283 @@
+"""The ``spmdcnn plan``, ``simulate`` and ``plot`` commands: plans under the cost model, as tables and pictures.
+
+Each says on its first line where its compute times come from: a profile (``--profile``, or by default the cached
+profile of this machine that a job of that many ranks here would use), or the analytic model, and why.
+"""
+
+import json
+import os
+
+from .cost.memory import format_against, format_bytes
+
+
+def compute_source(args, devices):
+    """``(profile, line)``: the profile to time tiles with (a path, a :class:`Profile`, or None for the analytic
+    model) and the first line that says so. ``--profile P`` names one, ``--profile none`` asks for the analytic
+    model; by default the cached profile of a CPU job of ``devices`` ranks on this node is used where the machine
+    is this one (the built-in local machine, or a machine file of device ``cpu`` or of this processor)."""
+    from .cost.calibrate import cpu_name
+    from .cost.machine import load_machine
+    from .runtime.profile import cached_profile
+    if args.profile and args.profile.lower() != "none":
+        from .cost.compute import Profile
+        store = Profile.load(args.profile)
+        return store, f"compute: profile {args.profile} of {store.device!r} ({_profile_summary(store)})"
+    if args.profile:
+        return None, "compute: the analytic model (--profile none)"
+    machine = load_machine(args.machine) if args.machine else None
+    if machine is not None and not (machine.device.name == "cpu" or machine.device.name.startswith(cpu_name())):
+        return None, (f"compute: the analytic model of machine {machine.name}'s device {machine.device.name!r} "
+                      "(not this computer; --profile P times tiles from a profile made there)")
+    per_node = devices if machine is None else min(devices, machine.devices_per_node)
+    store, device, path = cached_profile(devices, args.dtype, per_node)
+    if store is None:
+        command = f"{'' if devices == 1 else f'mpiexec -n {devices} '}spmdcnn profile MODEL --batch B --devices " \
+                  f"{devices}"
+        return None, (f"compute: the analytic model (no cached profile of {device!r} in {os.path.dirname(path)}; "
+                      f"`{command}` or a job with plan: auto on {devices} ranks makes one)")
+    return store, f"compute: the cached profile {path} of {device!r} ({_profile_summary(store)})"
+
+
+def _profile_summary(store):
+    spread = f", spread {100 * store.spread:.1f} %" if store.spread else ""
+    return f"{len(store)} tile times{spread}"
+
+
+def _cost_for(args, graph, batch, devices):
+    """``(cost model, first line)`` of a command's options for ``graph`` at ``batch`` on ``devices``."""
+    import numpy as np
+    from .planner.service import cost_model
+    profile, line = compute_source(args, devices)
+    cost = cost_model(graph, batch, devices, args.machine, profile, np.dtype(args.dtype).itemsize, args.nodes)
+    return cost, line
+
+
+def _ms(seconds):
+    return f"{seconds * 1e3:.2f}"
+
+
+def print_prediction(title, prediction, plan):
+    rows = prediction.layers
+    width = max(len("layer"), *(len(r.name) for r in rows))
+    cwidth = max(len("configuration"), *(len(r.config) for r in rows))
+    print(title)
+    print(f"{'layer':<{width}}  {'configuration':<{cwidth}}  {'compute ms':>10} {'transfer ms':>11} {'sync ms':>8} "
+          f"{'moved':>10} {'allreduced':>10}")
+    for r in rows:
+        print(f"{r.name:<{width}}  {r.config:<{cwidth}}  {_ms(r.compute_s):>10} {_ms(r.transfer_s):>11} "
+              f"{_ms(r.sync_s):>8} {format_bytes(r.bytes_transferred):>10} {format_bytes(r.bytes_synced):>10}")
+    s = prediction.summary()
+    print(f"predicted iteration {_ms(s['iteration_s'])} ms = compute {_ms(s['compute_s'])} + transfer "
+          f"{_ms(s['transfer_s'])} + sync {_ms(s['sync_s'])} ms; {plan.batch / s['iteration_s']:.1f} images/s; moves "
+          f"{format_bytes(s['bytes_transferred'])} between layers and allreduces {format_bytes(s['bytes_synced'])}"
+          " per iteration")
+
+
+def _tie(args, cost):
+    """The fraction within which plans are ties: ``--tie``, else the profile's spread (0 for the analytic
+    model, which has no noise)."""
+    if args.tie is not None:
+        return args.tie
+    return cost.compute.profile.spread if cost.compute.profile is not None else 0.0
+
+
+def cmd_plan(args):
+    from .cost.memory import parse_size, plan_memory
+    from .graph import load_model
+    from .planner import STRATEGIES, make_plan
+    from .planner.service import plan_document
+    graph = load_model(args.model)
+    cost, source = _cost_for(args, graph, args.batch, args.devices)
+    strategies = [s for s in STRATEGIES if s != "exhaustive"] if args.compare else [args.strategy]
+    if args.compare and args.strategy not in strategies:
+        strategies.append(args.strategy)
+    memory = parse_size(args.memory) if args.memory else None
+    if memory is not None and args.strategy != "optimal":
+        raise ValueError(f"--memory applies to the optimal search, not to --strategy {args.strategy}")
+    tie = _tie(args, cost) if memory is None else 0.0
+    results = {s: make_plan(graph, args.devices, cost, s, limit=args.limit, memory=memory if s == "optimal" else None,
+                            tie=tie)
+               for s in strategies}
+    chosen = results[args.strategy]
+    if args.output:
+        from .cost.calibrate import prepare_output
+        prepare_output(args.output)
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(plan_document(chosen, args.model, args.output))
+    if args.json:
+        print(json.dumps({"model": graph.name, "devices": args.devices, "batch": args.batch,
+                          "machine": cost.machine.name, "output": args.output, "compute": source,
+                          "plans": {s: {"search_s": r.search_s, "exact": getattr(r.solution, "exact", True),
+                                        "ties": vars(r.ties) if r.ties else None,
+                                        "plan": r.plan.text, "predicted": r.prediction.to_json()}
+                                    for s, r in results.items()}}, indent=1))
+        return 0
+    print(source)
+    print_prediction(f"{args.strategy} plan for {graph.name}: {args.devices} devices, batch {args.batch}, machine "
+                     f"{cost.machine.name}", chosen.prediction, chosen.plan)
+    if chosen.solution is not None:
+        sol = chosen.solution
+        used = plan_memory(graph, chosen.plan, cost.itemsize)
+        if memory:
+            used_text, limit_text = format_against(used, memory)
+            print(f"memory: {used_text} on the busiest device (limit {limit_text})")
+        else:
+            print(f"memory: {format_bytes(used)} on the busiest device")
+        pruned = f" ({sol.kept} after pruning)" if sol.kept < chosen.configurations else ""
+        print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations{pruned}, {sol.method} "
+              f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
+              f"left){'' if sol.exact else ', not proven optimal'}; {chosen.search_s:.3f} s")
+        if chosen.ties:
+            print(f"ties: {chosen.ties.describe()}")
+    if args.compare:
+        _print_comparison(results, args.batch)
+    if args.output:
+        print(f"wrote {args.output}")
+    return 0
+
+
+def _print_comparison(results, batch):
+    base = results["data"].prediction.iteration_s
+    print(f"\n{'strategy':<11} {'iteration ms':>12} {'compute':>9} {'transfer':>9} {'sync':>9} {'images/s':>9} "
+          f"{'vs data':>7} {'moved':>10} {'allreduced':>10} {'search s':>8}")
+    for s, r in results.items():
+        p = r.prediction.summary()
+        print(f"{s:<11} {_ms(p['iteration_s']):>12} {_ms(p['compute_s']):>9} {_ms(p['transfer_s']):>9} "
+              f"{_ms(p['sync_s']):>9} {batch / p['iteration_s']:>9.1f} {base / p['iteration_s']:>6.2f}x "
+              f"{format_bytes(p['bytes_transferred']):>10} {format_bytes(p['bytes_synced']):>10} "
+              f"{r.search_s:>8.3f}")
+
+
+def load_plan_for_simulate(spec, args):
+    """A plan file (its model from --model, its model_file (relative to the plan file's folder), or
+    models/<name>.yaml) or a named strategy."""
+    from .graph import load_model
+    from .io.yamlfile import read_yaml
+    from .tiling.plan import NAMED, from_mapping, named
+    if spec in NAMED:
+        if not (args.model and args.devices and args.batch):
+            raise ValueError(f"{spec}: a named strategy needs --model, --devices and --batch")
+        graph = load_model(args.model)
+        return graph, named(spec, graph, args.batch, args.devices)
+    data, _ = read_yaml(spec, "plan file")
+    if not isinstance(data, dict):
+        raise ValueError(f"{spec}: not a plan (expected a mapping)")
+    model = args.model
+    if model is None and data.get("model_file") is not None:
+        written = data["model_file"]
+        if not isinstance(written, str):
+            raise ValueError(f"{spec}: model_file must be a path, got {written!r}")
+        model = os.path.join(os.path.dirname(os.path.abspath(spec)), written)
+        if not os.path.exists(model):
+            raise ValueError(f"{spec}: model_file {written} does not exist (read from the plan file's folder: "
+                             f"{os.path.normpath(model)}); pass --model MODEL.yaml")
+    if model is None:
+        model = os.path.join("models", f"{data.get('model')}.yaml")
+        if not os.path.exists(model):
+            raise ValueError(f"{spec}: which model? the plan has no model_file and {model} does not exist; "
+                             "pass --model MODEL.yaml")
+    graph = load_model(model)
+    batch = data.get("batch_size")
+    if batch is None:
+        batch = args.batch
+    if batch is None:
+        raise ValueError(f"{spec}: the plan has no batch_size; pass --batch")
+    if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+        raise ValueError(f"{spec}: batch_size must be a positive integer, got {batch!r}")
+    return graph, from_mapping(data, graph, batch, None, spec)
+
+
+def cmd_simulate(args):
+    plans = [load_plan_for_simulate(spec, args) for spec in args.plans]
+    results = []
+    for spec, (graph, plan) in zip(args.plans, plans):
+        cost, source = _cost_for(args, graph, plan.batch, plan.devices)
+        results.append((spec, graph, plan, cost.simulate(plan), source))
+    if args.json:
+        print(json.dumps([{"plan": spec, "model": graph.name, "devices": plan.devices, "batch": plan.batch,
+                           "compute": source, "predicted": prediction.to_json()}
+                          for spec, graph, plan, prediction, source in results], indent=1))
+        return 0
+    shown = None
+    for i, (spec, graph, plan, prediction, source) in enumerate(results):
+        if i:
+            print()
+        if source != shown:             # plans of another device count may take another profile
+            print(source)
+            shown = source
+        print_prediction(f"{spec}: {graph.name}, {plan.devices} devices, batch {plan.batch}", prediction, plan)
+    return 0
+
+
+def cmd_plot(args):
+    from .planner.plot import draw_plan
+    graph, plan = load_plan_for_simulate(args.plan, args)
+    cost, source = _cost_for(args, graph, plan.batch, plan.devices)
+    prediction = cost.simulate(plan)
+    draw_plan(graph, plan, prediction, args.output,
+              f"{args.plan}: {graph.name}, {plan.devices} devices, batch {plan.batch}, machine {cost.machine.name}")
+    if args.json:
+        print(json.dumps({"plan": args.plan, "model": graph.name, "devices": plan.devices, "batch": plan.batch,
+                          "machine": cost.machine.name, "compute": source, "output": args.output,
+                          "predicted": prediction.to_json()}, indent=1))
+        return 0
+    print(source)
+    print(f"wrote {args.output}")
+    return 0
+
+
+def add_plan_commands(sub, common):
+    """Add the ``plan``, ``simulate`` and ``plot`` commands to the subparsers ``sub``."""
+
+    def plan_source_options(p):
+        """What a plan needs beside its file (or a named strategy): the model, devices and batch."""
+        p.add_argument("--model", help="model YAML (default: the plan's model_file, read from the plan file's "
+                       "folder, or models/<model>.yaml)")
+        p.add_argument("--devices", type=int, help="devices, for a named strategy")
+        p.add_argument("--batch", type=int, help="global batch, for a named strategy or a plan without batch_size")
+
+    def cost_options(p, what="print"):
+        p.add_argument("--machine", help="machine YAML (jobs/machines/*.yaml; default: the built-in local machine)")
+        p.add_argument("--profile", metavar="P", help="compute profile from spmdcnn profile, or none for the "
+                       "analytic model (default: the cached profile of this machine that a job of this many ranks "
+                       "uses, if there is one; the first line says which)")
+        p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+        p.add_argument("--nodes", type=int, help="use this many nodes of the machine (default: its 'nodes')")
+        p.add_argument("--json", action="store_true", help=f"{what} JSON")
+
+    p = sub.add_parser("plan", parents=[common], help="find the best plan for a model on N devices",
+                       description="Search the per-layer configurations (OptCNN's node and edge elimination, "
+                                   "exact under the cost model) and print each layer's configuration with its "
+                                   "predicted compute, transfer and sync time; -o writes the plan YAML.")
+    p.add_argument("model", help="model YAML file")
+    p.add_argument("--devices", type=int, required=True, help="devices (MPI ranks) of the job")
+    p.add_argument("--batch", type=int, required=True, help="global batch size")
+    p.add_argument("--strategy", default="optimal", choices=["optimal", "data", "model", "owt", "exhaustive"])
+    p.add_argument("--compare", action="store_true", help="also print every strategy side by side")
+    p.add_argument("--limit", type=int, default=10**7,
+                   help="exhaustive: refuse searches over more combinations than this (default 1e7)")
+    p.add_argument("--memory", metavar="SIZE", help="the most memory a device may keep (16GiB, 800MB, 1.5e9; the "
+                   "memory model of docs/architecture.md): the optimal search keeps to it")
+    p.add_argument("--tie", type=float, metavar="FRACTION",
+                   help="plans predicted within this fraction of the fastest are ties, and the one with the fewest "
+                        "exchanges wins (default: the profile's spread; 0 with the analytic model)")
+    p.add_argument("-o", "--output", help="write the plan YAML (with 'predicted') here")
+    cost_options(p)
+    p.set_defaults(run=cmd_plan)
+
+    p = sub.add_parser("simulate", parents=[common], help="predict the iteration time of plans",
+                       description="Score plans (plan YAML files, or data/model/owt with --model, --devices and "
+                                   "--batch) with the cost model: per layer compute, transfer and sync time.")
+    p.add_argument("plans", nargs="+", metavar="PLAN", help="plan YAML file, or data, model, owt")
+    plan_source_options(p)
+    cost_options(p)
+    p.set_defaults(run=cmd_simulate)
+
+    p = sub.add_parser("plot", parents=[common], help="draw a plan: each layer's configuration and predicted times",
+                       description="Draw a plan as a picture (PNG, SVG or PDF): each layer's configuration and its "
+                                   "predicted compute, transfer and sync time under the cost model. Needs matplotlib.")
+    p.add_argument("plan", metavar="PLAN", help="plan YAML file, or data, model, owt")
+    p.add_argument("-o", "--output", required=True, help="picture to write (.png, .svg, .pdf)")
+    plan_source_options(p)
+    cost_options(p, "also print the prediction as")
+    p.set_defaults(run=cmd_plot)
