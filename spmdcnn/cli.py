@@ -13,20 +13,22 @@ from .cost.memory import format_bytes as _format_bytes
 from .progress import Progress
 
 EXAMPLES = """\
-examples:
+examples (from the repository's folder; docs/ describes every file format):
+  mpiexec -n 4 spmdcnn train jobs/quickstart.yaml
+  spmdcnn train jobs/quickstart.yaml --set checkpoint.path=ckpt/one.h5 --set log.metrics=ckpt/one.jsonl
+  mpiexec -n 4 spmdcnn train jobs/quickstart.yaml --set plan=owt --set resume=false
+  spmdcnn train jobs/quickstart.yaml --set epochs=5 --set optimizer.lr=0.1 --set resume=false
   spmdcnn model models/alexnet.yaml --batch 128
-  spmdcnn train jobs/quickstart.yaml --set optimizer.lr=0.05
-  mpiexec -n 4 spmdcnn train jobs/quickstart.yaml --set plan=owt
   spmdcnn bench models/alexnet.yaml --batch 32 --steps 5
   mpiexec -n 2 spmdcnn bench models/alexnet.yaml --batch 32 --plan owt
   spmdcnn checkpoint info ckpt/quickstart.h5
   spmdcnn checkpoint export ckpt/quickstart.h5 --torch digits.pt
   spmdcnn data digits -o data/digits
   spmdcnn data info data/digits/train.h5
-  spmdcnn plan models/alexnet.yaml --devices 4 --batch 128 --machine jobs/machines/local.yaml -o plan.yaml
+  spmdcnn plan models/alexnet.yaml --devices 4 --batch 128 -o plan.yaml
   spmdcnn plan models/vgg16.yaml --devices 16 --batch 512 --machine jobs/machines/paper-p100-4x4.yaml --compare
-  spmdcnn simulate plan.yaml other.yaml --machine jobs/machines/local.yaml
-  spmdcnn plot plan.yaml -o plan.png --machine jobs/machines/local.yaml
+  spmdcnn simulate plan.yaml owt --model models/alexnet.yaml --devices 4 --batch 128
+  spmdcnn plot plan.yaml -o plan.png
   mpiexec -n 2 spmdcnn profile models/cifar_cnn.yaml --batch 64 --devices 2 -o profile.json
   mpiexec -n 4 spmdcnn calibrate -o jobs/machines/mycluster.yaml --name mycluster
 """
@@ -273,6 +275,9 @@ def build_parser():
     return parser
 
 
+SERIAL = ("model", "plan", "simulate", "plot", "checkpoint", "data")   # commands that need no other rank
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -284,26 +289,35 @@ def main(argv=None):
             parser.error(f"--{name} must be positive")
     if getattr(args, "warmup", 0) < 0:
         parser.error("--warmup must be zero or positive")
+    if args.command in SERIAL:          # under mpiexec: rank 0 runs it, once; every rank exits with its status
+        from .comm.guard import serial
+        return serial(lambda: _run(args, alone=True))
+    return _run(args)
+
+
+def _run(args, alone=False):
+    """The command's exit status; an error is printed as one line (``alone``: this process runs the command by
+    itself, even under MPI, so its errors need not end other ranks)."""
     try:
         return args.run(args)
     except BrokenPipeError:  # the output went to a pipe that closed early (| head)
         sys.stderr.close()
         return 0
     except KeyboardInterrupt as error:
-        return _fail("spmdcnn: interrupted", error, 130)
+        return _fail("spmdcnn: interrupted", error, 130, alone)
     except MemoryError as error:
-        _debug(args)
+        _debug(args, alone)
         return _fail(f"spmdcnn: error: out of memory ({str(error) or 'allocation failed'}); use a smaller batch "
-                     "or model", error)
+                     "or model", error, 2, alone)
     except (ValueError, OSError, FloatingPointError, RuntimeError) as error:
-        _debug(args)
-        return _fail(f"spmdcnn: error: {error}", error)
+        _debug(args, alone)
+        return _fail(f"spmdcnn: error: {error}", error, 2, alone)
     except Exception as error:          # a bug: under MPI the other ranks must not be left waiting
         traceback.print_exc()
-        return _fail(f"spmdcnn: error: internal error {type(error).__name__}: {error}", error, 1)
+        return _fail(f"spmdcnn: error: internal error {type(error).__name__}: {error}", error, 1, alone)
 
 
-def _debug(args):
+def _debug(args, alone=False):
     """With --debug, the traceback: raised in one process, printed under MPI (where the job must still end)."""
     if args.debug:
         from .comm.guard import world_size
@@ -312,8 +326,12 @@ def _debug(args):
         traceback.print_exc()
 
 
-def _fail(message, error, status=2):
-    """Print the error and end this process, or under MPI the whole job (see :mod:`spmdcnn.comm.guard`)."""
+def _fail(message, error, status=2, alone=False):
+    """Print the error and end this process, or under MPI the whole job (see :mod:`spmdcnn.comm.guard`);
+    ``alone``: only print it (the other ranks wait for this one's status)."""
+    if alone:
+        print(message, file=sys.stderr, flush=True)
+        return status
     from .comm.guard import fail
     return fail(message, error, status)
 

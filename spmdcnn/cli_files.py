@@ -114,7 +114,7 @@ def add_file_commands(sub, common):
     c.set_defaults(run=cmd_checkpoint)
 
     p = sub.add_parser("data", parents=[common], help="make and inspect HDF5 datasets",
-                       description="Make and inspect HDF5 datasets (DESIGN.md section 3.6).")
+                       description="Make and inspect HDF5 datasets (docs/formats.md#dataset-files).")
     dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     d = dsub.add_parser("digits", parents=[common], help="scikit-learn's handwritten digits as train.h5 and val.h5",
                         description="Write scikit-learn's handwritten digits (1,797 8x8 images, shipped with "

@@ -397,3 +397,43 @@ def test_in_process_errors_print_one_line(tmp_path, capsys):
     code, out, err = call(capsys, "train", tmp_path / "absent.yaml")
     assert code == 2 and out == ""
     assert err.startswith("spmdcnn: error:") and err.count("\n") == 1
+
+
+def _examples():
+    from spmdcnn.cli import EXAMPLES
+    return [line.split() for line in EXAMPLES.splitlines()[1:] if line.strip()]
+
+
+def test_every_help_example_parses():
+    from spmdcnn.cli import build_parser
+    for words in _examples():
+        words = words[words.index("spmdcnn") + 1:]
+        build_parser().parse_args(words)            # exits on a bad option
+
+
+def test_the_help_examples_that_train_after_the_quick_start_really_train():
+    """After the quick start, a train example that resumed its complete checkpoint would only evaluate it."""
+    from spmdcnn.io.job import load_job
+    quick = load_job(os.path.join(ROOT, "jobs", "quickstart.yaml"))
+    trains = [w for w in _examples() if "train" in w]
+    assert len(trains) >= 3
+    for words in trains[1:]:
+        sets = [words[i + 1] for i, word in enumerate(words) if word == "--set"]
+        job = load_job(os.path.join(ROOT, "jobs", "quickstart.yaml"), sets)
+        fresh = job["resume"] is False or job["checkpoint"]["path"] != quick["checkpoint"]["path"]
+        assert fresh, words
+        if job["checkpoint"]["path"] != quick["checkpoint"]["path"]:
+            assert job["log"]["metrics"] != quick["log"]["metrics"], words    # nor overwrite its metrics
+
+
+def test_the_plan_examples_run_as_written(tmp_path):
+    """``plan -o plan.yaml``, then ``simulate plan.yaml owt ...`` on it, as --help shows them."""
+    examples = [w[w.index("spmdcnn") + 1:] for w in _examples() if w[w.index("spmdcnn") + 1] in ("plan", "simulate")
+                and "plan.yaml" in w]
+    assert [e[0] for e in examples] == ["plan", "simulate"]
+    for words in examples:
+        words = [os.path.join(ROOT, w) if w.startswith("models/") else w for w in words]
+        result = subprocess.run([sys.executable, "-m", "spmdcnn.cli", *words], cwd=tmp_path, capture_output=True,
+                                text=True, timeout=300)
+        assert result.returncode == 0, result.stderr
+    assert (tmp_path / "plan.yaml").exists()

@@ -394,3 +394,15 @@ def test_bad_input_ends_every_rank_at_once_with_one_message(tmp_path, case):
         assert fragment in result.stderr, result.stderr
     assert open(checkpoint, "rb").read() == before
     assert not [name for name in os.listdir(tmp_path) if name.endswith(".tmp")]
+
+
+def test_commands_that_need_no_ranks_print_once_and_exit_cleanly_under_mpiexec(tmp_path):
+    table = mpiexec(3, *spmdcnn("model", "models/tiny_cnn.yaml"), timeout=120)
+    assert table.returncode == 0, table.stderr
+    assert table.stdout.count("model tiny_cnn") == 1 and table.stdout.count("\ntotal") == 1, table.stdout
+    planned = mpiexec(2, *spmdcnn("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4), timeout=120)
+    assert planned.returncode == 0 and planned.stdout.count("predicted iteration") == 1, planned.stdout
+    failed = mpiexec(3, *spmdcnn("data", "info", tmp_path / "absent.h5"), timeout=120)
+    assert failed.returncode == 2, failed.stdout + failed.stderr
+    assert failed.stderr.count("spmdcnn: error:") == 1 and "absent.h5" in failed.stderr, failed.stderr
+    assert "rank" not in failed.stderr and "abort" not in failed.stderr.lower(), failed.stderr

@@ -1,4 +1,4 @@
-"""Communication between ranks: the only package that imports mpi4py (DESIGN.md §5).
+"""Communication between ranks: the only package that imports mpi4py (docs/architecture.md#communication).
 
 - :class:`World` wraps the communicator: timing and byte counters, reductions, agreement checks.
 - :class:`Exchange` moves the boxes between one layer's producers and its tiles, and back (adjoint, summed).

@@ -1,4 +1,4 @@
-"""How bytes move between ranks (DESIGN.md §5): one interface, three transports.
+"""How bytes move between ranks (docs/architecture.md#communication): one interface, three transports.
 
 - ``host``: MPI on host buffers. NumPy arrays go as they are; CuPy arrays are staged through page-locked host
   buffers (copied down after the stream is synchronized, copied up after the receive). Works everywhere.

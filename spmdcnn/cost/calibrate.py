@@ -1,4 +1,4 @@
-"""``spmdcnn calibrate``: measure the machine model (DESIGN.md §3.7) on the ranks of a job.
+"""``spmdcnn calibrate``: measure the machine model (docs/formats.md#machine-files) on the ranks of a job.
 
 - links: :func:`spmdcnn.comm.calibrate.measure_links` times the runtime's exchanges between the ranks of a node
   and between nodes, all pairs at once, and fits ``t = latency + bytes / bandwidth``. With one node,

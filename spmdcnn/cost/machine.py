@@ -1,4 +1,4 @@
-"""The machine model (DESIGN.md §3.7): nodes of devices, and the bandwidth and latency between any two devices.
+"""The machine model (docs/formats.md#machine-files): nodes of devices, and the bandwidth and latency between any two devices.
 
     format: spmdcnn-machine/1
     name: paper-p100-4x4

@@ -1,4 +1,4 @@
-"""Checkpoint HDF5 (DESIGN.md §3.5): global arrays, written aside and renamed into place.
+"""Checkpoint HDF5 (docs/formats.md#checkpoint-files): global arrays, written aside and renamed into place.
 
     /                        attrs: format, step, epoch, model (YAML text), plan (YAML text), spmdcnn_version, created
     /params/<layer>/<name>   /buffers/<layer>/<name>   /optimizer/momentum/<layer>/<name>

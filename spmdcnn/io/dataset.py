@@ -1,4 +1,4 @@
-"""Training data: the HDF5 dataset of DESIGN.md §3.6 and a synthetic source with the same interface.
+"""Training data: the HDF5 dataset of docs/formats.md#dataset-files and a synthetic source with the same interface.
 
     /images (N, C, H, W) uint8 or float32;  /labels (N,) integer;  optional attrs mean, std (per channel)
 

@@ -1,4 +1,4 @@
-"""The handwritten digits scikit-learn ships, as HDF5 datasets (DESIGN.md §3.6): ``spmdcnn data digits``.
+"""The handwritten digits scikit-learn ships, as HDF5 datasets (docs/formats.md#dataset-files): ``spmdcnn data digits``.
 
 1,797 images of 8x8 pixels (values 0..16) in 10 classes, a copy of the test set of the UCI Optical Recognition of
 Handwritten Digits data (E. Alpaydin and C. Kaynak, 1998; CC BY 4.0), kept in the package as scikit-learn 1.9.1

@@ -3,7 +3,7 @@
 For every device count that divides the job's devices, every way of writing it as a product of degrees over the
 dimensions the op may split (``tiling.config.dims_of``), each degree at most the output's extent along it. The
 tiles go to the contiguous devices ``0 .. count-1``: a layer on fewer devices than the job runs on the first ones.
-relu and dropout are not searched: they take their input's configuration (DESIGN.md §3.2).
+relu and dropout are not searched: they take their input's configuration (docs/formats.md#plan-files).
 """
 
 from ..tiling.config import NAMES, ParallelConfig, dims_of, output_shape

@@ -1,4 +1,4 @@
-"""Global arrays from this rank's shards and back: what checkpoints hold (DESIGN.md §3.5) is independent of the
+"""Global arrays from this rank's shards and back: what checkpoints hold (docs/formats.md#checkpoint-files) is independent of the
 plan, so a run restores onto any plan and any number of ranks."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""The training loop of ``spmdcnn train``: data, steps, logging, metrics and checkpoints (DESIGN.md §3.3-3.5)."""
+"""The training loop of ``spmdcnn train``: data, steps, logging, metrics and checkpoints (docs/formats.md: jobs, training semantics, checkpoints)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Plans (DESIGN.md §3.2): a :class:`ParallelConfig` per layer, from a plan YAML file or a named strategy.
+"""Plans (docs/formats.md#plan-files): a :class:`ParallelConfig` per layer, from a plan YAML file or a named strategy.
 
     format: spmdcnn-plan/1
     model: alexnet            # optional: checked against the model's name

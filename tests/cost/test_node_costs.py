@@ -54,7 +54,7 @@ AWKWARD = {"name": "awkward", "input": [5, 13, 11], "layers": [
 
 
 def tile_by_tile(cost, layer, config):
-    """``t_c + t_s`` from every tile's shape and every replica group's ring (DESIGN.md §4)."""
+    """``t_c + t_s`` from every tile's shape and every replica group's ring (docs/architecture.md#the-cost-model-and-the-planner)."""
     compute, machine, batch, itemsize = cost.compute, cost.machine, cost.batch, cost.itemsize
     in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
     out = output_shape(layer, batch)

@@ -1,4 +1,4 @@
-"""The shipped models: exact parameter counts (DESIGN.md §3.1), shapes, FLOPs and torchvision names."""
+"""The shipped models: exact parameter counts (docs/formats.md#model-files), shapes, FLOPs and torchvision names."""
 
 import os
 

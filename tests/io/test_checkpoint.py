@@ -1,4 +1,4 @@
-"""Checkpoint HDF5 (DESIGN.md §3.5): round trip, exact layout, atomic writes, refusal of anything incomplete."""
+"""Checkpoint HDF5 (docs/formats.md#checkpoint-files): round trip, exact layout, atomic writes, refusal of anything incomplete."""
 
 import datetime
 import os
@@ -337,7 +337,7 @@ def test_a_checkpoint_with_a_dataset_where_a_group_belongs_is_refused(tmp_path, 
 
 def test_corrupted_bytes_give_a_checkpoint_or_a_checkpoint_error(tmp_path):
     """Overwrite blocks of a valid file (metadata included): every load either succeeds or raises
-    CheckpointError naming the path -- never another exception (DESIGN.md §3.5: a corrupt file is refused with a
+    CheckpointError naming the path -- never another exception (docs/formats.md#checkpoint-files: a corrupt file is refused with a
     clear error). HDF5 does not checksum raw data, so some corruptions load."""
     good = tmp_path / "good.h5"
     save_dotted(good)

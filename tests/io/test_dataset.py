@@ -1,4 +1,4 @@
-"""Dataset HDF5 (DESIGN.md §3.6) and the synthetic source: scaling, normalisation, batch order, errors."""
+"""Dataset HDF5 (docs/formats.md#dataset-files) and the synthetic source: scaling, normalisation, batch order, errors."""
 
 import os
 

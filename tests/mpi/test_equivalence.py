@@ -1,4 +1,4 @@
-"""Any plan on any number of ranks computes what one process computes (DESIGN.md §3.4): the loss, every layer's
+"""Any plan on any number of ranks computes what one process computes (docs/formats.md#training-semantics): the loss, every layer's
 output and output gradient, every parameter gradient, and the weights, running statistics and momentum after
 three SGD steps, for random per-layer plans (uneven splits, n/c/h/w and mixes, strided, dilated and padded
 windows split over h and w, batchnorm over n and h, concat, add, dropout, permuted and partial device lists,

@@ -1,4 +1,4 @@
-"""The training loop: checkpoints, metrics, resume and init (DESIGN.md §3.3-3.5)."""
+"""The training loop: checkpoints, metrics, resume and init (docs/formats.md: jobs, training semantics, checkpoints)."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Plan YAML (DESIGN.md §3.2): every plan that does not fit the model, the batch or the job is one clear error
+"""Plan YAML (docs/formats.md#plan-files): every plan that does not fit the model, the batch or the job is one clear error
 naming the plan, the layer and the problem; what a valid plan leaves out is filled in as documented."""
 
 import numpy as np

@@ -1,4 +1,4 @@
-"""Balanced splits and tiles (DESIGN.md §3.2): part ``i`` of ``E`` in ``d`` parts is
+"""Balanced splits and tiles (docs/formats.md#plan-files): part ``i`` of ``E`` in ``d`` parts is
 ``[floor(i*E/d), floor((i+1)*E/d))``; the tiles of a configuration cover the tensor exactly once and lie on
 ``devices`` in row-major order of their multi-index."""
 
