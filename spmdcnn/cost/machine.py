@@ -1,4 +1,5 @@
-"""The machine model (docs/formats.md#machine-files): nodes of devices, and the bandwidth and latency between any two devices.
+"""The machine model (docs/formats.md#machine-files): nodes of devices, and the bandwidth and latency between any
+two devices.
 
     format: spmdcnn-machine/1
     name: paper-p100-4x4
@@ -9,9 +10,11 @@
     device: {name: p100, flops: 9.3e12, memory_bandwidth: 7.3e11}   # optional: the analytic compute model
 
 Devices are numbered node by node: device ``d`` is on node ``d // devices_per_node`` (as MPI places ranks by
-default with ``--map-by core`` or ``srun``'s block distribution). ``device.name`` names the compute profile
-(``spmdcnn profile``) that gives tile times; ``flops`` and ``memory_bandwidth`` are the rates of the analytic model
-used for tiles no profile covers. ``spmdcnn calibrate`` measures all of these under ``mpiexec``.
+default with ``--map-by core`` or ``srun``'s block distribution). ``device.name`` says what the devices are:
+``cpu`` (or this computer's processor, as ``calibrate`` writes it) lets ``plan``, ``simulate`` and ``plot`` time
+tiles from this computer's cached profile, any other name keeps them to the analytic model unless ``--profile``
+names one; ``flops`` and ``memory_bandwidth`` are the rates of the analytic model used for tiles no profile covers.
+``spmdcnn calibrate`` measures all of these under ``mpiexec``.
 """
 
 from dataclasses import dataclass, field, replace

@@ -1,4 +1,5 @@
-"""The cost of a plan (docs/architecture.md#the-cost-model-and-the-planner): ``t_o = sum over layers [t_c + t_s] + sum over edges t_x``.
+"""The cost of a plan (docs/architecture.md#the-cost-model-and-the-planner):
+``t_o = sum over layers [t_c + t_s] + sum over edges t_x``.
 
 The runtime runs the layers in order on every device and each exchange waits for the tiles it reads, so one
 iteration lasts the sum, layer by layer, of the slowest tile (``t_c``), the slowest replica group's allreduces

@@ -1,4 +1,5 @@
-"""``spmdcnn data convert``: image folders and NumPy arrays into the HDF5 dataset format (docs/formats.md#dataset-files).
+"""``spmdcnn data convert``: image folders and NumPy arrays into the HDF5 dataset format
+(docs/formats.md#dataset-files).
 
 Both stream: images are read, resized and written a block at a time into a dataset of known size, so datasets
 larger than memory convert (NumPy arrays are memory-mapped). The per-channel ``mean`` and ``std`` (of the

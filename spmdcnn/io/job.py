@@ -277,7 +277,8 @@ def _check_data(job, where):
             if data[key] is not None:
                 raise FormatError(f"{where('data.' + key)}: 'data.{key}' needs data.kind hdf5, got {data['kind']}")
     if data["make"] and not data["val"]:
-        raise FormatError(f"{where('data.make')}: 'data.make: {data['make']}' writes data.path and data.val: give data.val")
+        raise FormatError(f"{where('data.make')}: 'data.make: {data['make']}' writes data.path and data.val: give "
+                          "data.val")
     if every is not None and every <= 0:
         raise FormatError(f"{where('eval.every')}: 'eval.every' must be positive, got {every}")
     if every is not None and not data["val"]:

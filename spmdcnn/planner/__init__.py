@@ -1,4 +1,5 @@
-"""The planner: the best plan for a model, a batch and a machine under the cost model (docs/architecture.md#the-cost-model-and-the-planner).
+"""The planner: the best plan for a model, a batch and a machine under the cost model
+(docs/architecture.md#the-cost-model-and-the-planner).
 
 Every searched layer is a node with one cost per configuration (``t_c + t_s``, with the relu and dropout layers
 that take its configuration); every input of a layer is an edge with one cost per pair of configurations

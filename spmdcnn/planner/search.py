@@ -125,8 +125,8 @@ def exhaustive(sizes, node_costs, edges, limit=None):
     sizes, costs, edges = _validated("exhaustive", sizes, node_costs, edges)
     assignments = math.prod(sizes)
     if limit is not None and assignments > limit:
-        raise ValueError(f"exhaustive: {len(sizes)} nodes have {assignments} assignments, more than "
-                         f"the limit of {limit}: use --strategy optimal (Algorithm 1, exact under the same model), or raise --limit")
+        raise ValueError(f"exhaustive: {len(sizes)} nodes have {assignments} assignments, more than the limit of "
+                         f"{limit}: use --strategy optimal (Algorithm 1, exact under the same model), or raise --limit")
     choices, value = depth_first(sizes, costs, _pair_tables(edges))    # one row per assigned neighbour
     cost = _objective(costs, edges, choices)
     assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"exhaustive: {cost} != searched {value}"

@@ -1,5 +1,5 @@
-"""Global arrays from this rank's shards and back: what checkpoints hold (docs/formats.md#checkpoint-files) is independent of the
-plan, so a run restores onto any plan and any number of ranks."""
+"""Global arrays from this rank's shards and back: what checkpoints hold (docs/formats.md#checkpoint-files) is
+independent of the plan, so a run restores onto any plan and any number of ranks."""
 
 import numpy as np
 

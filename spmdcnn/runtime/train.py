@@ -1,4 +1,5 @@
-"""The training loop of ``spmdcnn train``: data, steps, logging, metrics and checkpoints (docs/formats.md: jobs, training semantics, checkpoints)."""
+"""The training loop of ``spmdcnn train``: data, steps, logging, metrics and checkpoints (docs/formats.md#job-files,
+#training-semantics, #checkpoint-files)."""
 
 import json
 import os
@@ -96,7 +97,8 @@ def check_inputs(job):
         section, _, name = key.rpartition(".")
         path = (job[section] if section else job)[name]
         if path and not os.path.exists(path):
-            folder = "" if os.path.isabs(path) else f" (paths in a job are relative to the current folder, {os.getcwd()})"
+            folder = "" if os.path.isabs(path) else \
+                f" (paths in a job are relative to the current folder, {os.getcwd()})"
             raise FormatError(f"{_where(job, key)}: '{key}' names {path}, which does not exist{folder}")
 
 

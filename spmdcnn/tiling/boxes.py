@@ -1,7 +1,7 @@
 """Boxes: a ``(start, stop)`` range per dimension of a global tensor, and balanced splits.
 
-Part ``i`` of an extent ``E`` split ``d`` ways is ``[floor(i*E/d), floor((i+1)*E/d))`` (docs/formats.md#plan-files): parts
-differ in size by at most one and cover the extent exactly once.
+Part ``i`` of an extent ``E`` split ``d`` ways is ``[floor(i*E/d), floor((i+1)*E/d))`` (docs/formats.md#plan-files):
+parts differ in size by at most one and cover the extent exactly once.
 
 A box read with ``steps`` holds every ``step``-th element of each range from its start: what a strided 1x1 window
 reads. Tiles are always dense (steps of 1); only the boxes a tile reads may be strided.

@@ -1,8 +1,8 @@
 """A layer's parallel configuration: a degree per dimension of its output, and the devices holding the tiles.
 
-Which dimensions an op may split (docs/architecture.md#layer-wise-parallelism): image-shaped outputs (conv, pooling, batchnorm, element-wise,
-concat, add) ``n, c, h, w``; flatten ``n``; linear ``n, c``; the loss ``n`` (its tiles are the per-sample
-losses). The tile with multi-index ``(i_n, i_c, i_h, i_w)`` lives on ``devices[row-major index]``.
+Which dimensions an op may split (docs/architecture.md#layer-wise-parallelism): image-shaped outputs (conv,
+pooling, batchnorm, element-wise, concat, add) ``n, c, h, w``; flatten ``n``; linear ``n, c``; the loss ``n`` (its
+tiles are the per-sample losses). The tile with multi-index ``(i_n, i_c, i_h, i_w)`` lives on ``devices[row-major index]``.
 """
 
 from dataclasses import dataclass
