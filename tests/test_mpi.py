@@ -156,6 +156,17 @@ def test_the_quick_start_learns_the_digits_layer_wise_on_four_ranks(tmp_path):
     assert evaluations[-1]["val_accuracy"] >= 0.97, evaluations
     assert records[-1]["predicted_step_s"] > 0 and records[-1]["step_s"] > 0
     assert (tmp_path / "q.h5").exists()
+    assert "plan auto: plans within " in result.stdout and "are ties" in result.stdout   # the profile's spread
+    # the planning commands use the profile the job cached, and say so
+    planned = subprocess.run(spmdcnn("plan", "models/digits_cnn.yaml", "--devices", 4, "--batch", 64), cwd=ROOT,
+                             env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")}, capture_output=True, text=True,
+                             timeout=120)
+    assert planned.returncode == 0, planned.stderr
+    assert planned.stdout.startswith(f"compute: the cached profile {tmp_path / 'cache'}"), planned.stdout
+    again = subprocess.run(command, cwd=ROOT, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")},
+                           capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "this run is already complete (step 440 of 440)" in again.stdout, again.stdout
+    assert "profile:" not in again.stdout                   # nothing to train: no profiling, no search
 
 
 def test_errors_every_rank_finds_are_printed_once(tmp_path):

@@ -130,11 +130,14 @@ def test_simulate_explains_a_plan_it_cannot_place(tmp_path):
 
 def test_profile_measures_each_tile_shape_once_and_the_planner_uses_it(tmp_path):
     out = tmp_path / "profile.json"
-    first = run("profile", "models/tiny_cnn.yaml", "--batch", 4, "--devices", 2, "-o", out, "--repeats", 1)
+    first = run("profile", "models/tiny_cnn.yaml", "--batch", 4, "--devices", 2, "-o", out, "--repeats", 2)
     assert first.returncode == 0, first.stderr
+    assert "profile: 100 % (" in first.stdout and " tile shapes), " in first.stdout     # progress, in a log
+    assert "at 2 samples per device, its share of the global batch 4 on 2 devices, on one rank" in first.stdout
+    assert "repeated timings of a tile differ by" in first.stdout and "1 rank" not in first.stdout
     store = Profile.load(str(out))
     assert len(store) > 10 and all(seconds > 0 for seconds in store.entries.values())
-    again = run("profile", "models/tiny_cnn.yaml", "--batch", 4, "--devices", 2, "-o", out, "--repeats", 1)
+    again = run("profile", "models/tiny_cnn.yaml", "--batch", 4, "--devices", 2, "-o", out, "--repeats", 2)
     assert "measured 0 tile shapes" in again.stdout
     planned = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "--profile", out)
     assert planned.returncode == 0 and f"profile {out}" in planned.stdout

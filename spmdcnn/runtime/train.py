@@ -16,7 +16,6 @@ from ..comm.transport import check as check_transport
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import DataError, HDF5Dataset, SyntheticData
-from ..io.yamlfile import FormatError
 from ..progress import Progress
 from ..cost.machine import load_machine
 from ..tiling.plan import load_plan, named
@@ -24,6 +23,7 @@ from .autoplan import auto_plan
 from .evaluate import evaluate
 from .executor import Executor
 from .optimizer import SGD
+from .paths import check_inputs, check_outputs, data_to_make, prepare_outputs
 from .resume import check_resumable, state_for, trim_metrics
 from .schedule import learning_rate
 from .shards import gather_global, share_checkpoint
@@ -57,88 +57,6 @@ def _open_checked(path, graph, seed, shuffle):
         data.close()
         raise
     return data
-
-
-def data_to_make(job):
-    """``data.make``: whether ``data.path`` or ``data.val`` is missing and is to be written."""
-    spec = job["data"]
-    return bool(spec["make"]) and not (os.path.exists(spec["path"]) and os.path.exists(spec["val"]))
-
-
-def make_missing_data(job, log):
-    """``data.make``: write ``data.path`` and ``data.val`` when either is missing (rank 0 only)."""
-    spec = job["data"]
-    if not data_to_make(job):
-        return
-    from ..io.digits import make_digits
-    train, val = make_digits(spec["path"], spec["val"], seed=spec["seed"])
-    log(f"data: wrote {spec['path']} ({train} samples) and {spec['val']} ({val} held out), scikit-learn's "
-        "handwritten digits (spmdcnn data digits)")
-
-
-def _where(job, key):
-    """The file (or ``--set``) that gave ``key`` of ``job``."""
-    return job.where(key) if hasattr(job, "where") else "job"
-
-
-def check_inputs(job):
-    """Every file the job reads exists: the model, a plan file, the machine, ``init``, the datasets (unless
-    ``data.make`` writes them; ``init`` unless a checkpoint to resume wins over it). The message names the key,
-    who gave it, and the folder it was looked for in."""
-    keys = ["model", "machine"]
-    ckpt = job["checkpoint"]["path"]
-    if not (job["resume"] in ("auto", True) and ckpt and os.path.exists(ckpt)):    # a checkpoint wins over init
-        keys.append("init")
-    if job["plan"] not in (None, "auto", "data", "model", "owt"):
-        keys.append("plan")
-    if job["data"]["kind"] == "hdf5" and not data_to_make(job):
-        keys += ["data.path", "data.val"]
-    for key in keys:
-        section, _, name = key.rpartition(".")
-        path = (job[section] if section else job)[name]
-        if path and not os.path.exists(path):
-            folder = "" if os.path.isabs(path) else \
-                f" (paths in a job are relative to the current folder, {os.getcwd()})"
-            raise FormatError(f"{_where(job, key)}: '{key}' names {path}, which does not exist{folder}")
-
-
-def _output_problem(path):
-    """Why ``path`` cannot be written (without creating anything), or None."""
-    if os.path.isdir(path):
-        return "is a directory; give a file path"
-    if os.path.exists(path):
-        return None if os.access(path, os.W_OK) else "the file exists and is not writable"
-    folder = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(folder):           # the nearest folder that exists: the rest will be created in it
-        folder = os.path.dirname(folder)
-    if not os.path.isdir(folder):
-        return f"{folder} is not a folder"
-    if not os.access(folder, os.W_OK | os.X_OK):
-        return f"cannot write in {folder}"
-    return None
-
-
-def output_paths(job):
-    """``{key: path}`` of what the job writes: the checkpoint, the metrics, and the datasets ``data.make`` makes."""
-    paths = {"checkpoint.path": job["checkpoint"]["path"], "log.metrics": job["log"]["metrics"]}
-    if data_to_make(job):
-        paths.update({"data.path": job["data"]["path"], "data.val": job["data"]["val"]})
-    return {key: path for key, path in paths.items() if path}
-
-
-def check_outputs(job):
-    """Fail before training, not hours later, when an output path cannot be written; nothing is created."""
-    for key, path in output_paths(job).items():
-        problem = _output_problem(path)
-        if problem:
-            raise CheckpointError(f"{key} {path} (from {_where(job, key)}): {problem}")
-
-
-def prepare_outputs(job, log):
-    """Once the whole job is checked: the folders of its outputs, and the data ``data.make`` writes."""
-    for path in output_paths(job).values():
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    make_missing_data(job, log)
 
 
 def make_optimizer(job, executor):
