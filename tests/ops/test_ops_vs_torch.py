@@ -2,6 +2,12 @@
 
 PyTorch gets ``y`` and, through autograd on ``sum(y * R)``, the gradients that spmdcnn's backward must return for
 ``gy = R``. Per-side padding, which PyTorch's ops do not take, goes through ``F.pad`` first.
+
+The BLAS ops (conv2d's forward, data and weight gradients, linear) in float32 are held to the worst-case bound of
+a sum, which no summation order (no BLAS kernel, blocking or thread split) can break: against PyTorch in float64
+on the same float32 inputs, every element within ``gamma_K * M`` (tests/float32_bounds.py), K the number of
+terms of its sum, M the sum of their absolute values. The other ops in float32 (NumPy's own loops) are compared
+with PyTorch's float32 within ``TOLERANCE``.
 """
 
 import numpy as np
@@ -9,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from float32_bounds import conv2d_lengths, gamma, linear_lengths
 from spmdcnn.ops import conv
 from spmdcnn.ops.add import add_backward, add_forward
 from spmdcnn.ops.batchnorm import batchnorm2d_backward, batchnorm2d_forward
@@ -46,6 +53,64 @@ def torch_run(function, inputs, R):
     return y.detach().numpy(), [t.grad.numpy() for t in tensors]
 
 
+# ------------------------------------------------------------- float32 BLAS ops: the worst-case rounding bound
+
+# Terms beyond those of the sum, in the worst-case bound ``gamma_(K + 1) * M``: the float64 reference's own
+# error, at most gamma_K(2**-53) * M, is below u * M (one float32 rounding) for any K < 2**29.
+REFERENCE_ROUNDING = 1
+
+
+def assert_within_rounding(actual, exact, magnitude, terms, what):
+    """float32 ``actual`` within ``gamma_(terms + REFERENCE_ROUNDING) * magnitude`` of ``exact``, element-wise:
+    the worst case of a sum of ``terms`` float32 roundings, in any order (an element of magnitude 0 is exact)."""
+    assert actual is not None, f"{what}: missing"
+    assert actual.shape == exact.shape, f"{what}: shape {actual.shape} != {exact.shape}"
+    assert actual.dtype == np.float32, f"{what}: dtype {actual.dtype}, expected float32"
+    bound = gamma(terms + REFERENCE_ROUNDING) * magnitude
+    error = np.abs(actual.astype(np.float64) - exact)
+    beyond = error > bound
+    if beyond.any():
+        i = np.unravel_index(np.argmax(np.where(beyond, error - bound, -np.inf)), error.shape)
+        ratio = error[i] / bound[i] if bound[i] else np.inf
+        raise AssertionError(f"{what}: {int(beyond.sum())} elements beyond gamma_{terms + REFERENCE_ROUNDING} * M; "
+                             f"at {tuple(map(int, i))}: error {error[i]:.3e} > bound {bound[i]:.3e} "
+                             f"(ratio {ratio:.2f})")
+
+
+def exact_and_magnitude(function, inputs, R):
+    """``torch_run`` in float64 on the given (float32) values: ``(y, grads)`` exact up to float64 rounding; and
+    the same on ``|inputs|`` and ``|R|``: ``(M_y, M_grads)``, the sum of ``|terms|`` behind every element (the BLAS
+    ops are sums of products, linear in each input: their value on absolute values adds the terms' magnitudes)."""
+    as64 = [np.asarray(a, dtype=np.float64) for a in inputs]
+    exact = torch_run(function, as64, R.astype(np.float64))
+    magnitude = torch_run(function, [np.abs(a) for a in as64], np.abs(R).astype(np.float64))
+    return exact, magnitude
+
+
+def blas_reference(function, inputs, R, dtype, terms):
+    """``{result: (expected, magnitude, terms)}`` for ``y`` and the gradients ``gx, gw[, gb]`` of a BLAS op
+    (inputs ``x, w[, b]``); ``terms`` maps each result to the number of terms of its sums.
+
+    float64: PyTorch's float64 (``magnitude`` None: ``TOLERANCE`` applies). float32: PyTorch's float64 on the same
+    float32 values and the magnitudes of the worst-case rounding bound."""
+    names = ("y", "gx", "gw", "gb")[:len(inputs) + 1]
+    if dtype == np.float64:
+        y, grads = torch_run(function, inputs, R)
+        return {name: (value, None, None) for name, value in zip(names, [y] + grads)}
+    (y, grads), (M_y, M_grads) = exact_and_magnitude(function, inputs, R)
+    return {name: (value, magnitude, terms[name])
+            for name, value, magnitude in zip(names, [y] + grads, [M_y] + M_grads)}
+
+
+def assert_expected(actual, expected, dtype, what):
+    """``actual`` against an entry of :func:`blas_reference`."""
+    value, magnitude, terms = expected
+    if magnitude is None:
+        assert_close(actual, value, dtype, what)
+    else:
+        assert_within_rounding(actual, value, magnitude, terms, what)
+
+
 def random(rng, shape, dtype):
     return rng.standard_normal(shape).astype(dtype)
 
@@ -65,8 +130,8 @@ def torch_conv(stride, padding, dilation):
     return run
 
 
-def conv_reference(case, dtype, seed=0):
-    """Inputs, ``R`` and PyTorch's ``y, [gx, gw, gb]`` for one case."""
+def conv_inputs(case, dtype, seed=0):
+    """``x, w, b, geometry, R`` for one case."""
     x_shape, w_shape, stride, padding, dilation, bias = CONV_CASES[case]
     rng = np.random.default_rng(seed)
     x, w = random(rng, x_shape, dtype), random(rng, w_shape, dtype)
@@ -74,26 +139,36 @@ def conv_reference(case, dtype, seed=0):
     geometry = ConvGeometry(stride, padding, dilation)
     oH, oW = geometry.output_shape(x_shape[2], x_shape[3], w_shape[2], w_shape[3])
     R = random(rng, (x_shape[0], w_shape[0], oH, oW), dtype)
-    inputs = [x, w] + ([b] if bias else [])
-    y, grads = torch_run(torch_conv(geometry.stride, padding, geometry.dilation), inputs, R)
-    return (x, w, b, geometry, R), y, grads + ([] if bias else [None])
+    return x, w, b, geometry, R
+
+
+def conv_reference(case, dtype, seed=0):
+    """Inputs, ``R`` and PyTorch's ``y, [gx, gw, gb]`` for one case, in ``dtype``."""
+    x, w, b, geometry, R = conv_inputs(case, dtype, seed)
+    inputs = [x, w] + ([b] if b is not None else [])
+    y, grads = torch_run(torch_conv(geometry.stride, CONV_CASES[case][3], geometry.dilation), inputs, R)
+    return (x, w, b, geometry, R), y, grads + ([] if b is not None else [None])
 
 
 def check_conv(case, dtype, need_input_grad=True, gw_out=None, seed=0):
-    (x, w, b, geometry, R), y_ref, (gx_ref, gw_ref, gb_ref) = conv_reference(case, dtype, seed)
+    x, w, b, geometry, R = conv_inputs(case, dtype, seed)
+    terms = conv2d_lengths(x.shape, w.shape, R.shape)
+    terms["y"] += b is not None                              # the bias is one more term of each output
+    expected = blas_reference(torch_conv(geometry.stride, CONV_CASES[case][3], geometry.dilation),
+                              [x, w] + ([b] if b is not None else []), R, dtype, terms)
     x_copy, w_copy = x.copy(), w.copy()
     y, saved = conv2d_forward(x, w, b, geometry, need_input_grad=need_input_grad)
-    assert_close(y, y_ref, dtype, "y")
+    assert_expected(y, expected["y"], dtype, "y")
     gx, gw, gb = conv2d_backward(R, saved, gw_out=gw_out)
     if need_input_grad:
-        assert_close(gx, gx_ref, dtype, "gx")
+        assert_expected(gx, expected["gx"], dtype, "gx")
     else:
         assert gx is None
-    assert_close(gw, gw_ref, dtype, "gw")
-    if gb_ref is None:
+    assert_expected(gw, expected["gw"], dtype, "gw")
+    if b is None:
         assert gb is None
     else:
-        assert_close(gb, gb_ref, dtype, "gb")
+        assert_expected(gb, expected["gb"], dtype, "gb")
     np.testing.assert_array_equal(x, x_copy, err_msg="conv2d changed its input")
     np.testing.assert_array_equal(w, w_copy, err_msg="conv2d changed its weight")
     return gw
@@ -322,6 +397,13 @@ def test_add(count, dtype):
 
 # ----------------------------------------------------------------------------------------------- linear
 
+def linear_terms(x, w, bias):
+    """Terms of the sums behind y, gx, gw, gb (the bias is one more term of each output)."""
+    terms = linear_lengths(x.shape, w.shape)
+    terms["y"] += bias
+    return terms
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,bias", [((5, 7, 3), True), ((1, 4, 6), True), ((4, 9, 2), False)])
 def test_linear(shape, bias, dtype):
@@ -331,13 +413,13 @@ def test_linear(shape, bias, dtype):
     b = random(rng, F_out, dtype) if bias else None
     y, saved = linear_forward(x, w, b)
     R = random(rng, y.shape, dtype)
-    y_ref, grads_ref = torch_run(F.linear, [x, w] + ([b] if bias else []), R)
-    assert_close(y, y_ref, dtype, "y")
+    expected = blas_reference(F.linear, [x, w] + ([b] if bias else []), R, dtype, linear_terms(x, w, bias))
+    assert_expected(y, expected["y"], dtype, "y")
     gx, gw, gb = linear_backward(R, saved)
-    assert_close(gx, grads_ref[0], dtype, "gx")
-    assert_close(gw, grads_ref[1], dtype, "gw")
+    assert_expected(gx, expected["gx"], dtype, "gx")
+    assert_expected(gw, expected["gw"], dtype, "gw")
     if bias:
-        assert_close(gb, grads_ref[2], dtype, "gb")
+        assert_expected(gb, expected["gb"], dtype, "gb")
     else:
         assert gb is None
 
@@ -348,13 +430,13 @@ def test_linear_without_input_gradient_into_gw_out(dtype):
     x, w, b = random(rng, (6, 5), dtype), random(rng, (4, 5), dtype), random(rng, 4, dtype)
     y, saved = linear_forward(x, w, b, need_input_grad=False)
     R = random(rng, y.shape, dtype)
-    _, grads_ref = torch_run(F.linear, [x, w, b], R)
+    expected = blas_reference(F.linear, [x, w, b], R, dtype, linear_terms(x, w, True))
     gw_out = np.full(w.shape, np.nan, dtype=dtype)
     gx, gw, gb = linear_backward(R, saved, gw_out=gw_out)
     assert gx is None
     assert np.shares_memory(gw, gw_out)
-    assert_close(gw_out, grads_ref[1], dtype, "gw_out")
-    assert_close(gb, grads_ref[2], dtype, "gb")
+    assert_expected(gw_out, expected["gw"], dtype, "gw_out")
+    assert_expected(gb, expected["gb"], dtype, "gb")
 
 
 # -------------------------------------------------------------------------------------------- batchnorm
