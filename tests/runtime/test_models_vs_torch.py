@@ -1,4 +1,5 @@
-"""Forward and backward of every shipped model against PyTorch on the same weights (docs/formats.md#training-semantics).
+"""Forward and backward of every shipped model against PyTorch on the same weights
+(docs/formats.md#training-semantics).
 
 float64: spmdcnn and PyTorch agree to 1e-10 (small models) and 1e-9 (large ones) relative to each tensor's scale.
 
