@@ -363,7 +363,7 @@ def _bad_input(tmp_path, case):
         if case == "images of another size":
             from spmdcnn.io.dataset import write_dataset
             write_dataset(path, np.zeros((20, 1, 8, 8), np.uint8), np.zeros(20, int))
-        expected = {"missing dataset": "dataset not found", "unreadable dataset": "cannot open dataset",
+        expected = {"missing dataset": "which does not exist", "unreadable dataset": "cannot open dataset",
                     "images of another size": "images are [1, 8, 8] (C, H, W) but model 'tiny_cnn' takes"}[case]
         return write_job(tmp_path, "job", model=str(model), data={"kind": "hdf5", "path": str(path)}), \
             ["data.h5", expected]
