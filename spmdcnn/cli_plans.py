@@ -10,18 +10,24 @@ import os
 from .cost.memory import format_against, format_bytes
 
 
-def compute_source(args, devices):
-    """``(profile, line)``: the profile to time tiles with (a path, a :class:`Profile`, or None for the analytic
-    model) and the first line that says so. ``--profile P`` names one, ``--profile none`` asks for the analytic
-    model; by default the cached profile of a CPU job of ``devices`` ranks on this node is used where the machine
-    is this one (the built-in local machine, or a machine file of device ``cpu`` or of this processor)."""
+def compute_source(args, graph, batch, devices):
+    """``(profile, line)``: the profile to time tiles with (a :class:`Profile`, or None for the analytic model) and
+    the first line that says so. ``--profile P`` names one, ``--profile none`` asks for the analytic model; by
+    default the cached profile of a CPU job of ``devices`` ranks on this node is used when it was measured for this
+    model, batch and device count (``plan: auto`` or ``spmdcnn profile`` did) and the machine is this one (the
+    built-in local machine, or a machine file of device ``cpu`` or of this processor). A profile measured for other
+    shapes would time the missing tiles by extrapolating its own, which can be far off."""
     from .cost.calibrate import cpu_name
     from .cost.machine import load_machine
-    from .runtime.profile import cached_profile
+    from .runtime.profile import cached_profile, measured_for
+    launcher = "" if devices == 1 else f"mpiexec -n {devices} "
+    command = f"{launcher}spmdcnn profile {graph.source} --batch {batch} --devices {devices}"
     if args.profile and args.profile.lower() != "none":
         from .cost.compute import Profile
         store = Profile.load(args.profile)
-        return store, f"compute: profile {args.profile} of {store.device!r} ({_profile_summary(store)})"
+        covered = "measured for this model, batch and device count" if measured_for(store, graph, batch, devices) \
+            else "not measured for this model, batch and device count: the tiles it lacks are extrapolated"
+        return store, f"compute: profile {args.profile} of {store.device!r} ({_profile_summary(store)}; {covered})"
     if args.profile:
         return None, "compute: the analytic model (--profile none)"
     machine = load_machine(args.machine) if args.machine else None
@@ -31,10 +37,11 @@ def compute_source(args, devices):
     per_node = devices if machine is None else min(devices, machine.devices_per_node)
     store, device, path = cached_profile(devices, args.dtype, per_node)
     if store is None:
-        command = f"{'' if devices == 1 else f'mpiexec -n {devices} '}spmdcnn profile MODEL --batch B --devices " \
-                  f"{devices}"
         return None, (f"compute: the analytic model (no cached profile of {device!r} in {os.path.dirname(path)}; "
                       f"`{command}` or a job with plan: auto on {devices} ranks makes one)")
+    if not measured_for(store, graph, batch, devices):
+        return None, (f"compute: the analytic model (the cached profile {path} was not measured for this model at "
+                      f"batch {batch} on {devices} devices; `{command}` measures it)")
     return store, f"compute: the cached profile {path} of {device!r} ({_profile_summary(store)})"
 
 
@@ -47,7 +54,7 @@ def _cost_for(args, graph, batch, devices):
     """``(cost model, first line)`` of a command's options for ``graph`` at ``batch`` on ``devices``."""
     import numpy as np
     from .planner.service import cost_model
-    profile, line = compute_source(args, devices)
+    profile, line = compute_source(args, graph, batch, devices)
     cost = cost_model(graph, batch, devices, args.machine, profile, np.dtype(args.dtype).itemsize, args.nodes)
     return cost, line
 
@@ -74,11 +81,13 @@ def print_prediction(title, prediction, plan):
 
 
 def _tie(args, cost):
-    """The fraction within which plans are ties: ``--tie``, else the profile's spread (0 for the analytic
-    model, which has no noise)."""
+    """``(fraction, source)``: the band within which plans are ties, ``--tie``, else the profile's spread (0 for
+    the analytic model, which has no noise)."""
     if args.tie is not None:
-        return args.tie
-    return cost.compute.profile.spread if cost.compute.profile is not None else 0.0
+        if args.tie < 0:
+            raise ValueError(f"--tie must be zero or positive (a fraction of the fastest plan's time), got {args.tie}")
+        return args.tie, "--tie"
+    return (cost.compute.profile.spread if cost.compute.profile is not None else 0.0), "the profile's spread"
 
 
 def cmd_plan(args):
@@ -94,9 +103,9 @@ def cmd_plan(args):
     memory = parse_size(args.memory) if args.memory else None
     if memory is not None and args.strategy != "optimal":
         raise ValueError(f"--memory applies to the optimal search, not to --strategy {args.strategy}")
-    tie = _tie(args, cost) if memory is None else 0.0
+    tie, tie_source = _tie(args, cost) if memory is None else (0.0, "")
     results = {s: make_plan(graph, args.devices, cost, s, limit=args.limit, memory=memory if s == "optimal" else None,
-                            tie=tie)
+                            tie=tie, tie_source=tie_source)
                for s in strategies}
     chosen = results[args.strategy]
     if args.output:
@@ -115,18 +124,19 @@ def cmd_plan(args):
     print(source)
     print_prediction(f"{args.strategy} plan for {graph.name}: {args.devices} devices, batch {args.batch}, machine "
                      f"{cost.machine.name}", chosen.prediction, chosen.plan)
+    used = plan_memory(graph, chosen.plan, cost.itemsize)
+    if memory:
+        used_text, limit_text = format_against(used, memory)
+        print(f"memory: {used_text} on the busiest device (limit {limit_text})")
+    else:
+        print(f"memory: {format_bytes(used)} on the busiest device")
     if chosen.solution is not None:
         sol = chosen.solution
-        used = plan_memory(graph, chosen.plan, cost.itemsize)
-        if memory:
-            used_text, limit_text = format_against(used, memory)
-            print(f"memory: {used_text} on the busiest device (limit {limit_text})")
-        else:
-            print(f"memory: {format_bytes(used)} on the busiest device")
         pruned = f" ({sol.kept} after pruning)" if sol.kept < chosen.configurations else ""
         print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations{pruned}, {sol.method} "
               f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
-              f"left){'' if sol.exact else ', not proven optimal'}; {chosen.search_s:.3f} s")
+              f"left), {'proven optimal under the cost model' if sol.exact else 'not proven optimal'}; "
+              f"{chosen.search_s:.3f} s")
         if chosen.ties:
             print(f"ties: {chosen.ties.describe()}")
     if args.compare:

@@ -159,14 +159,14 @@ def test_profile_refuses_a_profile_of_another_device(tmp_path):
     assert result.returncode == 2 and "not of this device" in result.stderr
 
 
-def _cached(tmp_path, devices, entries=1):
-    """A profile in a private cache, named as a job of ``devices`` ranks on this machine names it."""
-    from spmdcnn.runtime.profile import default_path, job_device
-    env = {**os.environ, "SPMDCNN_CACHE": str(tmp_path / "cache")}
-    for variable in ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
-        env.pop(variable, None)
-    old = {key: os.environ.pop(key, None) for key in ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS",
-                                                       "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")}
+def _cached(tmp_path, devices, model="tiny_cnn", batch=4, entries=1):
+    """A profile in a private cache, named as a job of ``devices`` ranks on this machine names it, and measured
+    (so its reference iteration says) for ``model`` at ``batch``."""
+    from spmdcnn.runtime.profile import default_path, job_device, reference_key
+    threads = ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS")
+    env = {key: value for key, value in os.environ.items() if key not in threads}
+    env["SPMDCNN_CACHE"] = str(tmp_path / "cache")
+    old = {key: os.environ.pop(key, None) for key in threads}
     os.environ["SPMDCNN_CACHE"] = env["SPMDCNN_CACHE"]
     try:
         device = job_device(devices)
@@ -174,7 +174,10 @@ def _cached(tmp_path, devices, entries=1):
     finally:
         os.environ.pop("SPMDCNN_CACHE")
         os.environ.update({key: value for key, value in old.items() if value is not None})
-    store = Profile(device, {f"bogus-{i}": 1.0 for i in range(entries)}, spreads={"bogus-0": 0.08})
+    graph = load_model(os.path.join(ROOT, "models", f"{model}.yaml"))
+    reference = {reference_key(graph, batch, devices, devices): {"measured": 1.0, "isolated": 1.0, "wait": 0.0}}
+    store = Profile(device, {f"bogus-{i}": 1.0 for i in range(entries)}, spreads={"bogus-0": 0.08},
+                    in_situ=reference)
     store.save(path)
     return env, device, path
 
@@ -201,8 +204,22 @@ def test_the_first_line_says_which_compute_model_and_a_cached_profile_is_used(tm
                                    "this computer")
 
 
+def test_a_cached_profile_of_other_shapes_is_not_extrapolated(tmp_path):
+    """A profile measured for another model (or batch) would time this one's tiles by extrapolating its own."""
+    env, _, path = _cached(tmp_path, 2, "digits_cnn", 64)
+    for args in (("models/tiny_cnn.yaml", "--batch", 4), ("models/digits_cnn.yaml", "--batch", 32)):
+        result = run("plan", args[0], "--devices", 2, *args[1:], env=env)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith(f"compute: the analytic model (the cached profile {path} was not measured "
+                                        f"for this model at batch {args[2]} on 2 devices; `mpiexec -n 2 spmdcnn "
+                                        f"profile {args[0]} --batch {args[2]} --devices 2` measures it)"), result.stdout
+    given = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "--profile", path, env=env)
+    assert "not measured for this model, batch and device count: the tiles it lacks are extrapolated" in \
+        given.stdout.splitlines()[0]
+
+
 def test_plan_breaks_ties_within_the_profiles_spread_and_says_so(tmp_path):
-    env, _, _ = _cached(tmp_path, 4)
+    env, _, _ = _cached(tmp_path, 4, "digits_cnn", 64)
     result = run("plan", "models/digits_cnn.yaml", "--devices", 4, "--batch", 64, env=env)
     assert result.returncode == 0, result.stderr
     assert "ties: plans within 8.0 % of the fastest" in result.stdout, result.stdout
@@ -236,3 +253,14 @@ def test_plot_json_prints_the_prediction(tmp_path):
     data = json.loads(result.stdout)
     assert data["output"] == str(out) and out.exists() and data["predicted"]["iteration_s"] > 0
     assert data["compute"].startswith("compute: ")
+
+
+def test_plan_prints_every_strategys_memory_says_when_it_is_proven_and_refuses_a_negative_tie():
+    fixed = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "--strategy", "owt")
+    assert fixed.returncode == 0 and "memory: " in fixed.stdout and "search:" not in fixed.stdout, fixed.stdout
+    best = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4)
+    assert "proven optimal under the cost model" in best.stdout, best.stdout
+    negative = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "--tie", "-1")
+    assert negative.returncode == 2 and "--tie must be zero or positive" in negative.stderr
+    given = run("plan", "models/digits_cnn.yaml", "--devices", 4, "--batch", 64, "--tie", "0.3")
+    assert "ties: plans within 30.0 % of the fastest (" in given.stdout and "; --tie) are ties" in given.stdout

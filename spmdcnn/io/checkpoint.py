@@ -189,6 +189,8 @@ def describe(path):
 
 def _plan_summary(text):
     import yaml
+    if not text:
+        return "none (written by no training run: imported weights)"
     try:
         plan = yaml.safe_load(text) or {}
     except yaml.YAMLError:

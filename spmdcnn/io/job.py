@@ -87,8 +87,8 @@ def _type_name(types):
 
 
 class _Origins:
-    """Where each key of a job came from: the ``--set`` item that last set it (or a section above it), else the
-    job file."""
+    """Where each key of a job came from: the ``--set`` item that last set it (or a section above it, or a key
+    below it: ``--set optimiser.lr=1`` gives the section ``optimiser``), else the job file."""
 
     def __init__(self, source, overrides=()):
         self.source, self.items = source, []
@@ -96,12 +96,20 @@ class _Origins:
             if "=" in item:
                 self.items.append((tuple(item.split("=", 1)[0].strip().split(".")), item))
 
+    def _item(self, path):
+        path = tuple(path.split(".")) if isinstance(path, str) else tuple(path)
+        n = len(path)
+        return next(((keys, item) for keys, item in reversed(self.items)
+                     if path[:len(keys)] == keys or keys[:n] == path), None)
+
     def __call__(self, dotted):
-        path = tuple(dotted.split(".")) if isinstance(dotted, str) else tuple(dotted)
-        for keys, item in reversed(self.items):
-            if path[:len(keys)] == keys:
-                return f"--set {item}"
-        return self.source
+        found = self._item(dotted)
+        return f"--set {found[1]}" if found else self.source
+
+    def full_key(self, path):
+        """The dotted key an override gave below ``path`` (what its user meant to set), else ``path`` itself."""
+        found = self._item(path)
+        return found[0] if found and len(found[0]) > len(path) else tuple(path)
 
 
 def _dotted_keys(schema=None, prefix=()):
@@ -137,7 +145,8 @@ def _validate(values, schema, where, prefix=()):
     if unknown:
         path = prefix + (unknown[0],)
         allowed = ", ".join(sorted(schema))
-        raise FormatError(f"{where(path)}: unknown key '{'.'.join(map(str, path))}'{_nearest_key(path)} "
+        raise FormatError(f"{where(path)}: unknown key '{'.'.join(map(str, path))}'"
+                          f"{_nearest_key(where.full_key(path))} "
                           f"(allowed here: {allowed})")
     out = {}
     for key, rule in schema.items():

@@ -35,6 +35,7 @@ class Ties:
     exchanges: int
     fastest_exchanges: int
     candidates: int
+    source: str = "the profile's spread"      # where the band came from
 
     @property
     def changed(self):
@@ -42,8 +43,8 @@ class Ties:
 
     def describe(self):
         """One line for the log: what was taken as a tie and what was chosen."""
-        band = f"plans within {100 * self.band:.1f} % of the fastest ({self.fastest_s * 1e3:.1f} ms; the profile's " \
-               "spread) are ties, and the one with the fewest exchanges wins"
+        band = f"plans within {100 * self.band:.1f} % of the fastest ({self.fastest_s * 1e3:.1f} ms; {self.source}) " \
+               "are ties, and the one with the fewest exchanges wins"
         if not self.changed:
             return f"{band}: the fastest, with {self.exchanges} exchanges, has the fewest"
         return (f"{band}: chose {self.exchanges} exchanges instead of {self.fastest_exchanges}, predicted "
@@ -121,11 +122,13 @@ class Problem:
         return Plan(self.graph, batch, self.devices, configs, source)
 
 
-def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None, tie=0.0):
+def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None, tie=0.0,
+              tie_source="the profile's spread"):
     """The :class:`Result` of ``strategy`` for ``graph`` on ``devices`` devices under ``cost``; with ``memory``
     (bytes), the optimum among the plans that keep at most that much on every device (:func:`_within_memory`).
     With ``tie`` (a fraction: the profile's spread), the optimal search takes plans predicted within that much of
-    the fastest as equal and returns the one among them with the fewest exchanges (:func:`_fewest_exchanges`)."""
+    the fastest as equal and returns the one among them with the fewest exchanges (:func:`_fewest_exchanges`);
+    ``tie_source`` says where the band came from, for the log."""
     start = time.perf_counter()
     if strategy in NAMED:
         plan = named(strategy, graph, cost.batch, devices)
@@ -144,6 +147,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
     ties = None
     if tie > 0 and strategy == "optimal" and memory is None:
         solution, ties = _fewest_exchanges(problem, sizes, solution, tie, cost.overhead(devices))
+        ties.source = tie_source
     plan = problem.plan(solution.choices, cost.batch, f"plan {strategy}")
     elapsed = time.perf_counter() - start
     return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered, ties)

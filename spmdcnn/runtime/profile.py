@@ -57,6 +57,19 @@ def cached_profile(devices, dtype=np.float32, per_node=None):
     return (store if store.device == device else None), device, path
 
 
+def reference_key(graph, batch, devices, ranks):
+    """The ``in_situ`` key of a profile measured for ``graph`` at global ``batch`` on ``devices`` devices by
+    ``ranks`` ranks: :func:`profile` writes it once every tile shape the planner considers there is measured."""
+    digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
+    return f"{graph.name} ({digest}) batch {batch} on {devices} devices, {ranks} ranks"
+
+
+def measured_for(store, graph, batch, devices):
+    """Whether ``store`` was measured for ``graph`` at ``batch`` on ``devices`` devices (by as many ranks, or by
+    one process for one device): then every tile time the planner needs is in it."""
+    return reference_key(graph, batch, devices, devices) in store.in_situ
+
+
 def default_path(device):
     """Where profiles are cached: ``$SPMDCNN_CACHE`` or ``~/.cache/spmdcnn``, one file per device."""
     folder = os.environ.get("SPMDCNN_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "spmdcnn")
@@ -170,8 +183,7 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
     :class:`~spmdcnn.progress.Progress` for rank 0 to show the measuring by (None: none)."""
     count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log,
                            progress)
-    digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
-    key = f"{graph.name} ({digest}) batch {batch} on {devices} devices, {world.size} ranks"
+    key = reference_key(graph, batch, devices, world.size)
     if key not in profile_store.in_situ:
         sample = max(batch // devices, 1)
         whole = {layer.name: [ParallelConfig((1,) * len(output_shape(layer, sample)), (0,))] for layer in graph.layers}

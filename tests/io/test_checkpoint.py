@@ -410,6 +410,12 @@ def test_describe_names_the_model_step_and_counts(tmp_path):
     assert str(path) in text
 
 
+def test_describe_says_a_checkpoint_without_a_plan_came_from_no_training_run(tmp_path):
+    graph = load_model(TINY)
+    save_checkpoint(tmp_path / "w.h5", model_text=graph.text, params=arrays(graph.param_shapes(), 0))
+    assert "plan         none (written by no training run: imported weights)" in describe(tmp_path / "w.h5")
+
+
 def test_describe_of_a_bad_file_is_a_checkpoint_error(tmp_path):
     path = tmp_path / "bad.h5"
     path.write_text("no")

@@ -196,6 +196,13 @@ def test_an_unknown_key_in_the_wrong_section_suggests_where_it_lives(tmp_path):
                  "did you mean 'data.shuffle'?")
 
 
+@pytest.mark.parametrize("override, hint", [("optimiser.lr=0.1", "optimizer.lr"),
+                                            ("chekpoint.every=5", "checkpoint.every")])
+def test_a_misspelled_section_in_an_override_names_the_override_and_its_whole_key(tmp_path, override, hint):
+    path = write(tmp_path, MINIMAL)
+    expect_override_error(path, [override], f"unknown key '{override.split('.')[0]}'", f"did you mean '{hint}'?")
+
+
 def test_an_override_of_the_wrong_type_is_refused_naming_it(tmp_path):
     path = write(tmp_path, MINIMAL)
     expect_override_error(path, ["optimizer.lr=fast"], "'optimizer.lr'", "fast")
