@@ -181,6 +181,44 @@ def cmd_calibrate(args):
     return 0
 
 
+def _add_measuring_commands(sub, common):
+    """Add ``calibrate`` and ``profile``, the commands that measure this machine for the planner."""
+    p = sub.add_parser("calibrate", parents=[common], help="measure the machine model (links, device) on MPI ranks",
+                       description="Measure the machine the ranks run on and write its machine YAML "
+                                   "(jobs/machines/*.yaml): bandwidth and latency of exchanges within a node and "
+                                   "between nodes (all rank pairs at once; needs mpiexec -n 2 or more), and each "
+                                   "rank's float32 matmul rate, memory bandwidth and per-op overhead (all ranks at "
+                                   "once, averaged). Run it with the ranks per node training will use.")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="machine YAML to write (rank 0)")
+    p.add_argument("--name", default="local", help="the machine's name (default local)")
+    p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds; for tests)")
+    p.add_argument("--json", action="store_true", help="print the machine and the raw measurements as JSON")
+    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
+                   help="cupy: measure each rank's GPU, and the links between GPUs through --transport")
+    p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
+                   help="the transport training will use (default auto: nccl, cuda-mpi or host, whichever works)")
+    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
+    p.set_defaults(run=cmd_calibrate)
+
+    p = sub.add_parser("profile", parents=[common], help="measure tile compute times for the planner",
+                       description="Run every distinct tile shape the planner considers for MODEL on N devices "
+                                   "(forward, backward, SGD update) and cache the times in a JSON profile. Under "
+                                   "mpiexec all ranks measure at once, as they would compute in training.")
+    p.add_argument("model", help="model YAML file")
+    p.add_argument("--batch", type=int, required=True, help="global batch size")
+    p.add_argument("--devices", type=int, required=True, help="devices of the jobs to plan")
+    p.add_argument("-o", "--output", help="profile file (default: ~/.cache/spmdcnn/profile-<device>.json, "
+                   "or $SPMDCNN_CACHE)")
+    p.add_argument("--repeats", type=int, default=3, help="timed runs per tile (median; default 3)")
+    p.add_argument("--machine", help="machine YAML whose ring model the measured wait per synchronization is "
+                   "taken beyond (default: the built-in local machine)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
+    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
+    p.add_argument("--tf32", action="store_true", help="cupy, float32: let convolutions and matmuls use TF32")
+    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
+    p.set_defaults(run=cmd_profile)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="spmdcnn", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
@@ -235,41 +273,7 @@ def build_parser():
                    "bytes_transferred, peak_memory_bytes, ...)")
     p.set_defaults(run=cmd_bench)
 
-    p = sub.add_parser("calibrate", parents=[common], help="measure the machine model (links, device) on MPI ranks",
-                       description="Measure the machine the ranks run on and write its machine YAML "
-                                   "(jobs/machines/*.yaml): bandwidth and latency of exchanges within a node and "
-                                   "between nodes (all rank pairs at once; needs mpiexec -n 2 or more), and each "
-                                   "rank's float32 matmul rate, memory bandwidth and per-op overhead (all ranks at "
-                                   "once, averaged). Run it with the ranks per node training will use.")
-    p.add_argument("-o", "--output", required=True, metavar="FILE", help="machine YAML to write (rank 0)")
-    p.add_argument("--name", default="local", help="the machine's name (default local)")
-    p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds; for tests)")
-    p.add_argument("--json", action="store_true", help="print the machine and the raw measurements as JSON")
-    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
-                   help="cupy: measure each rank's GPU, and the links between GPUs through --transport")
-    p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
-                   help="the transport training will use (default auto: nccl, cuda-mpi or host, whichever works)")
-    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
-    p.set_defaults(run=cmd_calibrate)
-
-    p = sub.add_parser("profile", parents=[common], help="measure tile compute times for the planner",
-                       description="Run every distinct tile shape the planner considers for MODEL on N devices "
-                                   "(forward, backward, SGD update) and cache the times in a JSON profile. Under "
-                                   "mpiexec all ranks measure at once, as they would compute in training.")
-    p.add_argument("model", help="model YAML file")
-    p.add_argument("--batch", type=int, required=True, help="global batch size")
-    p.add_argument("--devices", type=int, required=True, help="devices of the jobs to plan")
-    p.add_argument("-o", "--output", help="profile file (default: ~/.cache/spmdcnn/profile-<device>.json, "
-                   "or $SPMDCNN_CACHE)")
-    p.add_argument("--repeats", type=int, default=3, help="timed runs per tile (median; default 3)")
-    p.add_argument("--machine", help="machine YAML whose ring model the measured wait per synchronization is "
-                   "taken beyond (default: the built-in local machine)")
-    p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
-    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
-    p.add_argument("--tf32", action="store_true", help="cupy, float32: let convolutions and matmuls use TF32")
-    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
-    p.set_defaults(run=cmd_profile)
-
+    _add_measuring_commands(sub, common)
     add_plan_commands(sub, common)
     add_file_commands(sub, common)
     return parser
