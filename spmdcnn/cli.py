@@ -10,7 +10,6 @@ from . import __version__
 from .cli_files import add_file_commands
 from .cli_plans import add_plan_commands
 from .cost.memory import format_bytes as _format_bytes
-from .progress import Progress
 
 EXAMPLES = """\
 examples (from the repository's folder; docs/ describes every file format):
@@ -150,7 +149,7 @@ def cmd_profile(args):
     store = world.bcast(store)
     count = profile(graph, args.batch, args.devices, world, store, xp, dtype, args.repeats,
                     log=print if world.rank == 0 else None, machine=args.machine,
-                    progress=lambda total: Progress(total, "profile", unit="tile shapes"))
+                    progress=True)
     world.agree(lambda: store.save(path) if world.rank == 0 else None)
     if world.rank == 0:
         spread = f"; repeated timings of a tile differ by {100 * store.spread:.1f} % (median)" if store.spread else ""

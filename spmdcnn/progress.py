@@ -48,7 +48,7 @@ def format_duration(seconds):
     return f"{minutes // 60} h {minutes % 60:02d} min"
 
 
-def _isatty(stream):
+def is_terminal(stream):
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):        # no isatty, or a closed file
@@ -84,7 +84,7 @@ class Progress:
                              f"total {total}")
         self.total, self.label, self.unit = total, label, unit
         self.stream = sys.stdout if stream is None else stream
-        terminal = setting is True or (setting == "auto" and _isatty(self.stream))
+        terminal = setting is True or (setting == "auto" and is_terminal(self.stream))
         self.mode = "terminal" if terminal else "lines" if setting == "auto" else None
         self.clock, self.suffix = clock, suffix
         self.start, self.initial, self.done, self.note = clock(), initial, initial, None

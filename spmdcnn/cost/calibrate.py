@@ -46,19 +46,14 @@ def cpu_name():
     return " ".join(re.sub(r"\((R|TM|tm|r)\)", "", model).split())
 
 
-def blas_threads(ranks=1):
-    """Threads of the BLAS in each rank of a job of ``ranks`` ranks on this node (1: this process alone, or a
-    rank whose launcher set its threads). It is read from the thread variables spmdcnn sets (or the user did) and
-    the usable cores, never from an optional package, so that a profile's name is the same whatever is installed."""
-    from .. import threads_per_rank
-    return threads_per_rank(ranks)
-
-
 def processor_name(xp=np, ranks=1):
     """What runs the kernels: this rank's GPU (CuPy), or the CPU model and its BLAS threads (NumPy; in this
-    process, or with ``ranks`` in each rank of a job of that many ranks on this node)."""
+    process, or with ``ranks`` in each rank of a job of that many ranks on this node). The threads are read from
+    the thread variables spmdcnn sets (or the user did) and the usable cores, never from an optional package, so
+    that a profile's name is the same whatever is installed."""
     if xp is np:
-        return f"{cpu_name()} x{blas_threads(ranks)}"
+        from .. import threads_per_rank
+        return f"{cpu_name()} x{threads_per_rank(ranks)}"
     return xp.cuda.runtime.getDeviceProperties(xp.cuda.Device().id)["name"].decode()
 
 

@@ -6,7 +6,6 @@ process may use. The pool has as many threads as BLAS is given (``SPMDCNN_NUM_TH
 one thread per rank it stays out of the other ranks' way.
 """
 
-import os
 import threading
 from concurrent.futures import ThreadPoolExecutor, wait
 
@@ -16,14 +15,9 @@ _inside = threading.local()      # set in the pool's threads: a nested parallel_
 
 
 def num_threads():
-    for variable in ("SPMDCNN_NUM_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        value = os.environ.get(variable, "")
-        if value.isdigit() and int(value) > 0:
-            return int(value)
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
+    """The threads of this process: those BLAS is given (:func:`spmdcnn.threads_per_rank`)."""
+    from .. import threads_per_rank
+    return threads_per_rank(1)
 
 
 def _executor():

@@ -11,7 +11,7 @@ import heapq
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -183,7 +183,6 @@ def _fewest_exchanges(problem, sizes, fastest, tie, overhead):
         if value <= fastest.cost + band:
             candidates.append((exchanges(found.choices), value, found))
     count, value, chosen = min(candidates, key=lambda c: (c[0], c[1]))
-    from dataclasses import replace
     chosen = replace(chosen, cost=value)
     return chosen, Ties(tie, best_s, value + overhead, count, candidates[0][0], len(candidates))
 
@@ -201,7 +200,6 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, s
     within ``nodes`` relaxed searches and ``seconds``; otherwise the best fitting plan found, not proven optimal but
     within a proven distance of it (the least bound of the subtrees left), which its method names. A limit below
     the lightest plan's memory is an error."""
-    from dataclasses import replace
     from ..cost.memory import format_against
     from . import search
     bytes_ = problem.memory(itemsize)

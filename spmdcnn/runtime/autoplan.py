@@ -6,7 +6,6 @@ import time
 from ..cost.compute import Profile
 from ..planner import make_plan
 from ..planner.service import cost_model
-from ..progress import Progress
 from ..tiling.plan import named, parse_plan_text
 from .profile import default_path, device_name, profile
 
@@ -34,7 +33,7 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log):
     start = time.perf_counter()
     references = len(store.in_situ)
     measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log, machine=machine,
-                       progress=lambda total: Progress(total, "profile", unit="tile shapes"))
+                       progress=True)
     if (measured or len(store.in_situ) != references) and world.rank == 0:
         try:
             store.save(path)

@@ -9,6 +9,7 @@ the file or ``--set`` that gave it, and the folder a relative path was looked fo
 import os
 
 from ..io.checkpoint import CheckpointError
+from ..io.job import PLAN_NAMES
 from ..io.yamlfile import FormatError
 
 
@@ -42,7 +43,7 @@ def check_inputs(job):
     ckpt = job["checkpoint"]["path"]
     if not (job["resume"] in ("auto", True) and ckpt and os.path.exists(ckpt)):    # a checkpoint wins over init
         keys.append("init")
-    if job["plan"] not in (None, "auto", "data", "model", "owt"):
+    if job["plan"] is not None and job["plan"] not in PLAN_NAMES:
         keys.append("plan")
     if job["data"]["kind"] == "hdf5" and not data_to_make(job):
         keys += ["data.path", "data.val"]
@@ -88,7 +89,17 @@ def check_outputs(job):
 
 
 def prepare_outputs(job, log):
-    """Once the whole job is checked: the folders of its outputs, and the data ``data.make`` writes."""
-    for path in output_paths(job).values():
-        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    """Once the whole job is checked: the folders of its outputs, each tried with a file written and removed
+    (permissions ``os.access`` cannot see, such as a read-only mount, show now, not at the first checkpoint), and
+    the data ``data.make`` writes."""
+    for key, path in output_paths(job).items():
+        folder = os.path.dirname(os.path.abspath(path))
+        try:
+            os.makedirs(folder, exist_ok=True)
+            probe = os.path.join(folder, f".spmdcnn-write-test-{os.getpid()}")
+            with open(probe, "w", encoding="utf-8"):
+                pass
+            os.unlink(probe)
+        except OSError as error:
+            raise CheckpointError(f"{key} {path} (from {_where(job, key)}): cannot write there: {error}") from None
     make_missing_data(job, log)

@@ -21,6 +21,7 @@ from ..cost.machine import Device
 from ..cost.sync import SyncModel
 from ..graph.graph import Layer
 from ..planner.configs import configurations
+from ..progress import Progress
 from ..tiling.config import ParallelConfig, output_shape
 from ..tiling.fields import NO_PADDING
 from . import kernels
@@ -175,12 +176,12 @@ def shapes_to_profile(graph, batch, devices, configs=None):
 
 
 def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32, repeats=3, log=None,
-            machine=None, progress=None):
+            machine=None, progress=False):
     """Measure every tile shape ``profile_store`` lacks, on all ranks at once, then (if the profile has none for
     this model, batch and rank count) a reference iteration (:func:`reference_iteration`) and the wait per
     synchronization (:func:`synchronization_wait`, against ``machine``: a machine YAML path, or None for the
-    built-in local machine); returns the number of tile shapes measured. ``progress(total)``: a
-    :class:`~spmdcnn.progress.Progress` for rank 0 to show the measuring by (None: none)."""
+    built-in local machine); returns the number of tile shapes measured. ``progress``: rank 0 shows the measuring
+    on standard output (:class:`~spmdcnn.progress.Progress`)."""
     count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log,
                            progress)
     key = reference_key(graph, batch, devices, world.size)
@@ -257,14 +258,14 @@ def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, 
     return max(spent - modelled, 0.0) / points
 
 
-def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=None):
+def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=False):
     missing = [s for s in shapes if profile_store.get(s) is None]
     missing_updates = [n for n in updates if update_key(n) not in profile_store.entries]
     jobs = [("tile", s) for s in missing] + [("sgd", n) for n in missing_updates]
     if log:
         where = "on this process" if world.size == 1 else f"shared between {world.size} ranks, measuring at once"
         log(f"profile: {len(jobs)} of {len(shapes) + len(updates)} tile shapes to measure, {where}")
-    bar = progress(len(jobs)) if progress is not None and world.rank == 0 and jobs else None
+    bar = Progress(len(jobs), "profile", unit="tile shapes") if progress and world.rank == 0 and jobs else None
     mine = {}
     try:
         for count, i in enumerate(range(world.rank, len(jobs), world.size), 1):

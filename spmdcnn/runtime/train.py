@@ -16,7 +16,7 @@ from ..comm.transport import check as check_transport
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.dataset import DataError, HDF5Dataset, SyntheticData
-from ..progress import Progress
+from ..progress import Progress, is_terminal
 from ..cost.machine import load_machine
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
@@ -183,8 +183,8 @@ class Trainer:
         if self.data is None:
             self.data = make_data(self.job, self.graph)
             self.val = make_val(self.job, self.graph)
-        self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
         job = self.job
+        self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
         self.total_steps = job["steps"] if job["steps"] is not None else job["epochs"] * self.steps_per_epoch
 
     def _open(self):
@@ -379,15 +379,8 @@ def training_progress(setting, total, start, stream=None):
     terminal, ``true`` always, ``false`` never), or None. In a batch log the log lines say how far it is."""
     stream = stream or sys.stdout
     if setting == "auto":
-        setting = _isatty(stream)
+        setting = is_terminal(stream)
     return Progress(total, "train", unit="steps", stream=stream, setting=True, initial=start) if setting else None
-
-
-def _isatty(stream):
-    try:
-        return stream.isatty()
-    except (AttributeError, ValueError):
-        return False
 
 
 class _Interval:

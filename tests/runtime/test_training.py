@@ -284,3 +284,20 @@ def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint(tmp_path, monke
 def test_keep_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="'checkpoint.keep' must be positive"):
         make_job(tmp_path, checkpoint={"keep": 0})
+
+
+def test_an_output_folder_that_refuses_a_file_fails_before_training(tmp_path, monkeypatch):
+    """What os.access cannot see (a read-only mount, root squash): a file written and removed in each output
+    folder once the job is checked, before the first step."""
+    import builtins
+    from spmdcnn.runtime import paths
+    real_open = builtins.open
+
+    def refusing(path, *args, **kwargs):
+        if ".spmdcnn-write-test-" in str(path):
+            raise PermissionError(13, "Read-only file system", str(path))
+        return real_open(path, *args, **kwargs)
+    monkeypatch.setattr(paths, "open", refusing, raising=False)
+    with pytest.raises(CheckpointError, match=r"checkpoint.path .*run.h5 \(from test-job\): cannot write there: "
+                                              r".*Read-only file system"):
+        Trainer(make_job(tmp_path), log=quiet)
