@@ -11,6 +11,7 @@ import os
 
 import yaml
 
+from .augment import Augment
 from .yamlfile import FormatError, read_yaml
 
 _REQUIRED = object()
@@ -32,6 +33,13 @@ SCHEMA = {
         "signal": (_NUMBER, 0.5),            # synthetic data: strength of the class patterns against unit noise
         "val": ((str, type(None)), None),    # held-out HDF5 dataset, evaluated every eval.every steps and at the end
         "make": ((str, type(None)), None),   # digits: write path and val with `spmdcnn data digits` when missing
+        "augment": {                         # training images only; data.val is center-cropped (io/augment.py)
+            "crop": ((list, type(None)), None),     # [H, W] of a random crop of each stored image
+            "flip": (bool, False),                  # a random horizontal flip
+        },
+        "workers": ((int, str), "auto"),     # processes reading ahead for each rank (0: read in the step)
+        "prefetch": ((int, str), "auto"),    # batches read ahead (auto: 2 per worker)
+        "timeout": (_NUMBER, 300.0),         # seconds a batch may take to read before the run stops
     },
     "optimizer": {
         "kind": (str, "sgd"),
@@ -82,7 +90,8 @@ _CHOICES = {
 
 def _type_name(types):
     types = types if isinstance(types, tuple) else (types,)
-    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+    names = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null",
+             list: "a list"}
     return " or ".join(names.get(t, t.__name__) for t in types)
 
 
@@ -281,6 +290,25 @@ def _check_plan(plan, where):
 
 def _check_data(job, where):
     data, every = job["data"], job["eval"]["every"]
+    crop = data["augment"]["crop"]
+    if crop is not None:
+        try:
+            Augment.from_spec({"crop": crop})
+        except FormatError:
+            raise FormatError(f"{where('data.augment.crop')}: 'data.augment.crop' must be [H, W], two positive "
+                              f"integers, got {crop!r}") from None
+    if data["kind"] != "hdf5" and (crop is not None or data["augment"]["flip"]):
+        raise FormatError(f"{where('data.augment')}: 'data.augment' applies to stored images: it needs data.kind "
+                          f"hdf5, got {data['kind']}")
+    for key in ("workers", "prefetch"):
+        value = data[key]
+        if value != "auto" and not (isinstance(value, int) and value >= (0 if key == "workers" else 1)):
+            least = "0 (read in the step) or more" if key == "workers" else "1 or more"
+            raise FormatError(f"{where('data.' + key)}: 'data.{key}' must be auto or an integer, {least}, got "
+                              f"{value!r}")
+    if data["timeout"] <= 0:
+        raise FormatError(f"{where('data.timeout')}: 'data.timeout' must be positive (seconds), got "
+                          f"{data['timeout']}")
     if data["kind"] != "hdf5":
         for key in ("val", "make"):
             if data[key] is not None:

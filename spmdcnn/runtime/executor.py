@@ -127,6 +127,16 @@ class Executor:
         """This rank's :class:`~spmdcnn.runtime.program.Site` of ``layer`` (kernels read padding, offsets, ...)."""
         return self.program.sites[layer.name]
 
+    def data_reads(self):
+        """The ``(box, steps)`` of the data this rank's tiles read of every batch (global batch coordinates)."""
+        reads = []
+        for layer in self.graph.layers:
+            site = self.program.sites[layer.name]
+            if site.box is not None:
+                reads += [(site.needs[slot].box, site.needs[slot].steps)
+                          for slot, ref in enumerate(layer.inputs) if ref == DATA]
+        return reads
+
     def _batch_program(self, size):
         if self.plan is None and self.program.plan.batch != size:
             self.program = self._program(size)

@@ -15,7 +15,9 @@ from ..comm import World, choose_transport
 from ..comm.transport import check as check_transport
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from ..io.augment import Augment
 from ..io.dataset import DataError, HDF5Dataset, SyntheticData
+from ..io.prefetch import Loader, resolve
 from ..progress import Progress, is_terminal
 from ..cost.machine import load_machine
 from ..tiling.plan import load_plan, named
@@ -32,7 +34,7 @@ from .shards import gather_global, share_checkpoint
 def make_data(job, graph):
     spec = job["data"]
     if spec["kind"] == "hdf5":
-        return _open_checked(spec["path"], graph, spec["seed"], spec["shuffle"])
+        return _open_checked(spec["path"], graph, spec["seed"], spec["shuffle"], Augment.from_spec(spec["augment"]))
     return SyntheticData(graph.input_shape, graph.num_classes, spec["num_samples"], seed=spec["seed"],
                          signal=spec["signal"], shuffle=spec["shuffle"])
 
@@ -41,16 +43,17 @@ def make_val(job, graph):
     """The held-out dataset ``data.val`` (read in order), or None."""
     if not job["data"]["val"]:
         return None
-    data = _open_checked(job["data"]["val"], graph, 0, False)
+    crop = job["data"]["augment"]["crop"]     # the center crop of the training crops' size, never flipped
+    data = _open_checked(job["data"]["val"], graph, 0, False, Augment(tuple(crop) if crop else None))
     if not data.num_samples:
         data.close()
         raise DataError(f"data.val {job['data']['val']}: the held-out dataset has no samples")
     return data
 
 
-def _open_checked(path, graph, seed, shuffle):
+def _open_checked(path, graph, seed, shuffle, augment):
     """The HDF5 dataset at ``path``, refused (and closed) when its images or labels do not fit ``graph``."""
-    data = HDF5Dataset(path, seed=seed, shuffle=shuffle)
+    data = HDF5Dataset(path, seed=seed, shuffle=shuffle, augment=augment)
     try:
         data.check_model(graph)
     except BaseException:
@@ -115,7 +118,7 @@ class Trainer:
         self.node_ranks = self.world.node_ranks()           # collective: before anything may fail on one rank
         say = log or (lambda line: print(line, flush=True))
         self.log = say if self.rank == 0 else (lambda line: None)
-        self.data = self.val = None
+        self.data = self.val = self.loader = None
         self.progress = None
         self.bar = self.rank == 0 and log is None         # a progress bar while training (log.progress)
         try:
@@ -245,12 +248,13 @@ class Trainer:
         try:
             if self.rank == 0:
                 metrics = _open_metrics(job["log"]["metrics"], self.start_step)
+            self.loader = self._loader(step)
             while step < self.total_steps:
                 self.optimizer.lr = learning_rate(job["optimizer"], step, self.total_steps)
-                loss, correct = self._step(step)
+                loss, correct, waited = self._step(step)
                 step += 1
                 history.append(loss)
-                interval.add(loss, correct)
+                interval.add(loss, correct, waited)
                 if self.progress:
                     self.progress.update(step, note=f"loss {loss:.4f}")
                 signalled = signals.received(self.world)      # every rank the same: all stop after this step
@@ -293,7 +297,24 @@ class Trainer:
             self._close()
         return {"steps": step, "losses": history, "val": evaluated, "stopped": stopped}
 
+    def _loader(self, start):
+        """The loader of this run's batches from ``start`` on, its workers started (said on rank 0)."""
+        spec = self.job["data"]
+        workers, prefetch = resolve(spec["workers"], spec["prefetch"], self.node_ranks[1])
+        loader = Loader(self.data, self.executor.data_reads(), self.batch, self.read_dtype, self.steps_per_epoch,
+                        start, self.total_steps, workers, prefetch, spec["timeout"])
+        augment = getattr(self.data, "augment", None)
+        how = (f"{len(loader.workers)} worker{'s' * (len(loader.workers) != 1)} per rank reading up to {prefetch} "
+               f"batches ahead" if loader.workers else "read in each step (data.workers 0)")
+        self.log(f"data: {self.data.path}, {self.data.num_samples:,} samples "
+                 f"{'shuffled' if self.data.shuffle else 'in order'}"
+                 + (f", {augment.describe()}" if augment else "") + f"; {how}")
+        return loader
+
     def _close(self):
+        if self.loader is not None:
+            self.loader.close()
+            self.loader = None
         for source in (self.data, self.val):
             if source is not None:
                 source.close()
@@ -303,27 +324,32 @@ class Trainer:
 
     def _step(self, step):
         executor = self.executor
-        epoch, s = divmod(step, self.steps_per_epoch)
-        loss, correct, _ = executor.forward(self.data.tiles(epoch, s, self.batch, self.read_dtype), step=step)
+        batch, waited = self.loader.next(step)
+        loss, correct, _ = executor.forward(batch, step=step)
         if not np.isfinite(loss):       # before the update: the weights stay those of the last good step
             raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
         executor.backward()
         self.optimizer.step(executor.params.flat, executor.grads.flat)
-        return loss, correct
+        return loss, correct, waited
 
     def _report(self, step, loss, interval, elapsed, evaluated, metrics):
         count = len(interval.losses)
+        # the slowest rank's wait for its batches (the others wait for it at the next exchange)
+        waited = max(self.world.allgather(interval.waited)) if self.world.size > 1 else interval.waited
         record = {"step": step, "epoch": (step - 1) // self.steps_per_epoch, "loss": loss,
                   "loss_avg": float(np.mean(interval.losses)) if count else loss,
                   "accuracy": interval.correct / (count * self.batch) if count else None,
                   "images_per_s": count * self.batch / elapsed if count else None, "lr": self.optimizer.lr,
                   "step_s": elapsed / count if count else None,
+                  "data_wait_s": waited / count if count else None,
                   "predicted_step_s": self.plan.predicted_s}
         line = (f"step {step:>6}/{self.total_steps}  epoch {record['epoch']}  loss {loss:.4f}  "
                 f"(avg {record['loss_avg']:.4f})  acc {record['accuracy']:.3f}  "
                 f"{record['images_per_s']:.1f} images/s  {record['step_s'] * 1e3:.1f} ms/step")
         if record["predicted_step_s"]:
             line += f" (predicted {record['predicted_step_s'] * 1e3:.1f})"
+        if count:
+            line += f"  data wait {record['data_wait_s'] * 1e3:.1f} ms/step"
         if evaluated is not None:
             record["val_loss"], record["val_accuracy"] = evaluated
             line += f"  val loss {evaluated[0]:.4f}  val acc {evaluated[1]:.4f}"
@@ -387,11 +413,12 @@ class _Interval:
     """Losses and right answers since the last log line."""
 
     def __init__(self):
-        self.start, self.losses, self.correct = time.perf_counter(), [], 0
+        self.start, self.losses, self.correct, self.waited = time.perf_counter(), [], 0, 0.0
 
-    def add(self, loss, correct):
+    def add(self, loss, correct, waited=0.0):
         self.losses.append(loss)
         self.correct += correct
+        self.waited += waited
 
 
 def _open_metrics(path, start_step):

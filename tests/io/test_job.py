@@ -36,7 +36,8 @@ def test_defaults_are_filled_in(tmp_path):
     assert job == {
         "model": "models/tiny_cnn.yaml", "batch_size": 8, "steps": 5, "epochs": None,
         "data": {"kind": "synthetic", "path": None, "shuffle": True, "seed": 0, "num_samples": 50_000, "signal": 0.5,
-                 "val": None, "make": None},
+                 "val": None, "make": None, "augment": {"crop": None, "flip": False}, "workers": "auto",
+                 "prefetch": "auto", "timeout": 300.0},
         "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False,
                       "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1, "min_lr": 0.0},
         "plan": "auto", "machine": None, "backend": "auto", "dtype": "float32", "init": None,
@@ -60,7 +61,8 @@ def test_a_partial_section_keeps_the_other_defaults(tmp_path):
                                 "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1,
                                 "min_lr": 0.0}
     assert job["data"] == {"kind": "synthetic", "path": None, "shuffle": True, "seed": 4, "num_samples": 50_000,
-                           "signal": 0.5, "val": None, "make": None}
+                           "signal": 0.5, "val": None, "make": None, "augment": {"crop": None, "flip": False},
+                           "workers": "auto", "prefetch": "auto", "timeout": 300.0}
 
 
 def test_an_empty_section_gets_the_defaults(tmp_path):
@@ -93,7 +95,9 @@ def test_the_full_documented_example_is_accepted(tmp_path):
         """)
     job = load_job(path)
     assert job["data"] == {"kind": "hdf5", "path": "data/train.h5", "shuffle": True, "seed": 0,
-                           "num_samples": 50_000, "signal": 0.5, "val": None, "make": None}
+                           "num_samples": 50_000, "signal": 0.5, "val": None, "make": None,
+                           "augment": {"crop": None, "flip": False}, "workers": "auto", "prefetch": "auto",
+                           "timeout": 300.0}
     assert job["optimizer"]["weight_decay"] == 0.0005
     assert job["checkpoint"] == {"path": "ckpt/run.h5", "every": 100, "keep": 1}
     assert job["machine"] == "jobs/machines/local.yaml"

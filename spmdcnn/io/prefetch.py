@@ -1,0 +1,216 @@
+"""The batches of a training run for one rank, read ahead by worker processes (job keys ``data.workers``,
+``data.prefetch``, ``data.timeout``; docs/formats.md#reading-ahead).
+
+A rank reads, of every batch, the boxes its first layers' tiles need (``reads``: ``(box, steps)`` in global batch
+coordinates, fixed by the plan). :class:`Loader` hands out the batches of steps ``start, start + 1, ...`` in
+order. With workers, the reads of the next ``prefetch`` batches run in worker processes (:mod:`spmdcnn.io.workers`)
+while the rank computes: each worker opens the dataset itself and fills a slot of a shared buffer, batch ``i``
+going to worker ``i mod W`` and slot ``i mod (prefetch + 1)`` (the extra slot is the batch the rank is using).
+A worker runs the same :meth:`read` as the rank would, so the values are bit-identical with any number of
+workers, or none (``workers: 0``: each batch is read when its step asks for it).
+"""
+
+import time
+from collections import deque
+
+import numpy as np
+
+from .. import threads_per_rank
+from .dataset import DataError, HDF5Dataset, SyntheticData
+from .workers import SharedBuffer, Worker, attach
+
+MAX_AUTO_WORKERS = 8
+
+
+def default_workers(local_ranks):
+    """``data.workers: auto``: one worker per core this rank has (:func:`spmdcnn.threads_per_rank`), at most
+    MAX_AUTO_WORKERS."""
+    return max(1, min(MAX_AUTO_WORKERS, threads_per_rank(local_ranks)))
+
+
+def resolve(workers, prefetch, local_ranks=1):
+    """``(workers, prefetch)`` for the job's settings (``auto``: :func:`default_workers`, and one batch ahead per
+    worker and one more, so that every worker has a batch to read while the rank takes the next)."""
+    workers = default_workers(local_ranks) if workers == "auto" else int(workers)
+    prefetch = max(2, workers + 1) if prefetch == "auto" else int(prefetch)
+    return workers, prefetch
+
+
+def open_source(spec):
+    """The data source a :meth:`spec` describes (in a worker)."""
+    spec = dict(spec)
+    kind = spec.pop("kind")
+    if kind == "hdf5":
+        from .augment import Augment
+        augment = spec.pop("augment")
+        return HDF5Dataset(spec.pop("path"), augment=Augment.from_spec(augment), **spec)
+    return SyntheticData(**spec)
+
+
+def _key(box, steps):
+    return tuple(tuple(int(v) for v in r) for r in box), (None if steps is None else tuple(int(s) for s in steps))
+
+
+class Layout:
+    """Where each read of a batch lies in a slot: ``(box, steps, shape, byte offset)``, and a slot's bytes."""
+
+    def __init__(self, reads, sample_shape, dtype):
+        self.dtype = np.dtype(dtype)
+        self.parts, offset = [], 0
+        seen = set()
+        for box, steps in reads:
+            key = _key(box, steps)
+            if key in seen:
+                continue
+            seen.add(key)
+            box, steps = key
+            ones = steps or (1,) * len(box)
+            shape = tuple(max(0, -(-(hi - lo) // s)) for (lo, hi), s in zip(box, ones))
+            self.parts.append((box, steps, shape, offset))
+            offset += -(-int(np.prod(shape)) * self.dtype.itemsize // 64) * 64      # 64-byte aligned
+        self.slot_bytes = max(offset, 64)
+
+    def views(self, memory, slot):
+        """``{key: array}`` of the slot ``slot`` of ``memory`` (a buffer of slots)."""
+        base = slot * self.slot_bytes
+        return {(box, steps): np.ndarray(shape, self.dtype, memory, base + offset)
+                for box, steps, shape, offset in self.parts}
+
+
+def read_batch(source, layout, indices, epoch, views):
+    """Fill ``views`` (:meth:`Layout.views`) with the reads of the batch of samples ``indices``."""
+    for box, steps, shape, _ in layout.parts:
+        (n0, n1), *region = box
+        source.read(indices[n0:n1], layout.dtype, region, None if steps is None else steps[1:], epoch=epoch,
+                    out=views[(box, steps)])
+
+
+class ReadBatch:
+    """A batch already read: ``images(box, steps)`` is one of its reads, ``labels(lo, hi)`` its labels."""
+
+    def __init__(self, arrays, labels, what):
+        self.arrays, self._labels, self.what = arrays, labels, what
+        self.size = len(labels)
+
+    def images(self, box, steps=None):
+        try:
+            return self.arrays[_key(box, steps)]
+        except KeyError:
+            raise DataError(f"{self.what}: the box {box} was not read ahead for this rank") from None
+
+    def labels(self, lo, hi):
+        return self._labels[lo:hi]
+
+
+class _Reader:
+    """A worker's handler: opens the source, maps the shared slots, and fills a slot per message
+    ``(slot, epoch, indices)``; answers the seconds it took."""
+
+    def __init__(self, spec, reads, dtype, fd, nbytes):
+        self.source = open_source(spec)
+        self.layout = Layout(reads, self.source.sample_shape, dtype)
+        self.memory = attach(fd, nbytes)
+
+    def __call__(self, message):
+        slot, epoch, indices = message
+        start = time.perf_counter()
+        read_batch(self.source, self.layout, indices, epoch, self.layout.views(self.memory, slot))
+        return time.perf_counter() - start
+
+
+def reader(**kwargs):
+    return _Reader(**kwargs)
+
+
+class Loader:
+    """The batches of steps ``start .. stop - 1`` of a training run on one rank, in order (:meth:`next`).
+
+    ``source``: the data; ``reads``: the ``(box, steps)`` this rank reads of each batch; ``batch``: the global
+    batch size; ``steps_per_epoch`` turns a step into (epoch, batch of the epoch); ``workers``, ``prefetch``,
+    ``timeout``: as the job keys (already resolved: :func:`resolve`)."""
+
+    def __init__(self, source, reads, batch, dtype, steps_per_epoch, start, stop, workers=0, prefetch=2,
+                 timeout=300.0):
+        self.source, self.batch, self.dtype = source, batch, np.dtype(dtype)
+        self.steps_per_epoch, self.next_step, self.stop = steps_per_epoch, start, stop
+        self.layout = Layout(reads, source.sample_shape, dtype)
+        self.timeout = float(timeout)
+        self.workers, self.pending, self.buffer = [], deque(), None
+        self.issued = start
+        self.waited = 0.0
+        self.peaks = []
+        count = max(0, min(int(workers), stop - start))
+        if count:
+            self.slots = prefetch + 1
+            self.buffer = SharedBuffer(self.slots * self.layout.slot_bytes)
+            try:
+                setup = ("spmdcnn.io.prefetch", "reader",
+                         {"spec": source.spec(), "reads": [(box, steps) for box, steps, _, _ in self.layout.parts],
+                          "dtype": self.dtype.str, "fd": self.buffer.fd, "nbytes": self.buffer.nbytes})
+                for k in range(count):
+                    self.workers.append(Worker(setup, f"data worker {k + 1} of {count} reading {source.path}",
+                                               (self.buffer.fd,)))
+                self.views = [self.layout.views(self.buffer.map, slot) for slot in range(self.slots)]
+                self._fill()
+            except BaseException:
+                self.close()
+                raise
+
+    def _where(self, step):
+        return divmod(step, self.steps_per_epoch)
+
+    def _fill(self):
+        """Issue reads until ``prefetch`` batches are in flight (the slot of the batch in use stays untouched)."""
+        while self.issued < self.stop and self.issued - self.next_step < self.slots - 1:
+            step = self.issued
+            epoch, s = self._where(step)
+            worker = self.workers[step % len(self.workers)]
+            worker.send((step % self.slots, epoch, self.source.indices(epoch, s, self.batch)))
+            self.pending.append((step, worker))
+            self.issued += 1
+
+    def next(self, step=None):
+        """``(batch, seconds waited for it)`` of the next step (``step``, when given, must be it)."""
+        if step is not None and step != self.next_step:
+            raise ValueError(f"the loader is at step {self.next_step}, asked for step {step}")
+        if self.next_step >= self.stop:
+            raise ValueError(f"the loader's steps end at {self.stop}")
+        step = self.next_step
+        epoch, s = self._where(step)
+        indices = self.source.indices(epoch, s, self.batch)
+        what = f"{self.source.path}, step {step + 1}"
+        started = time.perf_counter()
+        if self.workers:
+            head, worker = self.pending.popleft()
+            assert head == step
+            worker.receive(self.timeout)
+            arrays = self.views[step % self.slots]
+        else:
+            arrays = {}
+            for box, steps, shape, _ in self.layout.parts:
+                arrays[(box, steps)] = np.empty(shape, self.dtype)
+            read_batch(self.source, self.layout, indices, epoch, arrays)
+        waited = time.perf_counter() - started
+        self.waited += waited
+        self.next_step += 1
+        if self.workers:
+            self._fill()       # the previous batch's slot is free now: the caller has moved on to this one
+        return ReadBatch(arrays, self.source.read_labels(indices), what), waited
+
+    def close(self):
+        """End the workers (their peak resident memory is kept in ``peaks``) and free the shared buffer."""
+        for worker in self.workers:
+            peak = worker.close()
+            if peak:
+                self.peaks.append(peak)
+        self.workers, self.pending = [], deque()
+        self.views = []
+        if self.buffer is not None:
+            self.buffer.close()
+            self.buffer = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
