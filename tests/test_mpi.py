@@ -108,6 +108,59 @@ def test_a_failing_rank_ends_the_job_with_its_message(tmp_path, exception):
     assert elapsed < 60
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc (Linux)")
+def test_a_data_worker_killed_mid_run_ends_every_rank_with_its_message(tmp_path):
+    data = str(tmp_path / "data.h5")
+    rng = np.random.default_rng(0)
+    with h5py.File(data, "w") as f:
+        f["images"] = rng.integers(0, 256, (60, 3, 20, 20), dtype=np.uint8)
+        f["labels"] = rng.integers(0, 10, 60)
+    job = write_job(tmp_path, "worker", steps=100000, data={"kind": "hdf5", "path": data, "workers": 1,
+                                                             "augment": {"crop": [16, 16], "flip": True}},
+                    log={"every": 1, "progress": False}, checkpoint={"path": None})
+    process = subprocess.Popen([MPIEXEC, "-n", "2", *spmdcnn("train", job, "--set", "plan=owt")], cwd=ROOT,
+                               env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not process.stdout.readline().startswith("step"):
+            assert process.poll() is None, process.stderr.read()
+        workers = _data_workers(str(job))
+        assert len(workers) == 2, workers          # one per rank
+        os.kill(workers[0], 9)
+        killed = time.monotonic()
+        _, err = process.communicate(timeout=60)
+        assert time.monotonic() - killed < 20
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode != 0
+    assert f"reading {data}" in err and "killed by SIGKILL" in err, err
+
+
+def _data_workers(job):
+    """The pids of the data workers of the ranks whose command line names ``job``."""
+    parents, workers = {}, []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except OSError:
+            continue
+        if b"spmdcnn.io.worker" in command:
+            workers.append(int(entry))
+    ranks = set()
+    for pid in set(parents.values()):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
+                command = cmdline.read()
+        except OSError:
+            continue
+        if job.encode() in command and b"mpiexec" not in command:
+            ranks.add(pid)
+    return [pid for pid in workers if parents.get(pid) in ranks]
+
+
 def test_different_plans_on_different_ranks_are_refused(tmp_path):
     job = write_job(tmp_path, "mixed")
     assert MPIEXEC, "this test needs mpiexec on PATH: pip install mpich (or load the system's MPI)"

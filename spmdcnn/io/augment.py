@@ -66,12 +66,12 @@ class Augment:
         """The (C, H, W) a stored image of ``stored`` shape becomes."""
         return tuple(stored[:1]) + (tuple(self.crop) if self.crop else tuple(stored[1:]))
 
-    def check(self, stored, path, key="data.augment.crop"):
-        """Refuse a crop larger than the stored images of the file at ``path``."""
+    def problem(self, stored, key="data.augment.crop"):
+        """What is wrong with cropping stored images of shape ``stored`` (a crop larger than them), or None."""
         if self.crop and (self.crop[0] > stored[1] or self.crop[1] > stored[2]):
-            raise FormatError(f"{path}: {key} {self.crop[0]} x {self.crop[1]} (H x W) is larger than the stored "
-                              f"images, {stored[1]} x {stored[2]}: convert the images larger (spmdcnn data convert "
-                              f"--size) or crop less")
+            return (f"{key} {self.crop[0]} x {self.crop[1]} (H x W) is larger than the stored images, {stored[1]} x "
+                    f"{stored[2]}: convert the images larger (spmdcnn data convert --size) or crop less")
+        return None
 
     def windows(self, stored, seed, epoch, indices):
         """The :class:`Windows` of samples ``indices`` in ``epoch`` (None: evaluation, the center crop)."""

@@ -119,7 +119,9 @@ class HDF5Dataset(_Source):
                 self.file.close()
                 self.file = self._open(0)
             self._validate()
-            self.augment.check(self.stored_shape, self.path)
+            problem = self.augment.problem(self.stored_shape)
+            if problem:
+                raise DataError(f"{self.path}: {problem}")
         except BaseException:
             self.file.close()
             raise
@@ -290,16 +292,16 @@ def write_dataset(path, images, labels, mean=None, std=None, description=None):
                  {"description": description} if description else None)
 
 
-def write_blocks(path, shape, dtype, labels, blocks, statistics=None, attrs=None):
+def write_blocks(path, shape, dtype, labels, blocks, statistics=None, attrs=None, chunk=1):
     """Write ``len(labels)`` images of ``shape`` (C, H, W) and ``dtype``, which ``blocks`` yields in turn as
     (n, C, H, W) arrays, and ``labels``, atomically (into a file beside ``path``, renamed over it when complete).
     ``statistics``: the per-channel ``(mean, std)`` (either may be None), or a function that gives them once every
-    block is written; ``attrs``: the file's attributes."""
+    block is written; ``attrs``: the file's attributes; ``chunk``: images per HDF5 chunk (one: a shuffled read of a
+    sample touches that sample alone; 0: no chunks, one contiguous array)."""
     count = len(labels)
     with written_aside(path) as temporary, h5py.File(temporary, "w") as f:
-        per_image = max(1, int(np.prod(shape)) * np.dtype(dtype).itemsize)
-        chunk = (max(1, min(count, (1 << 20) // per_image)),) + tuple(shape)
-        images = f.create_dataset("images", (count,) + tuple(shape), dtype=dtype, chunks=chunk if count else None)
+        chunks = (min(int(chunk), count),) + tuple(shape) if chunk and count else None
+        images = f.create_dataset("images", (count,) + tuple(shape), dtype=dtype, chunks=chunks)
         f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64))
         done = 0
         for block in blocks:

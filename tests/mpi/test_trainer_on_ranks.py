@@ -18,22 +18,22 @@ from spmdcnn.io.job import parse_job
 MODEL = os.path.join(os.path.dirname(__file__), "..", "..", "models", "tiny_cnn.yaml")
 
 
-def _dataset(world):
-    """An HDF5 dataset written by rank 0 in a directory every rank sees."""
+def _dataset(world, shape=(15, 13)):
+    """An HDF5 dataset written by rank 0 in a directory every rank sees, of images ``shape`` (H, W)."""
     path = None
     if world.rank == 0:
         path = os.path.join(tempfile.mkdtemp(prefix="spmdcnn-mpi-"), "data.h5")
         rng = np.random.default_rng(0)
         with h5py.File(path, "w") as f:
-            f.create_dataset("images", data=rng.integers(0, 256, (40, 3, 15, 13), dtype=np.uint8))
+            f.create_dataset("images", data=rng.integers(0, 256, (40, 3) + tuple(shape), dtype=np.uint8))
             f.create_dataset("labels", data=rng.integers(0, 10, 40))
             f["images"].attrs.update({"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.3, 0.25]})
     return world.bcast(path)
 
 
-def _job(data, plan):
+def _job(data, plan, **data_keys):
     return parse_job({"model": MODEL, "batch_size": 6, "steps": 4, "dtype": "float64", "plan": plan,
-                      "data": {"kind": "hdf5", "path": data, "shuffle": True, "seed": 1},
+                      "data": {"kind": "hdf5", "path": data, "shuffle": True, "seed": 1, **data_keys},
                       "optimizer": {"lr": 0.05, "momentum": 0.9}, "log": {"every": 100}})
 
 
@@ -50,11 +50,12 @@ def test_ranks_read_only_their_boxes_and_train_as_one_process(world, monkeypatch
     regions = []
     read = dataset.HDF5Dataset.read
 
-    def recording(self, indices, dtype=np.float32, region=None, steps=None):
+    def recording(self, indices, dtype=np.float32, region=None, steps=None, **keys):
         regions.append((len(indices), region))
-        return read(self, indices, dtype, region, steps)
+        return read(self, indices, dtype, region, steps, **keys)
     monkeypatch.setattr(dataset.HDF5Dataset, "read", recording)
-    trainer = Trainer(_job(data, plan_path), log=lambda line: None, world=world)
+    # read in the step, so that this process's reads are all the reads (workers read the same: the next test)
+    trainer = Trainer(_job(data, plan_path, workers=0), log=lambda line: None, world=world)
     losses = trainer.run()["losses"]
     problems = []
     if not np.allclose(losses, reference, rtol=1e-10, atol=0):
@@ -102,6 +103,43 @@ def test_evaluation_under_random_plans_equals_one_process(world):
         got = Trainer(job(plan), log=lambda line: None, world=world).run()["val"]
         if not (np.isclose(got[0], reference[0], rtol=1e-10, atol=0) and got[1] == reference[1]):
             problems.append(f"{plan}: val {got} != one process's {reference}")
+    agree(world, problems)
+    world.barrier()
+    if world.rank == 0:
+        shutil.rmtree(os.path.dirname(data))
+
+
+def test_augmented_training_read_ahead_under_random_plans_equals_one_process(world):
+    """Random crops and flips, read ahead by worker processes (none, one, two), under plans that split the
+    samples, rows, columns and channels every way: the same losses and held-out result as one process reading
+    in the step. Each rank's workers read only its boxes: the crops' parts its tiles need, mirrored under flips."""
+    from plans import random_plan
+    from spmdcnn.runtime.train import Trainer
+    data = _dataset(world, shape=(19, 18))
+    val, plans = None, []
+    if world.rank == 0:
+        val = os.path.join(os.path.dirname(data), "val.h5")
+        rng = np.random.default_rng(1)
+        dataset.write_dataset(val, rng.integers(0, 256, (9, 3, 17, 16), dtype=np.uint8), rng.integers(0, 10, 9))
+        for seed in range(3):
+            plans.append(os.path.join(os.path.dirname(data), f"plan{seed}.yaml"))
+            with open(plans[-1], "w", encoding="utf-8") as f:
+                f.write(random_plan(load_model(MODEL), 6, world.size, 10 + seed).text)
+    val, plans = world.bcast((val, plans))
+
+    def job(plan, workers):
+        spec = _job(data, plan, workers=workers, augment={"crop": [15, 13], "flip": True})
+        spec["data"]["val"], spec["eval"]["every"], spec["steps"] = val, 5, 10    # 10 steps: two epochs
+        return spec
+    reference = Trainer(job("data", 0), log=lambda line: None, world=World(None)).run()
+    problems = []
+    for plan, workers in zip(plans, (0, 1, 2)):
+        got = Trainer(job(plan, workers), log=lambda line: None, world=world).run()
+        if not np.allclose(got["losses"], reference["losses"], rtol=1e-10, atol=0):
+            problems.append(f"{plan}, {workers} workers: losses {got['losses']} != one process's "
+                            f"{reference['losses']}")
+        if not (np.isclose(got["val"][0], reference["val"][0], rtol=1e-10) and got["val"][1] == reference["val"][1]):
+            problems.append(f"{plan}: val {got['val']} != one process's {reference['val']}")
     agree(world, problems)
     world.barrier()
     if world.rank == 0:

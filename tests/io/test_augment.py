@@ -1,0 +1,157 @@
+"""Augmentation (docs/formats.md#augmentation): random crops and flips as functions of (seed, epoch, sample), the
+parts of them a tile reads, evaluation's center crop, and the errors of bad settings."""
+
+import h5py
+import numpy as np
+import pytest
+
+from spmdcnn.io.augment import Augment
+from spmdcnn.io.dataset import DataError, HDF5Dataset
+from spmdcnn.io.job import parse_job
+from spmdcnn.io.yamlfile import FormatError
+
+N, C, H, W = 40, 3, 11, 9
+CROP = (7, 6)
+
+
+@pytest.fixture
+def stored(tmp_path):
+    images = np.random.default_rng(0).integers(0, 256, (N, C, H, W), dtype=np.uint8)
+    path = str(tmp_path / "data.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=images, chunks=(1, C, H, W))
+        f.create_dataset("labels", data=np.arange(N) % 10)
+        f["images"].attrs.update({"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.3, 0.25]})
+    return path, images
+
+
+@pytest.fixture
+def opened():
+    handles = []
+
+    def open_(*args, **kwargs):
+        handles.append(HDF5Dataset(*args, **kwargs))
+        return handles[-1]
+    yield open_
+    for handle in handles:
+        handle.close()
+
+
+def normalised(pixels):
+    """(..., C, H, W) uint8 as training reads them: over 255, less the mean, over the std."""
+    mean, std = np.array([0.5, 0.4, 0.3]), np.array([0.2, 0.3, 0.25])
+    out = pixels.astype(np.float64) / 255
+    return (out - mean.reshape(-1, 1, 1)) / std.reshape(-1, 1, 1)
+
+
+def test_each_sample_is_a_crop_of_its_stored_image_at_its_window_mirrored_when_flipped(stored, opened):
+    path, images = stored
+    data = opened(path, augment=Augment(CROP, True), seed=3)
+    indices = np.arange(N)
+    got, _ = data.read(indices, np.float64, epoch=2)
+    windows = data.augment.windows(data.stored_shape, 3, 2, indices)
+    for k in indices:
+        r, c = windows.rows[k], windows.cols[k]
+        crop = images[k, :, r:r + CROP[0], c:c + CROP[1]]
+        expected = normalised(crop[:, :, ::-1] if windows.flips[k] else crop)
+        np.testing.assert_allclose(got[k], expected, rtol=1e-12)
+    # the windows are spread over every offset and about half the samples are flipped
+    assert set(windows.rows) == set(range(H - CROP[0] + 1)) and set(windows.cols) == set(range(W - CROP[1] + 1))
+    assert 10 < windows.flips.sum() < 30
+
+
+def test_crops_and_flips_are_a_fixed_function_of_seed_epoch_and_sample(stored, opened):
+    path, _ = stored
+    augment = Augment(CROP, True)
+    first = opened(path, augment=augment, seed=3)
+    second = opened(path, augment=augment, seed=3)
+    # the same sample in another batch, another order, another reader: the same pixels
+    a = first.read([5, 17, 2], epoch=1)[0]
+    b = second.read([2, 5, 30, 17], epoch=1)[0]
+    np.testing.assert_array_equal(a, b[[1, 3, 0]])
+    # another epoch or another seed: other windows
+    for other in (first.read([5, 17, 2], epoch=2)[0], opened(path, augment=augment, seed=4).read([5, 17, 2],
+                                                                                               epoch=1)[0]):
+        assert not np.array_equal(a, other)
+
+
+@pytest.mark.parametrize("region, steps", [
+    ([(0, 3), (0, 7), (0, 6)], None), ([(1, 3), (2, 6), (0, 4)], None), ([(0, 3), (0, 7), (3, 6)], None),
+    ([(0, 2), (1, 7), (1, 6)], (1, 2, 2)), ([(2, 3), (0, 7), (0, 5)], (1, 3, 2)), ([(0, 3), (4, 4), (0, 6)], None)])
+def test_a_tile_s_box_of_an_augmented_sample_is_that_box_of_the_whole_crop(stored, opened, region, steps):
+    """What each rank reads: a box of the crop (with a strided window's steps), mirrored under a flip, taken from
+    the stored image alone, equals that box cut from the whole augmented sample."""
+    path, _ = stored
+    data = opened(path, augment=Augment(CROP, True), seed=1)
+    indices = np.arange(0, N, 3)
+    whole = data.read(indices, epoch=0)[0]
+    part = data.read(indices, region=region, steps=steps, epoch=0)[0]
+    steps = steps or (1, 1, 1)
+    np.testing.assert_array_equal(part, whole[(slice(None),) + tuple(slice(lo, hi, s) for (lo, hi), s in
+                                                                      zip(region, steps))])
+
+
+def test_evaluation_reads_the_center_crop_unflipped(stored, opened):
+    path, images = stored
+    data = opened(path, augment=Augment(CROP, True))
+    got = data.read(np.arange(N), np.float64)[0]          # no epoch: evaluation
+    top, left = (H - CROP[0]) // 2, (W - CROP[1]) // 2
+    np.testing.assert_allclose(got, normalised(images[:, :, top:top + CROP[0], left:left + CROP[1]]), rtol=1e-12)
+
+
+def test_flips_alone_keep_the_stored_size_and_mirror_about_half(stored, opened):
+    path, images = stored
+    data = opened(path, augment=Augment(None, True))
+    assert data.sample_shape == (C, H, W)
+    got = data.read(np.arange(N), np.float64, epoch=0)[0]
+    plain = normalised(images)
+    flipped = [k for k in range(N) if not np.allclose(got[k], plain[k])]
+    np.testing.assert_allclose(got[flipped], plain[flipped][..., ::-1], rtol=1e-12)
+    assert 10 < len(flipped) < 30
+
+
+def test_the_model_sees_the_crop(stored, opened):
+    path, _ = stored
+    assert opened(path, augment=Augment(CROP)).sample_shape == (C,) + CROP
+    assert opened(path).sample_shape == (C, H, W)
+
+
+def test_augmentation_is_part_of_what_a_resumed_run_must_share(stored, opened):
+    path, _ = stored
+    assert "data.augment" not in opened(path).identity()
+    assert opened(path, augment=Augment(CROP, True)).identity()["data.augment"] == "crop 7x6, flip"
+
+
+# --- bad input ------------------------------------------------------------------------------------------------------
+
+def test_a_crop_larger_than_the_stored_images_names_the_file_and_the_key(stored):
+    path, _ = stored
+    with pytest.raises(DataError) as info:
+        HDF5Dataset(path, augment=Augment((12, 6)))
+    message = str(info.value)
+    assert path in message and "data.augment.crop 12 x 6" in message and "11 x 9" in message
+
+
+@pytest.mark.parametrize("augment, fragment", [
+    ({"crop": [224]}, "'data.augment.crop' must be [H, W]"), ({"crop": [0, 5]}, "'data.augment.crop' must be"),
+    ({"crop": "224x224"}, "'data.augment.crop' must be a list or null"),
+    ({"flop": True}, "unknown key 'data.augment.flop' (did you mean 'data.augment.flip'?)"),
+    ({"flip": "yes"}, "'data.augment.flip' must be true or false")])
+def test_odd_augment_settings_name_the_key(augment, fragment):
+    with pytest.raises(FormatError) as info:
+        parse_job({"model": "m.yaml", "batch_size": 2, "steps": 1, "data": {"kind": "hdf5", "path": "d.h5",
+                                                                           "augment": augment}}, "job.yaml")
+    assert fragment in str(info.value) and "job.yaml" in str(info.value)
+
+
+def test_augmenting_synthetic_data_is_refused():
+    with pytest.raises(FormatError, match="'data.augment' applies to stored images: it needs data.kind hdf5"):
+        parse_job({"model": "m.yaml", "batch_size": 2, "steps": 1, "data": {"augment": {"flip": True}}})
+
+
+def test_augment_from_spec_refuses_what_the_job_schema_would():
+    for spec in ({"crop": [3, 3], "scale": 2}, {"crop": (3,)}, {"flip": 1}, [3, 3]):
+        with pytest.raises(FormatError):
+            Augment.from_spec(spec)
+    assert Augment.from_spec(None) == Augment() and not Augment()
+    assert Augment.from_spec({"crop": [3, 4], "flip": True}) == Augment((3, 4), True)

@@ -1,0 +1,145 @@
+"""Reading ahead (docs/formats.md#reading-ahead): the batches worker processes deliver equal those read in the
+step, bit for bit; a worker that dies or stalls ends the read with a message naming the file, within seconds."""
+
+import os
+import signal
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from spmdcnn.io.augment import Augment
+from spmdcnn.io.dataset import HDF5Dataset, SyntheticData
+from spmdcnn.io.prefetch import Loader, default_workers, resolve
+from spmdcnn.io.workers import WorkerError
+
+N, C, H, W = 30, 3, 12, 10
+BATCH = 4
+# what two tiles of one rank might read: a box of samples and rows, and a strided box of another sample range
+READS = [(((0, 2), (0, 3), (0, 5), (0, 8)), None), (((1, 4), (1, 3), (2, 8), (0, 8)), (1, 1, 2, 3))]
+
+
+@pytest.fixture
+def data(tmp_path):
+    path = str(tmp_path / "data.h5")
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=rng.integers(0, 256, (N, C, H, W), dtype=np.uint8), chunks=(1, C, H, W))
+        f.create_dataset("labels", data=rng.integers(0, 10, N))
+        f["images"].attrs.update({"mean": [0.5, 0.4, 0.3], "std": [0.2, 0.3, 0.25]})
+    source = HDF5Dataset(path, seed=5, augment=Augment((8, 8), True))
+    yield source
+    source.close()
+
+
+def delivered(source, workers, prefetch, start=0, stop=20):
+    per_epoch = source.batches_per_epoch(BATCH)
+    out = []
+    with Loader(source, READS, BATCH, np.float32, per_epoch, start, stop, workers, prefetch) as loader:
+        assert len(loader.workers) == workers
+        for step in range(start, stop):
+            batch, _ = loader.next(step)
+            out.append(([batch.images(box, steps).copy() for box, steps in READS], batch.labels(0, BATCH)))
+    return out
+
+
+def test_workers_deliver_exactly_the_batches_read_in_the_step(data):
+    """Over several epochs (7 batches each), with crops and flips, with any number of workers and batches ahead."""
+    reference = delivered(data, 0, 2)
+    for workers, prefetch in ((1, 1), (2, 3), (3, 7)):
+        got = delivered(data, workers, prefetch)
+        for step, ((images, labels), (expected, expected_labels)) in enumerate(zip(got, reference)):
+            np.testing.assert_array_equal(labels, expected_labels)
+            for part, want in zip(images, expected):
+                assert part.tobytes() == want.tobytes(), f"{workers} workers, step {step}"
+
+
+def test_the_batches_are_those_the_source_gives_each_step(data):
+    """A loader started at step 9 (a resumed run) gives step 9's batch: the boxes of source.tiles."""
+    per_epoch = data.batches_per_epoch(BATCH)
+    for (images, labels), step in zip(delivered(data, 2, 2, start=9, stop=12), range(9, 12)):
+        tiles = data.tiles(*divmod(step, per_epoch), BATCH)
+        for part, (box, steps) in zip(images, READS):
+            np.testing.assert_array_equal(part, tiles.images(box, steps))
+        np.testing.assert_array_equal(labels, tiles.labels(0, BATCH))
+
+
+def test_synthetic_data_is_read_ahead_too():
+    source = SyntheticData((3, 12, 10), 10, num_samples=24, seed=2)
+    reference = delivered(source, 0, 2, stop=8)
+    for (images, _), (expected, _) in zip(delivered(source, 2, 2, stop=8), reference):
+        for part, want in zip(images, expected):
+            np.testing.assert_array_equal(part, want)
+
+
+def test_steps_are_taken_in_order(data):
+    with Loader(data, READS, BATCH, np.float32, 7, 0, 5, 1, 2) as loader:
+        loader.next(0)
+        with pytest.raises(ValueError, match="at step 1, asked for step 3"):
+            loader.next(3)
+
+
+def _wait_for_batches(loader, count):
+    for _ in range(count):
+        loader.next()
+
+
+def test_a_killed_worker_ends_the_read_within_seconds_naming_the_file(data):
+    with Loader(data, READS, BATCH, np.float32, 7, 0, 50, 2, 2) as loader:
+        _wait_for_batches(loader, 2)
+        os.kill(loader.workers[0].pid, signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerError) as info:
+            _wait_for_batches(loader, 10)
+        assert time.monotonic() - start < 5
+    message = str(info.value)
+    assert data.path in message and "data worker 1 of 2" in message and "killed by SIGKILL" in message
+
+
+def test_a_stalled_worker_is_an_error_after_the_timeout_not_a_hang(data):
+    with Loader(data, READS, BATCH, np.float32, 7, 0, 50, 1, 2, timeout=1.0) as loader:
+        _wait_for_batches(loader, 1)
+        os.kill(loader.workers[0].pid, signal.SIGSTOP)
+        try:
+            start = time.monotonic()
+            with pytest.raises(WorkerError) as info:
+                _wait_for_batches(loader, 5)
+            assert time.monotonic() - start < 5
+        finally:
+            os.kill(loader.workers[0].pid, signal.SIGCONT)
+    assert data.path in str(info.value) and "nothing read in 1 s" in str(info.value)
+
+
+def test_a_worker_that_cannot_read_the_file_says_why(data, tmp_path):
+    moved = str(tmp_path / "moved.h5")
+    os.rename(data.path, moved)       # the rank has the file open; a worker opening it by name finds nothing
+    try:
+        with pytest.raises(WorkerError) as info:
+            with Loader(data, READS, BATCH, np.float32, 7, 0, 5, 1, 2) as loader:
+                loader.next()
+    finally:
+        os.rename(moved, data.path)
+    assert "data worker 1 of 1" in str(info.value) and "dataset not found" in str(info.value)
+
+
+def test_workers_end_with_the_loader_and_report_their_peak_memory(data):
+    loader = Loader(data, READS, BATCH, np.float32, 7, 0, 10, 2, 2)
+    pids = [worker.pid for worker in loader.workers]
+    _wait_for_batches(loader, 3)
+    loader.close()
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)         # reaped: gone
+    assert len(loader.peaks) == 2 and all(10 << 20 < peak < 1 << 30 for peak in loader.peaks)
+
+
+def test_a_loader_of_no_steps_starts_no_worker(data):
+    with Loader(data, READS, BATCH, np.float32, 7, 5, 5, 4, 2) as loader:
+        assert loader.workers == []
+
+
+def test_auto_settings():
+    assert resolve("auto", "auto", 1) == (default_workers(1), max(2, default_workers(1) + 1))
+    assert resolve(0, "auto") == (0, 2) and resolve(3, 1) == (3, 1)
+    assert 1 <= default_workers(64) <= default_workers(1) <= 8

@@ -1,0 +1,173 @@
+"""The data pipeline in training runs: augmentation and worker processes change nothing a run computes (a resumed
+run stays bit-exact), the step's data wait is logged, and bad data settings stop the job before any step."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import h5py
+import numpy as np
+import pytest
+
+from spmdcnn.io.checkpoint import CheckpointError, load_checkpoint
+from spmdcnn.io.dataset import DataError
+from spmdcnn.io.job import parse_job
+from spmdcnn.runtime.train import Trainer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MODEL = os.path.join(ROOT, "models", "tiny_cnn.yaml")      # takes 3 x 15 x 13
+
+
+def write_data(path, samples=24, shape=(18, 17)):
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=rng.integers(0, 256, (samples, 3) + shape, dtype=np.uint8),
+                         chunks=(1, 3) + shape)
+        f.create_dataset("labels", data=rng.integers(0, 10, samples))
+    return str(path)
+
+
+def make_job(folder, data, steps=6, **data_keys):
+    return parse_job({"model": MODEL, "batch_size": 6, "steps": steps, "dtype": "float64", "seed": 2,
+                      "data": {"kind": "hdf5", "path": data, "seed": 4,
+                               "augment": {"crop": [15, 13], "flip": True}, **data_keys},
+                      "optimizer": {"lr": 0.05, "momentum": 0.9},
+                      "checkpoint": {"path": str(folder / "run.h5"), "every": 3},
+                      "log": {"every": 1, "metrics": str(folder / "metrics.jsonl")}}, "test-job")
+
+
+def quiet(_line):
+    pass
+
+
+def test_any_number_of_workers_trains_the_same_weights(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    runs = {}
+    for workers in (0, 1, 2):
+        folder = tmp_path / f"w{workers}"
+        folder.mkdir()
+        runs[workers] = Trainer(make_job(folder, data, workers=workers), log=quiet).run()["losses"]
+    assert runs[0] == runs[1] == runs[2]
+    a, b = load_checkpoint(tmp_path / "w0" / "run.h5"), load_checkpoint(tmp_path / "w2" / "run.h5")
+    assert all(np.array_equal(a.params[name], b.params[name]) for name in a.params)
+
+
+def test_augmentation_changes_what_is_trained(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    flipped = Trainer(make_job(tmp_path, data, steps=3), log=quiet).run()["losses"]
+    job = make_job(tmp_path, data, steps=3, augment={"crop": [15, 13], "flip": False})
+    job["resume"] = False
+    assert Trainer(job, log=quiet).run()["losses"] != flipped
+
+
+def test_a_resumed_run_with_workers_and_augmentation_is_bit_exact(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    whole.mkdir()
+    parts.mkdir()
+    uninterrupted = Trainer(make_job(whole, data, steps=10, workers=2), log=quiet).run()["losses"]
+    first = Trainer(make_job(parts, data, steps=5, workers=1), log=quiet).run()["losses"]
+    rest = Trainer(make_job(parts, data, steps=10, workers=2), log=quiet).run()["losses"]
+    assert first + rest == uninterrupted          # 4 batches an epoch: the resumed run starts mid-epoch
+    a, b = load_checkpoint(whole / "run.h5"), load_checkpoint(parts / "run.h5")
+    for name in a.params:
+        assert np.array_equal(a.params[name], b.params[name]) and np.array_equal(a.momentum[name], b.momentum[name])
+
+
+def test_resuming_with_other_augmentation_is_refused(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    Trainer(make_job(tmp_path, data, steps=3), log=quiet).run()
+    job = make_job(tmp_path, data)
+    job["data"]["augment"]["flip"] = False
+    with pytest.raises(CheckpointError, match="data.augment 'crop 15x13, flip' -> 'crop 15x13'"):
+        Trainer(job, log=quiet)
+
+
+def test_the_data_wait_is_logged_and_recorded(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    lines = []
+    Trainer(make_job(tmp_path, data, workers=1), log=lines.append).run()
+    assert any(line.startswith(f"data: {data}, 24 samples shuffled, random 15x13 crops, horizontal flips; 1 worker "
+                               "per rank reading up to 2 batches ahead") for line in lines), lines
+    assert all("data wait" in line for line in lines if line.startswith("step"))
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(0 <= record["data_wait_s"] < record["step_s"] + 1 for record in records)
+
+
+def test_held_out_data_is_center_cropped_to_the_training_crop(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    val = write_data(tmp_path / "val.h5", samples=7, shape=(16, 16))
+    job = make_job(tmp_path, data, val=val)
+    job["eval"]["every"] = 3
+    assert Trainer(job, log=quiet).run()["val"] is not None
+
+
+@pytest.mark.parametrize("augment, fragment", [
+    ({"crop": [19, 13]}, "data.augment.crop 19 x 13 (H x W) is larger than the stored images, 18 x 17"),
+    ({"crop": None}, "images are [3, 18, 17] (C, H, W) but model 'tiny_cnn' takes [3, 15, 13]: set "
+                     "data.augment.crop: [15, 13] to crop them")])
+def test_a_crop_that_does_not_fit_is_refused_before_training(tmp_path, augment, fragment):
+    data = write_data(tmp_path / "data.h5")
+    job = make_job(tmp_path, data)
+    job["data"]["augment"].update(augment)
+    with pytest.raises(DataError) as info:
+        Trainer(job, log=quiet)
+    assert data in str(info.value) and fragment in str(info.value)
+    assert not os.path.exists(tmp_path / "run.h5")
+
+
+def test_a_truncated_dataset_is_refused_naming_the_file(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    size = os.path.getsize(data)
+    with open(data, "r+b") as handle:
+        handle.truncate(size // 2)
+    with pytest.raises(DataError) as info:
+        Trainer(make_job(tmp_path, data), log=quiet)
+    assert data in str(info.value)
+
+
+def _workers_of(pid):
+    """The pids of the data workers that process ``pid`` started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as stat:
+                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    command = cmdline.read()
+            except OSError:
+                continue
+            if parent == pid and b"spmdcnn.io.worker" in command:
+                found.append(int(entry))
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc (Linux)")
+@pytest.mark.timeout(120)
+def test_a_worker_killed_mid_run_ends_the_job_with_a_message(tmp_path):
+    data = write_data(tmp_path / "data.h5", samples=60)
+    job = tmp_path / "job.yaml"
+    job.write_text(json.dumps({"model": MODEL, "batch_size": 6, "steps": 100000,
+                               "data": {"kind": "hdf5", "path": data, "workers": 2,
+                                        "augment": {"crop": [15, 13]}},
+                               "log": {"every": 1, "progress": False}}))
+    process = subprocess.Popen([sys.executable, "-m", "spmdcnn.cli", "train", str(job)], stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    try:
+        while not process.stdout.readline().startswith("step"):
+            assert process.poll() is None, process.stderr.read()
+        workers = _workers_of(process.pid)
+        assert len(workers) == 2
+        os.kill(workers[1], signal.SIGKILL)
+        killed = time.monotonic()
+        out, err = process.communicate(timeout=30)
+        assert time.monotonic() - killed < 10
+    finally:
+        process.kill()
+        process.wait()
+    assert process.returncode != 0
+    assert f"data worker 2 of 2 reading {data}" in err and "killed by SIGKILL" in err, err
