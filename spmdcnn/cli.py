@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from . import __version__
-from .cli_files import add_file_commands
+from .cli_files import augment_arg, count_arg, add_file_commands
 from .cli_plans import add_plan_commands
 from .cost.memory import format_bytes as _format_bytes
 
@@ -24,6 +24,7 @@ examples (from the repository's folder; docs/ describes every file format):
   spmdcnn checkpoint export ckpt/quickstart.h5 --torch digits.pt
   spmdcnn data digits -o data/digits
   spmdcnn data info data/digits/train.h5
+  spmdcnn data bench data/imagenet-256/train.h5 --batch 64 --augment "{crop: [224, 224], flip: true}"
   spmdcnn plan models/alexnet.yaml --devices 4 --batch 128 -o plan.yaml
   spmdcnn plan models/vgg16.yaml --devices 16 --batch 512 --machine jobs/machines/paper-p100-4x4.yaml --compare
   spmdcnn simulate plan.yaml owt --model models/alexnet.yaml --devices 4 --batch 128
@@ -104,7 +105,8 @@ def cmd_bench(args):
     world = World.create()
     result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed, args.plan,
                    world, args.machine, not args.json, tf32=args.tf32, transport=args.transport,
-                   share_gpus=args.share_gpus)
+                   share_gpus=args.share_gpus, data=args.data, augment=args.augment, workers=args.workers,
+                   prefetch=args.prefetch)
     if world.rank != 0:
         return 0
     if args.json:
@@ -117,6 +119,11 @@ def cmd_bench(args):
     print(f"  {result['images_per_s']:.2f} images/s, {result['step_s_mean'] * 1e3:.1f} ms per step "
           f"(median {result['step_s_median'] * 1e3:.1f} ms), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB"
           f"{'' if result['ranks'] == 1 else ' on the largest rank'}")
+    if result["data"]:
+        workers = (f"{result['workers']} worker{'s' * (result['workers'] != 1)} per rank reading ahead"
+                   if result["workers"] else "read in each step")
+        print(f"  data {result['data']} ({workers}): a step waited {result['data_wait_s'] * 1e3:.1f} ms for its batch "
+              f"(mean; the slowest rank)")
     if result["ranks"] > 1 or result["bytes_transferred"]:
         print(f"  {result['ranks']} ranks, {result['plan']}: per step and rank (mean) compute "
               f"{result['compute_s'] * 1e3:.1f} ms, transfer {result['transfer_s'] * 1e3:.1f} ms, sync "
@@ -268,8 +275,14 @@ def build_parser():
                    help="data, model, owt, auto (the planner) or a plan YAML file (default data; one process runs "
                         "the whole model)")
     p.add_argument("--machine", help="machine YAML for --plan auto (default: the built-in local machine)")
+    p.add_argument("--data", metavar="FILE", help="train on this HDF5 dataset's shuffled batches, read as training "
+                   "reads them, instead of one fixed synthetic batch; the time a step waits for its batch is printed")
+    p.add_argument("--augment", type=augment_arg, metavar="YAML", help="with --data: data.augment as YAML, e.g. "
+                   "'{crop: [224, 224], flip: true}'")
+    p.add_argument("--workers", default="auto", type=count_arg, help="with --data: data.workers (default auto)")
+    p.add_argument("--prefetch", default="auto", type=count_arg, help="with --data: data.prefetch (default auto)")
     p.add_argument("--json", action="store_true", help="print JSON (images_per_s, compute_s, transfer_s, sync_s, "
-                   "bytes_transferred, peak_memory_bytes, ...)")
+                   "bytes_transferred, peak_memory_bytes, data_wait_s, ...)")
     p.set_defaults(run=cmd_bench)
 
     _add_measuring_commands(sub, common)

@@ -30,3 +30,14 @@ def test_profile_step_names_the_layers_and_the_gemm_floor():
 def test_runtime_overhead_times_the_runtime_without_kernels():
     out = run("benchmarks/runtime_overhead.py", "models/small_inception.yaml", "--steps", "2")
     assert "ms of runtime per training step" in out and "us per layer and direction" in out
+
+
+def test_data_pipeline_times_reads_workers_and_training():
+    summary = json.loads(run("benchmarks/data_pipeline.py", "--images", "40", "--size", "16", "--batch", "8",
+                             "--batches", "2", "--rounds", "1", "--train-model", "models/small_resnet.yaml",
+                             "--train-batch", "4", "--train-ranks", "1", "--train-steps", "2", "--train-rounds", "1",
+                             "--json"))
+    reads = summary["reads_images_per_s"]
+    assert "one image per chunk, per-sample hyperslabs (now)" in reads and all(rate > 0 for rate in reads.values())
+    assert set(summary["workers"]) == {"0", "1", "2"} and summary["workers"]["2"]["worker_peak_mib"] > 0
+    assert summary["training"]["ratio"] > 0 and summary["training"]["data_wait_s"] >= 0

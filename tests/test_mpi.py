@@ -335,6 +335,15 @@ def _descendants(pid):
     return found
 
 
+def _running(pid):
+    """Whether process ``pid`` exists and has not ended (a zombie, dead but not yet reaped by init, has)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
 def _long_job(tmp_path, name, **checkpoint):
     return write_job(tmp_path, name, model=os.path.join(ROOT, "models", "tiny_cnn.yaml"), steps=400,
                      data={"kind": "synthetic", "num_samples": 60, "seed": 3, "signal": 1.0},
@@ -375,7 +384,7 @@ def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(tmp_
     process.communicate(timeout=60)
     assert process.returncode != 0 and time.monotonic() - start < 30
     time.sleep(0.5)
-    assert not [pid for pid in ranks if os.path.exists(f"/proc/{pid}")], "ranks left running"
+    assert not [pid for pid in ranks if _running(pid)], "ranks (or their data workers) left running"
     from spmdcnn.io.checkpoint import load_checkpoint
     last = load_checkpoint(tmp_path / "killed.h5").step
     assert last >= 125 and last % 25 == 0

@@ -139,7 +139,7 @@ class Loader:
         self.issued = start
         self.waited = 0.0
         self.peaks = []
-        count = max(0, min(int(workers), stop - start))
+        count = self.started = max(0, min(int(workers), stop - start))
         if count:
             self.slots = prefetch + 1
             self.buffer = SharedBuffer(self.slots * self.layout.slot_bytes)

@@ -1,11 +1,13 @@
-"""The program a worker process runs (``python -m spmdcnn.io.worker FD``; :mod:`spmdcnn.io.workers`).
+"""The program a worker process runs (``python -m spmdcnn.io.worker FD PARENT``; :mod:`spmdcnn.io.workers`).
 
-It reads its setup ``(module, function, kwargs)`` from the connection on descriptor ``FD``, makes its handler
+On Linux the kernel ends the worker when its parent (pid PARENT) dies, however it dies. It reads its setup ``(module, function, kwargs)`` from the connection on descriptor ``FD``, makes its handler
 ``function(**kwargs)``, and answers each message with ``("ok", handler(message))`` or ``("error", text)``, in
 order, until the message None (answered with ``("closed", peak resident bytes)``) or the connection's end.
 """
 
+import ctypes
 import importlib
+import os
 import resource
 import signal
 import sys
@@ -17,7 +19,19 @@ def _describe(error):
     return text if type(error).__name__.endswith("Error") and text else f"{type(error).__name__}: {text}"
 
 
+def _end_with_parent(parent):
+    """Have the kernel send SIGKILL when the parent dies (Linux's PR_SET_PDEATHSIG); end now if it has already."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)     # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):       # not Linux: the connection's end still stops the worker
+        return
+    if os.getppid() != parent:
+        os._exit(0)
+
+
 def main(argv):
+    if len(argv) > 2:
+        _end_with_parent(int(argv[2]))
     for name in ("SIGINT", "SIGTERM", "SIGUSR1"):      # the parent decides when to stop
         if hasattr(signal, name):
             signal.signal(getattr(signal, name), signal.SIG_IGN)

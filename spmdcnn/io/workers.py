@@ -62,7 +62,7 @@ class Worker:
         parent, child = socket.socketpair()
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "spmdcnn.io.worker", str(child.fileno())],
+                [sys.executable, "-m", "spmdcnn.io.worker", str(child.fileno()), str(os.getpid())],
                 pass_fds=(child.fileno(),) + tuple(fds), env=_environment(), stdin=subprocess.DEVNULL)
         except OSError as error:
             parent.close()

@@ -8,6 +8,9 @@ import time
 from .. import backend
 from ..comm import World, choose_transport
 from ..graph import load_model
+from ..io.augment import Augment
+from ..io.dataset import HDF5Dataset
+from ..io.prefetch import Loader, resolve
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
 from .profile import training_step
@@ -29,12 +32,16 @@ def blas_info():
 
 
 def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
-          world=None, machine=None, verbose=False, tf32=False, transport="auto", share_gpus=False):
+          world=None, machine=None, verbose=False, tf32=False, transport="auto", share_gpus=False, data=None,
+          augment=None, workers="auto", prefetch="auto"):
     """Time ``steps`` training iterations after ``warmup`` on the ranks of ``world`` under ``plan``.
 
     Every iteration starts after a barrier and lasts until the slowest rank is done. The breakdown per rank:
     ``transfer_s`` (redistribution between layers, including waiting for the peer), ``sync_s`` (gradient
     allreduce, batchnorm statistics, loss), ``compute_s`` (the rest); bytes are totals over all ranks per iteration.
+    The iterations train on one fixed synthetic batch, or with ``data`` (an HDF5 dataset path) on its shuffled
+    batches as training reads them (``augment``: a ``data.augment`` mapping; ``workers``, ``prefetch``: as the job
+    keys), and ``data_wait_s`` is the time a step waited for its batch (the slowest rank's, mean per step).
     """
     world = world or World.create()
     node_ranks = world.node_ranks()
@@ -44,29 +51,60 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
         chosen = None if plan in (None, "auto") else load_plan(plan, graph, batch, world.size)
         xp = backend.get_array_module(backend_name, *node_ranks, share=share_gpus)
         backend.set_precision(xp, tf32)
-        return graph, chosen, xp, backend.resolve_dtype(dtype, xp)
-    graph, plan_spec, xp, dtype = world.agree(load)
+        source = None
+        if data is not None:
+            source = HDF5Dataset(data, seed=seed, augment=Augment.from_spec(augment, "--augment"))
+            try:
+                source.check_model(graph)
+                source.batches_per_epoch(batch)
+            except BaseException:
+                source.close()
+                raise
+        return graph, chosen, xp, backend.resolve_dtype(dtype, xp), source
+    graph, plan_spec, xp, dtype, source = world.agree(load)
     world.use(choose_transport(world, xp, transport, print if world.rank == 0 and verbose else None))
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
                                   print if world.rank == 0 and verbose else (lambda line: None))
-    run = training_step(graph, batch, xp, dtype, world, plan, seed)
-    times, sync = [], backend.synchronizer(xp)
-    for step in range(warmup + steps):
-        if step == warmup:
-            world.reset()
-        world.barrier()
-        start = time.perf_counter()
-        run(step)
-        sync()
-        world.barrier()
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
+    loaders, waits = [], []
+
+    def feed(executor):
+        count, ahead = resolve(workers, prefetch, node_ranks[1])
+        loaders.append(Loader(source, executor.data_reads(), batch, backend.master_dtype(dtype),
+                              source.batches_per_epoch(batch), 0, warmup + steps, count, ahead))
+
+        def batch_of(index):
+            got, waited = loaders[0].next(index)
+            if index >= warmup:
+                waits.append(waited)
+            return got
+        return batch_of
+    try:
+        run = training_step(graph, batch, xp, dtype, world, plan, seed, feed if source is not None else None)
+        times, sync = [], backend.synchronizer(xp)
+        for step in range(warmup + steps):
+            if step == warmup:
+                world.reset()
+            world.barrier()
+            start = time.perf_counter()
+            run(step)
+            sync()
+            world.barrier()
+            if step >= warmup:
+                times.append(time.perf_counter() - start)
+    finally:
+        for loader in loaders:
+            loader.close()
+        if source is not None:
+            source.close()
     counters = world.counters
     total = sum(times)
     own = [counters.transfer_s / steps, counters.sync_s / steps]
     per_rank = world.allgather({"rank": world.rank, "compute_s": total / steps - sum(own), "transfer_s": own[0],
                                 "sync_s": own[1], "bytes_transferred": counters.bytes_transferred // steps,
-                                "bytes_synced": counters.bytes_synced // steps, "peak_memory_bytes": peak_rss_bytes()})
+                                "bytes_synced": counters.bytes_synced // steps, "peak_memory_bytes": peak_rss_bytes(),
+                                "data_wait_s": sum(waits) / steps if steps else 0.0,
+                                "workers": loaders[0].started if loaders else 0,
+                                "worker_peak_bytes": max(loaders[0].peaks) if loaders and loaders[0].peaks else None})
     return {"model": graph.name, "batch": batch, "steps": steps, "warmup": warmup, "dtype": dtype.name,
             "backend": xp.__name__, "ranks": world.size, "plan": plan.source,
             "images_per_s": batch * steps / total if total else float("nan"),
@@ -79,4 +117,8 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "bytes_synced": sum(r["bytes_synced"] for r in per_rank),
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in per_rank), "per_rank": per_rank,
             "predicted_s": plan.predicted_s, "params": graph.num_params,
+            "data": data, "augment": augment,
+            "data_wait_s": max(r["data_wait_s"] for r in per_rank) if data else None,
+            "workers": per_rank[0]["workers"] if data else None,
+            "worker_peak_bytes": max((r["worker_peak_bytes"] or 0 for r in per_rank), default=0) or None,
             "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}

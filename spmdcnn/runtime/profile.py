@@ -205,18 +205,27 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
     return count
 
 
-def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0):
+def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=None):
     """``step(index)``: one training iteration (forward, backward, SGD update) of ``graph`` at global ``batch`` on
-    synthetic data, the whole model here or, with ``plan``, this rank's share of it on the ranks of ``world``."""
+    one fixed synthetic batch, the whole model here or, with ``plan``, this rank's share of it on the ranks of
+    ``world``. ``feed``: a function of the executor that gives the batch of each step index instead (a function
+    of the index: ``spmdcnn bench --data``)."""
     from ..io.dataset import SyntheticData
-    from .executor import Executor
+    from .executor import ArrayBatch, Executor
     executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
     optimizer = SGD(executor.params.shapes, executor.param_dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch, dtype)
-    images, labels = xp.asarray(images), xp.asarray(labels)
+    if feed is None:
+        images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch,
+                                                                                                    dtype)
+        fixed = ArrayBatch(xp.asarray(images), xp.asarray(labels))
+
+        def batch_of(index):
+            return fixed
+    else:
+        batch_of = feed(executor)
 
     def step(index=0):
-        executor.forward(images, labels, step=index)
+        executor.forward(batch_of(index), step=index)
         executor.backward()
         optimizer.step(executor.params.flat, executor.grads.flat)
     return step

@@ -1,0 +1,84 @@
+"""``spmdcnn data bench``: the images per second a dataset delivers to one rank, shuffled, as training reads them
+(:class:`~spmdcnn.io.prefetch.Loader`, with its workers and augmentation), with no computing in between: the most
+a training run on this file can be fed."""
+
+import time
+
+import numpy as np
+
+from .augment import Augment
+from .dataset import HDF5Dataset
+from .prefetch import Loader, resolve
+from .workers import Worker
+
+
+def idle_worker_memory():
+    """The peak resident bytes of a worker that imports what a reading worker imports and reads nothing."""
+    worker = Worker(("spmdcnn.io.databench", "_idle", {}), "an idle data worker")
+    worker.send(0)
+    worker.receive(60)
+    return worker.close()
+
+
+def _idle():
+    import h5py  # noqa: F401  (what a reading worker loads)
+    from . import prefetch  # noqa: F401
+    return lambda message: message
+
+
+def data_bench(path, batch, workers="auto", prefetch="auto", augment=None, batches=50, warmup=3, dtype="float32",
+               seed=0):
+    """Time ``batches`` shuffled batches of ``batch`` samples of the dataset at ``path`` after ``warmup``, read
+    whole by one rank (``augment``: a ``data.augment`` mapping); returns the rates, waits and worker memory."""
+    augment = Augment.from_spec(augment, "--augment")
+    source = HDF5Dataset(path, seed=seed, shuffle=True, augment=augment)
+    workers, prefetch = resolve(workers, prefetch)
+    try:
+        per_epoch = source.batches_per_epoch(batch)
+        box = ((0, batch),) + tuple((0, extent) for extent in source.sample_shape)
+        total = warmup + batches
+        waits = []
+        with Loader(source, [(box, None)], batch, np.dtype(dtype), per_epoch, 0, total, workers,
+                    prefetch) as loader:
+            for step in range(total):
+                if step == warmup:
+                    start = time.perf_counter()
+                _, waited = loader.next(step)
+                if step >= warmup:
+                    waits.append(waited)
+            elapsed = time.perf_counter() - start
+        slot = loader.layout.slot_bytes
+        result = {"path": path, "batch": batch, "batches": batches, "warmup": warmup, "workers": workers,
+                  "prefetch": prefetch if workers else 0, "augment": augment.describe(),
+                  "stored_shape": list(source.stored_shape), "sample_shape": list(source.sample_shape),
+                  "stored_dtype": str(source.images.dtype), "dtype": str(np.dtype(dtype)),
+                  "chunks": None if source.images.chunks is None else list(source.images.chunks),
+                  "images_per_s": batches * batch / elapsed, "batch_s": elapsed / batches,
+                  "wait_s_median": float(np.median(waits)),
+                  "batch_bytes": slot, "shared_bytes": slot * (prefetch + 1) if workers else 0,
+                  "staging_bytes": batch * int(np.prod(source.sample_shape)) * source.images.dtype.itemsize,
+                  "worker_peak_bytes": max(loader.peaks) if loader.peaks else None}
+    finally:
+        source.close()
+    if workers:
+        result["idle_worker_bytes"] = idle_worker_memory()
+    return result
+
+
+def describe(result):
+    """The lines ``spmdcnn data bench`` prints."""
+    mib = 2 ** 20
+    stored = "x".join(map(str, result["stored_shape"]))
+    lines = [f"{result['path']}: shuffled batches of {result['batch']} images of {stored} {result['stored_dtype']}"
+             f" (chunks {result['chunks'] or 'none: contiguous'}), augmentation: {result['augment']}, read as "
+             f"{result['dtype']}"]
+    how = (f"{result['workers']} worker{'s' * (result['workers'] != 1)}, {result['prefetch']} batches ahead"
+           if result["workers"] else "read by this process (no workers)")
+    lines.append(f"  {result['images_per_s']:,.0f} images/s delivered ({result['batch_s'] * 1e3:.1f} ms per batch, "
+                 f"{result['batches']} batches after {result['warmup']}; {how})")
+    if result["workers"]:
+        lines.append(f"  worker peak memory {result['worker_peak_bytes'] / mib:.0f} MiB: an idle worker "
+                     f"{result['idle_worker_bytes'] / mib:.0f} MiB, the shared batches "
+                     f"{result['shared_bytes'] / mib:.0f} MiB ({result['prefetch'] + 1} of "
+                     f"{result['batch_bytes'] / mib:.1f} MiB), a batch as stored {result['staging_bytes'] / mib:.1f} MiB")
+    return lines
