@@ -8,8 +8,8 @@ Three parts, each timed in rounds that alternate the variants, medians over the 
 1. **Reads** (one process, no workers): shuffled batches of ``--batch`` uint8 images of ``--size`` squared,
    from files in the page cache written three ways (one image per chunk, what ``data convert`` writes; ~1 MiB
    chunks, what it wrote before; contiguous), read two ways (one point selection over the batch's sorted samples,
-   as before; one hyperslab per sample, as now), with HDF5's chunk cache on (1 MiB) or off, and through the sec2
-   and stdio file drivers; "delivered" includes the conversion to float32 that training does.
+   as before; one hyperslab per sample, as now; h5py's ``read_direct`` per sample), with HDF5's chunk cache on
+   (1 MiB) or off, and through the sec2 and stdio file drivers; "delivered" includes the conversion to float32 that training does.
 2. **Workers**: ``spmdcnn data bench`` on the one-image-per-chunk file with 0, 1 and 2 workers, with random
    crops and flips from images stored 32 pixels larger: the images/s delivered to one rank, and a worker's peak
    memory against its buffers.
@@ -72,12 +72,26 @@ def hyperslabs(data, indices):
     return data.read(indices)[0]
 
 
+def read_direct(data, indices):
+    """h5py's high-level ``read_direct``, one call per sample into a buffer, then the conversion."""
+    staged = np.empty((len(indices),) + data.stored_shape, np.uint8)
+    for k, index in enumerate(indices):
+        data.images.read_direct(staged, np.s_[int(index)], np.s_[k])
+    images = staged.astype(np.float32)
+    images /= 255
+    images -= data.mean.reshape(1, -1, 1, 1).astype(np.float32)
+    images /= data.std.reshape(1, -1, 1, 1).astype(np.float32)
+    return images
+
+
 def read_rates(paths, batch, rounds, batches):
     """``{variant: [images/s per round]}`` of shuffled reads, the variants alternating within each round."""
     variants = []
     for layout in ("one image per chunk", "1 MiB chunks", "contiguous"):
         variants.append((f"{layout}, per-sample hyperslabs (now)", paths[layout], hyperslabs, None, None))
         variants.append((f"{layout}, point selection (before)", paths[layout], point_selection, None, None))
+    variants.append(("one image per chunk, read_direct per sample", paths["one image per chunk"], read_direct, None,
+                     None))
     variants.append(("one image per chunk, hyperslabs, chunk cache 1 MiB", paths["one image per chunk"],
                      hyperslabs, 1 << 20, None))
     variants.append(("one image per chunk, hyperslabs, stdio driver", paths["one image per chunk"], hyperslabs, None,

@@ -418,17 +418,30 @@ def _bad_input(tmp_path, case):
                     "plan for 4 devices": "the plan is for 4 devices, but the job runs on 2",
                     "plan for 1 device": "the plan is for 1 device, but the job runs on 2"}[case]
         return write_job(tmp_path, "job", **base, plan=str(plan)), ["plan.yaml", expected]
-    if case in ("missing dataset", "unreadable dataset", "images of another size"):
+    if case in ("missing dataset", "unreadable dataset", "truncated dataset", "images of another size",
+                "crop larger than the images", "augment unknown key"):
         path = tmp_path / "data.h5"
+        augment = {"crop larger than the images": {"crop": [16, 13]},
+                   "augment unknown key": {"crop": [15, 13], "flips": True}}.get(case)
         if case == "unreadable dataset":
             path.write_bytes(b"not hdf5 at all")
-        if case == "images of another size":
+        if case in ("images of another size", "truncated dataset", "crop larger than the images"):
             from spmdcnn.io.dataset import write_dataset
-            write_dataset(path, np.zeros((20, 1, 8, 8), np.uint8), np.zeros(20, int))
+            shape = (1, 8, 8) if case == "images of another size" else (3, 15, 13)
+            write_dataset(path, np.zeros((20,) + shape, np.uint8), np.zeros(20, int))
+        if case == "truncated dataset":
+            data = path.read_bytes()
+            path.write_bytes(data[:len(data) // 2])
         expected = {"missing dataset": "which does not exist", "unreadable dataset": "cannot open dataset",
-                    "images of another size": "images are [1, 8, 8] (C, H, W) but model 'tiny_cnn' takes"}[case]
-        return write_job(tmp_path, "job", model=str(model), data={"kind": "hdf5", "path": str(path)}), \
-            ["data.h5", expected]
+                    "truncated dataset": "cannot open dataset",
+                    "images of another size": "images are [1, 8, 8] (C, H, W) but model 'tiny_cnn' takes",
+                    "crop larger than the images": "data.augment.crop 16 x 13 (H x W) is larger than the stored "
+                                                   "images, 15 x 13",
+                    "augment unknown key": "unknown key 'data.augment.flips' (did you mean 'data.augment.flip'?)"
+                    }[case]
+        job = write_job(tmp_path, "job", model=str(model),
+                        data={"kind": "hdf5", "path": str(path), **({"augment": augment} if augment else {})})
+        return job, ["data.h5" if case != "augment unknown key" else "job.yaml", expected]
     if case in ("checkpoint of another model", "truncated checkpoint"):
         other = write_job(tmp_path, "other", model=os.path.join(ROOT, "models", "small_resnet.yaml"), steps=1,
                           data=base["data"])
@@ -447,7 +460,8 @@ def _bad_input(tmp_path, case):
 
 @pytest.mark.parametrize("case", ["job unknown key", "job wrong type", "model unknown key", "plan unknown key",
                                   "plan wrong type", "plan for 4 devices", "plan for 1 device", "missing dataset",
-                                  "unreadable dataset", "images of another size", "checkpoint of another model",
+                                  "unreadable dataset", "truncated dataset", "images of another size",
+                                  "crop larger than the images", "augment unknown key", "checkpoint of another model",
                                   "truncated checkpoint", "device transport on the cpu", "bfloat16 on the cpu"])
 def test_bad_input_ends_every_rank_at_once_with_one_message(tmp_path, case):
     """Each mistake: every rank ends within seconds, one clear message naming the file, exit status 2, no

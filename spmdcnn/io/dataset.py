@@ -100,6 +100,15 @@ def _cut(region, shape, steps):
     return tuple(slice(lo, hi, step) for (lo, hi), step in zip(_ranges(region, shape), steps))
 
 
+def _columns(column, flip):
+    """The slice of a stored row that gives the columns ``(start, count, stride)``, reversed when ``flip``."""
+    start, count, stride = column
+    last = start + stride * (count - 1)
+    if flip:
+        return slice(last, start - 1 if start > 0 else None, -stride)
+    return slice(start, last + 1, stride)
+
+
 class HDF5Dataset(_Source):
     """Random access to an HDF5 dataset; reads only the samples, channels, rows and columns asked for."""
 
@@ -224,24 +233,29 @@ class HDF5Dataset(_Source):
             return out, self.read_labels(indices)
         if indices.min() < 0 or indices.max() >= self.num_samples:
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
-        staged = self._staging(shape)
+        # whole rows: HDF5 copies a hyperslab one contiguous run at a time, and a row of a crop is a run of its
+        # own (a 224-row crop of 3 channels: 672 runs), while whole rows of a channel are one (measured 3-8x
+        # faster); the crop's columns are then taken here, mirrored for a flipped sample
+        width = self.stored_shape[2]
+        staged = self._staging(shape[:3] + (width,))
         windows = self.augment.windows(self.stored_shape, self.seed, epoch, indices)
-        space, memory = self.images.id.get_space(), h5py.h5s.create_simple(shape[1:])
-        flipped = []
+        space, memory = self.images.id.get_space(), h5py.h5s.create_simple(staged.shape[1:])
+        columns = []
         for k, index in enumerate(indices.tolist()):
-            axes, flip = stored_slices(windows, k, ranges, steps)
-            space.select_hyperslab((index,) + tuple(a[0] for a in axes), (1,) + tuple(a[1] for a in axes),
-                                   (1,) + tuple(a[2] for a in axes))
+            (channel, row, column), flip = stored_slices(windows, k, ranges, steps)
+            space.select_hyperslab((index, channel[0], row[0], 0), (1, channel[1], row[1], width),
+                                   (1, channel[2], row[2], 1))
             try:
                 self.images.id.read(memory, space, staged[k])
             except (OSError, RuntimeError, KeyError) as error:
                 raise DataError(f"{self.path}: cannot read sample {index} of /images (a truncated or damaged "
                                 f"file?): {error}") from None
-            if flip:
-                flipped.append(k)
-        if flipped:
-            staged[flipped] = staged[flipped, :, :, ::-1]
-        np.copyto(out, staged, casting="unsafe")
+            columns.append(_columns(column, flip))
+        if all(c == slice(0, width, 1) for c in columns):
+            np.copyto(out, staged, casting="unsafe")
+        else:
+            for k, chosen in enumerate(columns):
+                np.copyto(out[k], staged[k, :, :, chosen], casting="unsafe")
         if self.images.dtype == np.uint8:
             out /= 255
         channels = slice(ranges[0][0], ranges[0][1], steps[0])

@@ -20,6 +20,7 @@ from .dataset import DataError, HDF5Dataset, SyntheticData
 from .workers import SharedBuffer, Worker, attach
 
 MAX_AUTO_WORKERS = 8
+STALLED = "raise data.timeout for slow storage, or copy the data to local disk"
 
 
 def default_workers(local_ranks):
@@ -54,7 +55,7 @@ def _key(box, steps):
 class Layout:
     """Where each read of a batch lies in a slot: ``(box, steps, shape, byte offset)``, and a slot's bytes."""
 
-    def __init__(self, reads, sample_shape, dtype):
+    def __init__(self, reads, dtype):
         self.dtype = np.dtype(dtype)
         self.parts, offset = [], 0
         seen = set()
@@ -102,13 +103,13 @@ class ReadBatch:
         return self._labels[lo:hi]
 
 
-class _Reader:
-    """A worker's handler: opens the source, maps the shared slots, and fills a slot per message
-    ``(slot, epoch, indices)``; answers the seconds it took."""
+class SlotReader:
+    """A worker's handler (made in the worker): opens the source, maps the shared slots, and fills a slot per
+    message ``(slot, epoch, indices)``; answers the seconds it took."""
 
     def __init__(self, spec, reads, dtype, fd, nbytes):
         self.source = open_source(spec)
-        self.layout = Layout(reads, self.source.sample_shape, dtype)
+        self.layout = Layout(reads, dtype)
         self.memory = attach(fd, nbytes)
 
     def __call__(self, message):
@@ -116,10 +117,6 @@ class _Reader:
         start = time.perf_counter()
         read_batch(self.source, self.layout, indices, epoch, self.layout.views(self.memory, slot))
         return time.perf_counter() - start
-
-
-def reader(**kwargs):
-    return _Reader(**kwargs)
 
 
 class Loader:
@@ -133,7 +130,7 @@ class Loader:
                  timeout=300.0):
         self.source, self.batch, self.dtype = source, batch, np.dtype(dtype)
         self.steps_per_epoch, self.next_step, self.stop = steps_per_epoch, start, stop
-        self.layout = Layout(reads, source.sample_shape, dtype)
+        self.layout = Layout(reads, dtype)
         self.timeout = float(timeout)
         self.workers, self.pending, self.buffer = [], deque(), None
         self.issued = start
@@ -144,7 +141,7 @@ class Loader:
             self.slots = prefetch + 1
             self.buffer = SharedBuffer(self.slots * self.layout.slot_bytes)
             try:
-                setup = ("spmdcnn.io.prefetch", "reader",
+                setup = ("spmdcnn.io.prefetch", "SlotReader",
                          {"spec": source.spec(), "reads": [(box, steps) for box, steps, _, _ in self.layout.parts],
                           "dtype": self.dtype.str, "fd": self.buffer.fd, "nbytes": self.buffer.nbytes})
                 for k in range(count):
@@ -183,7 +180,7 @@ class Loader:
         if self.workers:
             head, worker = self.pending.popleft()
             assert head == step
-            worker.receive(self.timeout)
+            worker.receive(self.timeout, STALLED)
             arrays = self.views[step % self.slots]
         else:
             arrays = {}

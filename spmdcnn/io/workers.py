@@ -85,9 +85,9 @@ class Worker:
             raise self._dead() from None
         self.outstanding += 1
 
-    def receive(self, timeout):
+    def receive(self, timeout, stalled="a worker that takes longer may be stuck"):
         """The answer to the oldest message not yet answered; WorkerError if the worker reported an error, died,
-        or sent nothing within ``timeout`` seconds."""
+        or sent nothing within ``timeout`` seconds (the message then ends with ``stalled``: what to do)."""
         deadline = time.monotonic() + timeout
         while True:
             if self.connection.poll(POLL_S):
@@ -103,8 +103,7 @@ class Worker:
                 raise self._dead()
             if time.monotonic() > deadline:
                 raise WorkerError(f"{self.what}: nothing read in {timeout:g} s (the file system is slow or stuck, "
-                                  f"or the worker hangs; pid {self.pid}): raise data.timeout for slow storage, or "
-                                  "copy the data to local disk")
+                                  f"or the worker hangs; pid {self.pid}): {stalled}")
 
     def _dead(self):
         try:
