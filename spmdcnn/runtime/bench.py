@@ -31,6 +31,54 @@ def blas_info():
             for info in threadpool_info() if info.get("user_api") == "blas"]
 
 
+def _open_data(path, augment, seed, graph, batch):
+    """The dataset ``bench --data`` trains on, refused (and closed) when it does not fit ``graph`` or ``batch``."""
+    source = HDF5Dataset(path, seed=seed, augment=Augment.from_spec(augment, "--augment"))
+    try:
+        source.check_model(graph)
+        source.batches_per_epoch(batch)
+    except BaseException:
+        source.close()
+        raise
+    return source
+
+
+class _Fed:
+    """``bench --data``'s batches: called with the executor (:func:`~spmdcnn.runtime.profile.training_step`'s
+    ``feed``), it starts a loader of this rank's reads and gives the function of the step index that takes them,
+    noting the time each timed step waited."""
+
+    def __init__(self, source, batch, dtype, warmup, steps, workers, prefetch):
+        self.source, self.batch, self.dtype, self.warmup, self.steps = source, batch, dtype, warmup, steps
+        self.workers, self.prefetch = workers, prefetch
+        self.loader, self.waits = None, []
+
+    def __call__(self, executor):
+        self.loader = Loader(self.source, executor.data_reads(), self.batch, self.dtype,
+                             self.source.batches_per_epoch(self.batch), 0, self.warmup + self.steps, self.workers,
+                             self.prefetch)
+
+        def batch_of(index):
+            got, waited = self.loader.next(index)
+            if index >= self.warmup:
+                self.waits.append(waited)
+            return got
+        return batch_of
+
+    def close(self):
+        if self.loader is not None:
+            self.loader.close()
+        if self.source is not None:
+            self.source.close()
+
+    def summary(self, steps):
+        """This rank's ``data_wait_s`` (mean per timed step), ``workers`` and ``worker_peak_bytes``."""
+        loader = self.loader
+        return {"data_wait_s": sum(self.waits) / steps if steps else 0.0,
+                "workers": loader.started if loader else 0,
+                "worker_peak_bytes": max(loader.peaks) if loader and loader.peaks else None}
+
+
 def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
           world=None, machine=None, verbose=False, tf32=False, transport="auto", share_gpus=False, data=None,
           augment=None, workers="auto", prefetch="auto"):
@@ -51,35 +99,15 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
         chosen = None if plan in (None, "auto") else load_plan(plan, graph, batch, world.size)
         xp = backend.get_array_module(backend_name, *node_ranks, share=share_gpus)
         backend.set_precision(xp, tf32)
-        source = None
-        if data is not None:
-            source = HDF5Dataset(data, seed=seed, augment=Augment.from_spec(augment, "--augment"))
-            try:
-                source.check_model(graph)
-                source.batches_per_epoch(batch)
-            except BaseException:
-                source.close()
-                raise
+        source = _open_data(data, augment, seed, graph, batch) if data is not None else None
         return graph, chosen, xp, backend.resolve_dtype(dtype, xp), source
     graph, plan_spec, xp, dtype, source = world.agree(load)
     world.use(choose_transport(world, xp, transport, print if world.rank == 0 and verbose else None))
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
                                   print if world.rank == 0 and verbose else (lambda line: None))
-    loaders, waits = [], []
-
-    def feed(executor):
-        count, ahead = resolve(workers, prefetch, node_ranks[1])
-        loaders.append(Loader(source, executor.data_reads(), batch, backend.master_dtype(dtype),
-                              source.batches_per_epoch(batch), 0, warmup + steps, count, ahead))
-
-        def batch_of(index):
-            got, waited = loaders[0].next(index)
-            if index >= warmup:
-                waits.append(waited)
-            return got
-        return batch_of
+    fed = _Fed(source, batch, backend.master_dtype(dtype), warmup, steps, *resolve(workers, prefetch, node_ranks[1]))
     try:
-        run = training_step(graph, batch, xp, dtype, world, plan, seed, feed if source is not None else None)
+        run = training_step(graph, batch, xp, dtype, world, plan, seed, fed if source is not None else None)
         times, sync = [], backend.synchronizer(xp)
         for step in range(warmup + steps):
             if step == warmup:
@@ -92,19 +120,14 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             if step >= warmup:
                 times.append(time.perf_counter() - start)
     finally:
-        for loader in loaders:
-            loader.close()
-        if source is not None:
-            source.close()
+        fed.close()
     counters = world.counters
     total = sum(times)
     own = [counters.transfer_s / steps, counters.sync_s / steps]
     per_rank = world.allgather({"rank": world.rank, "compute_s": total / steps - sum(own), "transfer_s": own[0],
                                 "sync_s": own[1], "bytes_transferred": counters.bytes_transferred // steps,
                                 "bytes_synced": counters.bytes_synced // steps, "peak_memory_bytes": peak_rss_bytes(),
-                                "data_wait_s": sum(waits) / steps if steps else 0.0,
-                                "workers": loaders[0].started if loaders else 0,
-                                "worker_peak_bytes": max(loaders[0].peaks) if loaders and loaders[0].peaks else None})
+                                **fed.summary(steps)})
     return {"model": graph.name, "batch": batch, "steps": steps, "warmup": warmup, "dtype": dtype.name,
             "backend": xp.__name__, "ranks": world.size, "plan": plan.source,
             "images_per_s": batch * steps / total if total else float("nan"),
