@@ -38,6 +38,37 @@ def _torch_weights(args):
     return 0
 
 
+def cmd_data_bench(args):
+    from .io.databench import data_bench, describe
+    if args.batch <= 0 or args.batches <= 0 or args.warmup < 0:
+        raise ValueError("--batch and --batches must be positive and --warmup non-negative")
+    result = data_bench(args.file, args.batch, args.workers, args.prefetch, args.augment, args.batches, args.warmup,
+                        args.dtype)
+    print(json.dumps(result, indent=1) if args.json else "\n".join(describe(result)))
+    return 0
+
+
+def count_arg(text):
+    """``auto`` or a non-negative integer (argparse type)."""
+    import argparse
+    if text == "auto" or (text.isdigit()):
+        return text if text == "auto" else int(text)
+    raise argparse.ArgumentTypeError(f"expected auto or a non-negative integer, got {text!r}")
+
+
+def augment_arg(text):
+    """A ``data.augment`` mapping from YAML (argparse type)."""
+    import argparse
+    import yaml
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise argparse.ArgumentTypeError(f"not valid YAML: {error}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"expected a mapping such as '{{crop: [224, 224], flip: true}}', got {text!r}")
+    return value
+
+
 def cmd_data(args):
     if args.action == "digits":
         import os
@@ -64,22 +95,36 @@ def cmd_data(args):
 
 
 def _convert(args):
-    """``data convert``: a folder, or arrays with ``--labels``. Its progress goes to standard output, like the
-    ``wrote ...`` line printed last (the progress is closed, its bar erased, before): one stream keeps them in
-    order in a batch log, and errors alone on standard error."""
+    """``data convert``: a folder (of class sub-folders, or of images with ``--labels``), or arrays with
+    ``--labels``. Its progress goes to standard output, like the ``wrote ...`` line printed last (the progress is
+    closed, its bar erased, before): one stream keeps them in order in a batch log, and errors alone on standard
+    error."""
+    import os
+    from . import usable_cores
     from .io.convert import convert_arrays, convert_folder
+    from .io.dataset import DataError
     from .progress import Progress
 
     def progress(total):
         return Progress(total, "convert", unit="images")
-    if args.labels:
+    if args.labels and not os.path.isdir(args.source):
+        if args.classes:
+            raise DataError(f"--classes {args.classes}: class names label the images of a folder (with --labels, "
+                            "a text or CSV file); an images .npy takes integer labels")
         count, shape = convert_arrays(args.source, args.labels, args.output, args.channels_last, args.normalize,
-                                      progress)
+                                      progress, args.chunk)
         what = ""
     else:
-        count, shape, classes = convert_folder(args.source, args.output, args.size, args.grayscale,
-                                               args.normalize, progress)
-        what = f", {len(classes)} classes ({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''})"
+        count, shape, classes = convert_folder(
+            args.source, args.output, args.size, args.grayscale, args.normalize, progress, labels=args.labels,
+            classes=args.classes, fit=args.fit, workers=usable_cores() if args.workers is None else args.workers,
+            chunk=args.chunk)
+        if classes is None:
+            what = f", integer labels from {args.labels}"
+        else:
+            how = (f" as in {args.classes}" if args.classes else
+                   ", numbered in sorted order (no --classes)" if args.labels else "")
+            what = f", {len(classes)} classes ({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}){how}"
     print(f"wrote {args.output}: {count} images of {'x'.join(map(str, shape))} (C x H x W){what}")
     return 0
 
@@ -113,8 +158,13 @@ def add_file_commands(sub, common):
     c.add_argument("-o", "--output", required=True, help="checkpoint HDF5 file to write")
     c.set_defaults(run=cmd_checkpoint)
 
-    p = sub.add_parser("data", parents=[common], help="make and inspect HDF5 datasets",
-                       description="Make and inspect HDF5 datasets (docs/formats.md#dataset-files).")
+    _add_data_commands(sub, common)
+
+
+def _add_data_commands(sub, common):
+    """``data digits``, ``convert``, ``info`` and ``bench``."""
+    p = sub.add_parser("data", parents=[common], help="make, inspect and time HDF5 datasets",
+                       description="Make, inspect and time HDF5 datasets (docs/formats.md#dataset-files).")
     dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
     d = dsub.add_parser("digits", parents=[common], help="scikit-learn's handwritten digits as train.h5 and val.h5",
                         description="Write scikit-learn's handwritten digits (1,797 8x8 images, shipped with "
@@ -124,15 +174,29 @@ def add_file_commands(sub, common):
     d.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
     d.set_defaults(run=cmd_data)
     d = dsub.add_parser("convert", parents=[common], help="an image folder or NumPy arrays into a dataset",
-                        description="Write an HDF5 dataset from an image folder (one sub-folder of images per class; "
-                        "their sorted names give the labels; needs Pillow) or from NumPy arrays (SOURCE the images "
-                        ".npy, --labels the labels .npy). Streams: datasets larger than memory convert. Shows its "
-                        "progress: a bar on a terminal, a line every 5 % in a log.")
+                        description="Write an HDF5 dataset from an image folder (one sub-folder of images per class, "
+                        "their sorted names giving the labels; or one folder of images with --labels, as ImageNet's "
+                        "validation set comes; needs Pillow) or from NumPy arrays (SOURCE the images .npy, --labels "
+                        "the labels .npy). Streams: datasets larger than memory convert. Shows its progress: a bar "
+                        "on a terminal, a line every 5 % in a log.")
     d.add_argument("source", help="image folder, or images .npy ((N, C, H, W) or (N, H, W, C), uint8 or float32)")
     d.add_argument("-o", "--output", required=True, help="dataset HDF5 file to write")
-    d.add_argument("--labels", help="labels .npy ((N,) integers): SOURCE is then an images .npy")
-    d.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="resize every image to H x W (folders)")
+    d.add_argument("--labels", metavar="FILE",
+                   help="a folder of images: a text file of one label a line (for its images in sorted name "
+                   "order) or a CSV of file,label rows (a header row is skipped; the label the first word of its "
+                   "field), labels being integers or class names; an images .npy: a labels .npy ((N,) integers)")
+    d.add_argument("--classes", metavar="FILE",
+                   help="number class names as the training set does: its dataset .h5 (its classes attribute), or "
+                   "a text file of one name a line (without it: in sorted order)")
+    d.add_argument("--size", type=int, nargs=2, metavar=("H", "W"), help="fit every image to H x W (folders)")
+    d.add_argument("--fit", choices=("stretch", "crop"), default="stretch",
+                   help="with --size: stretch resizes to H x W (the default); crop resizes the shorter side to fit, "
+                   "keeping the aspect, and keeps the center H x W")
     d.add_argument("--grayscale", action="store_true", help="one channel instead of RGB (folders)")
+    d.add_argument("--workers", type=int, metavar="N",
+                   help="decode images in N worker processes (default: the usable cores; 0 or 1: in this one)")
+    d.add_argument("--chunk", type=int, default=1, metavar="N",
+                   help="images per HDF5 chunk (default 1, fastest for shuffled reads; 0: one contiguous array)")
     layout = d.add_mutually_exclusive_group()
     layout.add_argument("--channels-first", dest="channels_last", action="store_const", const=False, default=None,
                         help="the images .npy is (N, C, H, W) (without either option: taken as that when only its "
@@ -147,3 +211,19 @@ def add_file_commands(sub, common):
     d.add_argument("file", help="dataset HDF5 file")
     d.add_argument("--json", action="store_true", help="print JSON")
     d.set_defaults(run=cmd_data)
+    d = dsub.add_parser("bench", parents=[common], help="images/s a dataset delivers to one rank",
+                        description="Time shuffled batches of a dataset read as training reads them (worker "
+                        "processes reading ahead, augmentation), with no computing in between: the images/s it "
+                        "can feed one rank, and a worker's peak memory (docs/formats.md#reading-ahead).")
+    d.add_argument("file", help="dataset HDF5 file")
+    d.add_argument("--batch", type=int, required=True, help="samples per batch (one rank's share)")
+    d.add_argument("--workers", default="auto", type=count_arg, help="worker processes (default auto: one per core, "
+                   "at most 8; 0: read in this process)")
+    d.add_argument("--prefetch", default="auto", type=count_arg, help="batches read ahead (default auto: workers + 1)")
+    d.add_argument("--augment", type=augment_arg, default=None, metavar="YAML",
+                   help="data.augment as YAML, e.g. '{crop: [224, 224], flip: true}'")
+    d.add_argument("--batches", type=int, default=50, help="timed batches (default 50)")
+    d.add_argument("--warmup", type=int, default=3, help="untimed batches first (default 3)")
+    d.add_argument("--dtype", default="float32", choices=["float32", "float64"], help="the type read into")
+    d.add_argument("--json", action="store_true", help="print JSON (images_per_s, worker_peak_bytes, ...)")
+    d.set_defaults(run=cmd_data_bench)

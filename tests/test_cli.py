@@ -2,6 +2,7 @@
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -401,7 +402,7 @@ def test_in_process_errors_print_one_line(tmp_path, capsys):
 
 def _examples():
     from spmdcnn.cli import EXAMPLES
-    return [line.split() for line in EXAMPLES.splitlines()[1:] if line.strip()]
+    return [shlex.split(line) for line in EXAMPLES.splitlines()[1:] if line.strip()]     # as a shell splits them
 
 
 def test_every_help_example_parses():

@@ -4,32 +4,48 @@
 Both stream: images are read, resized and written a block at a time into a dataset of known size, so datasets
 larger than memory convert (NumPy arrays are memory-mapped). The per-channel ``mean`` and ``std`` (of the
 images as training reads them: uint8 over 255) are summed along the way and stored, unless told not to. The file
-is written aside and renamed into place when complete.
+is written aside and renamed into place when complete, ``chunk`` images to an HDF5 chunk (one by default: a
+shuffled read of a sample then touches that sample alone; 0: one contiguous array).
 
 - **A folder** holds one sub-folder per class (their sorted names give labels 0, 1, ...; stored as the
-  ``classes`` attribute), each with image files Pillow reads (PNG, JPEG, BMP, GIF, TIFF, WebP, ...). Every image
-  becomes RGB (or one channel with ``grayscale``) and is resized to ``size`` (height, width) with Lanczos
-  filtering; without ``size`` every image must already have the first one's size.
+  ``classes`` attribute), each with image files Pillow reads (PNG, JPEG, BMP, GIF, TIFF, WebP, ...); or, with
+  ``labels``, the image files themselves, labelled by a text or CSV file (:func:`read_labels`; ImageNet's
+  validation set comes so). Class names number as in ``classes`` (a training set's file, :func:`load_classes`)
+  where given, else in sorted order. Every image becomes RGB (or one channel with ``grayscale``) and is fitted
+  to ``size`` (height, width) with Lanczos filtering (:func:`_image_reader`: stretched, or its shorter side
+  resized and the center cut); without ``size`` every image must already have the first one's size. With
+  ``workers`` > 1, worker processes (:mod:`spmdcnn.io.workers`) decode the images; the file written is the same.
 - **Arrays**: ``images`` (N, C, H, W) or (N, H, W, C), uint8 or float32, and ``labels`` (N,) integers, as
   ``.npy`` files. Which layout is said by ``channels_last`` (``--channels-first``/``--channels-last``), or read
   from the shape when unambiguous (:func:`_is_channels_last`).
 
 Both take a ``progress``: None (nothing shown), or a function of the image count that returns a
 :class:`spmdcnn.progress.Progress` (or anything with its ``update`` and context manager), told the images done so
-far: for a folder after each image is read (decoding is what takes the time, and a block may hold thousands of small
-images), for arrays after each block is written.
+far: for a folder after each image is decoded (decoding is what takes the time, and a block may hold thousands of
+small images), for arrays after each block is written.
 """
 
 import contextlib
+import csv
+import difflib
+import itertools
 import os
+import re
 
+import h5py
 import numpy as np
 
 from .dataset import DataError, write_blocks
+from .workers import Worker
 
 BLOCK_BYTES = 32 << 20      # images per block written: about this many bytes
 CHANNEL_COUNTS = (1, 3, 4)  # what an images array's channel dim may be when its layout is read from its shape
 SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+FITS = ("stretch", "crop")
+DECODE_BATCH = 32           # image files a worker decodes per message (fewer when there are few files)
+IN_FLIGHT = 3               # messages queued at each worker, so that none waits for its next one
+DECODE_TIMEOUT_S = 600.0    # how long one message's images may take to decode
+INTEGER = re.compile(r"[+-]?\d+$")
 
 
 class _Moments:
@@ -57,9 +73,10 @@ class _Moments:
         return mean, np.where(std > 0, std, 1.0)
 
 
-def _write(output, shape, dtype, labels, blocks, normalize, attrs, bar=None):
-    """Write the images ``blocks`` yields (:func:`~spmdcnn.io.dataset.write_blocks`), with their per-channel mean
-    and std when ``normalize``; ``bar``, when given, is told the images written so far."""
+def _write(output, shape, dtype, labels, blocks, normalize, attrs, bar=None, chunk=1):
+    """Write the images ``blocks`` yields (:func:`~spmdcnn.io.dataset.write_blocks`, ``chunk`` images to an HDF5
+    chunk), with their per-channel mean and std when ``normalize``; ``bar``, when given, is told the images
+    written so far."""
     moments = _Moments(shape[0])
 
     def measured():
@@ -71,7 +88,15 @@ def _write(output, shape, dtype, labels, blocks, normalize, attrs, bar=None):
             done += len(block)      # write_blocks asks for the next block once this one is written
             if bar is not None:
                 bar.update(done)
-    write_blocks(output, shape, dtype, labels, measured(), moments.result if normalize else None, attrs)
+    write_blocks(output, shape, dtype, labels, measured(), moments.result if normalize else None, attrs,
+                 chunk=chunk)
+
+
+def _checked_chunk(chunk):
+    if isinstance(chunk, bool) or not isinstance(chunk, (int, np.integer)) or chunk < 0:
+        raise DataError(f"--chunk must be a number of images per HDF5 chunk, or 0 for one contiguous array; got "
+                        f"{chunk!r}")
+    return int(chunk)
 
 
 def _opened(progress, total):
@@ -83,10 +108,11 @@ def _block_size(shape, itemsize):
     return max(1, BLOCK_BYTES // max(1, int(np.prod(shape)) * itemsize))
 
 
-def convert_arrays(images_path, labels_path, output, channels_last=None, normalize=True, progress=None):
+def convert_arrays(images_path, labels_path, output, channels_last=None, normalize=True, progress=None, chunk=1):
     """Convert ``.npy`` images and labels; returns ``(count, (C, H, W))``. ``channels_last``: True if the images
     are (N, H, W, C), False if (N, C, H, W), None (the default) to read it from their shape, refusing a shape
-    that does not tell (:func:`_is_channels_last`). ``progress``: see the module's docstring."""
+    that does not tell (:func:`_is_channels_last`). ``progress``, ``chunk``: see the module's docstring."""
+    chunk = _checked_chunk(chunk)
     images, labels = _load_arrays(images_path, labels_path)
     if _is_channels_last(images.shape, channels_last, images_path):
         images = images.transpose(0, 3, 1, 2)          # (N, C, H, W), a view of the memory map
@@ -96,7 +122,7 @@ def convert_arrays(images_path, labels_path, output, channels_last=None, normali
     with _opened(progress, len(images)) as bar:
         _write(output, shape, images.dtype, labels, blocks, normalize,
                {"description": f"converted from {os.path.basename(images_path)} and {os.path.basename(labels_path)}"},
-               bar)
+               bar, chunk)
     return len(images), shape
 
 
@@ -150,20 +176,48 @@ def _read_as(shape, channels_last):
     return f"{C} channel{'s' * (C != 1)} of {H} x {W} (H x W)"
 
 
-def list_folder(folder):
-    """``(classes, [(path, label)])``: the class sub-folders of ``folder`` (sorted) and their image files."""
+def list_folder(folder, labels=None, classes=None):
+    """``(classes, [(path, label)])`` of an image folder, its image files in sorted order: those of its class
+    sub-folders, labelled by the sub-folder's place among them (sorted), or in ``classes``; or, with ``labels``
+    (a label file, :func:`read_labels`), those of the folder itself, labelled by that file (:func:`_numbered`).
+    ``classes``: None, or the file of the class names (:func:`load_classes`); the ``classes`` returned are
+    None for integer labels without it."""
     if not os.path.isdir(folder):
         raise DataError(_not_a_folder(folder))
-    classes = sorted(name for name in os.listdir(folder) if os.path.isdir(os.path.join(folder, name)))
-    if not classes:
-        raise DataError(f"{folder}: no class sub-folders (expected one sub-folder of images per class)")
+    names = load_classes(classes) if classes is not None else None
+    sub_folders = sorted(name for name in os.listdir(folder) if os.path.isdir(os.path.join(folder, name)))
+    if labels is not None:
+        if sub_folders:
+            raise DataError(f"{folder}: has class sub-folders ({_few(sub_folders)}) and --labels {labels} was "
+                            "given: a folder of class sub-folders takes its labels from them; --labels is for one "
+                            "folder of images")
+        found = _images_in(folder)
+        indices, names = _numbered(read_labels(labels, folder, found), labels, names, classes)
+        return names, [(os.path.join(folder, name), label) for name, label in zip(found, indices)]
+    if not sub_folders:
+        raise DataError(f"{folder}: no class sub-folders (expected one sub-folder of images per class, or one folder "
+                        "of images with --labels)")
+    place = {name: i for i, name in enumerate(names or sub_folders)}
     files = []
-    for label, name in enumerate(classes):
-        found = sorted(entry for entry in os.listdir(os.path.join(folder, name)) if entry.lower().endswith(SUFFIXES))
-        if not found:
-            raise DataError(f"{os.path.join(folder, name)}: no images (files ending in {', '.join(SUFFIXES)})")
-        files += [(os.path.join(folder, name, entry), label) for entry in found]
-    return classes, files
+    for name in sub_folders:
+        if name not in place:
+            raise DataError(f"{os.path.join(folder, name)}: the class folder {_unknown(name, names, classes)}")
+        files += [(os.path.join(folder, name, entry), place[name])
+                  for entry in _images_in(os.path.join(folder, name))]
+    return names or sub_folders, files
+
+
+def _images_in(folder):
+    """The sorted names of the image files in ``folder``; DataError if there are none."""
+    with os.scandir(folder) as entries:          # is_file() needs no stat on most file systems
+        found = sorted(entry.name for entry in entries if entry.name.lower().endswith(SUFFIXES) and entry.is_file())
+    if not found:
+        raise DataError(f"{folder}: no images (files ending in {', '.join(SUFFIXES)})")
+    return found
+
+
+def _few(names, shown=3):
+    return ", ".join(names[:shown]) + (f" and {len(names) - shown} more" if len(names) > shown else "")
 
 
 def _not_a_folder(path):
@@ -176,52 +230,253 @@ def _not_a_folder(path):
     return f"{path}: not a folder ({expected})"
 
 
-def convert_folder(folder, output, size=None, grayscale=False, normalize=True, progress=None):
-    """Convert an image folder; returns ``(count, (C, H, W), classes)``. ``size``: (H, W) to resize every image
-    to. ``progress``: see the module's docstring."""
-    read = _image_reader(size, grayscale)
-    classes, files = list_folder(folder)
-    first = read(files[0][0])
-    shape = first.shape
-    step = _block_size(shape, 1)
+def _text_lines(path, what):
+    """The lines of the text file ``path``; DataError naming it (as ``what``) if it cannot be read."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as f:    # -sig: a byte-order mark is not a character
+            return f.read().splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{path}: {what} not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise DataError(f"{path}: cannot read {what} as text: {error}") from None
 
-    def blocks(bar):
-        for i in range(0, len(files), step):
-            block = []
-            for k, (path, _) in enumerate(files[i:i + step]):
-                image = first if i + k == 0 else read(path)
-                if image.shape != shape:
-                    raise DataError(f"{path}: the image is {image.shape[1]} x {image.shape[2]} (H x W), the first "
-                                    f"one {shape[1]} x {shape[2]}: give --size H W to resize them all")
-                block.append(image)
-                if bar is not None:
-                    bar.update(i + k + 1)
+
+def load_classes(path):
+    """The class names of ``path``, in label order: the ``classes`` attribute of an HDF5 dataset (a training set
+    converted from class sub-folders), or the first word of each non-blank line of a text file (the rest of a line,
+    a description, is ignored)."""
+    if os.path.isfile(path) and h5py.is_hdf5(path):
+        with h5py.File(path, "r") as f:
+            stored = f.attrs.get("classes")
+        if stored is None:
+            raise DataError(f"{path}: the dataset has no classes attribute (--classes takes a dataset converted "
+                            "from class sub-folders, or a text file of class names, one a line)")
+        names = [name.decode() if isinstance(name, bytes) else str(name) for name in np.atleast_1d(stored)]
+    else:
+        names = [line.split()[0] for line in _text_lines(path, "class names") if line.strip()]
+    if not names:
+        raise DataError(f"{path}: no class names")
+    first = {}
+    for label, name in enumerate(names):
+        if name in first:
+            raise DataError(f"{path}: the class name {name!r} is there twice (labels {first[name]} and {label})")
+        first[name] = label
+    return names
+
+
+def read_labels(path, folder, names):
+    """The label of each image file ``names`` (sorted) of ``folder``, as ``(word, line)``, from ``path``: a text
+    file of one label a line for the files in that order (its blank lines skipped), or a CSV of ``file,label``
+    rows (:func:`_csv_labels`) when its first line holds a comma. A label is the first word of its line or field."""
+    lines = _text_lines(path, "labels")
+    rows = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+    if rows and "," in rows[0][1]:
+        return _csv_labels(path, folder, names, lines)
+    where = f"for the {len(names)} images of {folder} (one a line, in sorted file order)"
+    if len(rows) < len(names):
+        raise DataError(f"{path}: {len(rows)} labels {where}: none for {names[len(rows)]} and after")
+    if len(rows) > len(names):
+        raise DataError(f"{path}: {len(rows)} labels {where}: line {rows[len(names)][0]} labels no image")
+    return [(line.split()[0], number) for number, line in rows]
+
+
+def _csv_labels(path, folder, names, lines):
+    """The labels of a CSV of ``file,label`` rows (further fields ignored) that names every image once: ``file``
+    an image's name, with or without its extension (a path's folders ignored), and a first row naming no image a
+    header (``ImageId,PredictionString``); a label the first word of its field (Kaggle's ImageNet
+    ``LOC_val_solution.csv`` gives a class and its boxes: ``n01751748 1 2 3 4 ...``)."""
+    index = {name: i for i, name in enumerate(names)}
+    stems = {}
+    for i, name in enumerate(names):
+        stem = os.path.splitext(name)[0]
+        stems[stem] = None if stem in stems else i      # None: two files share it
+    found, first = [None] * len(names), True
+    reader = csv.reader(lines)
+    for row in reader:
+        if not any(field.strip() for field in row):
+            continue
+        where = f"{path}: line {reader.line_num}"
+        key = os.path.basename(row[0].strip())
+        i = index.get(key, stems.get(key))
+        if i is None and key in stems:
+            alike = [name for name in names if os.path.splitext(name)[0] == key]
+            raise DataError(f"{where}: {key!r} could be any of the images {', '.join(alike)} of {folder}: give the "
+                            "file's whole name")
+        if i is None and not first:
+            raise DataError(f"{where}: no image {key!r} in {folder}")
+        first = False
+        if i is None:
+            continue                                    # a header
+        if len(row) < 2 or not row[1].split():
+            raise DataError(f"{where}: no label for {names[i]} (expected file,label rows)")
+        if found[i] is not None:
+            raise DataError(f"{where}: a second row for {names[i]} (the first is line {found[i][1]})")
+        found[i] = (row[1].split()[0], reader.line_num)
+    missing = [name for name, label in zip(names, found) if label is None]
+    if missing:
+        raise DataError(f"{path}: no row for the image {os.path.join(folder, missing[0])}"
+                        + (f" (nor for {len(missing) - 1} more of its {len(names)})" if len(missing) > 1 else ""))
+    return found
+
+
+def _numbered(labels, path, classes=None, classes_path=None):
+    """``(indices, classes)`` of ``labels`` ``[(word, line)]``: integers as they are (``classes`` unchanged,
+    None without it); else class names, numbered by their place in ``classes`` (the names of ``classes_path``)
+    or, without it, in the sorted names found (returned as the ``classes``)."""
+    words = [word for word, _ in labels]
+    if all(INTEGER.match(word) for word in words):
+        for word, line in labels:
+            if int(word) < 0:
+                raise DataError(f"{path}: line {line}: label {int(word)} is negative (labels are classes 0, 1, ...)")
+            if classes is not None and int(word) >= len(classes):
+                raise DataError(f"{path}: line {line}: label {int(word)} lies outside the classes 0.."
+                                f"{len(classes) - 1} of {classes_path}")
+        return [int(word) for word in words], classes
+    if classes is None:
+        classes = sorted(set(words))
+    place = {name: i for i, name in enumerate(classes)}
+    for word, line in labels:
+        if word not in place:
+            raise DataError(f"{path}: line {line}: the label {_unknown(word, classes, classes_path)}")
+    return [place[word] for word in words], classes
+
+
+def _unknown(name, classes, source):
+    """``'n0175174' is not among the 1000 classes of train.h5 (the nearest: 'n01751748')``."""
+    nearest = difflib.get_close_matches(name, classes, n=1)
+    return (f"{name!r} is not among the {len(classes)} classes of {source}"
+            + (f" (the nearest: {nearest[0]!r})" if nearest else ""))
+
+
+def convert_folder(folder, output, size=None, grayscale=False, normalize=True, progress=None, *, labels=None,
+                   classes=None, fit="stretch", workers=0, chunk=1):
+    """Convert an image folder; returns ``(count, (C, H, W), classes)``. ``size``: (H, W) to fit every image to,
+    as ``fit`` says (:func:`_image_reader`). ``labels``: the label file of a folder of images (:func:`list_folder`),
+    ``classes``: the file of the class names. ``workers``: the processes that decode the images (0 or 1: this
+    one). ``progress``, ``chunk``: see the module's docstring."""
+    chunk = _checked_chunk(chunk)
+    if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
+        raise DataError(f"--workers must be 0 or more, got {workers!r}")
+    read = _image_reader(size, grayscale, fit)
+    classes, files = list_folder(folder, labels, classes)
+    setup = ("spmdcnn.io.convert", "_decoder", {"size": size, "grayscale": grayscale, "fit": fit})
+    paths = [path for path, _ in files]
+    attrs = {"description": f"converted from the image folder {os.path.abspath(folder)}"}
+    if classes is not None:
+        attrs["classes"] = classes
+    with _opened(progress, len(files)) as bar, \
+            contextlib.closing(_decoded(paths, read, setup, workers, folder)) as images:
+        first = next(images)
+        _write(output, first.shape, np.uint8, [label for _, label in files],
+               _stacked(itertools.chain([first], images), paths, first.shape, bar), normalize, attrs, chunk=chunk)
+    return len(files), first.shape, classes
+
+
+def _stacked(images, paths, shape, bar):
+    """The ``images`` of ``paths`` (in that order), all of ``shape``, in blocks (n, C, H, W) of about BLOCK_BYTES;
+    ``bar``, when given, told the images done after each. DataError naming a file whose image is not of ``shape``."""
+    step, block = _block_size(shape, 1), []
+    for done, (path, image) in enumerate(zip(paths, images), 1):
+        if image.shape != shape:
+            raise DataError(f"{path}: the image is {image.shape[1]} x {image.shape[2]} (H x W), the first one "
+                            f"{shape[1]} x {shape[2]}: give --size H W to resize them all")
+        block.append(image)
+        if bar is not None:
+            bar.update(done)
+        if len(block) == step or done == len(paths):
             yield np.stack(block)
-    with _opened(progress, len(files)) as bar:
-        _write(output, shape, np.uint8, [label for _, label in files], blocks(bar), normalize,
-               {"classes": classes, "description": f"converted from the image folder {os.path.abspath(folder)}"})
-    return len(files), shape, classes
+            block = []
 
 
-def _image_reader(size, grayscale):
+def _decoded(paths, read, setup, workers, folder):
+    """The images of ``paths``, in order: read here by ``read``, or with ``workers`` > 1 by that many worker
+    processes made by ``setup`` (:func:`_decoder`). Batch ``k`` (DECODE_BATCH paths, fewer when there are few, so
+    that every worker gets IN_FLIGHT) goes to worker ``k % workers``, which answers its batches in order; each
+    worker has IN_FLIGHT batches queued, and gets the next of its own when one comes back. The workers end when
+    the generator does (closed, or on an error)."""
+    batch = max(1, min(DECODE_BATCH, -(-len(paths) // (max(1, workers) * IN_FLIGHT))))
+    batches = [paths[i:i + batch] for i in range(0, len(paths), batch)]
+    workers = min(workers, len(batches))
+    if workers <= 1:
+        yield from map(read, paths)
+        return
+    started = []
+    try:
+        for k in range(workers):
+            started.append(Worker(setup, f"convert worker {k + 1} of {workers} decoding {folder}"))
+        for k in range(min(len(batches), workers * IN_FLIGHT)):
+            started[k % workers].send(batches[k])
+        for k in range(len(batches)):
+            worker = started[k % workers]
+            answer = worker.receive(DECODE_TIMEOUT_S)
+            if k + workers * IN_FLIGHT < len(batches):
+                worker.send(batches[k + workers * IN_FLIGHT])
+            for image in answer:
+                if isinstance(image, str):      # the message of a file it could not read
+                    raise DataError(image)
+                yield image
+    finally:
+        for worker in started:
+            worker.close()
+
+
+def _decoder(size, grayscale, fit):
+    """In a worker: a function of a list of image paths that gives their pixels (:func:`_image_reader`), up to
+    and including, in place of an image, the message of the first it cannot read."""
+    read = _image_reader(size, grayscale, fit)
+
+    def decode(paths):
+        images = []
+        for path in paths:
+            try:
+                images.append(read(path))
+            except DataError as error:
+                images.append(str(error))
+                break
+        return images
+    return decode
+
+
+def _image_reader(size, grayscale, fit="stretch"):
     """A function of an image file's path that gives its pixels, (C, H, W) uint8: RGB, or one channel when
-    ``grayscale``, resized to ``size`` (H, W) unless None; DataError naming the file it cannot read."""
+    ``grayscale``, fitted to ``size`` (H, W) unless None, with Lanczos filtering. ``fit``: ``stretch`` resizes
+    to H x W; ``crop`` resizes an h x w image by s = max(H / h, W / w) (to round(h s) x round(w s), at least
+    H x W), keeping its aspect, and cuts the H x W at its center (from row (round(h s) - H) // 2, column
+    (round(w s) - W) // 2). DataError naming the file it cannot read."""
     try:
         from PIL import Image
     except ImportError:
         raise DataError("converting image folders needs Pillow: pip install pillow (or spmdcnn[images])") from None
     if size is not None and min(size) <= 0:
         raise DataError(f"--size must be positive, got {size[0]} x {size[1]} (H x W)")
+    if fit not in FITS:
+        raise DataError(f"--fit must be one of {', '.join(FITS)}, got {fit!r}")
+    if fit == "crop" and size is None:
+        raise DataError("--fit crop cuts the center H x W of each image: it needs --size H W")
     mode, channels = ("L", 1) if grayscale else ("RGB", 3)
+
+    def fitted(image):
+        H, W = size
+        w, h = image.size                                           # Pillow's size is (W, H)
+        if fit == "stretch":
+            return image if (w, h) == (W, H) else image.resize((W, H), Image.Resampling.LANCZOS)
+        s = max(H / h, W / w)
+        w, h = max(W, round(w * s)), max(H, round(h * s))
+        if image.size != (w, h):
+            image = image.resize((w, h), Image.Resampling.LANCZOS)
+        left, top = (w - W) // 2, (h - H) // 2
+        return image.crop((left, top, left + W, top + H)) if (w, h) != (W, H) else image
 
     def read(path):
         try:
             with Image.open(path) as image:
                 image = image.convert(mode)
-                if size is not None and image.size != (size[1], size[0]):     # Pillow's size is (W, H)
-                    image = image.resize((size[1], size[0]), Image.Resampling.LANCZOS)
+                if size is not None:
+                    image = fitted(image)
                 array = np.asarray(image, dtype=np.uint8)
         except (OSError, ValueError) as error:
             raise DataError(f"{path}: cannot read the image: {error}") from None
-        return array.reshape(array.shape[0], array.shape[1], channels).transpose(2, 0, 1)   # (C, H, W)
+        # (C, H, W), laid out so in memory as a worker's pickled answer is: blocks stacked from either are summed
+        # in the same order, to the same mean and std
+        return np.ascontiguousarray(array.reshape(array.shape[0], array.shape[1], channels).transpose(2, 0, 1))
     return read

@@ -1,5 +1,6 @@
 """``spmdcnn data convert``: image folders and NumPy arrays into HDF5 datasets, a block at a time."""
 
+import contextlib
 import io
 import os
 import re
@@ -14,7 +15,8 @@ from PIL import Image
 from spmdcnn.cli import main
 from spmdcnn.io import convert
 from spmdcnn.io.convert import convert_arrays, convert_folder
-from spmdcnn.io.dataset import DataError, HDF5Dataset
+from spmdcnn.io.dataset import DataError, HDF5Dataset, write_dataset
+from spmdcnn.io.workers import WorkerError
 from spmdcnn.progress import CLEAR, Progress
 
 
@@ -220,7 +222,6 @@ def test_archives_and_negative_labels_are_refused(tmp_path):
 
 
 def test_a_killed_writers_temporary_file_is_removed_by_the_next_write(tmp_path):
-    from spmdcnn.io.dataset import write_dataset
     dead = subprocess_pid()
     stale = tmp_path / f"d.h5.{dead}.0123abcd.tmp"
     stale.write_bytes(b"half a dataset")
@@ -236,3 +237,267 @@ def subprocess_pid():
     process = subprocess.Popen([sys.executable, "-c", "pass"])
     process.wait()
     return process.pid
+
+
+def stored(path):
+    """Everything a dataset file holds: its arrays, their chunk layout and every attribute."""
+    with h5py.File(path) as f:
+        return {"images": f["images"][()], "labels": f["labels"][()], "chunks": f["images"].chunks,
+                "attrs": {k: np.asarray(v).tolist() for k, v in f.attrs.items()},
+                "image attrs": {k: np.asarray(v).tolist() for k, v in f["images"].attrs.items()}}
+
+
+def assert_same(a, b):
+    assert a.keys() == b.keys()
+    for key in a:
+        assert np.array_equal(a[key], b[key]) if isinstance(a[key], np.ndarray) else a[key] == b[key], key
+
+
+@pytest.fixture
+def started(monkeypatch):
+    """The worker processes conversions start."""
+    workers = []
+
+    class Counted(convert.Worker):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            workers.append(self)
+    monkeypatch.setattr(convert, "Worker", Counted)
+    return workers
+
+
+def test_workers_write_what_one_process_writes_in_file_order(tmp_path, monkeypatch, started):
+    source, _ = folder(tmp_path, sizes=((12, 10), (9, 14), (12, 10), (7, 9), (10, 10)))      # 15 images
+    monkeypatch.setattr(convert, "BLOCK_BYTES", 3 * 8 * 6 * 4)      # 4 images a block
+    convert_folder(source, tmp_path / "one.h5", size=(8, 6), workers=0)
+    assert not started
+    log = io.StringIO()
+    count, shape, classes = convert_folder(source, tmp_path / "two.h5", size=(8, 6), workers=2,
+                                           progress=lambda total: Progress(total, "c", stream=log))
+    assert (count, shape, classes) == (15, (3, 8, 6), ["ant", "bee", "cat"])
+    assert len(started) == 2 and all(worker.process.poll() is not None for worker in started)     # closed
+    assert_same(stored(tmp_path / "one.h5"), stored(tmp_path / "two.h5"))
+    assert [line.split(" (")[0] for line in log.getvalue().splitlines()] == [
+        f"c: {100 * done // 15} %" for done in range(1, 16)]          # each image, as the answers come back
+
+
+def test_with_workers_an_unreadable_image_is_one_error_naming_it_and_the_workers_end(tmp_path, started):
+    source, _ = folder(tmp_path, sizes=((6, 6),) * 4)
+    (source / "bee" / "2.png").write_bytes(b"\x89PNG broken")
+    (source / "cat" / "0.png").write_bytes(b"also broken")         # later in file order: not the one named
+    with pytest.raises(DataError, match=re.escape(f"{source / 'bee' / '2.png'}: cannot read the image")):
+        convert_folder(source, tmp_path / "out.h5", size=(4, 4), workers=2)
+    assert len(started) == 2 and all(worker.process.poll() is not None for worker in started)
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_a_worker_that_dies_stops_the_conversion_naming_it(tmp_path, monkeypatch, started):
+    source, _ = folder(tmp_path, sizes=((6, 6),) * 4)
+    monkeypatch.setattr(convert, "DECODE_BATCH", 1)                 # 12 messages, one at a time at each worker
+    monkeypatch.setattr(convert, "IN_FLIGHT", 1)
+
+    class Killing(contextlib.AbstractContextManager):       # a progress bar that kills worker 1
+        def __exit__(self, *error):
+            pass
+
+        def update(self, done):
+            if done == 1:
+                started[0].process.kill()
+    message = re.escape(f"convert worker 1 of 2 decoding {source}: the worker (pid ") + r"\d+\) was killed by SIGKILL"
+    with pytest.raises(WorkerError, match=message):
+        convert_folder(source, tmp_path / "out.h5", size=(4, 4), workers=2, progress=lambda total: Killing())
+    assert all(worker.process.poll() is not None for worker in started)
+    assert not (tmp_path / "out.h5").exists()
+
+
+def test_the_convert_command_decodes_in_workers(tmp_path, capsys, started):
+    source, _ = folder(tmp_path, sizes=((12, 10),) * 4)
+    for workers, name in (("2", "w.h5"), ("0", "s.h5")):
+        assert main(["data", "convert", str(source), "--size", "8", "8", "--workers", workers,
+                     "-o", str(tmp_path / name)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote {tmp_path / 's.h5'}: 12 images of 3x8x8 (C x H x W), 3 classes (ant, bee, cat)")
+    assert_same(stored(tmp_path / "w.h5"), stored(tmp_path / "s.h5"))
+    assert len(started) == 2
+    assert main(["data", "convert", str(source), "--workers", "-1", "-o", str(tmp_path / "n.h5")]) == 2
+    assert "--workers must be 0 or more, got -1" in capsys.readouterr().err
+
+
+def images_folder(tmp_path, names=("b.png", "a.png", "c.jpg", "d.png")):
+    """A folder of images (no class sub-folders), image ``k`` of the sorted names filled with the value 10 k."""
+    (tmp_path / "val").mkdir()
+    for k, name in enumerate(sorted(names)):
+        Image.fromarray(np.full((5, 4, 3), 10 * k, np.uint8)).save(tmp_path / "val" / name, quality=100)
+    return tmp_path / "val"
+
+
+def training_set(tmp_path, classes=("bee", "cat", "ant")):
+    """A dataset converted from class sub-folders: its classes attribute is ["ant", "bee", "cat"]."""
+    source, _ = folder(tmp_path, sizes=((4, 4),), classes=classes)
+    convert_folder(source, tmp_path / "train.h5")
+    return tmp_path / "train.h5"
+
+
+@pytest.mark.parametrize("text, names, labels, classes", [
+    ("2\n0\n\n1\n2\n", None, [2, 0, 1, 2], None),                           # a label a line, sorted file order
+    ("2 the rest is ignored\n0\n1\n2\n", "h5", [2, 0, 1, 2], ["ant", "bee", "cat"]),
+    ("file,label\nd.png,1\na.png,0\nc,2\nb,1\n", None, [0, 1, 2, 1], None),     # a header; names with or without
+    ("d.png,1\na.png,0\nc,2\nsub/b.png,1\n", None, [0, 1, 2, 1], None),         # no header; a path's folders
+    ("ImageId,PredictionString\nc,cat 1 2 3 4 cat 5 6 7 8\nd,ant 1 1 2 2\na,bee 0 0 1 1\nb,cat 3 3 4 4\n",
+     "h5", [1, 2, 2, 0], ["ant", "bee", "cat"]),                             # Kaggle's LOC_val_solution.csv
+    ("bee\ncat\nbee\nant\n", "h5", [1, 2, 1, 0], ["ant", "bee", "cat"]),
+    ("bee\ncat\nbee\nant\n", "txt", [0, 1, 0, 2], ["bee", "cat", "ant"]),
+    ("cat\nbee\nbee\ncat\n", None, [1, 0, 0, 1], ["bee", "cat"]),            # numbered in sorted order
+])
+def test_a_folder_of_images_takes_its_labels_from_a_file(tmp_path, text, names, labels, classes):
+    source = images_folder(tmp_path)
+    (tmp_path / "labels.txt").write_text(text)
+    (tmp_path / "names.txt").write_text("bee  an insect\ncat\n\nant\n")
+    given = {"h5": training_set(tmp_path), "txt": tmp_path / "names.txt", None: None}[names]
+    count, shape, found = convert_folder(source, tmp_path / "v.h5", labels=tmp_path / "labels.txt", classes=given)
+    assert (count, shape, found) == (4, (3, 5, 4), classes)
+    with h5py.File(tmp_path / "v.h5") as f:
+        assert f["labels"][()].tolist() == labels
+        assert f["images"][:, 0, 0, 0].tolist() == [0, 10, 20, 30]       # a.png, b.png, c.jpg, d.png
+        assert (list(f.attrs["classes"]) if "classes" in f.attrs else None) == classes
+
+
+@pytest.mark.parametrize("case, text, message", [
+    ("fewer", "0\n1\n2\n", "labels.txt: 3 labels for the 4 images of {val} (one a line, in sorted file order): "
+                           "none for d.png and after"),
+    ("more", "0\n1\n\n2\n3\n4\n", "labels.txt: 5 labels for the 4 images of {val} (one a line, in sorted file "
+                                  "order): line 6 labels no image"),
+    ("no such file", "a,0\nb,0\ne.png,0\nc,0\nd,0\n", "labels.txt: line 3: no image 'e.png' in {val}"),
+    ("no row", "a,0\nc,0\nb,0\n", "labels.txt: no row for the image {val}/d.png"),
+    ("no rows", "a,0\n", "labels.txt: no row for the image {val}/b.png (nor for 2 more of its 4)"),
+    ("twice", "a,0\nb,0\nc,1\na,1\nd,0\n", "labels.txt: line 4: a second row for a.png (the first is line 1)"),
+    ("no label", "a,0\nb, \nc,1\nd,1\n", "labels.txt: line 2: no label for b.png (expected file,label rows)"),
+    ("two files", "a,0\nb,0\nc,0\nd,0\n", "labels.txt: line 1: 'a' could be any of the images a.jpg, a.png of "
+                                          "{val}: give the file's whole name"),
+    ("unknown", "bee\nbea\ncat\nant\n", "labels.txt: line 2: the label 'bea' is not among the 3 classes of "
+                                        "{train} (the nearest: 'bee')"),
+    ("far", "bee\nbee\nxyz\nant\n", "labels.txt: line 3: the label 'xyz' is not among the 3 classes of {train}$"),
+    ("beyond", "0\n1\n3\n2\n", "labels.txt: line 3: label 3 lies outside the classes 0..2 of {train}"),
+    ("negative", "0\n-1\n1\n1\n", "labels.txt: line 2: label -1 is negative (labels are classes 0, 1, ...)"),
+    ("sub-folders", "0\n", "val: has class sub-folders (x) and --labels {labels} was given"),
+    ("no labels", None, "labels.txt: labels not found"),
+    ("binary", b"\x93NUMPY\x01\x00\xff\xfe", "labels.txt: cannot read labels as text"),
+    ("no images", "0\n", "val: no images (files ending in .png"),
+])
+def test_a_label_file_that_does_not_fit_its_folder_is_refused_naming_the_file_and_line(tmp_path, case, text,
+                                                                                      message):
+    source = images_folder(tmp_path, ("a.png", "a.jpg", "b.png", "c.png") if case == "two files" else
+                           () if case == "no images" else ("b.png", "a.png", "c.jpg", "d.png"))
+    labels = tmp_path / "labels.txt"
+    if isinstance(text, bytes):
+        labels.write_bytes(text)
+    elif text is not None:
+        labels.write_text(text)
+    if case == "sub-folders":
+        (source / "x").mkdir()
+    train = training_set(tmp_path) if case in ("unknown", "far", "beyond") else None
+    whole = message.endswith("$")                                  # the message ends there
+    pattern = re.escape(message.rstrip("$").format(val=source, train=train, labels=labels)) + "$" * whole
+    with pytest.raises(DataError, match=pattern):
+        convert_folder(source, tmp_path / "v.h5", labels=labels, classes=train)
+    assert not (tmp_path / "v.h5").exists()
+
+
+@pytest.mark.parametrize("case, text, message", [
+    ("no attribute", None, "a.h5: the dataset has no classes attribute (--classes takes a dataset converted from "
+                           "class sub-folders, or a text file of class names, one a line)"),
+    ("twice", "cat\nant\ncat\n", "names.txt: the class name 'cat' is there twice (labels 0 and 2)"),
+    ("empty", "\n\n", "names.txt: no class names"),
+    ("missing", None, "none.txt: class names not found"),
+    ("sub-folder", "ant\nbeet\n", "{imgs}/bee: the class folder 'bee' is not among the 2 classes of {names} (the "
+                                   "nearest: 'beet')"),
+])
+def test_class_names_that_cannot_number_the_labels_are_refused(tmp_path, case, text, message):
+    source, _ = folder(tmp_path, sizes=((4, 4),))                  # ant/0.png, bee/0.png, cat/0.png
+    (tmp_path / "labels.txt").write_text("cat\n")
+    names = tmp_path / {"no attribute": "a.h5", "missing": "none.txt"}.get(case, "names.txt")
+    if case == "no attribute":
+        write_dataset(names, np.zeros((1, 1, 2, 2), np.uint8), [0])
+    elif text is not None:
+        names.write_text(text)
+    images, labels = (source, None) if case == "sub-folder" else (source / "cat", tmp_path / "labels.txt")
+    with pytest.raises(DataError, match=re.escape(message.format(imgs=source, names=names))):
+        convert_folder(images, tmp_path / "v.h5", labels=labels, classes=names)
+
+
+def test_class_sub_folders_number_as_the_classes_given(tmp_path):
+    source, _ = folder(tmp_path, sizes=((4, 4),), classes=("cat", "ant"))
+    (tmp_path / "names.txt").write_text("cat\nbee\nant\n")
+    count, _, classes = convert_folder(source, tmp_path / "v.h5", classes=tmp_path / "names.txt")
+    assert (count, classes) == (2, ["cat", "bee", "ant"])
+    with h5py.File(tmp_path / "v.h5") as f:
+        assert f["labels"][()].tolist() == [2, 0]          # ant, cat in file order
+        assert list(f.attrs["classes"]) == ["cat", "bee", "ant"]
+
+
+def test_the_convert_command_labels_a_folder_of_images_as_the_training_set_does(tmp_path, capsys):
+    source = images_folder(tmp_path)
+    train = training_set(tmp_path)
+    (tmp_path / "val.csv").write_text("ImageId,PredictionString\na,cat 1 2 3 4\nb,ant 0 0 1 1\nc,bee 1 1 2 2\n"
+                                      "d,ant 2 2 3 3\n")
+    argv = ["data", "convert", str(source), "--labels", str(tmp_path / "val.csv"), "--size", "4", "4",
+            "--workers", "2", "-o", str(tmp_path / "v.h5")]
+    assert main(argv + ["--classes", str(train)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote {tmp_path / 'v.h5'}: 4 images of 3x4x4 (C x H x W), 3 classes (ant, bee, cat) as in {train}")
+    with h5py.File(tmp_path / "v.h5") as f:
+        assert f["labels"][()].tolist() == [2, 0, 1, 0]
+    (tmp_path / "val.csv").write_text("a,cat\nb,dog\nc,cat\nd,dog\n")
+    assert main(argv) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote {tmp_path / 'v.h5'}: 4 images of 3x4x4 (C x H x W), 2 classes (cat, dog), numbered in sorted order "
+        "(no --classes)")
+    (tmp_path / "val.txt").write_text("1\n0\n1\n1\n")
+    assert main(argv[:4] + [str(tmp_path / "val.txt")] + argv[5:]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"wrote {tmp_path / 'v.h5'}: 4 images of 3x4x4 (C x H x W), integer labels from {tmp_path / 'val.txt'}")
+    np.save(tmp_path / "x.npy", np.zeros((2, 1, 2, 2), np.uint8))
+    np.save(tmp_path / "y.npy", np.zeros(2, np.int64))
+    assert main(["data", "convert", str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy"), "--classes",
+                 str(train), "-o", str(tmp_path / "a.h5")]) == 2
+    assert "an images .npy takes integer labels" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("h, w", [(10, 16), (16, 10), (13, 9), (12, 12), (6, 6)])
+def test_fit_crop_keeps_the_center_of_the_image_resized_to_cover_the_size(tmp_path, h, w):
+    (tmp_path / "imgs" / "a").mkdir(parents=True)
+    pixels = np.random.default_rng(2).integers(0, 256, (h, w, 3), dtype=np.uint8)
+    Image.fromarray(pixels).save(tmp_path / "imgs" / "a" / "0.png")
+    convert_folder(tmp_path / "imgs", tmp_path / "c.h5", size=(6, 6), fit="crop")
+    s = 6 / min(h, w)                                           # the shorter side becomes 6
+    resized = Image.fromarray(pixels)
+    if (h, w) != (6, 6):
+        resized = resized.resize((round(w * s), round(h * s)), Image.Resampling.LANCZOS)
+    left, top = (resized.size[0] - 6) // 2, (resized.size[1] - 6) // 2
+    expected = np.asarray(resized.crop((left, top, left + 6, top + 6))).transpose(2, 0, 1)
+    with h5py.File(tmp_path / "c.h5") as f:
+        assert np.array_equal(f["images"][0], expected)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"fit": "crop"}, "--fit crop cuts the center H x W of each image: it needs --size H W"),
+    ({"fit": "pad", "size": (4, 4)}, "--fit must be one of stretch, crop, got 'pad'"),
+    ({"chunk": -1}, "--chunk must be a number of images per HDF5 chunk, or 0 for one contiguous array; got -1"),
+])
+def test_fits_and_chunks_that_do_not_exist_are_refused(tmp_path, kwargs, message):
+    source, _ = folder(tmp_path, sizes=((4, 4),))
+    with pytest.raises(DataError, match=re.escape(message)):
+        convert_folder(source, tmp_path / "o.h5", **kwargs)
+
+
+@pytest.mark.parametrize("option, chunk", [([], 1), (["--chunk", "2"], 2), (["--chunk", "100"], 6),
+                                           (["--chunk", "0"], 0)])
+def test_chunks_hold_the_images_asked_for(tmp_path, option, chunk):
+    source, _ = folder(tmp_path, sizes=((4, 4), (4, 4)))
+    np.save(tmp_path / "x.npy", np.zeros((6, 3, 4, 5), np.uint8))
+    np.save(tmp_path / "y.npy", np.zeros(6, np.int64))
+    for argv in ([str(source), "--size", "4", "5"], [str(tmp_path / "x.npy"), "--labels", str(tmp_path / "y.npy")]):
+        assert main(["data", "convert", *argv, *option, "-o", str(tmp_path / "o.h5")]) == 0
+        assert stored(tmp_path / "o.h5")["chunks"] == ((chunk, 3, 4, 5) if chunk else None)     # 0: contiguous
+    with pytest.raises(DataError, match="--chunk must be"):
+        convert_arrays(tmp_path / "x.npy", tmp_path / "y.npy", tmp_path / "o.h5", chunk=-2)
