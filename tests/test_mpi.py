@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 import yaml
 
+from processes import data_workers, process_table, running
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIEXEC = shutil.which("mpiexec")
 # one BLAS thread per rank: the ranks share two cores
@@ -138,27 +140,9 @@ def test_a_data_worker_killed_mid_run_ends_every_rank_with_its_message(tmp_path)
 
 def _data_workers(job):
     """The pids of the data workers of the ranks whose command line names ``job``."""
-    parents, workers = {}, []
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{entry}/stat") as stat:
-                parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                command = cmdline.read()
-        except OSError:
-            continue
-        if b"spmdcnn.io.worker" in command:
-            workers.append(int(entry))
-    ranks = set()
-    for pid in set(parents.values()):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as cmdline:
-                command = cmdline.read()
-        except OSError:
-            continue
-        if job.encode() in command and b"mpiexec" not in command:
-            ranks.add(pid)
-    return [pid for pid in workers if parents.get(pid) in ranks]
+    ranks = {pid for pid, (_, _, command) in process_table().items() if str(job) in command
+             and "mpiexec" not in command}
+    return data_workers(ranks)
 
 
 def test_different_plans_on_different_ranks_are_refused(tmp_path):
@@ -335,15 +319,6 @@ def _descendants(pid):
     return found
 
 
-def _running(pid):
-    """Whether process ``pid`` exists and has not ended (a zombie, dead but not yet reaped by init, has)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _long_job(tmp_path, name, **checkpoint):
     return write_job(tmp_path, name, model=os.path.join(ROOT, "models", "tiny_cnn.yaml"), steps=400,
                      data={"kind": "synthetic", "num_samples": 60, "seed": 3, "signal": 1.0},
@@ -384,7 +359,7 @@ def test_a_rank_killed_mid_run_ends_the_job_and_the_last_checkpoint_resumes(tmp_
     process.communicate(timeout=60)
     assert process.returncode != 0 and time.monotonic() - start < 30
     time.sleep(0.5)
-    assert not [pid for pid in ranks if _running(pid)], "ranks (or their data workers) left running"
+    assert not [pid for pid in ranks if running(pid)], "ranks (or their data workers) left running"
     from spmdcnn.io.checkpoint import load_checkpoint
     last = load_checkpoint(tmp_path / "killed.h5").step
     assert last >= 125 and last % 25 == 0

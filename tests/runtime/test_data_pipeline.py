@@ -12,6 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
+from processes import data_workers
 from spmdcnn.io.checkpoint import CheckpointError, load_checkpoint
 from spmdcnn.io.dataset import DataError
 from spmdcnn.io.job import parse_job
@@ -129,23 +130,6 @@ def test_a_truncated_dataset_is_refused_naming_the_file(tmp_path):
     assert data in str(info.value)
 
 
-def _workers_of(pid):
-    """The pids of the data workers that process ``pid`` started."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parent = int(stat.read().rsplit(")", 1)[1].split()[1])
-                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    command = cmdline.read()
-            except OSError:
-                continue
-            if parent == pid and b"spmdcnn.io.worker" in command:
-                found.append(int(entry))
-    return found
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc (Linux)")
 @pytest.mark.timeout(120)
 def test_a_worker_killed_mid_run_ends_the_job_with_a_message(tmp_path):
@@ -160,7 +144,7 @@ def test_a_worker_killed_mid_run_ends_the_job_with_a_message(tmp_path):
     try:
         while not process.stdout.readline().startswith("step"):
             assert process.poll() is None, process.stderr.read()
-        workers = _workers_of(process.pid)
+        workers = data_workers({process.pid})
         assert len(workers) == 2
         os.kill(workers[1], signal.SIGKILL)
         killed = time.monotonic()
