@@ -16,9 +16,11 @@ ignores the signals that ask the parent to stop (SIGINT, SIGTERM, SIGUSR1): the 
 import mmap
 import os
 import signal
+import site
 import socket
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import time
 from multiprocessing.connection import Connection
@@ -36,12 +38,24 @@ class WorkerError(FormatError):
 
 def _environment():
     """The worker's environment: the parent's, one BLAS/OpenMP thread (a worker copies and converts; it does no
-    matrix products), and spmdcnn importable from where the parent imported it."""
+    matrix products), and spmdcnn importable from where the parent imported it: a source tree the parent had on its
+    path is put on the worker's (an installed package's folder is not: ahead of the standard library it could
+    shadow it)."""
     env = dict(os.environ)
     for variable in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
         env[variable] = "1"
-    env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
+    installed = {os.path.realpath(path) for path in (sysconfig.get_paths()["purelib"],
+                                                     sysconfig.get_paths()["platlib"], *_site_folders())}
+    if os.path.realpath(_ROOT) not in installed:
+        env["PYTHONPATH"] = os.pathsep.join([_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
     return env
+
+
+def _site_folders():
+    try:
+        return site.getsitepackages() + [site.getusersitepackages()]
+    except AttributeError:      # an old virtualenv's site module
+        return []
 
 
 def _signal_name(number):
@@ -70,9 +84,7 @@ class Worker:
         finally:
             child.close()
         self.connection = Connection(parent.detach())
-        self.outstanding = 0
-        self.send(setup)
-        self.outstanding = 0            # the setup is answered with the first message's answer, or an error
+        self.send(setup)                # answered only by an error, at the first receive
 
     @property
     def pid(self):
@@ -83,7 +95,6 @@ class Worker:
             self.connection.send(message)
         except OSError:
             raise self._dead() from None
-        self.outstanding += 1
 
     def receive(self, timeout, stalled="a worker that takes longer may be stuck"):
         """The answer to the oldest message not yet answered; WorkerError if the worker reported an error, died,
@@ -95,7 +106,6 @@ class Worker:
                     kind, value = self.connection.recv()
                 except (EOFError, OSError):
                     raise self._dead() from None
-                self.outstanding -= 1
                 if kind == "error":
                     raise WorkerError(f"{self.what}: {value}")
                 return value
