@@ -20,6 +20,7 @@ from ..io.dataset import DataError, HDF5Dataset, SyntheticData
 from ..io.prefetch import Loader, resolve
 from ..progress import Progress, is_terminal
 from ..cost.machine import load_machine
+from ..cost.memory import format_bytes
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
 from .evaluate import evaluate
@@ -305,7 +306,8 @@ class Trainer:
                         start, self.total_steps, workers, prefetch, spec["timeout"])
         augment = getattr(self.data, "augment", None)
         how = (f"{len(loader.workers)} worker{'s' * (len(loader.workers) != 1)} per rank reading up to {prefetch} "
-               f"batches ahead" if loader.workers else "read in each step (data.workers 0)")
+               f"batches ahead ({format_bytes(loader.buffer.nbytes)} of shared memory on rank 0)"
+               if loader.workers else "read in each step (data.workers 0)")
         self.log(f"data: {self.data.path}, {self.data.num_samples:,} samples "
                  f"{'shuffled' if self.data.shuffle else 'in order'}"
                  + (f", {augment.describe()}" if augment else "") + f"; {how}")

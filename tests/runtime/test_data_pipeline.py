@@ -92,7 +92,7 @@ def test_the_data_wait_is_logged_and_recorded(tmp_path):
     lines = []
     Trainer(make_job(tmp_path, data, workers=1), log=lines.append).run()
     assert any(line.startswith(f"data: {data}, 24 samples shuffled, random 15x13 crops, horizontal flips; 1 worker "
-                               "per rank reading up to 2 batches ahead") for line in lines), lines
+                               "per rank reading up to 2 batches ahead (") for line in lines), lines
     assert all("data wait" in line for line in lines if line.startswith("step"))
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(0 <= record["data_wait_s"] < record["step_s"] + 1 for record in records)
