@@ -9,7 +9,8 @@ Three parts, each timed in rounds that alternate the variants, medians over the 
    from files in the page cache written three ways (one image per chunk, what ``data convert`` writes; ~1 MiB
    chunks, what it wrote before; contiguous), read two ways (one point selection over the batch's sorted samples,
    as before; one hyperslab per sample, as now; h5py's ``read_direct`` per sample), with HDF5's chunk cache on
-   (1 MiB) or off, and through the sec2 and stdio file drivers; "delivered" includes the conversion to float32 that training does.
+   (1 MiB) or off, and through the sec2 and stdio file drivers; "delivered" includes the conversion to float32
+   that training does.
 2. **Workers**: ``spmdcnn data bench`` on the one-image-per-chunk file with 0, 1 and 2 workers, with random
    crops and flips from images stored 32 pixels larger: the images/s delivered to one rank, and a worker's peak
    memory against its buffers.

@@ -32,6 +32,12 @@ def threads_per_rank(local):
         value = os.environ.get(variable, "")
         if value.isdigit() and int(value) > 0:
             return int(value)
+    return cores_per_rank(local)
+
+
+def cores_per_rank(local):
+    """The cores each of ``local`` ranks sharing this node may use: all the cores the launcher bound this rank to,
+    else its share of the usable cores (at least one)."""
     usable = usable_cores()
     bound = usable < (os.cpu_count() or usable)
     return usable if bound or local <= 1 else max(1, usable // local)

@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from . import __version__
-from .cli_files import augment_arg, count_arg, add_file_commands
+from .cli_files import add_file_commands, ahead_arg, augment_arg, count_arg
 from .cli_plans import add_plan_commands
 from .cost.memory import format_bytes as _format_bytes
 
@@ -255,7 +255,7 @@ def build_parser():
                    help="override a job key, e.g. --set optimizer.lr=0.1 (repeatable)")
     p.set_defaults(run=cmd_train)
 
-    p = sub.add_parser("bench", parents=[common], help="time training iterations on synthetic data",
+    p = sub.add_parser("bench", parents=[common], help="time training iterations on synthetic or real data",
                        description="Time whole training iterations (forward, backward, SGD update) after a warm-up;"
                                    " print images/s and peak memory. Under mpiexec, run the plan on the ranks "
                                    "and split the time into compute, transfer and sync, with the bytes moved.")
@@ -280,7 +280,7 @@ def build_parser():
     p.add_argument("--augment", type=augment_arg, metavar="YAML", help="with --data: data.augment as YAML, e.g. "
                    "'{crop: [224, 224], flip: true}'")
     p.add_argument("--workers", default="auto", type=count_arg, help="with --data: data.workers (default auto)")
-    p.add_argument("--prefetch", default="auto", type=count_arg, help="with --data: data.prefetch (default auto)")
+    p.add_argument("--prefetch", default="auto", type=ahead_arg, help="with --data: data.prefetch (default auto)")
     p.add_argument("--json", action="store_true", help="print JSON (images_per_s, compute_s, transfer_s, sync_s, "
                    "bytes_transferred, peak_memory_bytes, data_wait_s, ...)")
     p.set_defaults(run=cmd_bench)

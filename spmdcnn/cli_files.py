@@ -48,12 +48,20 @@ def cmd_data_bench(args):
     return 0
 
 
-def count_arg(text):
-    """``auto`` or a non-negative integer (argparse type)."""
+def count_arg(text, least=0):
+    """``auto`` or an integer of at least ``least`` (argparse type)."""
     import argparse
-    if text == "auto" or (text.isdigit()):
-        return text if text == "auto" else int(text)
-    raise argparse.ArgumentTypeError(f"expected auto or a non-negative integer, got {text!r}")
+    if text == "auto":
+        return text
+    if text.isdigit() and int(text) >= least:
+        return int(text)
+    what = "a non-negative integer" if least == 0 else f"an integer of {least} or more"
+    raise argparse.ArgumentTypeError(f"expected auto or {what}, got {text!r}")
+
+
+def ahead_arg(text):
+    """``--prefetch``: ``auto`` or 1 or more (argparse type)."""
+    return count_arg(text, least=1)
 
 
 def augment_arg(text):
@@ -102,6 +110,7 @@ def _convert(args):
     import os
     from . import usable_cores
     from .io.convert import convert_arrays, convert_folder
+    from .io.labels import training_statistics
     from .io.dataset import DataError
     from .progress import Progress
 
@@ -122,7 +131,9 @@ def _convert(args):
         if classes is None:
             what = f", integer labels from {args.labels}"
         else:
-            how = (f" as in {args.classes}" if args.classes else
+            shared = " and normalised with its mean and std" if args.normalize and training_statistics(args.classes) \
+                else ""
+            how = (f" as in {args.classes}{shared}" if args.classes else
                    ", numbered in sorted order (no --classes)" if args.labels else "")
             what = f", {len(classes)} classes ({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}){how}"
     print(f"wrote {args.output}: {count} images of {'x'.join(map(str, shape))} (C x H x W){what}")
@@ -219,7 +230,7 @@ def _add_data_commands(sub, common):
     d.add_argument("--batch", type=int, required=True, help="samples per batch (one rank's share)")
     d.add_argument("--workers", default="auto", type=count_arg, help="worker processes (default auto: one per core, "
                    "at most 8; 0: read in this process)")
-    d.add_argument("--prefetch", default="auto", type=count_arg, help="batches read ahead (default auto: workers + 1)")
+    d.add_argument("--prefetch", default="auto", type=ahead_arg, help="batches read ahead (default auto: workers + 1)")
     d.add_argument("--augment", type=augment_arg, default=None, metavar="YAML",
                    help="data.augment as YAML, e.g. '{crop: [224, 224], flip: true}'")
     d.add_argument("--batches", type=int, default=50, help="timed batches (default 50)")

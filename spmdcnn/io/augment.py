@@ -5,9 +5,9 @@ Nothing is drawn in sequence: the crop offset and flip of sample ``i`` in epoch 
 of (seed, e, i) (:mod:`spmdcnn.counters`), so every rank that reads part of a sample, and a resumed run, sees the
 same crop and flip, whatever the plan and the number of ranks. Evaluation reads the center crop, unflipped.
 
-A :class:`Window` says where a sample's crop lies in the stored image; :func:`stored_slices` turns a box of the
-crop (what one tile reads, with its strides) into the hyperslab of the stored image to read, mirrored under a
-flip, so that each rank reads only the stored pixels its box needs.
+:class:`Windows` say where each sample's crop lies in its stored image; :func:`stored_read` turns a box of the
+crop (what one tile reads, with its strides) into the part of the stored image to read, mirrored under a flip:
+the rows the box needs and the columns from its first to its last (whole rows when those are most of them).
 """
 
 from dataclasses import dataclass
@@ -36,9 +36,11 @@ class Augment:
             return cls()
         if not isinstance(spec, dict):
             raise FormatError(f"{where}: expected a mapping with keys {', '.join(KEYS)}, got {spec!r}")
-        unknown = sorted(set(spec) - set(KEYS))
+        unknown = sorted(set(spec) - set(KEYS), key=str)
         if unknown:
-            raise FormatError(f"{where}: unknown key '{unknown[0]}' (allowed: {', '.join(KEYS)})")
+            colon = (" (YAML needs a space after each colon: {crop: [224, 224], flip: true})"
+                     if ":" in str(unknown[0]) else "")
+            raise FormatError(f"{where}: unknown key '{unknown[0]}' (allowed: {', '.join(KEYS)}){colon}")
         crop = spec.get("crop")
         if crop is not None:
             if (not isinstance(crop, (list, tuple)) or len(crop) != 2
@@ -104,19 +106,43 @@ class Windows:
     size: tuple
 
 
-def stored_slices(window, k, ranges, steps):
-    """``(start, count, stride)`` per (C, H, W) axis of the stored image that sample ``k`` of ``window`` reads for
-    the crop's ``ranges`` (``[(c0, c1), (h0, h1), (w0, w1)]``) read with ``steps``, and whether the columns read
-    must then be reversed (a flipped sample: its crop columns ``w0, w0 + s, ...`` are the stored columns
-    ``x + w - 1 - w0, x + w - 1 - w0 - s, ...``, read in increasing order)."""
-    (c0, c1), (h0, h1), (w0, w1) = ranges
+def count(lo, hi, step):
+    """How many elements ``range(lo, hi, step)`` has (``step`` > 0)."""
+    return max(0, -(-(hi - lo) // step))
+
+
+WHOLE_ROW = 0.75    # read whole stored rows when the columns needed span this share of them or more
+
+
+@dataclass(frozen=True)
+class StoredRead:
+    """What one sample's read takes from the file: the hyperslab ``start``, ``count``, ``stride`` per stored
+    (C, H, W) axis (columns always dense), and ``columns``, the slice of each row read that gives the box's
+    columns in the crop's order (mirrored for a flipped sample)."""
+
+    start: tuple
+    count: tuple
+    stride: tuple
+    columns: slice
+
+
+def stored_read(windows, k, ranges, steps, width):
+    """The :class:`StoredRead` of sample ``k`` of ``windows`` for the crop's ``ranges`` (``[(c0, c1), (h0, h1),
+    (w0, w1)]``) read with ``steps``, from stored images ``width`` columns wide.
+
+    The crop's column ``w`` is the stored column ``x + w`` (``x`` the window's first), or ``x + cw - 1 - w`` when
+    flipped (``cw`` the crop's width). The rows needed are read (strided as the box is), and of them the columns
+    from the first to the last needed, or the whole row when those cover WHOLE_ROW of it: HDF5 copies a hyperslab
+    one contiguous run at a time, a run per row of a part of a row but one per channel of whole rows (3-8x faster
+    for a 224 crop of a 256 image, for 14 % more bytes)."""
+    (c0, _), (h0, _), (w0, _) = ranges
     sc, sh, sw = steps
-    counts = [max(0, -(-(hi - lo) // s)) for (lo, hi), s in zip(ranges, steps)]
-    row, col = int(window.rows[k]), int(window.cols[k])
-    flip = bool(window.flips[k])
-    if flip and counts[2]:
-        last = w0 + sw * (counts[2] - 1)
-        first_col = col + window.size[1] - 1 - last
-    else:
-        first_col = col + w0
-    return ((c0, counts[0], sc), (row + h0, counts[1], sh), (first_col, counts[2], sw)), flip
+    nc, nh, nw = (count(lo, hi, s) for (lo, hi), s in zip(ranges, steps))
+    row, x = int(windows.rows[k]), int(windows.cols[k])
+    flip = bool(windows.flips[k])
+    first = x + w0 if not flip else x + windows.size[1] - 1 - (w0 + sw * (nw - 1))
+    last = first + sw * (nw - 1)
+    lo, span = (0, width) if last - first + 1 >= WHOLE_ROW * width else (first, last - first + 1)
+    a, b = first - lo, last - lo
+    columns = slice(b, a - 1 if a > 0 else None, -sw) if flip else slice(a, b + 1, sw)
+    return StoredRead((c0, row + h0, lo), (nc, nh, span), (sc, sh, 1), columns)

@@ -9,9 +9,9 @@ shuffled read of a sample then touches that sample alone; 0: one contiguous arra
 
 - **A folder** holds one sub-folder per class (their sorted names give labels 0, 1, ...; stored as the
   ``classes`` attribute), each with image files Pillow reads (PNG, JPEG, BMP, GIF, TIFF, WebP, ...); or, with
-  ``labels``, the image files themselves, labelled by a text or CSV file (:func:`read_labels`; ImageNet's
-  validation set comes so). Class names number as in ``classes`` (a training set's file, :func:`load_classes`)
-  where given, else in sorted order. Every image becomes RGB (or one channel with ``grayscale``) and is fitted
+  ``labels``, the image files themselves, labelled by a text or CSV file (ImageNet's validation set comes so:
+  :mod:`spmdcnn.io.labels`). Class names number as in ``classes`` (a training set's file, whose mean and std the
+  held-out file then shares) where given, else in sorted order. Every image becomes RGB (or one channel with ``grayscale``) and is fitted
   to ``size`` (height, width) with Lanczos filtering (:func:`_image_reader`: stretched, or its shorter side
   resized and the center cut); without ``size`` every image must already have the first one's size. With
   ``workers`` > 1, worker processes (:mod:`spmdcnn.io.workers`) decode the images; the file written is the same.
@@ -26,17 +26,14 @@ small images), for arrays after each block is written.
 """
 
 import contextlib
-import csv
-import difflib
 import itertools
 import os
-import re
 
-import h5py
 import numpy as np
 
 from .dataset import DataError, write_blocks
-from .workers import Worker
+from .labels import load_classes, numbered, read_labels, training_statistics, unknown
+from .workers import Worker, close_all
 
 BLOCK_BYTES = 32 << 20      # images per block written: about this many bytes
 CHANNEL_COUNTS = (1, 3, 4)  # what an images array's channel dim may be when its layout is read from its shape
@@ -45,7 +42,6 @@ FITS = ("stretch", "crop")
 DECODE_BATCH = 32           # image files a worker decodes per message (fewer when there are few files)
 IN_FLIGHT = 3               # messages queued at each worker, so that none waits for its next one
 DECODE_TIMEOUT_S = 600.0    # how long one message's images may take to decode
-INTEGER = re.compile(r"[+-]?\d+$")
 
 
 class _Moments:
@@ -73,10 +69,10 @@ class _Moments:
         return mean, np.where(std > 0, std, 1.0)
 
 
-def _write(output, shape, dtype, labels, blocks, normalize, attrs, bar=None, chunk=1):
+def _write(output, shape, dtype, labels, blocks, normalize, attrs, bar=None, chunk=1, statistics=None):
     """Write the images ``blocks`` yields (:func:`~spmdcnn.io.dataset.write_blocks`, ``chunk`` images to an HDF5
-    chunk), with their per-channel mean and std when ``normalize``; ``bar``, when given, is told the images
-    written so far."""
+    chunk), with their per-channel mean and std when ``normalize`` (``statistics``: the ``(mean, std)`` to store
+    instead of those measured); ``bar``, when given, is told the images written so far."""
     moments = _Moments(shape[0])
 
     def measured():
@@ -88,8 +84,11 @@ def _write(output, shape, dtype, labels, blocks, normalize, attrs, bar=None, chu
             done += len(block)      # write_blocks asks for the next block once this one is written
             if bar is not None:
                 bar.update(done)
-    write_blocks(output, shape, dtype, labels, measured(), moments.result if normalize else None, attrs,
-                 chunk=chunk)
+    if statistics is not None and len(statistics[0]) != shape[0]:
+        raise DataError(f"{output}: the training set's mean and std hold {len(statistics[0])} channels, the images "
+                        f"{shape[0]}")
+    write_blocks(output, shape, dtype, labels, measured(),
+                 (statistics or moments.result) if normalize else None, attrs, chunk=chunk)
 
 
 def _checked_chunk(chunk):
@@ -179,8 +178,8 @@ def _read_as(shape, channels_last):
 def list_folder(folder, labels=None, classes=None):
     """``(classes, [(path, label)])`` of an image folder, its image files in sorted order: those of its class
     sub-folders, labelled by the sub-folder's place among them (sorted), or in ``classes``; or, with ``labels``
-    (a label file, :func:`read_labels`), those of the folder itself, labelled by that file (:func:`_numbered`).
-    ``classes``: None, or the file of the class names (:func:`load_classes`); the ``classes`` returned are
+    (a label file, :func:`~spmdcnn.io.labels.read_labels`), those of the folder itself, labelled by that file (:func:`~spmdcnn.io.labels.numbered`).
+    ``classes``: None, or the file of the class names (:func:`~spmdcnn.io.labels.load_classes`); the ``classes`` returned are
     None for integer labels without it."""
     if not os.path.isdir(folder):
         raise DataError(_not_a_folder(folder))
@@ -192,7 +191,7 @@ def list_folder(folder, labels=None, classes=None):
                             "given: a folder of class sub-folders takes its labels from them; --labels is for one "
                             "folder of images")
         found = _images_in(folder)
-        indices, names = _numbered(read_labels(labels, folder, found), labels, names, classes)
+        indices, names = numbered(read_labels(labels, folder, found), labels, names, classes)
         return names, [(os.path.join(folder, name), label) for name, label in zip(found, indices)]
     if not sub_folders:
         raise DataError(f"{folder}: no class sub-folders (expected one sub-folder of images per class, or one folder "
@@ -201,7 +200,7 @@ def list_folder(folder, labels=None, classes=None):
     files = []
     for name in sub_folders:
         if name not in place:
-            raise DataError(f"{os.path.join(folder, name)}: the class folder {_unknown(name, names, classes)}")
+            raise DataError(f"{os.path.join(folder, name)}: the class folder {unknown(name, names, classes)}")
         files += [(os.path.join(folder, name, entry), place[name])
                   for entry in _images_in(os.path.join(folder, name))]
     return names or sub_folders, files
@@ -230,134 +229,18 @@ def _not_a_folder(path):
     return f"{path}: not a folder ({expected})"
 
 
-def _text_lines(path, what):
-    """The lines of the text file ``path``; DataError naming it (as ``what``) if it cannot be read."""
-    try:
-        with open(path, encoding="utf-8-sig", newline="") as f:    # -sig: a byte-order mark is not a character
-            return f.read().splitlines()
-    except FileNotFoundError:
-        raise DataError(f"{path}: {what} not found") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise DataError(f"{path}: cannot read {what} as text: {error}") from None
-
-
-def load_classes(path):
-    """The class names of ``path``, in label order: the ``classes`` attribute of an HDF5 dataset (a training set
-    converted from class sub-folders), or the first word of each non-blank line of a text file (the rest of a line,
-    a description, is ignored)."""
-    if os.path.isfile(path) and h5py.is_hdf5(path):
-        with h5py.File(path, "r") as f:
-            stored = f.attrs.get("classes")
-        if stored is None:
-            raise DataError(f"{path}: the dataset has no classes attribute (--classes takes a dataset converted "
-                            "from class sub-folders, or a text file of class names, one a line)")
-        names = [name.decode() if isinstance(name, bytes) else str(name) for name in np.atleast_1d(stored)]
-    else:
-        names = [line.split()[0] for line in _text_lines(path, "class names") if line.strip()]
-    if not names:
-        raise DataError(f"{path}: no class names")
-    first = {}
-    for label, name in enumerate(names):
-        if name in first:
-            raise DataError(f"{path}: the class name {name!r} is there twice (labels {first[name]} and {label})")
-        first[name] = label
-    return names
-
-
-def read_labels(path, folder, names):
-    """The label of each image file ``names`` (sorted) of ``folder``, as ``(word, line)``, from ``path``: a text
-    file of one label a line for the files in that order (its blank lines skipped), or a CSV of ``file,label``
-    rows (:func:`_csv_labels`) when its first line holds a comma. A label is the first word of its line or field."""
-    lines = _text_lines(path, "labels")
-    rows = [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
-    if rows and "," in rows[0][1]:
-        return _csv_labels(path, folder, names, lines)
-    where = f"for the {len(names)} images of {folder} (one a line, in sorted file order)"
-    if len(rows) < len(names):
-        raise DataError(f"{path}: {len(rows)} labels {where}: none for {names[len(rows)]} and after")
-    if len(rows) > len(names):
-        raise DataError(f"{path}: {len(rows)} labels {where}: line {rows[len(names)][0]} labels no image")
-    return [(line.split()[0], number) for number, line in rows]
-
-
-def _csv_labels(path, folder, names, lines):
-    """The labels of a CSV of ``file,label`` rows (further fields ignored) that names every image once: ``file``
-    an image's name, with or without its extension (a path's folders ignored), and a first row naming no image a
-    header (``ImageId,PredictionString``); a label the first word of its field (Kaggle's ImageNet
-    ``LOC_val_solution.csv`` gives a class and its boxes: ``n01751748 1 2 3 4 ...``)."""
-    index = {name: i for i, name in enumerate(names)}
-    stems = {}
-    for i, name in enumerate(names):
-        stem = os.path.splitext(name)[0]
-        stems[stem] = None if stem in stems else i      # None: two files share it
-    found, first = [None] * len(names), True
-    reader = csv.reader(lines)
-    for row in reader:
-        if not any(field.strip() for field in row):
-            continue
-        where = f"{path}: line {reader.line_num}"
-        key = os.path.basename(row[0].strip())
-        i = index.get(key, stems.get(key))
-        if i is None and key in stems:
-            alike = [name for name in names if os.path.splitext(name)[0] == key]
-            raise DataError(f"{where}: {key!r} could be any of the images {', '.join(alike)} of {folder}: give the "
-                            "file's whole name")
-        if i is None and not first:
-            raise DataError(f"{where}: no image {key!r} in {folder}")
-        first = False
-        if i is None:
-            continue                                    # a header
-        if len(row) < 2 or not row[1].split():
-            raise DataError(f"{where}: no label for {names[i]} (expected file,label rows)")
-        if found[i] is not None:
-            raise DataError(f"{where}: a second row for {names[i]} (the first is line {found[i][1]})")
-        found[i] = (row[1].split()[0], reader.line_num)
-    missing = [name for name, label in zip(names, found) if label is None]
-    if missing:
-        raise DataError(f"{path}: no row for the image {os.path.join(folder, missing[0])}"
-                        + (f" (nor for {len(missing) - 1} more of its {len(names)})" if len(missing) > 1 else ""))
-    return found
-
-
-def _numbered(labels, path, classes=None, classes_path=None):
-    """``(indices, classes)`` of ``labels`` ``[(word, line)]``: integers as they are (``classes`` unchanged,
-    None without it); else class names, numbered by their place in ``classes`` (the names of ``classes_path``)
-    or, without it, in the sorted names found (returned as the ``classes``)."""
-    words = [word for word, _ in labels]
-    if all(INTEGER.match(word) for word in words):
-        for word, line in labels:
-            if int(word) < 0:
-                raise DataError(f"{path}: line {line}: label {int(word)} is negative (labels are classes 0, 1, ...)")
-            if classes is not None and int(word) >= len(classes):
-                raise DataError(f"{path}: line {line}: label {int(word)} lies outside the classes 0.."
-                                f"{len(classes) - 1} of {classes_path}")
-        return [int(word) for word in words], classes
-    if classes is None:
-        classes = sorted(set(words))
-    place = {name: i for i, name in enumerate(classes)}
-    for word, line in labels:
-        if word not in place:
-            raise DataError(f"{path}: line {line}: the label {_unknown(word, classes, classes_path)}")
-    return [place[word] for word in words], classes
-
-
-def _unknown(name, classes, source):
-    """``'n0175174' is not among the 1000 classes of train.h5 (the nearest: 'n01751748')``."""
-    nearest = difflib.get_close_matches(name, classes, n=1)
-    return (f"{name!r} is not among the {len(classes)} classes of {source}"
-            + (f" (the nearest: {nearest[0]!r})" if nearest else ""))
-
-
 def convert_folder(folder, output, size=None, grayscale=False, normalize=True, progress=None, *, labels=None,
                    classes=None, fit="stretch", workers=0, chunk=1):
     """Convert an image folder; returns ``(count, (C, H, W), classes)``. ``size``: (H, W) to fit every image to,
     as ``fit`` says (:func:`_image_reader`). ``labels``: the label file of a folder of images (:func:`list_folder`),
-    ``classes``: the file of the class names. ``workers``: the processes that decode the images (0 or 1: this
+    ``classes``: the file of the class names (a training set's dataset: its mean and std are stored too,
+    :func:`~spmdcnn.io.labels.training_statistics`). ``workers``: the processes that decode the images (0 or 1: this
     one). ``progress``, ``chunk``: see the module's docstring."""
     chunk = _checked_chunk(chunk)
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
         raise DataError(f"--workers must be 0 or more, got {workers!r}")
     read = _image_reader(size, grayscale, fit)
+    statistics = training_statistics(classes)
     classes, files = list_folder(folder, labels, classes)
     setup = ("spmdcnn.io.convert", "_decoder", {"size": size, "grayscale": grayscale, "fit": fit})
     paths = [path for path, _ in files]
@@ -368,7 +251,8 @@ def convert_folder(folder, output, size=None, grayscale=False, normalize=True, p
             contextlib.closing(_decoded(paths, read, setup, workers, folder)) as images:
         first = next(images)
         _write(output, first.shape, np.uint8, [label for _, label in files],
-               _stacked(itertools.chain([first], images), paths, first.shape, bar), normalize, attrs, chunk=chunk)
+               _stacked(itertools.chain([first], images), paths, first.shape, bar), normalize, attrs, chunk=chunk,
+               statistics=statistics)
     return len(files), first.shape, classes
 
 
@@ -415,9 +299,10 @@ def _decoded(paths, read, setup, workers, folder):
                 if isinstance(image, str):      # the message of a file it could not read
                     raise DataError(image)
                 yield image
-    finally:
-        for worker in started:
-            worker.close()
+    except BaseException:                       # an error, or the generator closed early: no reads to finish
+        close_all(started, grace=0)
+        raise
+    close_all(started)
 
 
 def _decoder(size, grayscale, fit):

@@ -9,7 +9,7 @@ import numpy as np
 from .augment import Augment
 from .dataset import HDF5Dataset
 from .prefetch import Loader, resolve
-from .workers import Worker
+from .workers import Worker, close_all
 
 
 def idle_worker_memory():
@@ -17,7 +17,8 @@ def idle_worker_memory():
     worker = Worker(("spmdcnn.io.databench", "_idle", {}), "an idle data worker")
     worker.send(0)
     worker.receive(60)
-    return worker.close()
+    peaks = close_all([worker])
+    return peaks[0] if peaks else None
 
 
 def _idle():
@@ -65,9 +66,14 @@ def data_bench(path, batch, workers="auto", prefetch="auto", augment=None, batch
     return result
 
 
+def _mib(count):
+    if count < 1 << 20:
+        return f"{count / 1024:.0f} KiB"
+    return f"{count / 2 ** 20:.1f} MiB" if count < 10 << 20 else f"{count / 2 ** 20:.0f} MiB"
+
+
 def describe(result):
     """The lines ``spmdcnn data bench`` prints."""
-    mib = 2 ** 20
     stored = "x".join(map(str, result["stored_shape"]))
     lines = [f"{result['path']}: shuffled batches of {result['batch']} images of {stored} {result['stored_dtype']}"
              f" (chunks {result['chunks'] or 'none: contiguous'}), augmentation: {result['augment']}, read as "
@@ -77,8 +83,8 @@ def describe(result):
     lines.append(f"  {result['images_per_s']:,.0f} images/s delivered ({result['batch_s'] * 1e3:.1f} ms per batch, "
                  f"{result['batches']} batches after {result['warmup']}; {how})")
     if result["workers"]:
-        lines.append(f"  worker peak memory {result['worker_peak_bytes'] / mib:.0f} MiB: an idle worker "
-                     f"{result['idle_worker_bytes'] / mib:.0f} MiB, the shared batches "
-                     f"{result['shared_bytes'] / mib:.0f} MiB ({result['prefetch'] + 1} of "
-                     f"{result['batch_bytes'] / mib:.1f} MiB), a batch as stored {result['staging_bytes'] / mib:.1f} MiB")
+        lines.append(f"  a worker's peak memory: {_mib(result['worker_peak_bytes'])} (an idle worker alone: "
+                     f"{_mib(result['idle_worker_bytes'])}; what it may add: the shared batches, "
+                     f"{result['prefetch'] + 1} of {_mib(result['batch_bytes'])}, and one batch as stored, "
+                     f"{_mib(result['staging_bytes'])})")
     return lines

@@ -16,7 +16,7 @@ import numpy as np
 
 from ..counters import stream_key, uniform
 from .atomic import written_aside
-from .augment import Augment, stored_slices
+from .augment import Augment, count, stored_read
 from .yamlfile import FormatError
 
 CHUNK_CACHE_BYTES = 1 << 20     # HDF5's default, for compressed chunks (which must pass through the cache)
@@ -36,7 +36,6 @@ class _Source:
     """What both data sources share: the epoch's sample order (cached) and batches cut from it."""
 
     path = "<data>"
-    _order = (None, None)
 
     def batches_per_epoch(self, batch):
         count = self.num_samples // batch
@@ -49,9 +48,12 @@ class _Source:
         if not 0 <= s < self.batches_per_epoch(batch):
             raise DataError(f"{self.path}: batch {s} of {batch} samples lies outside an epoch of "
                             f"{self.num_samples} samples")
-        if self._order[0] != epoch:
-            self._order = (epoch, sample_order(self.num_samples, epoch, self.seed, self.shuffle))
-        return self._order[1][s * batch:(s + 1) * batch]
+        orders = self.__dict__.setdefault("_orders", {})     # this epoch's and the next (read ahead across it)
+        if epoch not in orders:
+            if len(orders) >= 2:
+                orders.pop(min(orders))
+            orders[epoch] = sample_order(self.num_samples, epoch, self.seed, self.shuffle)
+        return orders[epoch][s * batch:(s + 1) * batch]
 
     def batch(self, epoch, s, batch, dtype=np.float32):
         """Images and labels of batch ``s`` of ``epoch``, whole (augmented as training reads them)."""
@@ -100,25 +102,17 @@ def _cut(region, shape, steps):
     return tuple(slice(lo, hi, step) for (lo, hi), step in zip(_ranges(region, shape), steps))
 
 
-def _columns(column, flip):
-    """The slice of a stored row that gives the columns ``(start, count, stride)``, reversed when ``flip``."""
-    start, count, stride = column
-    last = start + stride * (count - 1)
-    if flip:
-        return slice(last, start - 1 if start > 0 else None, -stride)
-    return slice(start, last + 1, stride)
-
-
 class HDF5Dataset(_Source):
     """Random access to an HDF5 dataset; reads only the samples, channels, rows and columns asked for."""
 
     kind = "hdf5"
-    _staged = None
+    KEPT_BUFFERS = 4    # read shapes whose buffers are kept (a rank's reads take one or two; evaluation one more)
 
     def __init__(self, path, seed=0, shuffle=True, augment=None):
         self.path = str(path)
         self.seed, self.shuffle = seed, shuffle
         self.augment = augment or Augment()
+        self._staged = {}
         self.file = self._open(CHUNK_CACHE_BYTES)
         try:
             images = self.file.get("images")
@@ -159,6 +153,9 @@ class HDF5Dataset(_Source):
         C = self.images.shape[1]
         self.mean = self._channel_attr("mean", C)
         self.std = self._channel_attr("std", C)
+        names = self.file.attrs.get("classes")
+        self.classes = None if names is None else [n.decode() if isinstance(n, bytes) else str(n)
+                                                   for n in np.atleast_1d(names)]
 
     def _channel_attr(self, key, C):
         if key not in self.images.attrs and key not in self.file.attrs:
@@ -190,10 +187,12 @@ class HDF5Dataset(_Source):
         return {"kind": "hdf5", "path": self.path, "seed": self.seed, "shuffle": self.shuffle,
                 "augment": {"crop": self.augment.crop, "flip": self.augment.flip}}
 
-    def check_model(self, graph):
+    def check_model(self, graph, crop_key="data.augment.crop: {crop}"):
+        """Refuse images the model does not take (``crop_key``: how the hint says to crop them, ``{crop}`` the
+        [H, W]) and labels outside its classes."""
         if self.sample_shape != graph.input_shape:
             crop = f" cropped by data.augment.crop to {list(self.sample_shape)}" if self.augment.crop else ""
-            hint = (f": set data.augment.crop: {list(graph.input_shape[1:])} to crop them"
+            hint = (f": set {crop_key.format(crop=list(graph.input_shape[1:]))} to crop them"
                     if not self.augment.crop and self.stored_shape[0] == graph.input_shape[0]
                     and all(s >= m for s, m in zip(self.stored_shape[1:], graph.input_shape[1:])) else "")
             raise DataError(f"{self.path}: images are {list(self.stored_shape)} (C, H, W){crop} but model "
@@ -206,10 +205,8 @@ class HDF5Dataset(_Source):
 
     def identity(self):
         # the labels' checksum tells a replaced or reordered file from the one a run started with
-        identity = {**super().identity(), "data.labels_crc32": zlib.crc32(self.all_labels.tobytes())}
-        if self.augment:            # (absent without augmentation, as in checkpoints written before it existed)
-            identity["data.augment"] = self.augment.identity()
-        return identity
+        return {**super().identity(), "data.labels_crc32": zlib.crc32(self.all_labels.tobytes()),
+                "data.augment": self.augment.identity()}
 
     def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None):
         """Images (as ``dtype``, scaled and normalised) and int64 labels of the samples ``indices``; only the
@@ -218,13 +215,14 @@ class HDF5Dataset(_Source):
         ``epoch``: the training epoch whose crops and flips to apply (:mod:`spmdcnn.io.augment`); None reads the
         center crop, unflipped. ``out``: an array of the result's shape and ``dtype`` to fill (else one is made).
 
-        Each sample is one strided hyperslab of the file, read straight into a buffer kept for the next batch of
-        this shape (a point selection over several samples is executed element by element by HDF5: 100x slower);
-        only the stored pixels the region needs are read."""
+        Each sample is one hyperslab of the file (:func:`~spmdcnn.io.augment.stored_read`: the rows the region
+        needs, and the columns from its first to its last or whole rows), read straight into a buffer kept for the
+        next batch of this shape (a point selection over several samples is executed element by element by HDF5:
+        30x slower)."""
         indices = np.asarray(indices, dtype=np.int64)
         ranges = _ranges(region, self.sample_shape)
         steps = tuple(steps or (1, 1, 1))
-        shape = (len(indices),) + tuple(max(0, -(-(hi - lo) // s)) for (lo, hi), s in zip(ranges, steps))
+        shape = (len(indices),) + tuple(count(lo, hi, s) for (lo, hi), s in zip(ranges, steps))
         if out is None:
             out = np.empty(shape, dtype=dtype)
         elif out.shape != shape or out.dtype != np.dtype(dtype):
@@ -233,49 +231,71 @@ class HDF5Dataset(_Source):
             return out, self.read_labels(indices)
         if indices.min() < 0 or indices.max() >= self.num_samples:
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
-        # whole rows: HDF5 copies a hyperslab one contiguous run at a time, and a row of a crop is a run of its
-        # own (a 224-row crop of 3 channels: 672 runs), while whole rows of a channel are one (measured 3-8x
-        # faster); the crop's columns are then taken here, mirrored for a flipped sample
-        width = self.stored_shape[2]
-        staged = self._staging(shape[:3] + (width,))
         windows = self.augment.windows(self.stored_shape, self.seed, epoch, indices)
-        space, memory = self.images.id.get_space(), h5py.h5s.create_simple(staged.shape[1:])
-        columns = []
-        for k, index in enumerate(indices.tolist()):
-            (channel, row, column), flip = stored_slices(windows, k, ranges, steps)
-            space.select_hyperslab((index, channel[0], row[0], 0), (1, channel[1], row[1], width),
-                                   (1, channel[2], row[2], 1))
+        parts = [stored_read(windows, k, ranges, steps, self.stored_shape[2]) for k in range(len(indices))]
+        staged = self._read_parts(indices, parts)
+        if all(part.columns == slice(0, staged.shape[3], 1) for part in parts):
+            np.copyto(out, staged, casting="unsafe")
+        else:
+            for k, part in enumerate(parts):
+                np.copyto(out[k], staged[k, :, :, part.columns], casting="unsafe")
+        self._normalise(out, slice(ranges[0][0], ranges[0][1], steps[0]))
+        return out, self.read_labels(indices)
+
+    def _read_parts(self, indices, parts):
+        """Sample ``indices[k]``'s :class:`~spmdcnn.io.augment.StoredRead` ``parts[k]``, each into its row of a
+        buffer of the stored type kept for reads of that shape (every part reads the same count)."""
+        shape = (len(indices),) + parts[0].count
+        staged = self._staged.get(shape)
+        if staged is None:
+            if len(self._staged) >= self.KEPT_BUFFERS:
+                self._staged.clear()
+            staged = self._staged[shape] = np.empty(shape, dtype=self.images.dtype)
+        space, memory = self.images.id.get_space(), h5py.h5s.create_simple(shape[1:])
+        for k, (index, part) in enumerate(zip(indices.tolist(), parts)):
+            space.select_hyperslab((index,) + part.start, (1,) + part.count, (1,) + part.stride)
             try:
                 self.images.id.read(memory, space, staged[k])
             except (OSError, RuntimeError, KeyError) as error:
                 raise DataError(f"{self.path}: cannot read sample {index} of /images (a truncated or damaged "
                                 f"file?): {error}") from None
-            columns.append(_columns(column, flip))
-        if all(c == slice(0, width, 1) for c in columns):
-            np.copyto(out, staged, casting="unsafe")
-        else:
-            for k, chosen in enumerate(columns):
-                np.copyto(out[k], staged[k, :, :, chosen], casting="unsafe")
+        return staged
+
+    def _normalise(self, out, channels):
+        """Scale ``out`` (read from the file, of the stored ``channels``) as training reads images: uint8 over
+        255, then less ``mean`` and over ``std`` per channel where the file has them."""
         if self.images.dtype == np.uint8:
             out /= 255
-        channels = slice(ranges[0][0], ranges[0][1], steps[0])
         if self.mean is not None:
             out -= self.mean[channels].reshape(1, -1, 1, 1).astype(out.dtype)
         if self.std is not None:
             out /= self.std[channels].reshape(1, -1, 1, 1).astype(out.dtype)
-        return out, self.read_labels(indices)
-
-    def _staging(self, shape):
-        """A buffer of the stored type for a read of ``shape``, kept while reads keep that shape."""
-        if self._staged is None or self._staged.shape != shape:
-            self._staged = np.empty(shape, dtype=self.images.dtype)
-        return self._staged
 
     def read_labels(self, indices):
         return self.all_labels[np.asarray(indices, dtype=np.int64)]
 
     def close(self):
         self.file.close()
+
+
+def held_out_problems(train, val):
+    """``(error, warning)`` about evaluating on ``val`` a model trained on ``train`` (either None): class names
+    that differ (the same label would name other classes: an error), and another mean or std (the held-out
+    images are then normalised otherwise than the training images: a warning)."""
+    error = warning = None
+    if train.classes is not None and val.classes is not None and train.classes != val.classes:
+        at = next((k for k, (a, b) in enumerate(zip(train.classes, val.classes)) if a != b),
+                  min(len(train.classes), len(val.classes)))
+        error = (f"{val.path}: its classes are not those of the training set {train.path} (label {at} is "
+                 f"{val.classes[at] if at < len(val.classes) else 'absent'!r} there, "
+                 f"{train.classes[at] if at < len(train.classes) else 'absent'!r} in training): convert the held-out "
+                 f"images with --classes {train.path}")
+    statistics = [(d.mean, d.std) for d in (train, val)]
+    if all(m is not None and s is not None for m, s in statistics) and not all(
+            np.allclose(a, b, rtol=1e-6, atol=0) for a, b in zip(*statistics)):
+        warning = (f"data.val {val.path} is normalised with its own mean and std, not the training set's "
+                   f"({train.path}): convert it with --classes {train.path} to share them")
+    return error, warning
 
 
 def dataset_info(path):

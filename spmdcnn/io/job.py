@@ -17,6 +17,7 @@ from .yamlfile import FormatError, read_yaml
 _REQUIRED = object()
 PLAN_NAMES = ("auto", "data", "model", "owt")   # a plan file otherwise (spmdcnn/tiling/plan.py)
 _NUMBER = (int, float)
+_ANY_COUNT = (int, float, str, bool)    # auto or a count: checked (with its own message) in _check_data
 
 # key -> (accepted types, default); a nested dict is a sub-schema.
 SCHEMA = {
@@ -37,8 +38,8 @@ SCHEMA = {
             "crop": ((list, type(None)), None),     # [H, W] of a random crop of each stored image
             "flip": (bool, False),                  # a random horizontal flip
         },
-        "workers": ((int, str), "auto"),     # processes reading ahead for each rank (0: read in the step)
-        "prefetch": ((int, str), "auto"),    # batches read ahead (auto: 2 per worker)
+        "workers": (_ANY_COUNT, "auto"),     # processes reading ahead for each rank (0: read in the step)
+        "prefetch": (_ANY_COUNT, "auto"),    # batches read ahead (auto: one per worker and one more)
         "timeout": (_NUMBER, 300.0),         # seconds a batch may take to read before the run stops
     },
     "optimizer": {
@@ -302,10 +303,11 @@ def _check_data(job, where):
                           f"hdf5, got {data['kind']}")
     for key in ("workers", "prefetch"):
         value = data[key]
-        if value != "auto" and not (isinstance(value, int) and value >= (0 if key == "workers" else 1)):
+        if value != "auto" and not (isinstance(value, int) and not isinstance(value, bool)
+                                    and value >= (0 if key == "workers" else 1)):
             least = "0 (read in the step) or more" if key == "workers" else "1 or more"
             raise FormatError(f"{where('data.' + key)}: 'data.{key}' must be auto or an integer, {least}, got "
-                              f"{value!r}")
+                              f"{value!r}{_nearest(value, ('auto',)) if isinstance(value, str) else ''}")
     if data["timeout"] <= 0:
         raise FormatError(f"{where('data.timeout')}: 'data.timeout' must be positive (seconds), got "
                           f"{data['timeout']}")

@@ -15,18 +15,20 @@ from collections import deque
 
 import numpy as np
 
-from .. import threads_per_rank
+from .. import cores_per_rank
+from .augment import Augment, count
 from .dataset import DataError, HDF5Dataset, SyntheticData
-from .workers import SharedBuffer, Worker, attach
+from .workers import CLOSE_GRACE_S, SharedBuffer, Worker, attach, close_all
 
 MAX_AUTO_WORKERS = 8
 STALLED = "raise data.timeout for slow storage, or copy the data to local disk"
 
 
 def default_workers(local_ranks):
-    """``data.workers: auto``: one worker per core this rank has (:func:`spmdcnn.threads_per_rank`), at most
+    """``data.workers: auto``: one worker per core this rank may use (:func:`spmdcnn.cores_per_rank`: the cores
+    it is bound to, else its share of the node's; not its BLAS threads, which a GPU job sets to one), at most
     MAX_AUTO_WORKERS."""
-    return max(1, min(MAX_AUTO_WORKERS, threads_per_rank(local_ranks)))
+    return max(1, min(MAX_AUTO_WORKERS, cores_per_rank(local_ranks)))
 
 
 def resolve(workers, prefetch, local_ranks=1):
@@ -42,7 +44,6 @@ def open_source(spec):
     spec = dict(spec)
     kind = spec.pop("kind")
     if kind == "hdf5":
-        from .augment import Augment
         augment = spec.pop("augment")
         return HDF5Dataset(spec.pop("path"), augment=Augment.from_spec(augment), **spec)
     return SyntheticData(**spec)
@@ -65,11 +66,16 @@ class Layout:
                 continue
             seen.add(key)
             box, steps = key
-            ones = steps or (1,) * len(box)
-            shape = tuple(max(0, -(-(hi - lo) // s)) for (lo, hi), s in zip(box, ones))
+            shape = tuple(count(lo, hi, s) for (lo, hi), s in zip(box, steps or (1,) * len(box)))
             self.parts.append((box, steps, shape, offset))
             offset += -(-int(np.prod(shape)) * self.dtype.itemsize // 64) * 64      # 64-byte aligned
         self.slot_bytes = max(offset, 64)
+
+    def private(self):
+        """``{key: array}`` of one slot of memory of this process alone, aligned as a shared slot is."""
+        memory = np.empty(self.slot_bytes + 64, np.uint8)
+        skip = -memory.ctypes.data % 64
+        return self.views(memory[skip:skip + self.slot_bytes], 0)
 
     def views(self, memory, slot):
         """``{key: array}`` of the slot ``slot`` of ``memory`` (a buffer of slots)."""
@@ -87,7 +93,8 @@ def read_batch(source, layout, indices, epoch, views):
 
 
 class ReadBatch:
-    """A batch already read: ``images(box, steps)`` is one of its reads, ``labels(lo, hi)`` its labels."""
+    """A batch already read: ``images(box, steps)`` is one of its reads, ``labels(lo, hi)`` its labels. Its arrays
+    may be a shared slot that workers refill once the next batch is taken: they are valid until then."""
 
     def __init__(self, arrays, labels, what):
         self.arrays, self._labels, self.what = arrays, labels, what
@@ -107,8 +114,14 @@ class SlotReader:
     """A worker's handler (made in the worker): opens the source, maps the shared slots, and fills a slot per
     message ``(slot, epoch, indices)``; answers the seconds it took."""
 
-    def __init__(self, spec, reads, dtype, fd, nbytes):
+    def __init__(self, spec, identity, reads, dtype, fd, nbytes):
         self.source = open_source(spec)
+        found = self.source.identity()
+        changed = [f"{key} {value!r} (the rank's: {identity[key]!r})" for key, value in found.items()
+                   if identity.get(key) != value]
+        if changed:
+            raise DataError(f"{spec.get('path', spec['kind'])}: the file changed since the rank opened it: "
+                            + "; ".join(changed))
         self.layout = Layout(reads, dtype)
         self.memory = attach(fd, nbytes)
 
@@ -124,7 +137,11 @@ class Loader:
 
     ``source``: the data; ``reads``: the ``(box, steps)`` this rank reads of each batch; ``batch``: the global
     batch size; ``steps_per_epoch`` turns a step into (epoch, batch of the epoch); ``workers``, ``prefetch``,
-    ``timeout``: as the job keys (already resolved: :func:`resolve`)."""
+    ``timeout``: as the job keys (already resolved: :func:`resolve`). A rank that reads no data starts no worker;
+    no more workers or batches ahead are used than there are steps.
+
+    Make and use a loader on a thread that outlives it (the main thread): on Linux a worker is ended by the
+    kernel when the thread that started it ends."""
 
     def __init__(self, source, reads, batch, dtype, steps_per_epoch, start, stop, workers=0, prefetch=2,
                  timeout=300.0):
@@ -136,13 +153,17 @@ class Loader:
         self.issued = start
         self.waited = 0.0
         self.peaks = []
-        count = self.started = max(0, min(int(workers), stop - start))
+        if workers and prefetch < 1:
+            raise ValueError(f"workers read batches ahead: prefetch must be 1 or more, got {prefetch}")
+        count = self.started = max(0, min(int(workers), stop - start)) if self.layout.parts else 0
+        self.prefetch = min(int(prefetch), max(stop - start, 1)) if count else 0
         if count:
-            self.slots = prefetch + 1
+            self.slots = self.prefetch + 1
             self.buffer = SharedBuffer(self.slots * self.layout.slot_bytes)
             try:
                 setup = ("spmdcnn.io.prefetch", "SlotReader",
-                         {"spec": source.spec(), "reads": [(box, steps) for box, steps, _, _ in self.layout.parts],
+                         {"spec": source.spec(), "identity": source.identity(),
+                          "reads": [(box, steps) for box, steps, _, _ in self.layout.parts],
                           "dtype": self.dtype.str, "fd": self.buffer.fd, "nbytes": self.buffer.nbytes})
                 for k in range(count):
                     self.workers.append(Worker(setup, f"data worker {k + 1} of {count} reading {source.path}",
@@ -150,7 +171,7 @@ class Loader:
                 self.views = [self.layout.views(self.buffer.map, slot) for slot in range(self.slots)]
                 self._fill()
             except BaseException:
-                self.close()
+                self.close(grace=0)
                 raise
 
     def _where(self, step):
@@ -183,9 +204,7 @@ class Loader:
             worker.receive(self.timeout, STALLED)
             arrays = self.views[step % self.slots]
         else:
-            arrays = {}
-            for box, steps, shape, _ in self.layout.parts:
-                arrays[(box, steps)] = np.empty(shape, self.dtype)
+            arrays = self.layout.private()
             read_batch(self.source, self.layout, indices, epoch, arrays)
         waited = time.perf_counter() - started
         self.waited += waited
@@ -194,12 +213,10 @@ class Loader:
             self._fill()       # the previous batch's slot is free now: the caller has moved on to this one
         return ReadBatch(arrays, self.source.read_labels(indices), what), waited
 
-    def close(self):
-        """End the workers (their peak resident memory is kept in ``peaks``) and free the shared buffer."""
-        for worker in self.workers:
-            peak = worker.close()
-            if peak:
-                self.peaks.append(peak)
+    def close(self, grace=CLOSE_GRACE_S):
+        """End the workers (their peak resident memory is kept in ``peaks``; ``grace``: the seconds they may take
+        to finish the reads they have queued, 0 after an error) and free the shared buffer."""
+        self.peaks += close_all(self.workers, grace)
         self.workers, self.pending = [], deque()
         self.views = []
         if self.buffer is not None:
@@ -209,5 +226,5 @@ class Loader:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
-        self.close()
+    def __exit__(self, kind, error, trace):
+        self.close(grace=0 if kind else CLOSE_GRACE_S)

@@ -1,8 +1,9 @@
 """The program a worker process runs (``python -m spmdcnn.io.worker FD PARENT``; :mod:`spmdcnn.io.workers`).
 
-On Linux the kernel ends the worker when its parent (pid PARENT) dies, however it dies. It reads its setup ``(module, function, kwargs)`` from the connection on descriptor ``FD``, makes its handler
+It reads its setup ``(module, function, kwargs)`` from the connection on descriptor ``FD``, makes its handler
 ``function(**kwargs)``, and answers each message with ``("ok", handler(message))`` or ``("error", text)``, in
-order, until the message None (answered with ``("closed", peak resident bytes)``) or the connection's end.
+order, until the message None (answered with ``("closed", peak resident bytes)``) or the connection's end. On
+Linux the kernel also ends the worker when its parent (pid PARENT) dies, however it dies.
 """
 
 import ctypes
@@ -11,6 +12,8 @@ import os
 import resource
 import signal
 import sys
+
+PEAK_UNIT = 1 if sys.platform == "darwin" else 1024     # ru_maxrss: bytes on macOS, kilobytes on Linux
 from multiprocessing.connection import Connection
 
 
@@ -50,7 +53,7 @@ def main(argv):
         except (EOFError, OSError):     # the parent ended
             return 0
         if message is None:
-            connection.send(("closed", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024))
+            connection.send(("closed", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * PEAK_UNIT))
             return 0
         try:
             answer = ("ok", handler(message))

@@ -24,6 +24,7 @@ import sysconfig
 import tempfile
 import time
 from multiprocessing.connection import Connection
+from multiprocessing.connection import wait as wait_connections
 
 from .yamlfile import FormatError
 
@@ -84,7 +85,11 @@ class Worker:
         finally:
             child.close()
         self.connection = Connection(parent.detach())
-        self.send(setup)                # answered only by an error, at the first receive
+        try:
+            self.send(setup)            # answered only by an error, at the first receive
+        except WorkerError:
+            close_all([self], grace=0)
+            raise
 
     @property
     def pid(self):
@@ -102,50 +107,76 @@ class Worker:
         deadline = time.monotonic() + timeout
         while True:
             if self.connection.poll(POLL_S):
-                try:
-                    kind, value = self.connection.recv()
-                except (EOFError, OSError):
-                    raise self._dead() from None
-                if kind == "error":
-                    raise WorkerError(f"{self.what}: {value}")
-                return value
+                return self._answer()
             if self.process.poll() is not None:
                 raise self._dead()
             if time.monotonic() > deadline:
                 raise WorkerError(f"{self.what}: nothing read in {timeout:g} s (the file system is slow or stuck, "
                                   f"or the worker hangs; pid {self.pid}): {stalled}")
 
+    def _answer(self):
+        try:
+            kind, value = self.connection.recv()
+        except (EOFError, OSError):
+            raise self._dead() from None
+        if kind == "error":
+            raise WorkerError(f"{self.what}: {value}")
+        return value
+
     def _dead(self):
+        """The error of a worker that ended: what it said last (an error at its setup) if it said anything, else
+        how it ended."""
+        try:
+            kind, value = self.connection.recv() if self.connection.poll(0) else (None, None)
+        except (EOFError, OSError):
+            kind = value = None
+        if kind == "error":
+            return WorkerError(f"{self.what}: {value}")
         try:
             code = self.process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
             return WorkerError(f"{self.what}: the worker (pid {self.pid}) closed its connection")
-        how = (f"was killed by {_signal_name(-code)}" + (" (out of memory?)" if -code == signal.SIGKILL else "")
+        how = (f"was killed by {_signal_name(-code)}"
+               + (" (out of memory, or killed by hand?)" if -code == signal.SIGKILL else "")
                if code < 0 else f"exited with status {code}")
         return WorkerError(f"{self.what}: the worker (pid {self.pid}) {how}")
 
-    def close(self):
-        """Ask the worker to end; returns its peak resident memory in bytes (None if it could not say). A worker
-        that does not end within CLOSE_GRACE_S is killed."""
-        peak = None
+
+def close_all(workers, grace=CLOSE_GRACE_S):
+    """End ``workers`` together: each is asked to end and may finish the reads it has queued for ``grace``
+    seconds in all (0: killed at once, after an error), then is killed. Returns the peak resident bytes of those
+    that said. A killed worker stuck in the kernel (a hung network file system) is left after a second: the rank
+    ends without waiting for it."""
+    peaks, waiting = [], []
+    for worker in workers:
         try:
-            self.connection.send(None)
-            end = time.monotonic() + CLOSE_GRACE_S
-            while self.process.poll() is None and time.monotonic() < end:
-                if self.connection.poll(POLL_S):
-                    kind, value = self.connection.recv()
-                    if kind == "closed":
-                        peak = value
-                        break
-        except (OSError, EOFError):
+            if grace > 0:
+                worker.connection.send(None)
+                waiting.append(worker)
+        except OSError:
             pass
-        self.connection.close()
+    deadline = time.monotonic() + grace
+    while waiting and time.monotonic() < deadline:
+        ready = wait_connections([w.connection for w in waiting], timeout=POLL_S)
+        for worker in [w for w in waiting if w.connection in ready]:
+            try:
+                kind, value = worker.connection.recv()
+            except (EOFError, OSError):
+                kind, value = "closed", None
+            if kind == "closed":
+                waiting.remove(worker)
+                if value:
+                    peaks.append(value)
+    for worker in workers:
+        worker.connection.close()
+        if worker.process.poll() is None:
+            worker.process.kill()
+    for worker in workers:
         try:
-            self.process.wait(timeout=CLOSE_GRACE_S)
+            worker.process.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
-            self.process.kill()
-            self.process.wait()
-        return peak
+            pass
+    return peaks
 
 
 class SharedBuffer:

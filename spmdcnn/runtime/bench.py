@@ -35,7 +35,7 @@ def _open_data(path, augment, seed, graph, batch):
     """The dataset ``bench --data`` trains on, refused (and closed) when it does not fit ``graph`` or ``batch``."""
     source = HDF5Dataset(path, seed=seed, augment=Augment.from_spec(augment, "--augment"))
     try:
-        source.check_model(graph)
+        source.check_model(graph, crop_key="--augment '{{crop: {crop}}}'")
         source.batches_per_epoch(batch)
     except BaseException:
         source.close()

@@ -31,11 +31,16 @@ def _signature(graph):
     return [(layer.name, layer.op, sorted(layer.attrs.items()), list(layer.inputs)) for layer in graph.layers]
 
 
+# what a checkpoint written before a key existed ran with
+ABSENT = {"data.augment": "none"}
+
+
 def check_resumable(ckpt, job, data, graph):
     """Refuse to resume when the job would not continue the run that wrote ``ckpt``."""
     expected = run_identity(job, data)
-    changed = [f"{key} {ckpt.state[key]!r} -> {value!r}" for key, value in expected.items()
-               if key in ckpt.state and ckpt.state[key] != value]
+    written = {key: ckpt.state.get(key, ABSENT.get(key)) for key in expected}
+    changed = [f"{key} {written[key]!r} -> {value!r}" for key, value in expected.items()
+               if written[key] is not None and written[key] != value]
     try:
         written = parse_model(load_yaml_text(ckpt.model_text, f"{ckpt.path} (model)"), f"{ckpt.path} (model)")
         if _signature(written) != _signature(graph):

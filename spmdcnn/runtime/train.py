@@ -16,8 +16,9 @@ from ..comm.transport import check as check_transport
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.augment import Augment
-from ..io.dataset import DataError, HDF5Dataset, SyntheticData
+from ..io.dataset import DataError, HDF5Dataset, SyntheticData, held_out_problems
 from ..io.prefetch import Loader, resolve
+from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
 from ..cost.machine import load_machine
 from ..cost.memory import format_bytes
@@ -187,6 +188,12 @@ class Trainer:
         if self.data is None:
             self.data = make_data(self.job, self.graph)
             self.val = make_val(self.job, self.graph)
+            if self.val is not None:
+                error, warning = held_out_problems(self.data, self.val)
+                if error:
+                    raise DataError(error)
+                if warning:
+                    self.log(f"warning: {warning}")
         job = self.job
         self.steps_per_epoch = self.data.batches_per_epoch(self.batch)
         self.total_steps = job["steps"] if job["steps"] is not None else job["epochs"] * self.steps_per_epoch
@@ -234,7 +241,7 @@ class Trainer:
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
                  f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
-        history, evaluated, stopped = [], None, None
+        history, evaluated, stopped, failed = [], None, None, True
         written = self.start_step or None       # a resumed run starts from a checkpoint of this step
         interval = _Interval()
         step = self.start_step
@@ -288,6 +295,7 @@ class Trainer:
                          + (f"; checkpoint written to {ckpt_path}" if ckpt_path else "; no checkpoint.path"))
             elif final:
                 self.log(f"checkpoint written to {ckpt_path} (step {step})")
+            failed = False
         finally:
             signals.restore()
             if self.progress:
@@ -295,7 +303,7 @@ class Trainer:
                 self.progress, self.log = None, plain_log
             if metrics:
                 metrics.close()
-            self._close()
+            self._close(failed)
         return {"steps": step, "losses": history, "val": evaluated, "stopped": stopped}
 
     def _loader(self, start):
@@ -305,7 +313,8 @@ class Trainer:
         loader = Loader(self.data, self.executor.data_reads(), self.batch, self.read_dtype, self.steps_per_epoch,
                         start, self.total_steps, workers, prefetch, spec["timeout"])
         augment = getattr(self.data, "augment", None)
-        how = (f"{len(loader.workers)} worker{'s' * (len(loader.workers) != 1)} per rank reading up to {prefetch} "
+        how = (f"{len(loader.workers)} worker{'s' * (len(loader.workers) != 1)} per rank reading up to "
+               f"{loader.prefetch} "
                f"batches ahead ({format_bytes(loader.buffer.nbytes)} of shared memory on rank 0)"
                if loader.workers else "read in each step (data.workers 0)")
         self.log(f"data: {self.data.path}, {self.data.num_samples:,} samples "
@@ -313,9 +322,10 @@ class Trainer:
                  + (f", {augment.describe()}" if augment else "") + f"; {how}")
         return loader
 
-    def _close(self):
+    def _close(self, failed=True):
+        """Close the data (after an error, the workers are killed without finishing their reads)."""
         if self.loader is not None:
-            self.loader.close()
+            self.loader.close(grace=0 if failed else CLOSE_GRACE_S)
             self.loader = None
         for source in (self.data, self.val):
             if source is not None:

@@ -75,20 +75,47 @@ def test_crops_and_flips_are_a_fixed_function_of_seed_epoch_and_sample(stored, o
         assert not np.array_equal(a, other)
 
 
+@pytest.mark.parametrize("crop", [CROP, (7, 8), (11, 9)])        # parts of rows read; whole rows (8 of 9 and more)
 @pytest.mark.parametrize("region, steps", [
     ([(0, 3), (0, 7), (0, 6)], None), ([(1, 3), (2, 6), (0, 4)], None), ([(0, 3), (0, 7), (3, 6)], None),
-    ([(0, 2), (1, 7), (1, 6)], (1, 2, 2)), ([(2, 3), (0, 7), (0, 5)], (1, 3, 2)), ([(0, 3), (4, 4), (0, 6)], None)])
-def test_a_tile_s_box_of_an_augmented_sample_is_that_box_of_the_whole_crop(stored, opened, region, steps):
+    ([(0, 2), (1, 7), (1, 6)], (1, 2, 2)), ([(2, 3), (0, 7), (0, 5)], (1, 3, 2)), ([(0, 3), (4, 4), (0, 6)], None),
+    ([(0, 3), (0, 7), (5, 6)], None), ([(0, 3), (6, 7), (0, 1)], (1, 1, 3))])
+def test_a_tile_s_box_of_an_augmented_sample_is_that_box_of_the_whole_crop(stored, opened, region, steps, crop):
     """What each rank reads: a box of the crop (with a strided window's steps), mirrored under a flip, taken from
     the stored image alone, equals that box cut from the whole augmented sample."""
     path, _ = stored
-    data = opened(path, augment=Augment(CROP, True), seed=1)
+    data = opened(path, augment=Augment(crop, True), seed=1)
     indices = np.arange(0, N, 3)
     whole = data.read(indices, epoch=0)[0]
     part = data.read(indices, region=region, steps=steps, epoch=0)[0]
     steps = steps or (1, 1, 1)
     np.testing.assert_array_equal(part, whole[(slice(None),) + tuple(slice(lo, hi, s) for (lo, hi), s in
                                                                       zip(region, steps))])
+
+
+def test_a_rank_reads_only_the_rows_and_the_column_span_its_box_needs(stored, opened, monkeypatch):
+    """The hyperslabs asked of HDF5: the box's rows, and its columns from the first to the last (whole rows only
+    when those are three quarters of a row or more)."""
+    path, _ = stored
+    data = opened(path, augment=Augment(CROP, True), seed=1)
+    asked = []
+    read_parts = data._read_parts
+    monkeypatch.setattr(data, "_read_parts", lambda indices, parts: asked.extend(parts) or read_parts(indices, parts))
+    data.read(np.arange(N), region=[(0, 3), (2, 5), (0, 3)], epoch=0)
+    windows = data.augment.windows(data.stored_shape, 1, 0, np.arange(N))
+    assert len(asked) == N and windows.flips.any() and not windows.flips.all()
+    for k, part in enumerate(asked):
+        first = windows.cols[k] + (CROP[1] - 3 if windows.flips[k] else 0)     # crop columns 0-2, or 3-5 mirrored
+        assert part.start == (0, windows.rows[k] + 2, first) and part.count == (3, 3, 3), (k, part)
+    asked.clear()
+    data.read(np.arange(N), region=[(0, 3), (2, 5), (0, 6)], epoch=0)       # 6 of 9 columns: still a span
+    assert all(part.count == (3, 3, 6) for part in asked)
+    wide = opened(path, augment=Augment((7, 7), True), seed=1)
+    monkeypatch.setattr(wide, "_read_parts", lambda indices, parts: asked.extend(parts) or [][0])
+    asked.clear()
+    with pytest.raises(IndexError):
+        wide.read(np.arange(2), region=[(0, 3), (2, 5), (0, 7)], epoch=0)   # 7 of 9 columns: whole rows
+    assert all(part.start[2] == 0 and part.count == (3, 3, W) for part in asked)
 
 
 def test_evaluation_reads_the_center_crop_unflipped(stored, opened):
@@ -118,7 +145,7 @@ def test_the_model_sees_the_crop(stored, opened):
 
 def test_augmentation_is_part_of_what_a_resumed_run_must_share(stored, opened):
     path, _ = stored
-    assert "data.augment" not in opened(path).identity()
+    assert opened(path).identity()["data.augment"] == "none"
     assert opened(path, augment=Augment(CROP, True)).identity()["data.augment"] == "crop 7x6, flip"
 
 

@@ -43,7 +43,8 @@ def test_a_folder_becomes_a_dataset_resized_block_by_block(tmp_path, monkeypatch
         assert f["labels"][()].tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
         assert list(f.attrs["classes"]) == ["ant", "bee", "cat"]
         stored = f["images"][()]
-        expected = np.asarray(Image.fromarray(images[str(source / "cat" / "1.png")]).resize((6, 8), Image.Resampling.LANCZOS))
+        expected = np.asarray(Image.fromarray(images[str(source / "cat" / "1.png")]).resize(
+            (6, 8), Image.Resampling.LANCZOS))
         assert np.array_equal(stored[7], expected.transpose(2, 0, 1))
         values = stored.astype(np.float64) / 255
         np.testing.assert_allclose(f["images"].attrs["mean"], values.mean(axis=(0, 2, 3)), rtol=1e-12)
@@ -444,9 +445,12 @@ def test_the_convert_command_labels_a_folder_of_images_as_the_training_set_does(
             "--workers", "2", "-o", str(tmp_path / "v.h5")]
     assert main(argv + ["--classes", str(train)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (
-        f"wrote {tmp_path / 'v.h5'}: 4 images of 3x4x4 (C x H x W), 3 classes (ant, bee, cat) as in {train}")
-    with h5py.File(tmp_path / "v.h5") as f:
+        f"wrote {tmp_path / 'v.h5'}: 4 images of 3x4x4 (C x H x W), 3 classes (ant, bee, cat) as in {train} and "
+        "normalised with its mean and std")
+    with h5py.File(tmp_path / "v.h5") as f, h5py.File(train) as t:
         assert f["labels"][()].tolist() == [2, 0, 1, 0]
+        for key in ("mean", "std"):            # the training set's, not the held-out images' own
+            np.testing.assert_array_equal(f["images"].attrs[key], t["images"].attrs[key])
     (tmp_path / "val.csv").write_text("a,cat\nb,dog\nc,cat\nd,dog\n")
     assert main(argv) == 0
     assert capsys.readouterr().out.splitlines()[-1] == (

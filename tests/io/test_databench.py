@@ -52,7 +52,7 @@ def test_data_bench_command_text_and_json(stored, capsys):
     assert code == 0
     assert f"{stored}: shuffled batches of 8 images of 3x40x40 uint8 (chunks [1, 3, 40, 40]), augmentation: random " \
            "24x24 crops" in out
-    assert "images/s delivered" in out and "1 worker, 2 batches ahead" in out and "worker peak memory" in out
+    assert "images/s delivered" in out and "1 worker, 2 batches ahead" in out and "a worker's peak memory" in out
     code, out, _ = call(capsys, "data", "bench", stored, "--batch", 8, "--workers", 0, "--batches", 2, "--json")
     assert code == 0 and json.loads(out)["images_per_s"] > 0
 
@@ -88,4 +88,4 @@ def test_bench_on_real_data_reports_the_data_wait(stored, capsys):
 def test_bench_on_data_that_does_not_fit_the_model(stored, capsys):
     code, _, err = call(capsys, "bench", SMALL_RESNET, "--batch", 4, "--steps", 1, "--data", stored)
     assert code == 2 and "images are [3, 40, 40] (C, H, W) but model 'small_resnet' takes [3, 16, 16]: set " \
-                          "data.augment.crop: [16, 16] to crop them" in err
+                          "--augment '{crop: [16, 16]}' to crop them" in err

@@ -12,7 +12,7 @@ import pytest
 from spmdcnn.io.augment import Augment
 from spmdcnn.io.dataset import HDF5Dataset, SyntheticData
 from spmdcnn.io.prefetch import Loader, default_workers, resolve
-from spmdcnn.io.workers import WorkerError
+from spmdcnn.io.workers import Worker, WorkerError, close_all
 
 N, C, H, W = 30, 3, 12, 10
 BATCH = 4
@@ -143,3 +143,53 @@ def test_auto_settings():
     assert resolve("auto", "auto", 1) == (default_workers(1), max(2, default_workers(1) + 1))
     assert resolve(0, "auto") == (0, 2) and resolve(3, 1) == (3, 1)
     assert 1 <= default_workers(64) <= default_workers(1) <= 8
+
+
+def test_workers_need_a_batch_ahead(data):
+    with pytest.raises(ValueError, match="prefetch must be 1 or more, got 0"):
+        Loader(data, READS, BATCH, np.float32, 7, 0, 5, 1, 0)
+
+
+def test_no_more_batches_ahead_than_steps_and_no_worker_for_a_rank_that_reads_nothing(data):
+    with Loader(data, READS, BATCH, np.float32, 7, 0, 3, 8, 20) as loader:
+        assert len(loader.workers) == 3 and loader.prefetch == 3 and loader.slots == 4
+    with Loader(data, [], BATCH, np.float32, 7, 0, 5, 2, 2) as loader:     # its tiles read no data
+        assert loader.workers == [] and loader.next()[0].labels(0, BATCH).shape == (BATCH,)
+
+
+def test_a_setup_error_is_reported_even_when_the_worker_ended_before_the_first_message():
+    worker = Worker(("spmdcnn.io.no_such_module", "handler", {}), "data worker 1 of 1 reading x.h5")
+    try:
+        worker.process.wait(timeout=30)            # it has sent its error and exited
+        with pytest.raises(WorkerError) as info:
+            worker.send(("a read",))
+            worker.receive(5)
+    finally:
+        close_all([worker], grace=0)
+    assert "data worker 1 of 1 reading x.h5: No module named 'spmdcnn.io.no_such_module'" in str(info.value)
+
+
+def test_an_error_in_the_rank_ends_its_busy_workers_at_once(data):
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match="the step failed"):
+        with Loader(data, READS, BATCH, np.float32, 7, 0, 50, 3, 6) as loader:
+            loader.next()
+            pids = [worker.pid for worker in loader.workers]
+            for worker in loader.workers:
+                os.kill(worker.pid, signal.SIGSTOP)        # busy, or stuck: they cannot finish in time
+            raise RuntimeError("the step failed")
+    assert time.monotonic() - start < 4
+    for pid in pids:
+        with pytest.raises(ChildProcessError):
+            os.waitpid(pid, os.WNOHANG)
+
+
+def test_a_file_replaced_after_the_rank_opened_it_is_refused_by_the_workers(data, tmp_path):
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f.create_dataset("images", data=np.zeros((N, C, H, W), np.uint8))
+        f.create_dataset("labels", data=np.arange(N) % 7)
+    os.replace(tmp_path / "other.h5", data.path)       # the rank still holds the old file open
+    with pytest.raises(WorkerError) as info:
+        with Loader(data, READS, BATCH, np.float32, 7, 0, 5, 1, 2) as loader:
+            loader.next()
+    assert f"{data.path}: the file changed since the rank opened it: data.labels_crc32" in str(info.value)

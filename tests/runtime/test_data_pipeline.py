@@ -78,13 +78,25 @@ def test_a_resumed_run_with_workers_and_augmentation_is_bit_exact(tmp_path):
         assert np.array_equal(a.params[name], b.params[name]) and np.array_equal(a.momentum[name], b.momentum[name])
 
 
-def test_resuming_with_other_augmentation_is_refused(tmp_path):
-    data = write_data(tmp_path / "data.h5")
-    Trainer(make_job(tmp_path, data, steps=3), log=quiet).run()
-    job = make_job(tmp_path, data)
-    job["data"]["augment"]["flip"] = False
-    with pytest.raises(CheckpointError, match="data.augment 'crop 15x13, flip' -> 'crop 15x13'"):
-        Trainer(job, log=quiet)
+@pytest.mark.parametrize("before, after, change", [
+    ({"crop": [15, 13], "flip": True}, {"crop": [15, 13]}, "'crop 15x13, flip' -> 'crop 15x13'"),
+    ({"flip": True}, {}, "'flip' -> 'none'"), ({}, {"flip": True}, "'none' -> 'flip'")])
+def test_resuming_with_other_augmentation_is_refused(tmp_path, before, after, change):
+    data = write_data(tmp_path / "data.h5", shape=(15, 13))
+    Trainer(make_job(tmp_path, data, steps=3, augment=before), log=quiet).run()
+    with pytest.raises(CheckpointError, match=f"data.augment {change}"):
+        Trainer(make_job(tmp_path, data, augment=after), log=quiet)
+
+
+def test_a_checkpoint_from_before_augmentation_resumes_a_run_without_it(tmp_path):
+    import h5py as h5
+    data = write_data(tmp_path / "data.h5", shape=(15, 13))
+    Trainer(make_job(tmp_path, data, steps=3, augment={}), log=quiet).run()
+    with h5.File(tmp_path / "run.h5", "r+") as f:       # as an older spmdcnn wrote it
+        del f["state"].attrs["data.augment"]
+    assert Trainer(make_job(tmp_path, data, augment={}), log=quiet).start_step == 3
+    with pytest.raises(CheckpointError, match="data.augment 'none' -> 'flip'"):
+        Trainer(make_job(tmp_path, data, augment={"flip": True}), log=quiet)
 
 
 def test_the_data_wait_is_logged_and_recorded(tmp_path):
@@ -99,11 +111,20 @@ def test_the_data_wait_is_logged_and_recorded(tmp_path):
 
 
 def test_held_out_data_is_center_cropped_to_the_training_crop(tmp_path):
+    """The held-out result on 16x16 images under a 15x13 crop equals that on the same images cut at their center
+    beforehand (rows 0-14, columns 1-13), never flipped."""
     data = write_data(tmp_path / "data.h5")
     val = write_data(tmp_path / "val.h5", samples=7, shape=(16, 16))
-    job = make_job(tmp_path, data, val=val)
-    job["eval"]["every"] = 3
-    assert Trainer(job, log=quiet).run()["val"] is not None
+    with h5py.File(val) as f, h5py.File(tmp_path / "center.h5", "w") as center:
+        center["images"], center["labels"] = f["images"][:, :, 0:15, 1:14], f["labels"][()]
+    results = []
+    for held_out in (val, str(tmp_path / "center.h5")):
+        folder = tmp_path / os.path.basename(held_out)[:-3]
+        folder.mkdir()
+        job = make_job(folder, data, val=held_out)
+        job["eval"]["every"] = 3
+        results.append(Trainer(job, log=quiet).run()["val"])
+    assert results[0] == results[1]
 
 
 @pytest.mark.parametrize("augment, fragment", [
@@ -155,3 +176,28 @@ def test_a_worker_killed_mid_run_ends_the_job_with_a_message(tmp_path):
         process.wait()
     assert process.returncode != 0
     assert f"data worker 2 of 2 reading {data}" in err and "killed by SIGKILL" in err, err
+
+
+def test_held_out_classes_must_be_the_training_set_s(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    val = write_data(tmp_path / "val.h5", samples=7, shape=(16, 16))
+    with h5py.File(data, "r+") as f:
+        f.attrs["classes"] = [f"n{k:08d}" for k in range(10)]
+    with h5py.File(val, "r+") as f:
+        f.attrs["classes"] = [f"n{k:08d}" for k in reversed(range(10))]
+    with pytest.raises(DataError) as info:
+        Trainer(make_job(tmp_path, data, val=val), log=quiet)
+    assert (f"{val}: its classes are not those of the training set {data} (label 0 is 'n00000009' there, "
+            f"'n00000000' in training): convert the held-out images with --classes {data}") in str(info.value)
+
+
+def test_held_out_data_normalised_otherwise_is_said(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    val = write_data(tmp_path / "val.h5", samples=7, shape=(16, 16))
+    for path, mean in ((data, 0.5), (val, 0.4)):
+        with h5py.File(path, "r+") as f:
+            f["images"].attrs.update({"mean": [mean] * 3, "std": [0.25] * 3})
+    lines = []
+    Trainer(make_job(tmp_path, data, val=val, steps=1), log=lines.append)
+    assert f"warning: data.val {val} is normalised with its own mean and std, not the training set's ({data}): " \
+           f"convert it with --classes {data} to share them" in lines
