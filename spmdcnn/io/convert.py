@@ -11,9 +11,10 @@ shuffled read of a sample then touches that sample alone; 0: one contiguous arra
   ``classes`` attribute), each with image files Pillow reads (PNG, JPEG, BMP, GIF, TIFF, WebP, ...); or, with
   ``labels``, the image files themselves, labelled by a text or CSV file (ImageNet's validation set comes so:
   :mod:`spmdcnn.io.labels`). Class names number as in ``classes`` (a training set's file, whose mean and std the
-  held-out file then shares) where given, else in sorted order. Every image becomes RGB (or one channel with ``grayscale``) and is fitted
-  to ``size`` (height, width) with Lanczos filtering (:func:`_image_reader`: stretched, or its shorter side
-  resized and the center cut); without ``size`` every image must already have the first one's size. With
+  held-out file then shares) where given, else in sorted order. Every image becomes RGB (or one channel with
+  ``grayscale``) and is fitted to ``size`` (height, width) with Lanczos filtering (:func:`_image_reader`:
+  stretched, or its shorter side resized and the center cut); without ``size`` every image must already have the
+  first one's size. With
   ``workers`` > 1, worker processes (:mod:`spmdcnn.io.workers`) decode the images; the file written is the same.
 - **Arrays**: ``images`` (N, C, H, W) or (N, H, W, C), uint8 or float32, and ``labels`` (N,) integers, as
   ``.npy`` files. Which layout is said by ``channels_last`` (``--channels-first``/``--channels-last``), or read
@@ -178,9 +179,9 @@ def _read_as(shape, channels_last):
 def list_folder(folder, labels=None, classes=None):
     """``(classes, [(path, label)])`` of an image folder, its image files in sorted order: those of its class
     sub-folders, labelled by the sub-folder's place among them (sorted), or in ``classes``; or, with ``labels``
-    (a label file, :func:`~spmdcnn.io.labels.read_labels`), those of the folder itself, labelled by that file (:func:`~spmdcnn.io.labels.numbered`).
-    ``classes``: None, or the file of the class names (:func:`~spmdcnn.io.labels.load_classes`); the ``classes`` returned are
-    None for integer labels without it."""
+    (a label file, :func:`~spmdcnn.io.labels.read_labels`), those of the folder itself, labelled by that file
+    (:func:`~spmdcnn.io.labels.numbered`). ``classes``: None, or the file of the class names
+    (:func:`~spmdcnn.io.labels.load_classes`); the ``classes`` returned are None for integer labels without it."""
     if not os.path.isdir(folder):
         raise DataError(_not_a_folder(folder))
     names = load_classes(classes) if classes is not None else None
