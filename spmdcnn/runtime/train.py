@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .. import backend
+from .. import backend, cores_per_rank
 from ..comm import World, choose_transport
 from ..comm.transport import check as check_transport
 from ..graph import load_model
@@ -313,10 +313,11 @@ class Trainer:
         loader = Loader(self.data, self.executor.data_reads(), self.batch, self.read_dtype, self.steps_per_epoch,
                         start, self.total_steps, workers, prefetch, spec["timeout"])
         augment = getattr(self.data, "augment", None)
+        cores = cores_per_rank(self.node_ranks[1])
+        crowded = f", more than the rank's {cores} core{'s' * (cores != 1)}" if len(loader.workers) > cores else ""
         how = (f"{len(loader.workers)} worker{'s' * (len(loader.workers) != 1)} per rank reading up to "
-               f"{loader.prefetch} "
-               f"batches ahead ({format_bytes(loader.buffer.nbytes)} of shared memory on rank 0)"
-               if loader.workers else "read in each step (data.workers 0)")
+               f"{loader.prefetch} batches ahead ({format_bytes(loader.buffer.nbytes)} of shared memory on rank 0"
+               f"{crowded})" if loader.workers else "read in each step (data.workers 0)")
         self.log(f"data: {self.data.path}, {self.data.num_samples:,} samples "
                  f"{'shuffled' if self.data.shuffle else 'in order'}"
                  + (f", {augment.describe()}" if augment else "") + f"; {how}")
