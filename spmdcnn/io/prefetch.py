@@ -85,11 +85,33 @@ class Layout:
 
 
 def read_batch(source, layout, indices, epoch, views):
-    """Fill ``views`` (:meth:`Layout.views`) with the reads of the batch of samples ``indices``."""
+    """Fill ``views`` (:meth:`Layout.views`) with the reads of the batch of samples ``indices``; an index of -1
+    (evaluation's padding, at the end of a batch) reads as zeros."""
     for box, steps, shape, _ in layout.parts:
         (n0, n1), *region = box
-        source.read(indices[n0:n1], layout.dtype, region, None if steps is None else steps[1:], epoch=epoch,
-                    out=views[(box, steps)])
+        wanted, out = indices[n0:n1], views[(box, steps)]
+        real = int(np.count_nonzero(wanted >= 0))
+        source.read(wanted[:real], layout.dtype, region, None if steps is None else steps[1:], epoch=epoch,
+                    out=out[:real])
+        out[real:] = 0
+
+
+def evaluation_batches(count, batch):
+    """The batches of an evaluation of ``count`` samples in order, a function of the step: ``(None, indices)``
+    (None: no augmentation, the center crop), the last batch padded with -1 to ``batch`` samples."""
+    def batch_of(step):
+        indices = np.arange(step * batch, (step + 1) * batch, dtype=np.int64)
+        indices[indices >= count] = -1
+        return None, indices
+    return batch_of
+
+
+def _labels(source, indices):
+    """The labels of ``indices``, -1 for padding."""
+    labels = np.full(len(indices), -1, dtype=np.int64)
+    real = indices >= 0
+    labels[real] = source.read_labels(indices[real])
+    return labels
 
 
 class ReadBatch:
@@ -138,15 +160,17 @@ class Loader:
     ``source``: the data; ``reads``: the ``(box, steps)`` this rank reads of each batch; ``batch``: the global
     batch size; ``steps_per_epoch`` turns a step into (epoch, batch of the epoch); ``workers``, ``prefetch``,
     ``timeout``: as the job keys (already resolved: :func:`resolve`). A rank that reads no data starts no worker;
-    no more workers or batches ahead are used than there are steps.
+    no more workers or batches ahead are used than there are steps. ``batches``: instead of the training order, a
+    function of the step that gives its ``(epoch, indices)`` (:func:`evaluation_batches`).
 
     Make and use a loader on a thread that outlives it (the main thread): on Linux a worker is ended by the
     kernel when the thread that started it ends."""
 
     def __init__(self, source, reads, batch, dtype, steps_per_epoch, start, stop, workers=0, prefetch=2,
-                 timeout=300.0):
+                 timeout=300.0, batches=None):
         self.source, self.batch, self.dtype = source, batch, np.dtype(dtype)
         self.steps_per_epoch, self.next_step, self.stop = steps_per_epoch, start, stop
+        self.batch_of = batches or self._training_batch
         self.layout = Layout(reads, dtype)
         self.timeout = float(timeout)
         self.workers, self.pending, self.buffer = [], deque(), None
@@ -174,16 +198,16 @@ class Loader:
                 self.close(grace=0)
                 raise
 
-    def _where(self, step):
-        return divmod(step, self.steps_per_epoch)
+    def _training_batch(self, step):
+        epoch, s = divmod(step, self.steps_per_epoch)
+        return epoch, self.source.indices(epoch, s, self.batch)
 
     def _fill(self):
         """Issue reads until ``prefetch`` batches are in flight (the slot of the batch in use stays untouched)."""
         while self.issued < self.stop and self.issued - self.next_step < self.slots - 1:
             step = self.issued
-            epoch, s = self._where(step)
             worker = self.workers[step % len(self.workers)]
-            worker.send((step % self.slots, epoch, self.source.indices(epoch, s, self.batch)))
+            worker.send((step % self.slots, *self.batch_of(step)))
             self.pending.append((step, worker))
             self.issued += 1
 
@@ -194,8 +218,7 @@ class Loader:
         if self.next_step >= self.stop:
             raise ValueError(f"the loader's steps end at {self.stop}")
         step = self.next_step
-        epoch, s = self._where(step)
-        indices = self.source.indices(epoch, s, self.batch)
+        epoch, indices = self.batch_of(step)
         what = f"{self.source.path}, step {step + 1}"
         started = time.perf_counter()
         if self.workers:
@@ -211,7 +234,7 @@ class Loader:
         self.next_step += 1
         if self.workers:
             self._fill()       # the previous batch's slot is free now: the caller has moved on to this one
-        return ReadBatch(arrays, self.source.read_labels(indices), what), waited
+        return ReadBatch(arrays, _labels(self.source, indices), what), waited
 
     def close(self, grace=CLOSE_GRACE_S):
         """End the workers (their peak resident memory is kept in ``peaks``; ``grace``: the seconds they may take

@@ -30,6 +30,7 @@ from .yamlfile import FormatError
 
 POLL_S = 0.1            # how often a waiting parent checks that its worker is alive
 CLOSE_GRACE_S = 5.0     # how long a closing worker may take to finish before it is killed
+KILLED_WAIT_S = 2.0     # how long a killed worker is waited for (one stuck in the kernel is left)
 _ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))    # holds spmdcnn/
 
 
@@ -145,8 +146,8 @@ class Worker:
 def close_all(workers, grace=CLOSE_GRACE_S):
     """End ``workers`` together: each is asked to end and may finish the reads it has queued for ``grace``
     seconds in all (0: killed at once, after an error), then is killed. Returns the peak resident bytes of those
-    that said. A killed worker stuck in the kernel (a hung network file system) is left after a second: the rank
-    ends without waiting for it."""
+    that said. A killed worker stuck in the kernel (a hung network file system) is left after KILLED_WAIT_S: the
+    rank ends without waiting for it."""
     peaks, waiting = [], []
     for worker in workers:
         try:
@@ -169,11 +170,15 @@ def close_all(workers, grace=CLOSE_GRACE_S):
                     peaks.append(value)
     for worker in workers:
         worker.connection.close()
-        if worker.process.poll() is None:
+    end = time.monotonic() + (min(1.0, grace) if grace > 0 else 0)     # those that said goodbye are ending
+    for worker in workers:
+        try:
+            worker.process.wait(timeout=max(0.0, end - time.monotonic()))
+        except subprocess.TimeoutExpired:
             worker.process.kill()
     for worker in workers:
         try:
-            worker.process.wait(timeout=1.0)
+            worker.process.wait(timeout=KILLED_WAIT_S)
         except subprocess.TimeoutExpired:
             pass
     return peaks

@@ -2,43 +2,26 @@
 
 The plan fixes the global batch, so the last batch is padded: its padding samples read as zeros and carry the
 label -1, which the loss leaves out and no prediction matches (``ops/loss.py``). Batch normalization uses its
-running statistics and dropout is off, so the padding changes nothing of the real samples' results.
+running statistics and dropout is off, so the padding changes nothing of the real samples' results. The batches
+are read as training's are (:class:`~spmdcnn.io.prefetch.Loader`): by worker processes reading ahead, or with
+``workers`` 0 by the rank when each batch is taken; images at their center crop, never flipped.
 """
 
-import numpy as np
-
-from ..io.dataset import Batch
+from ..io.prefetch import Loader, evaluation_batches
 
 
-class PaddedBatch(Batch):
-    """Samples ``indices`` of ``source`` followed by ``size - len(indices)`` padding samples."""
-
-    def __init__(self, source, indices, size, dtype):
-        super().__init__(source, indices, dtype)
-        self.real, self.size = len(self.indices), size
-
-    def images(self, box, steps=None):
-        (n0, n1), *region = box
-        real = super().images(((n0, min(n1, self.real)),) + tuple(region), steps) if n0 < self.real else None
-        if n1 <= self.real and real is not None:
-            return real
-        shape = self.source.read(self.indices[:0], self.dtype, region, None if steps is None else steps[1:])[0].shape
-        padding = np.zeros((n1 - max(n0, self.real),) + shape[1:], dtype=self.dtype)
-        return padding if real is None else np.concatenate([real, padding])
-
-    def labels(self, lo, hi):
-        real = self.source.read_labels(self.indices[lo:min(hi, self.real)]) if lo < self.real else np.zeros(0, int)
-        return np.concatenate([real, np.full(max(0, hi - max(lo, self.real)), -1, dtype=np.int64)])
-
-
-def evaluate(executor, source, batch, dtype):
+def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.0):
     """``(loss, accuracy)`` of the model over every sample of ``source``: the mean loss per sample and the
-    fraction predicted right (collective: every rank of the executor's world calls it)."""
+    fraction predicted right (collective: every rank of the executor's world calls it). ``workers``,
+    ``prefetch``, ``timeout``: as the job's ``data`` keys (resolved)."""
     total = source.num_samples
+    steps = -(-total // batch)
     loss = correct = 0.0
-    for start in range(0, total, batch):
-        part = PaddedBatch(source, np.arange(start, min(start + batch, total)), batch, dtype)
-        mean, right, _ = executor.forward(part, training=False)
-        loss += mean * batch            # the padding adds nothing to the sum
-        correct += right
+    with Loader(source, executor.data_reads(batch), batch, dtype, None, 0, steps, workers, prefetch, timeout,
+                batches=evaluation_batches(total, batch)) as loader:
+        for step in range(steps):
+            part, _ = loader.next(step)
+            mean, right, _ = executor.forward(part, training=False)
+            loss += mean * batch            # the padding adds nothing to the sum
+            correct += right
     return loss / total, correct / total

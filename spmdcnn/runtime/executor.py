@@ -127,8 +127,11 @@ class Executor:
         """This rank's :class:`~spmdcnn.runtime.program.Site` of ``layer`` (kernels read padding, offsets, ...)."""
         return self.program.sites[layer.name]
 
-    def data_reads(self):
-        """The ``(box, steps)`` of the data this rank's tiles read of every batch (global batch coordinates)."""
+    def data_reads(self, batch=None):
+        """The ``(box, steps)`` of the data this rank's tiles read of every batch (global batch coordinates), of
+        ``batch`` samples when given (without a plan the executor takes any batch size)."""
+        if batch is not None:
+            self._batch_program(batch)
         reads = []
         for layer in self.graph.layers:
             site = self.program.sites[layer.name]

@@ -333,7 +333,9 @@ class Trainer:
                 source.close()
 
     def _evaluate(self):
-        return evaluate(self.executor, self.val, self.batch, self.read_dtype)
+        spec = self.job["data"]
+        workers, prefetch = resolve(spec["workers"], spec["prefetch"], self.node_ranks[1])
+        return evaluate(self.executor, self.val, self.batch, self.read_dtype, workers, prefetch, spec["timeout"])
 
     def _step(self, step):
         executor = self.executor

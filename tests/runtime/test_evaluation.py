@@ -40,7 +40,7 @@ def job(tmp_path, **overrides):
 
 def test_evaluation_counts_every_sample_once_whatever_the_batch():
     """21 samples in batches of 8: the last batch padded; the same loss and accuracy as one batch of all 21
-    (batch normalization from running statistics set away from their defaults)."""
+    (batch normalization from running statistics set away from their defaults), with or without workers."""
     graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
     executor = Executor(graph, dtype=np.float64, seed=3)
     executor.buffers.flat[...] = np.abs(np.random.default_rng(1).standard_normal(executor.buffers.flat.shape))
@@ -49,8 +49,8 @@ def test_evaluation_counts_every_sample_once_whatever_the_batch():
         val = HDF5Dataset(dataset(os.path.join(folder, "val.h5"), 21, seed=1), shuffle=False)
         images, labels = val.read(np.arange(21), np.float64)
         whole, right, _ = executor.forward(images, labels, training=False)
-        for batch in (8, 21, 5):
-            loss, accuracy = evaluate(executor, val, batch, np.float64)
+        for batch, workers in ((8, 0), (21, 0), (5, 0), (8, 2), (5, 1)):      # read in the rank, or ahead
+            loss, accuracy = evaluate(executor, val, batch, np.float64, workers)
             assert loss == pytest.approx(whole, rel=1e-12) and accuracy == right / 21
         val.close()
 
