@@ -169,7 +169,7 @@ class Loader:
     def __init__(self, source, reads, batch, dtype, steps_per_epoch, start, stop, workers=0, prefetch=2,
                  timeout=300.0, batches=None):
         self.source, self.batch, self.dtype = source, batch, np.dtype(dtype)
-        self.steps_per_epoch, self.next_step, self.stop = steps_per_epoch, start, stop
+        self.steps_per_epoch, self.first, self.next_step, self.stop = steps_per_epoch, start, start, stop
         self.batch_of = batches or self._training_batch
         self.layout = Layout(reads, dtype)
         self.timeout = float(timeout)
@@ -235,6 +235,14 @@ class Loader:
         if self.workers:
             self._fill()       # the previous batch's slot is free now: the caller has moved on to this one
         return ReadBatch(arrays, _labels(self.source, indices), what), waited
+
+    def again(self):
+        """Start over from the first step (another evaluation), keeping the workers; every step must be taken."""
+        if self.next_step != self.stop:
+            raise ValueError(f"the loader is at step {self.next_step} of {self.stop}: take them all first")
+        self.next_step = self.issued = self.first
+        if self.workers:
+            self._fill()
 
     def close(self, grace=CLOSE_GRACE_S):
         """End the workers (their peak resident memory is kept in ``peaks``; ``grace``: the seconds they may take

@@ -10,18 +10,35 @@ are read as training's are (:class:`~spmdcnn.io.prefetch.Loader`): by worker pro
 from ..io.prefetch import Loader, evaluation_batches
 
 
-def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.0):
+def evaluation_loader(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.0):
+    """The loader of one evaluation of ``source`` in batches of ``batch``; :meth:`~spmdcnn.io.prefetch.Loader.again`
+    makes it read the next evaluation with the same workers. ``workers``, ``prefetch``, ``timeout``: as the job's
+    ``data`` keys (resolved)."""
+    return Loader(source, executor.data_reads(batch), batch, dtype, None, 0, -(-source.num_samples // batch),
+                  workers, prefetch, timeout, batches=evaluation_batches(source.num_samples, batch))
+
+
+def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.0, loader=None):
     """``(loss, accuracy)`` of the model over every sample of ``source``: the mean loss per sample and the
-    fraction predicted right (collective: every rank of the executor's world calls it). ``workers``,
-    ``prefetch``, ``timeout``: as the job's ``data`` keys (resolved)."""
+    fraction predicted right (collective: every rank of the executor's world calls it). ``loader``: an
+    :func:`evaluation_loader` of an earlier evaluation to read with again (else one is made and closed)."""
+    own = loader is None
+    if own:
+        loader = evaluation_loader(executor, source, batch, dtype, workers, prefetch, timeout)
+    elif loader.next_step == loader.stop:       # read by an earlier evaluation: once more
+        loader.again()
     total = source.num_samples
-    steps = -(-total // batch)
     loss = correct = 0.0
-    with Loader(source, executor.data_reads(batch), batch, dtype, None, 0, steps, workers, prefetch, timeout,
-                batches=evaluation_batches(total, batch)) as loader:
-        for step in range(steps):
+    try:
+        for step in range(loader.stop):
             part, _ = loader.next(step)
             mean, right, _ = executor.forward(part, training=False)
             loss += mean * batch            # the padding adds nothing to the sum
             correct += right
+    except BaseException:
+        if own:
+            loader.close(grace=0)
+        raise
+    if own:
+        loader.close()
     return loss / total, correct / total

@@ -24,7 +24,7 @@ from ..cost.machine import load_machine
 from ..cost.memory import format_bytes
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
-from .evaluate import evaluate
+from .evaluate import evaluate, evaluation_loader
 from .executor import Executor
 from .optimizer import SGD
 from .paths import check_inputs, check_outputs, data_to_make, prepare_outputs
@@ -120,7 +120,7 @@ class Trainer:
         self.node_ranks = self.world.node_ranks()           # collective: before anything may fail on one rank
         say = log or (lambda line: print(line, flush=True))
         self.log = say if self.rank == 0 else (lambda line: None)
-        self.data = self.val = self.loader = None
+        self.data = self.val = self.loader = self.val_loader = None
         self.progress = None
         self.bar = self.rank == 0 and log is None         # a progress bar while training (log.progress)
         try:
@@ -325,17 +325,22 @@ class Trainer:
 
     def _close(self, failed=True):
         """Close the data (after an error, the workers are killed without finishing their reads)."""
-        if self.loader is not None:
-            self.loader.close(grace=0 if failed else CLOSE_GRACE_S)
-            self.loader = None
+        for loader in (self.loader, self.val_loader):
+            if loader is not None:
+                loader.close(grace=0 if failed else CLOSE_GRACE_S)
+        self.loader = self.val_loader = None
         for source in (self.data, self.val):
             if source is not None:
                 source.close()
 
     def _evaluate(self):
-        spec = self.job["data"]
-        workers, prefetch = resolve(spec["workers"], spec["prefetch"], self.node_ranks[1])
-        return evaluate(self.executor, self.val, self.batch, self.read_dtype, workers, prefetch, spec["timeout"])
+        """The evaluation of ``data.val``; its workers are started at the first and kept for the next ones."""
+        if self.val_loader is None:
+            spec = self.job["data"]
+            workers, prefetch = resolve(spec["workers"], spec["prefetch"], self.node_ranks[1])
+            self.val_loader = evaluation_loader(self.executor, self.val, self.batch, self.read_dtype, workers,
+                                                prefetch, spec["timeout"])
+        return evaluate(self.executor, self.val, self.batch, self.read_dtype, loader=self.val_loader)
 
     def _step(self, step):
         executor = self.executor

@@ -217,3 +217,19 @@ def test_evaluation_batches_pad_the_last_batch_with_zeros_and_label_minus_one(da
                 np.testing.assert_array_equal(images[:len(real)], data.read(real)[0])      # center crops
                 assert not images[len(real):].any() and list(labels[len(real):]) == [-1] * (BATCH - len(real))
                 np.testing.assert_array_equal(labels[:len(real)], data.read_labels(real))
+
+
+def test_a_loader_read_again_keeps_its_workers_and_gives_the_same_batches(data):
+    from spmdcnn.io.prefetch import evaluation_batches
+    reads = [(((0, BATCH), (0, 3), (0, 8), (0, 8)), None)]
+    with Loader(data, reads, BATCH, np.float32, None, 0, 8, 2, 3, batches=evaluation_batches(N, BATCH)) as loader:
+        pids = [worker.pid for worker in loader.workers]
+        first = [loader.next()[0].images(*reads[0]).copy() for _ in range(7)]
+        with pytest.raises(ValueError, match="at step 7 of 8: take them all first"):
+            loader.again()
+        first.append(loader.next(7)[0].images(*reads[0]).copy())
+        loader.again()
+        second = [loader.next()[0].images(*reads[0]).copy() for _ in range(8)]
+        assert [worker.pid for worker in loader.workers] == pids
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
