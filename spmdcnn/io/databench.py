@@ -6,25 +6,33 @@ import time
 
 import numpy as np
 
-from .augment import Augment
+from .augment import WHOLE_ROW, Augment
 from .dataset import HDF5Dataset
 from .prefetch import Loader, resolve
 from .workers import Worker, close_all
 
 
-def idle_worker_memory():
-    """The peak resident bytes of a worker that imports what a reading worker imports and reads nothing."""
-    worker = Worker(("spmdcnn.io.databench", "_idle", {}), "an idle data worker")
+def idle_worker_memory(path):
+    """The peak resident bytes of a worker that opens the dataset at ``path`` as a reading worker does, and reads
+    nothing."""
+    worker = Worker(("spmdcnn.io.databench", "_idle", {"path": path}), "an idle data worker")
     worker.send(0)
     worker.receive(60)
     peaks = close_all([worker])
     return peaks[0] if peaks else None
 
 
-def _idle():
-    import h5py  # noqa: F401  (what a reading worker loads)
-    from . import prefetch  # noqa: F401
-    return lambda message: message
+def _idle(path):
+    from . import prefetch  # noqa: F401  (what a reading worker loads)
+    source = HDF5Dataset(path)
+    return lambda message: source.num_samples
+
+
+def _staged_values(source):
+    """The values of one sample a whole read stages: its crop's rows, whole when the crop is most of them."""
+    C, H, W = source.sample_shape
+    stored = source.stored_shape[2]
+    return C * H * (stored if W >= WHOLE_ROW * stored else W)
 
 
 def data_bench(path, batch, workers="auto", prefetch="auto", augment=None, batches=50, warmup=3, dtype="float32",
@@ -57,12 +65,12 @@ def data_bench(path, batch, workers="auto", prefetch="auto", augment=None, batch
                   "images_per_s": batches * batch / elapsed, "batch_s": elapsed / batches,
                   "wait_s_median": float(np.median(waits)),
                   "batch_bytes": slot, "shared_bytes": slot * (prefetch + 1) if workers else 0,
-                  "staging_bytes": batch * int(np.prod(source.sample_shape)) * source.images.dtype.itemsize,
+                  "staging_bytes": batch * _staged_values(source) * source.images.dtype.itemsize,
                   "worker_peak_bytes": max(loader.peaks) if loader.peaks else None}
     finally:
         source.close()
     if workers:
-        result["idle_worker_bytes"] = idle_worker_memory()
+        result["idle_worker_bytes"] = idle_worker_memory(path)
     return result
 
 

@@ -21,6 +21,7 @@ from .dataset import DataError, HDF5Dataset, SyntheticData
 from .workers import CLOSE_GRACE_S, SharedBuffer, Worker, attach, close_all
 
 MAX_AUTO_WORKERS = 8
+AUTO_MIN_READ_S = 1.0   # data.workers auto: no workers when all the batches read here in less (they cost more)
 STALLED = "raise data.timeout for slow storage, or copy the data to local disk"
 
 
@@ -159,7 +160,8 @@ class Loader:
 
     ``source``: the data; ``reads``: the ``(box, steps)`` this rank reads of each batch; ``batch``: the global
     batch size; ``steps_per_epoch`` turns a step into (epoch, batch of the epoch); ``workers``, ``prefetch``,
-    ``timeout``: as the job keys (already resolved: :func:`resolve`). A rank that reads no data starts no worker;
+    ``timeout``: as the job keys (``auto`` allowed: :meth:`_auto_workers`, :func:`resolve`; ``local_ranks``: the
+    ranks on this node, for auto). A rank that reads no data starts no worker;
     no more workers or batches ahead are used than there are steps. ``batches``: instead of the training order, a
     function of the step that gives its ``(epoch, indices)`` (:func:`evaluation_batches`).
 
@@ -167,7 +169,7 @@ class Loader:
     kernel when the thread that started it ends."""
 
     def __init__(self, source, reads, batch, dtype, steps_per_epoch, start, stop, workers=0, prefetch=2,
-                 timeout=300.0, batches=None):
+                 timeout=300.0, batches=None, local_ranks=1):
         self.source, self.batch, self.dtype = source, batch, np.dtype(dtype)
         self.steps_per_epoch, self.first, self.next_step, self.stop = steps_per_epoch, start, start, stop
         self.batch_of = batches or self._training_batch
@@ -177,26 +179,49 @@ class Loader:
         self.issued = start
         self.waited = 0.0
         self.peaks = []
+        self.probe_s, self._first = None, None
+        if workers == "auto":
+            workers = self._auto_workers(local_ranks)
+        workers, prefetch = resolve(workers, prefetch, local_ranks)
         if workers and prefetch < 1:
             raise ValueError(f"workers read batches ahead: prefetch must be 1 or more, got {prefetch}")
-        count = self.started = max(0, min(int(workers), stop - start)) if self.layout.parts else 0
-        self.prefetch = min(int(prefetch), max(stop - start, 1)) if count else 0
+        count = self.started = max(0, min(int(workers), stop - self.issued)) if self.layout.parts else 0
+        self.prefetch = min(int(prefetch), max(stop - self.issued, 1)) if count else 0
         if count:
-            self.slots = self.prefetch + 1
-            self.buffer = SharedBuffer(self.slots * self.layout.slot_bytes)
-            try:
-                setup = ("spmdcnn.io.prefetch", "SlotReader",
-                         {"spec": source.spec(), "identity": source.identity(),
-                          "reads": [(box, steps) for box, steps, _, _ in self.layout.parts],
-                          "dtype": self.dtype.str, "fd": self.buffer.fd, "nbytes": self.buffer.nbytes})
-                for k in range(count):
-                    self.workers.append(Worker(setup, f"data worker {k + 1} of {count} reading {source.path}",
-                                               (self.buffer.fd,)))
-                self.views = [self.layout.views(self.buffer.map, slot) for slot in range(self.slots)]
-                self._fill()
-            except BaseException:
-                self.close(grace=0)
-                raise
+            self._start(count)
+
+    def _auto_workers(self, local_ranks):
+        """``data.workers: auto``: none when reading every batch here would take under AUTO_MIN_READ_S in all
+        (timed on the first, which is kept for the first step), else :func:`default_workers`."""
+        if self.issued >= self.stop:
+            return 0
+        started = time.perf_counter()
+        epoch, indices = self.batch_of(self.issued)
+        arrays = self.layout.private()
+        read_batch(self.source, self.layout, indices, epoch, arrays)
+        self.probe_s = time.perf_counter() - started
+        self._first = (arrays, indices)
+        self.issued += 1
+        return 0 if self.probe_s * (self.stop - self.first) < AUTO_MIN_READ_S else default_workers(local_ranks)
+
+    def _start(self, count):
+        """Start ``count`` workers and their first reads."""
+        source = self.source
+        self.slots = self.prefetch + 1
+        self.buffer = SharedBuffer(self.slots * self.layout.slot_bytes)
+        try:
+            setup = ("spmdcnn.io.prefetch", "SlotReader",
+                     {"spec": source.spec(), "identity": source.identity(),
+                      "reads": [(box, steps) for box, steps, _, _ in self.layout.parts],
+                      "dtype": self.dtype.str, "fd": self.buffer.fd, "nbytes": self.buffer.nbytes})
+            for k in range(count):
+                self.workers.append(Worker(setup, f"data worker {k + 1} of {count} reading {source.path}",
+                                           (self.buffer.fd,)))
+            self.views = [self.layout.views(self.buffer.map, slot) for slot in range(self.slots)]
+            self._fill()
+        except BaseException:
+            self.close(grace=0)
+            raise
 
     def _training_batch(self, step):
         epoch, s = divmod(step, self.steps_per_epoch)
@@ -221,7 +246,10 @@ class Loader:
         epoch, indices = self.batch_of(step)
         what = f"{self.source.path}, step {step + 1}"
         started = time.perf_counter()
-        if self.workers:
+        if self._first is not None:                # read when the workers were chosen
+            (arrays, _), self._first = self._first, None
+            started -= self.probe_s
+        elif self.workers:
             head, worker = self.pending.popleft()
             assert head == step
             worker.receive(self.timeout, STALLED)

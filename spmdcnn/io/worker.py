@@ -14,6 +14,19 @@ import signal
 import sys
 
 PEAK_UNIT = 1 if sys.platform == "darwin" else 1024     # ru_maxrss: bytes on macOS, kilobytes on Linux
+
+
+def peak_bytes():
+    """This process's peak resident memory: Linux's VmHWM (its own since the exec; ru_maxrss would also count the
+    parent it was spawned from, kept across exec), else ru_maxrss."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * PEAK_UNIT
 from multiprocessing.connection import Connection
 
 
@@ -53,7 +66,7 @@ def main(argv):
         except (EOFError, OSError):     # the parent ended
             return 0
         if message is None:
-            connection.send(("closed", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * PEAK_UNIT))
+            connection.send(("closed", peak_bytes()))
             return 0
         try:
             answer = ("ok", handler(message))

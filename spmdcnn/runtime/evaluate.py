@@ -10,12 +10,13 @@ are read as training's are (:class:`~spmdcnn.io.prefetch.Loader`): by worker pro
 from ..io.prefetch import Loader, evaluation_batches
 
 
-def evaluation_loader(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.0):
+def evaluation_loader(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.0, local_ranks=1):
     """The loader of one evaluation of ``source`` in batches of ``batch``; :meth:`~spmdcnn.io.prefetch.Loader.again`
     makes it read the next evaluation with the same workers. ``workers``, ``prefetch``, ``timeout``: as the job's
-    ``data`` keys (resolved)."""
+    ``data`` keys; ``local_ranks``: the ranks on this node."""
     return Loader(source, executor.data_reads(batch), batch, dtype, None, 0, -(-source.num_samples // batch),
-                  workers, prefetch, timeout, batches=evaluation_batches(source.num_samples, batch))
+                  workers, prefetch, timeout, batches=evaluation_batches(source.num_samples, batch),
+                  local_ranks=local_ranks)
 
 
 def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.0, loader=None):

@@ -17,7 +17,7 @@ from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.augment import Augment
 from ..io.dataset import DataError, HDF5Dataset, SyntheticData, held_out_problems
-from ..io.prefetch import Loader, resolve
+from ..io.prefetch import AUTO_MIN_READ_S, Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
 from ..cost.machine import load_machine
@@ -309,15 +309,17 @@ class Trainer:
     def _loader(self, start):
         """The loader of this run's batches from ``start`` on, its workers started (said on rank 0)."""
         spec = self.job["data"]
-        workers, prefetch = resolve(spec["workers"], spec["prefetch"], self.node_ranks[1])
         loader = Loader(self.data, self.executor.data_reads(), self.batch, self.read_dtype, self.steps_per_epoch,
-                        start, self.total_steps, workers, prefetch, spec["timeout"])
+                        start, self.total_steps, spec["workers"], spec["prefetch"], spec["timeout"],
+                        local_ranks=self.node_ranks[1])
         augment = getattr(self.data, "augment", None)
         cores = cores_per_rank(self.node_ranks[1])
         crowded = f", more than the rank's {cores} core{'s' * (cores != 1)}" if len(loader.workers) > cores else ""
         how = (f"{len(loader.workers)} worker{'s' * (len(loader.workers) != 1)} per rank reading up to "
                f"{loader.prefetch} batches ahead ({format_bytes(loader.buffer.nbytes)} of shared memory on rank 0"
-               f"{crowded})" if loader.workers else "read in each step (data.workers 0)")
+               f"{crowded})" if loader.workers else "read in each step (" + (
+                   f"data.workers auto: the first batch read in {loader.probe_s * 1e3:.2f} ms, the run's would take "
+                   f"under {AUTO_MIN_READ_S:g} s" if loader.probe_s is not None else "data.workers 0") + ")")
         self.log(f"data: {self.data.path}, {self.data.num_samples:,} samples "
                  f"{'shuffled' if self.data.shuffle else 'in order'}"
                  + (f", {augment.describe()}" if augment else "") + f"; {how}")
@@ -337,9 +339,9 @@ class Trainer:
         """The evaluation of ``data.val``; its workers are started at the first and kept for the next ones."""
         if self.val_loader is None:
             spec = self.job["data"]
-            workers, prefetch = resolve(spec["workers"], spec["prefetch"], self.node_ranks[1])
-            self.val_loader = evaluation_loader(self.executor, self.val, self.batch, self.read_dtype, workers,
-                                                prefetch, spec["timeout"])
+            self.val_loader = evaluation_loader(self.executor, self.val, self.batch, self.read_dtype,
+                                                spec["workers"], spec["prefetch"], spec["timeout"],
+                                                self.node_ranks[1])
         return evaluate(self.executor, self.val, self.batch, self.read_dtype, loader=self.val_loader)
 
     def _step(self, step):

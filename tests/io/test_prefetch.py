@@ -233,3 +233,20 @@ def test_a_loader_read_again_keeps_its_workers_and_gives_the_same_batches(data):
         assert [worker.pid for worker in loader.workers] == pids
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("threshold, expected", [(1e9, 0), (0.0, None)])
+def test_auto_workers_only_when_the_rank_s_own_reads_would_take_long(data, monkeypatch, threshold, expected):
+    """``auto`` times the first batch's read (and hands that batch out first): no workers when all the run's reads
+    would take the rank under the threshold, else one per core; the batches are the same either way."""
+    from spmdcnn.io import prefetch
+    monkeypatch.setattr(prefetch, "AUTO_MIN_READ_S", threshold)
+    reference = delivered(data, 0, 2, stop=10)
+    with Loader(data, READS, BATCH, np.float32, 7, 0, 10, "auto", "auto") as loader:
+        assert loader.probe_s > 0
+        assert len(loader.workers) == (default_workers(1) if expected is None else expected)
+        for step, (images, labels) in enumerate(reference):
+            batch, _ = loader.next(step)
+            np.testing.assert_array_equal(batch.labels(0, BATCH), labels)
+            for want, (box, steps) in zip(images, READS):
+                assert batch.images(box, steps).tobytes() == want.tobytes()

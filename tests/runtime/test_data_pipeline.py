@@ -201,3 +201,11 @@ def test_held_out_data_normalised_otherwise_is_said(tmp_path):
     Trainer(make_job(tmp_path, data, val=val, steps=1), log=lines.append)
     assert f"warning: data.val {val} is normalised with its own mean and std, not the training set's ({data}): " \
            f"convert it with --classes {data} to share them" in lines
+
+
+def test_auto_starts_no_workers_for_a_run_that_reads_little(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    lines = []
+    Trainer(make_job(tmp_path, data, steps=3), log=lines.append).run()
+    assert any(line.startswith(f"data: {data}, 24 samples shuffled") and "read in each step (data.workers auto: the "
+               "first batch read in " in line and "the run's would take under 1 s)" in line for line in lines), lines
