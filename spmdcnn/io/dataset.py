@@ -290,11 +290,14 @@ def held_out_problems(train, val):
                  f"{val.classes[at] if at < len(val.classes) else 'absent'!r} there, "
                  f"{train.classes[at] if at < len(train.classes) else 'absent'!r} in training): convert the held-out "
                  f"images with --classes {train.path}")
-    statistics = [(d.mean, d.std) for d in (train, val)]
-    if all(m is not None and s is not None for m, s in statistics) and not all(
-            np.allclose(a, b, rtol=1e-6, atol=0) for a, b in zip(*statistics)):
-        warning = (f"data.val {val.path} is normalised with its own mean and std, not the training set's "
-                   f"({train.path}): convert it with --classes {train.path} to share them")
+    def differ(a, b):
+        return (a is None) != (b is None) or (a is not None and not np.allclose(a, b, rtol=1e-6, atol=0))
+    if differ(train.mean, val.mean) or differ(train.std, val.std):
+        own = "its own mean and std" if val.mean is not None or val.std is not None else "no mean and std"
+        theirs = ("the training set's" if train.mean is not None or train.std is not None else
+                  "without them as the training set is")
+        warning = (f"data.val {val.path} is normalised with {own}, not {theirs} ({train.path}): convert it with "
+                   f"--classes {train.path} to share them")
     return error, warning
 
 

@@ -185,10 +185,10 @@ class Loader:
         workers, prefetch = resolve(workers, prefetch, local_ranks)
         if workers and prefetch < 1:
             raise ValueError(f"workers read batches ahead: prefetch must be 1 or more, got {prefetch}")
-        count = self.started = max(0, min(int(workers), stop - self.issued)) if self.layout.parts else 0
-        self.prefetch = min(int(prefetch), max(stop - self.issued, 1)) if count else 0
-        if count:
-            self._start(count)
+        started = self.started = max(0, min(int(workers), stop - self.issued)) if self.layout.parts else 0
+        self.prefetch = min(int(prefetch), max(stop - self.issued, 1)) if started else 0
+        if started:
+            self._start(started)
 
     def _auto_workers(self, local_ranks):
         """``data.workers: auto``: none when reading every batch here would take under AUTO_MIN_READ_S in all
@@ -206,6 +206,7 @@ class Loader:
 
     def _start(self, count):
         """Start ``count`` workers and their first reads."""
+        self.shift = 0          # step s reads into slot (s + shift) mod slots (again() moves it)
         source = self.source
         self.slots = self.prefetch + 1
         self.buffer = SharedBuffer(self.slots * self.layout.slot_bytes)
@@ -232,7 +233,7 @@ class Loader:
         while self.issued < self.stop and self.issued - self.next_step < self.slots - 1:
             step = self.issued
             worker = self.workers[step % len(self.workers)]
-            worker.send((step % self.slots, *self.batch_of(step)))
+            worker.send(((step + self.shift) % self.slots, *self.batch_of(step)))
             self.pending.append((step, worker))
             self.issued += 1
 
@@ -253,7 +254,7 @@ class Loader:
             head, worker = self.pending.popleft()
             assert head == step
             worker.receive(self.timeout, STALLED)
-            arrays = self.views[step % self.slots]
+            arrays = self.views[(step + self.shift) % self.slots]
         else:
             arrays = self.layout.private()
             read_batch(self.source, self.layout, indices, epoch, arrays)
@@ -265,9 +266,13 @@ class Loader:
         return ReadBatch(arrays, _labels(self.source, indices), what), waited
 
     def again(self):
-        """Start over from the first step (another evaluation), keeping the workers; every step must be taken."""
+        """Start over from the first step (another evaluation), keeping the workers, which begin reading at once;
+        every step must have been taken. The last batch taken stays valid until the next is: its slot is then the
+        one in use (the slots are shifted so that the first step follows it)."""
         if self.next_step != self.stop:
             raise ValueError(f"the loader is at step {self.next_step} of {self.stop}: take them all first")
+        if self.workers:
+            self.shift = (self.shift + self.stop - self.first) % self.slots
         self.next_step = self.issued = self.first
         if self.workers:
             self._fill()

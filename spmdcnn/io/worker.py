@@ -12,6 +12,7 @@ import os
 import resource
 import signal
 import sys
+from multiprocessing.connection import Connection
 
 PEAK_UNIT = 1 if sys.platform == "darwin" else 1024     # ru_maxrss: bytes on macOS, kilobytes on Linux
 
@@ -27,7 +28,6 @@ def peak_bytes():
     except OSError:
         pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * PEAK_UNIT
-from multiprocessing.connection import Connection
 
 
 def _describe(error):

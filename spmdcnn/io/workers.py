@@ -176,9 +176,10 @@ def close_all(workers, grace=CLOSE_GRACE_S):
             worker.process.wait(timeout=max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             worker.process.kill()
+    end = time.monotonic() + KILLED_WAIT_S            # one wait for them all
     for worker in workers:
         try:
-            worker.process.wait(timeout=KILLED_WAIT_S)
+            worker.process.wait(timeout=max(0.0, end - time.monotonic()))
         except subprocess.TimeoutExpired:
             pass
     return peaks

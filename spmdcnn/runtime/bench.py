@@ -10,7 +10,8 @@ from ..comm import World, choose_transport
 from ..graph import load_model
 from ..io.augment import Augment
 from ..io.dataset import HDF5Dataset
-from ..io.prefetch import Loader, resolve
+from ..io.prefetch import Loader
+from ..io.workers import CLOSE_GRACE_S
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
 from .profile import training_step
@@ -48,15 +49,15 @@ class _Fed:
     ``feed``), it starts a loader of this rank's reads and gives the function of the step index that takes them,
     noting the time each timed step waited."""
 
-    def __init__(self, source, batch, dtype, warmup, steps, workers, prefetch):
+    def __init__(self, source, batch, dtype, warmup, steps, workers, prefetch, local_ranks):
         self.source, self.batch, self.dtype, self.warmup, self.steps = source, batch, dtype, warmup, steps
-        self.workers, self.prefetch = workers, prefetch
+        self.workers, self.prefetch, self.local_ranks = workers, prefetch, local_ranks
         self.loader, self.waits = None, []
 
     def __call__(self, executor):
         self.loader = Loader(self.source, executor.data_reads(), self.batch, self.dtype,
                              self.source.batches_per_epoch(self.batch), 0, self.warmup + self.steps, self.workers,
-                             self.prefetch)
+                             self.prefetch, local_ranks=self.local_ranks)
 
         def batch_of(index):
             got, waited = self.loader.next(index)
@@ -65,9 +66,9 @@ class _Fed:
             return got
         return batch_of
 
-    def close(self):
+    def close(self, failed=False):
         if self.loader is not None:
-            self.loader.close()
+            self.loader.close(grace=0 if failed else CLOSE_GRACE_S)
         if self.source is not None:
             self.source.close()
 
@@ -105,7 +106,8 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     world.use(choose_transport(world, xp, transport, print if world.rank == 0 and verbose else None))
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
                                   print if world.rank == 0 and verbose else (lambda line: None))
-    fed = _Fed(source, batch, backend.master_dtype(dtype), warmup, steps, *resolve(workers, prefetch, node_ranks[1]))
+    fed = _Fed(source, batch, backend.master_dtype(dtype), warmup, steps, workers, prefetch, node_ranks[1])
+    failed = True
     try:
         run = training_step(graph, batch, xp, dtype, world, plan, seed, fed if source is not None else None)
         times, sync = [], backend.synchronizer(xp)
@@ -119,8 +121,9 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             world.barrier()
             if step >= warmup:
                 times.append(time.perf_counter() - start)
+        failed = False
     finally:
-        fed.close()
+        fed.close(failed)
     counters = world.counters
     total = sum(times)
     own = [counters.transfer_s / steps, counters.sync_s / steps]

@@ -26,7 +26,7 @@ def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.
     own = loader is None
     if own:
         loader = evaluation_loader(executor, source, batch, dtype, workers, prefetch, timeout)
-    elif loader.next_step == loader.stop:       # read by an earlier evaluation: once more
+    elif loader.next_step == loader.stop:       # read to the end by an earlier evaluation: once more
         loader.again()
     total = source.num_samples
     loss = correct = 0.0
@@ -42,4 +42,6 @@ def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.
         raise
     if own:
         loader.close()
+    else:
+        loader.again()      # the next evaluation's first batches are read while training goes on
     return loss / total, correct / total

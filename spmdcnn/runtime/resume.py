@@ -38,9 +38,9 @@ ABSENT = {"data.augment": "none"}
 def check_resumable(ckpt, job, data, graph):
     """Refuse to resume when the job would not continue the run that wrote ``ckpt``."""
     expected = run_identity(job, data)
-    written = {key: ckpt.state.get(key, ABSENT.get(key)) for key in expected}
-    changed = [f"{key} {written[key]!r} -> {value!r}" for key, value in expected.items()
-               if written[key] is not None and written[key] != value]
+    recorded = {key: ckpt.state.get(key, ABSENT.get(key)) for key in expected}
+    changed = [f"{key} {recorded[key]!r} -> {value!r}" for key, value in expected.items()
+               if recorded[key] is not None and recorded[key] != value]
     try:
         written = parse_model(load_yaml_text(ckpt.model_text, f"{ckpt.path} (model)"), f"{ckpt.path} (model)")
         if _signature(written) != _signature(graph):

@@ -317,7 +317,8 @@ class Trainer:
         crowded = f", more than the rank's {cores} core{'s' * (cores != 1)}" if len(loader.workers) > cores else ""
         how = (f"{len(loader.workers)} worker{'s' * (len(loader.workers) != 1)} per rank reading up to "
                f"{loader.prefetch} batches ahead ({format_bytes(loader.buffer.nbytes)} of shared memory on rank 0"
-               f"{crowded})" if loader.workers else "read in each step (" + (
+               f"{crowded})" if loader.workers else
+               "no steps left to read" if loader.first >= loader.stop else "read in each step (" + (
                    f"data.workers auto: the first batch read in {loader.probe_s * 1e3:.2f} ms, the run's would take "
                    f"under {AUTO_MIN_READ_S:g} s" if loader.probe_s is not None else "data.workers 0") + ")")
         self.log(f"data: {self.data.path}, {self.data.num_samples:,} samples "

@@ -222,14 +222,18 @@ def test_evaluation_batches_pad_the_last_batch_with_zeros_and_label_minus_one(da
 def test_a_loader_read_again_keeps_its_workers_and_gives_the_same_batches(data):
     from spmdcnn.io.prefetch import evaluation_batches
     reads = [(((0, BATCH), (0, 3), (0, 8), (0, 8)), None)]
-    with Loader(data, reads, BATCH, np.float32, None, 0, 8, 2, 3, batches=evaluation_batches(N, BATCH)) as loader:
+    # 7 steps, 4 slots: the last batch (step 6) is in the slot step 2 would take, were the slots not shifted
+    with Loader(data, reads, BATCH, np.float32, None, 0, 7, 1, 3, batches=evaluation_batches(N, BATCH)) as loader:
         pids = [worker.pid for worker in loader.workers]
-        first = [loader.next()[0].images(*reads[0]).copy() for _ in range(7)]
-        with pytest.raises(ValueError, match="at step 7 of 8: take them all first"):
+        first = [loader.next()[0].images(*reads[0]).copy() for _ in range(6)]
+        with pytest.raises(ValueError, match="at step 6 of 7: take them all first"):
             loader.again()
-        first.append(loader.next(7)[0].images(*reads[0]).copy())
+        last = loader.next(6)[0].images(*reads[0])
+        first.append(last.copy())
         loader.again()
-        second = [loader.next()[0].images(*reads[0]).copy() for _ in range(8)]
+        time.sleep(0.5)                 # the workers read the next batches meanwhile, into the other slots
+        np.testing.assert_array_equal(last, first[-1])
+        second = [loader.next()[0].images(*reads[0]).copy() for _ in range(7)]
         assert [worker.pid for worker in loader.workers] == pids
     for a, b in zip(first, second):
         np.testing.assert_array_equal(a, b)
@@ -250,3 +254,15 @@ def test_auto_workers_only_when_the_rank_s_own_reads_would_take_long(data, monke
             np.testing.assert_array_equal(batch.labels(0, BATCH), labels)
             for want, (box, steps) in zip(images, READS):
                 assert batch.images(box, steps).tobytes() == want.tobytes()
+
+
+def test_closing_stalled_workers_takes_the_grace_once_not_once_per_worker(data):
+    loader = Loader(data, READS, BATCH, np.float32, 7, 0, 50, 3, 6)
+    loader.next()
+    pids = [worker.pid for worker in loader.workers]
+    for pid in pids:
+        os.kill(pid, signal.SIGSTOP)
+    start = time.monotonic()
+    loader.close(grace=1.0)
+    assert time.monotonic() - start < 3
+    assert all(ended(pid) for pid in pids)

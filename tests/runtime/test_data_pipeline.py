@@ -45,12 +45,22 @@ def quiet(_line):
 
 
 def test_any_number_of_workers_trains_the_same_weights(tmp_path):
+    """And evaluates the same: three evaluations, the later ones reading with the first one's workers."""
     data = write_data(tmp_path / "data.h5")
+    val = write_data(tmp_path / "val.h5", samples=15, shape=(16, 16))      # batches of 6: the last one padded
     runs = {}
     for workers in (0, 1, 2):
         folder = tmp_path / f"w{workers}"
         folder.mkdir()
-        runs[workers] = Trainer(make_job(folder, data, workers=workers), log=quiet).run()["losses"]
+        job = make_job(folder, data, workers=workers, val=val)
+        job["eval"]["every"] = 2
+        evaluated = []
+        Trainer(job, log=lambda line: evaluated.append(line.split("val loss")[1]) if "val loss" in line else None
+                ).run()
+        runs[workers] = ([json.loads(line)["loss"] for line in (folder / "metrics.jsonl").read_text().splitlines()],
+                         [json.loads(line).get("val_loss") for line in (folder / "metrics.jsonl").read_text()
+                          .splitlines()])
+        assert len(evaluated) == 3
     assert runs[0] == runs[1] == runs[2]
     a, b = load_checkpoint(tmp_path / "w0" / "run.h5"), load_checkpoint(tmp_path / "w2" / "run.h5")
     assert all(np.array_equal(a.params[name], b.params[name]) for name in a.params)
@@ -209,3 +219,14 @@ def test_auto_starts_no_workers_for_a_run_that_reads_little(tmp_path):
     Trainer(make_job(tmp_path, data, steps=3), log=lines.append).run()
     assert any(line.startswith(f"data: {data}, 24 samples shuffled") and "read in each step (data.workers auto: the "
                "first batch read in " in line and "the run's would take under 1 s)" in line for line in lines), lines
+
+
+def test_held_out_data_without_the_training_set_s_statistics_is_said(tmp_path):
+    data = write_data(tmp_path / "data.h5")
+    val = write_data(tmp_path / "val.h5", samples=7, shape=(16, 16))
+    with h5py.File(data, "r+") as f:
+        f["images"].attrs.update({"mean": [0.5] * 3, "std": [0.25] * 3})
+    lines = []
+    Trainer(make_job(tmp_path, data, val=val, steps=1), log=lines.append)
+    assert f"warning: data.val {val} is normalised with no mean and std, not the training set's ({data}): " \
+           f"convert it with --classes {data} to share them" in lines
