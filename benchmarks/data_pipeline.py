@@ -142,12 +142,12 @@ def training(model, path, batch, ranks, size, steps, rounds, env):
     """``{variant: [bench results per round]}`` of the model on synthetic data and on the file, alternating."""
     launch = [shutil.which("mpiexec"), "-n", str(ranks)] if ranks > 1 else []
     variants = {"synthetic (one fixed batch)": [],
-                "HDF5, shuffled, random crops and flips, workers reading ahead": []}
+                "HDF5, shuffled, random crops and flips, a worker per rank reading ahead": []}
     common = ["bench", model, "--batch", batch, "--steps", steps, "--warmup", 2, "--plan", "data", "--json"]
     for _ in range(rounds):
         for name in variants:
-            extra = [] if name.startswith("synthetic") else [
-                "--data", path, "--augment", f"{{crop: [{size}, {size}], flip: true}}"]
+            extra = [] if name.startswith("synthetic") else [     # one worker a rank (auto would read in the
+                "--data", path, "--augment", f"{{crop: [{size}, {size}], flip: true}}", "--workers", 1]  # step)
             variants[name].append(run_json(launch + spmdcnn_command(*common, *extra), env))
     return variants
 
