@@ -146,8 +146,9 @@ def training(model, path, batch, ranks, size, steps, rounds, env):
     common = ["bench", model, "--batch", batch, "--steps", steps, "--warmup", 2, "--plan", "data", "--json"]
     for _ in range(rounds):
         for name in variants:
-            extra = [] if name.startswith("synthetic") else [     # one worker a rank (auto would read in the
-                "--data", path, "--augment", f"{{crop: [{size}, {size}], flip: true}}", "--workers", 1]  # step)
+            # one worker a rank: auto reads a run this short in the step
+            extra = [] if name.startswith("synthetic") else [
+                "--data", path, "--augment", f"{{crop: [{size}, {size}], flip: true}}", "--workers", 1]
             variants[name].append(run_json(launch + spmdcnn_command(*common, *extra), env))
     return variants
 
