@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import yaml
 
-from processes import data_workers, process_table, running
+from processes import data_workers, kill_a_data_worker, process_table, running
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIEXEC = shutil.which("mpiexec")
@@ -122,18 +122,7 @@ def test_a_data_worker_killed_mid_run_ends_every_rank_with_its_message(tmp_path)
                     log={"every": 1, "progress": False}, checkpoint={"path": None})
     process = subprocess.Popen([MPIEXEC, "-n", "2", *spmdcnn("train", job, "--set", "plan=owt")], cwd=ROOT,
                                env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        while not process.stdout.readline().startswith("step"):
-            assert process.poll() is None, process.stderr.read()
-        workers = _data_workers(str(job))
-        assert len(workers) == 2, workers          # one per rank
-        os.kill(workers[0], 9)
-        killed = time.monotonic()
-        _, err = process.communicate(timeout=60)
-        assert time.monotonic() - killed < 20
-    finally:
-        process.kill()
-        process.wait()
+    err = kill_a_data_worker(process, lambda: _data_workers(str(job)), 2, 0, within=20)     # one worker a rank
     assert process.returncode != 0
     assert f"reading {data}" in err and "killed by SIGKILL" in err, err
 

@@ -3,16 +3,14 @@ run stays bit-exact), the step's data wait is logged, and bad data settings stop
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import h5py
 import numpy as np
 import pytest
 
-from processes import data_workers
+from processes import data_workers, kill_a_data_worker
 from spmdcnn.io.checkpoint import CheckpointError, load_checkpoint
 from spmdcnn.io.dataset import DataError
 from spmdcnn.io.job import parse_job
@@ -172,18 +170,7 @@ def test_a_worker_killed_mid_run_ends_the_job_with_a_message(tmp_path):
                                "log": {"every": 1, "progress": False}}))
     process = subprocess.Popen([sys.executable, "-m", "spmdcnn.cli", "train", str(job)], stdout=subprocess.PIPE,
                                stderr=subprocess.PIPE, text=True, cwd=tmp_path)
-    try:
-        while not process.stdout.readline().startswith("step"):
-            assert process.poll() is None, process.stderr.read()
-        workers = data_workers({process.pid})
-        assert len(workers) == 2
-        os.kill(workers[1], signal.SIGKILL)
-        killed = time.monotonic()
-        out, err = process.communicate(timeout=30)
-        assert time.monotonic() - killed < 10
-    finally:
-        process.kill()
-        process.wait()
+    err = kill_a_data_worker(process, lambda: data_workers({process.pid}), 2, 1, within=10)
     assert process.returncode != 0
     assert f"data worker 2 of 2 reading {data}" in err and "killed by SIGKILL" in err, err
 
