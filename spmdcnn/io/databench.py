@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 
-from .augment import WHOLE_ROW, Augment
+from .augment import Augment, stored_read
 from .dataset import HDF5Dataset
 from .prefetch import Loader, resolve
 from .workers import Worker, close_all
@@ -29,10 +29,11 @@ def _idle(path):
 
 
 def _staged_values(source):
-    """The values of one sample a whole read stages: its crop's rows, whole when the crop is most of them."""
-    C, H, W = source.sample_shape
-    stored = source.stored_shape[2]
-    return C * H * (stored if W >= WHOLE_ROW * stored else W)
+    """The values of one sample a whole read stages (:func:`~spmdcnn.io.augment.stored_read`: its crop's rows,
+    whole when the crop is most of them)."""
+    windows = source.augment.windows(source.stored_shape, 0, None, [0])
+    ranges = [(0, extent) for extent in source.sample_shape]
+    return int(np.prod(stored_read(windows, 0, ranges, (1, 1, 1), source.stored_shape[2]).count))
 
 
 def data_bench(path, batch, workers="auto", prefetch="auto", augment=None, batches=50, warmup=3, dtype="float32",

@@ -278,6 +278,22 @@ class HDF5Dataset(_Source):
         self.file.close()
 
 
+def open_checked(path, graph, seed=0, shuffle=True, augment=None, batch=None,
+                 crop_key="data.augment.crop: {crop}"):
+    """The HDF5 dataset at ``path`` (:class:`HDF5Dataset`), refused (and closed) when its images or labels do not
+    fit ``graph`` (:meth:`HDF5Dataset.check_model`, whose hint names ``crop_key``) or, given ``batch``, when it
+    cannot fill one batch."""
+    data = HDF5Dataset(path, seed=seed, shuffle=shuffle, augment=augment)
+    try:
+        data.check_model(graph, crop_key)
+        if batch is not None:
+            data.batches_per_epoch(batch)
+    except BaseException:
+        data.close()
+        raise
+    return data
+
+
 def held_out_problems(train, val):
     """``(error, warning)`` about evaluating on ``val`` a model trained on ``train`` (either None): class names
     that differ (the same label would name other classes: an error), and another mean or std (the held-out

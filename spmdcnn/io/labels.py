@@ -11,7 +11,7 @@ import re
 import h5py
 import numpy as np
 
-from .dataset import DataError
+from .dataset import DataError, HDF5Dataset
 
 INTEGER = re.compile(r"[+-]?\d+$")
 
@@ -136,13 +136,12 @@ def unknown(name, classes, source):
 
 def training_statistics(path):
     """The ``(mean, std)`` per channel stored with the dataset at ``path`` (a training set given as ``--classes``),
-    or None when ``path`` is not a dataset or has none: a held-out set is normalised as its training set is."""
+    as training reads them (:class:`~spmdcnn.io.dataset.HDF5Dataset`: one value stands for every channel), or
+    None when ``path`` is not a dataset or has none: a held-out set is normalised as its training set is."""
     if not (path and os.path.isfile(path) and h5py.is_hdf5(path)):
         return None
-    with h5py.File(path, "r") as f:
-        images = f.get("images")
-        found = [images.attrs.get(key, f.attrs.get(key)) if isinstance(images, h5py.Dataset) else f.attrs.get(key)
-                 for key in ("mean", "std")]
-    if any(value is None for value in found):
-        return None
-    return tuple(np.asarray(value, dtype=np.float64).reshape(-1) for value in found)
+    data = HDF5Dataset(path, shuffle=False)
+    try:
+        return None if data.mean is None or data.std is None else (data.mean, data.std)
+    finally:
+        data.close()

@@ -177,7 +177,6 @@ class Loader:
         self.timeout = float(timeout)
         self.workers, self.pending, self.buffer = [], deque(), None
         self.issued = start
-        self.waited = 0.0
         self.peaks = []
         self.probe_s, self._first = None, None
         if workers == "auto":
@@ -233,8 +232,9 @@ class Loader:
         while self.issued < self.stop and self.issued - self.next_step < self.slots - 1:
             step = self.issued
             worker = self.workers[step % len(self.workers)]
-            worker.send(((step + self.shift) % self.slots, *self.batch_of(step)))
-            self.pending.append((step, worker))
+            epoch, indices = self.batch_of(step)
+            worker.send(((step + self.shift) % self.slots, epoch, indices))
+            self.pending.append((step, worker, indices))
             self.issued += 1
 
     def next(self, step=None):
@@ -244,26 +244,24 @@ class Loader:
         if self.next_step >= self.stop:
             raise ValueError(f"the loader's steps end at {self.stop}")
         step = self.next_step
-        epoch, indices = self.batch_of(step)
-        what = f"{self.source.path}, step {step + 1}"
         started = time.perf_counter()
         if self._first is not None:                # read when the workers were chosen
-            (arrays, _), self._first = self._first, None
+            (arrays, indices), self._first = self._first, None
             started -= self.probe_s
         elif self.workers:
-            head, worker = self.pending.popleft()
+            head, worker, indices = self.pending.popleft()
             assert head == step
             worker.receive(self.timeout, STALLED)
             arrays = self.views[(step + self.shift) % self.slots]
         else:
+            epoch, indices = self.batch_of(step)
             arrays = self.layout.private()
             read_batch(self.source, self.layout, indices, epoch, arrays)
         waited = time.perf_counter() - started
-        self.waited += waited
         self.next_step += 1
         if self.workers:
             self._fill()       # the previous batch's slot is free now: the caller has moved on to this one
-        return ReadBatch(arrays, _labels(self.source, indices), what), waited
+        return ReadBatch(arrays, _labels(self.source, indices), f"{self.source.path}, step {step + 1}"), waited
 
     def again(self):
         """Start over from the first step (another evaluation), keeping the workers, which begin reading at once;

@@ -9,7 +9,7 @@ from .. import backend
 from ..comm import World, choose_transport
 from ..graph import load_model
 from ..io.augment import Augment
-from ..io.dataset import HDF5Dataset
+from ..io.dataset import open_checked
 from ..io.prefetch import Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..tiling.plan import load_plan
@@ -30,18 +30,6 @@ def blas_info():
         return []
     return [{k: info.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
             for info in threadpool_info() if info.get("user_api") == "blas"]
-
-
-def _open_data(path, augment, seed, graph, batch):
-    """The dataset ``bench --data`` trains on, refused (and closed) when it does not fit ``graph`` or ``batch``."""
-    source = HDF5Dataset(path, seed=seed, augment=Augment.from_spec(augment, "--augment"))
-    try:
-        source.check_model(graph, crop_key="--augment '{{crop: {crop}}}'")
-        source.batches_per_epoch(batch)
-    except BaseException:
-        source.close()
-        raise
-    return source
 
 
 class _Fed:
@@ -100,7 +88,8 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
         chosen = None if plan in (None, "auto") else load_plan(plan, graph, batch, world.size)
         xp = backend.get_array_module(backend_name, *node_ranks, share=share_gpus)
         backend.set_precision(xp, tf32)
-        source = _open_data(data, augment, seed, graph, batch) if data is not None else None
+        source = None if data is None else open_checked(data, graph, seed, augment=Augment.from_spec(
+            augment, "--augment"), batch=batch, crop_key="--augment '{{crop: {crop}}}'")
         return graph, chosen, xp, backend.resolve_dtype(dtype, xp), source
     graph, plan_spec, xp, dtype, source = world.agree(load)
     world.use(choose_transport(world, xp, transport, print if world.rank == 0 and verbose else None))

@@ -16,7 +16,7 @@ from ..comm.transport import check as check_transport
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.augment import Augment
-from ..io.dataset import DataError, HDF5Dataset, SyntheticData, held_out_problems
+from ..io.dataset import DataError, SyntheticData, held_out_problems, open_checked
 from ..io.prefetch import AUTO_MIN_READ_S, Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
@@ -36,7 +36,7 @@ from .shards import gather_global, share_checkpoint
 def make_data(job, graph):
     spec = job["data"]
     if spec["kind"] == "hdf5":
-        return _open_checked(spec["path"], graph, spec["seed"], spec["shuffle"], Augment.from_spec(spec["augment"]))
+        return open_checked(spec["path"], graph, spec["seed"], spec["shuffle"], Augment.from_spec(spec["augment"]))
     return SyntheticData(graph.input_shape, graph.num_classes, spec["num_samples"], seed=spec["seed"],
                          signal=spec["signal"], shuffle=spec["shuffle"])
 
@@ -46,21 +46,10 @@ def make_val(job, graph):
     if not job["data"]["val"]:
         return None
     crop = job["data"]["augment"]["crop"]     # the center crop of the training crops' size, never flipped
-    data = _open_checked(job["data"]["val"], graph, 0, False, Augment(tuple(crop) if crop else None))
+    data = open_checked(job["data"]["val"], graph, 0, False, Augment(tuple(crop) if crop else None))
     if not data.num_samples:
         data.close()
         raise DataError(f"data.val {job['data']['val']}: the held-out dataset has no samples")
-    return data
-
-
-def _open_checked(path, graph, seed, shuffle, augment):
-    """The HDF5 dataset at ``path``, refused (and closed) when its images or labels do not fit ``graph``."""
-    data = HDF5Dataset(path, seed=seed, shuffle=shuffle, augment=augment)
-    try:
-        data.check_model(graph)
-    except BaseException:
-        data.close()
-        raise
     return data
 
 

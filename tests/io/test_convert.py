@@ -505,3 +505,15 @@ def test_chunks_hold_the_images_asked_for(tmp_path, option, chunk):
         assert stored(tmp_path / "o.h5")["chunks"] == ((chunk, 3, 4, 5) if chunk else None)     # 0: contiguous
     with pytest.raises(DataError, match="--chunk must be"):
         convert_arrays(tmp_path / "x.npy", tmp_path / "y.npy", tmp_path / "o.h5", chunk=-2)
+
+
+def test_a_training_set_s_single_mean_and_std_stand_for_every_channel_of_the_held_out_set(tmp_path, capsys):
+    source = images_folder(tmp_path)
+    train = training_set(tmp_path)
+    with h5py.File(train, "r+") as f:           # one value for every channel, as the format allows
+        f["images"].attrs.update({"mean": [0.25], "std": [0.5]})
+    (tmp_path / "val.csv").write_text("a,cat\nb,ant\nc,bee\nd,ant\n")
+    assert main(["data", "convert", str(source), "--labels", str(tmp_path / "val.csv"), "--classes", str(train),
+                 "--size", "4", "4", "-o", str(tmp_path / "v.h5")]) == 0
+    with h5py.File(tmp_path / "v.h5") as f:
+        assert f["images"].attrs["mean"].tolist() == [0.25] * 3 and f["images"].attrs["std"].tolist() == [0.5] * 3
