@@ -54,14 +54,19 @@ def main():
     args = parser.parse_args()
     graph = load_model(args.model)
     spent = collections.Counter()
-    for table, phase in ((kernels.FORWARD, "forward"), (kernels.BACKWARD, "backward")):
-        for op, function in list(table.items()):
-            def timed(layer, *rest, _function=function, _phase=phase):
-                start = time.perf_counter()
-                result = _function(layer, *rest)
-                spent[(layer.name, layer.op, _phase)] += time.perf_counter() - start
-                return result
-            table[op] = timed
+    def timed(layer, phase, function):
+        def run(*args):
+            start = time.perf_counter()
+            result = function(*args)
+            spent[(layer.name, layer.op, phase)] += time.perf_counter() - start
+            return result
+        return run
+
+    for op, bind in list(kernels.BIND.items()):
+        def bind_timed(kernel, _bind=bind):
+            forward, backward = _bind(kernel)
+            return timed(kernel.layer, "forward", forward), timed(kernel.layer, "backward", backward)
+        kernels.BIND[op] = bind_timed
     executor = Executor(graph, np, np.float32)
     optimizer = SGD(executor.params.shapes, np.float32, np, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     images, labels = SyntheticData(graph.input_shape, graph.num_classes, args.batch).batch(0, 0, args.batch)

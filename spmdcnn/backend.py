@@ -11,6 +11,7 @@ _DTYPES = {"float32": np.float32, "float64": np.float64}
 # the MPI launchers' first: under mpiexec inside a Slurm allocation SLURM_LOCALID is the launcher's proxy's (0)
 _LOCAL_RANK_VARIABLES = ("OMPI_COMM_WORLD_LOCAL_RANK", "MV2_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
                          "PMI_LOCAL_RANK", "SLURM_LOCALID")
+_precision = {"tf32": False}
 
 
 def _cupy():
@@ -117,10 +118,24 @@ def set_precision(xp, tf32=False):
     TF32; nothing to set for NumPy."""
     if xp is np:
         return
-    from .ops.cuda import conv
-    conv.set_tf32(tf32)
+    _precision["tf32"] = bool(tf32)
     from cupy._core import _routines_linalg as linalg       # CuPy's per-dtype GEMM compute type
     linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if tf32 else linalg.COMPUTE_TYPE_FP32)
+
+
+def rank_module(name, node_ranks, share=False, tf32=False):
+    """The array module of this rank for a job's ``backend`` key, set up as every command sets it up: its GPU bound
+    from ``node_ranks`` (``(index on the node, ranks on the node)``, :meth:`spmdcnn.comm.World.node_ranks`;
+    :func:`get_array_module`) and TF32 allowed or not (:func:`set_precision`)."""
+    xp = get_array_module(name, *node_ranks, share=share)
+    set_precision(xp, tf32)
+    return xp
+
+
+def tf32_allowed():
+    """Whether float32 convolutions may round their inputs to TF32 (tensor cores), as PyTorch's
+    ``torch.backends.cudnn.allow_tf32``: the last :func:`set_precision` on CuPy said so (ops/cuda/conv reads it)."""
+    return _precision["tf32"]
 
 
 def local_rank():

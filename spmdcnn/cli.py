@@ -143,8 +143,7 @@ def cmd_profile(args):
 
     def load():
         graph = load_model(args.model)
-        xp = backend.get_array_module(args.backend, *node_ranks, share=args.share_gpus)
-        backend.set_precision(xp, args.tf32)
+        xp = backend.rank_module(args.backend, node_ranks, args.share_gpus, args.tf32)
         dtype = backend.resolve_dtype(args.dtype, xp)
         device = device_name(world, xp, dtype)
         path = args.output or default_path(device)
@@ -176,7 +175,7 @@ def cmd_calibrate(args):
         check_name(args.name)
         if world.rank == 0:
             prepare_output(args.output)
-        return backend.get_array_module(args.backend, *node_ranks, share=args.share_gpus)
+        return backend.rank_module(args.backend, node_ranks, args.share_gpus)
     xp = world.agree(load)
     world.use(choose_transport(world, xp, args.transport))
     machine = calibrate(world, args.name, args.quick, xp)

@@ -119,3 +119,24 @@ def test_more_ranks_than_gpus_on_a_node_is_refused_unless_shared(monkeypatch):
     assert backend.get_array_module("cupy", 2, 3, share=True) is cupy
     assert backend.get_array_module("cupy", 1, 2) is cupy
     assert used == [0, 1]
+
+
+def test_tf32_is_set_for_cupy_only_and_read_by_the_convolutions(monkeypatch):
+    """``set_precision`` keeps the TF32 choice the cuDNN graphs read (backend.tf32_allowed) and sets cuBLAS's
+    float32 compute type (CuPy's GEMM settings stood in for)."""
+    import sys
+    import types
+    from spmdcnn.ops.cuda import conv
+    compute_types = []
+    linalg = types.SimpleNamespace(COMPUTE_TYPE_TF32="tf32", COMPUTE_TYPE_FP32="fp32",
+                                   set_compute_type=lambda dtype, kind: compute_types.append((dtype, kind)))
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    monkeypatch.setitem(sys.modules, "cupy._core", types.SimpleNamespace(_routines_linalg=linalg))
+    monkeypatch.setattr(backend, "_precision", {"tf32": False})
+    backend.set_precision(np, tf32=True)
+    assert not backend.tf32_allowed() and compute_types == []
+    device = object()
+    backend.set_precision(device, tf32=True)
+    assert backend.tf32_allowed() and conv.tf32_allowed() and compute_types == [(np.float32, "tf32")]
+    backend.set_precision(device)
+    assert not backend.tf32_allowed() and compute_types[-1] == (np.float32, "fp32")

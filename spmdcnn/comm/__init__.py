@@ -7,9 +7,10 @@
 - :mod:`.guard` turns an exception on one rank into the end of the whole job, with that rank's message.
 """
 
+from .errors import CollectiveError
 from .exchange import Exchange
 from .groups import ReplicaGroups
 from .transport import choose as choose_transport
-from .world import CollectiveError, World
+from .world import World
 
 __all__ = ["CollectiveError", "Exchange", "ReplicaGroups", "World", "choose_transport"]

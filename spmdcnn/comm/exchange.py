@@ -16,29 +16,28 @@ import time
 
 import numpy as np
 
-from ..backend import on_device
-from ..ops.cuda.kernels import add_into
 from ..tiling.boxes import packed, relative, shape_of
 
 TAG_BASE = 100
 
 
-def _accumulate(target, source):
-    """``target += source``; on the GPU in the accumulation type of bfloat16 (ops/cuda)."""
-    if on_device(target):
-        add_into(target, source)
-    else:
-        target += source
+def _add_into(target, source):
+    """``target += source``, on any array module."""
+    target += source
 
 
 class Exchange:
     """The part of one layer's redistribution that concerns this rank.
 
     ``transfers``: the layer's :class:`~spmdcnn.tiling.transfers.Transfer` list (the same on every rank).
+    ``accumulate(target, source)`` adds ``source`` into ``target`` in place in the adjoint; by default
+    ``target += source``. comm/ knows no GPU kernels: the runtime passes :func:`spmdcnn.ops.add.accumulate`,
+    which on the GPU sums bfloat16 in float32.
     """
 
-    def __init__(self, world, transfers, dtype, xp=np):
+    def __init__(self, world, transfers, dtype, xp=np, accumulate=None):
         self.world, self.dtype, self.xp = world, np.dtype(dtype), xp
+        self.accumulate = _add_into if accumulate is None else accumulate
         me = world.rank
         self.recvs = [t for t in transfers if t.dst == me and t.src != me]
         self.sends = [t for t in transfers if t.src == me and t.dst != me]
@@ -143,11 +142,11 @@ class Exchange:
                 result[slot] = xp.zeros(shape_of(box), dtype=self.dtype)
         for t in self.local:
             if t.slot in slots and t.slot not in self.view_out:
-                _accumulate(result[t.slot][self._in_producer[id(t)]], grads[t.slot][self._in_needed[id(t)]])
+                self.accumulate(result[t.slot][self._in_producer[id(t)]], grads[t.slot][self._in_needed[id(t)]])
         if recvs or sends:
             transport.exchange(comm, recvs, sends)
         for t, buffer in arrived:
-            _accumulate(result[t.slot][self._in_producer[id(t)]], xp.asarray(buffer))
+            self.accumulate(result[t.slot][self._in_producer[id(t)]], xp.asarray(buffer))
         self._account(start, sum(b.nbytes for b in outgoing))
         return result
 

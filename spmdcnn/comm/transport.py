@@ -23,6 +23,8 @@ import os
 
 import numpy as np
 
+from .errors import CollectiveError
+
 TRANSPORTS = ("auto", "host", "cuda-mpi", "nccl")
 
 
@@ -291,9 +293,9 @@ def choose(world, xp, name="auto", log=None):
     """The transport for a job's ``transport`` key on array module ``xp``: the same on every rank.
 
     ``auto`` tries nccl, then cuda-mpi, then host; an explicit name that cannot work here is an error (on every
-    rank). Logs the choice and why through ``log`` (rank 0).
+    rank). Logs the choice and why through ``log`` (rank 0). Every failure is the same on every rank: a
+    :class:`~spmdcnn.comm.errors.CollectiveError`, reported once.
     """
-    from .world import CollectiveError      # every failure below is the same on every rank: one message
     try:
         check(name, xp)
     except ValueError as error:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .errors import CollectiveError
 from .transport import HostTransport, mpi
 
 # what MPI launchers (mpiexec of MPICH, Open MPI, MVAPICH, Intel MPI; srun with PMI or PMIx) put in the environment
@@ -26,13 +27,6 @@ def launched():
     if forced in ("0", "1"):
         return forced == "1"
     return any(variable in os.environ for variable in LAUNCHER_VARIABLES) or slurm_tasks() > 1
-
-
-class CollectiveError(RuntimeError):
-    """An error every rank raises at the same point (so no rank is left waiting): rank 0 reports it once and
-    every rank exits normally."""
-
-    collective = True
 
 
 @dataclass

@@ -13,6 +13,7 @@ layer's ``t_c`` under a configuration is its slowest tile's time: every device w
 import json
 import os
 import statistics
+from dataclasses import replace
 from itertools import product
 from math import prod
 
@@ -32,6 +33,8 @@ def work(shape, itemsize=4):
     Contract: non-decreasing in every extent of the tile (output, each input, each parameter shard), as
     :func:`update_work` is in its parameter count. ``ComputeModel.layer_times`` relies on it to time only each
     axis's largest kinds of part; ``tests/cost/test_compute_and_sync.py`` checks it."""
+    if not shape.backward:
+        return _forward_work(shape, itemsize)
     op, out = shape.op, prod(shape.output)
     ins = sum(prod(s) for s in shape.inputs)
     params = sum(prod(s) for _, s in shape.params)
@@ -57,6 +60,13 @@ def work(shape, itemsize=4):
     if op == "softmax_cross_entropy":
         return 4, 10 * ins, itemsize * 6 * ins
     return 2, 0, itemsize * 2 * (ins + out)             # concat, add, flatten, global_avgpool: copies
+
+
+def _forward_work(shape, itemsize):
+    """:func:`work` of a tile whose backward never runs (a layer only the data reaches, with no parameters: no
+    product of its inputs is done twice, so half of a forward and backward)."""
+    calls, flops, nbytes = work(replace(shape, backward=True), itemsize)
+    return max(calls // 2, 1), flops // 2, nbytes // 2
 
 
 def update_work(params, itemsize=4):

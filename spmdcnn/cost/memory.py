@@ -6,7 +6,8 @@ momentum) with its batch-norm statistics; parameters are split along ``c`` like 
 save (``ops/``): a convolution or linear layer its input box (all input channels, whatever its own split), batch
 norm its normalized input, softmax cross-entropy its probabilities, each in the model's dtype; relu and dropout a
 one-byte mask per output element; max pooling the index of each window's maximum (one byte, four for windows of
-more than 256 positions); pooling by average, add, concat and flatten nothing. The outputs themselves live only
+more than 256 positions); pooling by average, add, concat and flatten nothing (the op table's ``keeps``); a layer
+whose backward never runs (a pooling of the data) nothing. The outputs themselves live only
 until their consumers have read them, and are left out, as are the input boxes gathered for one layer and the
 workspace of a kernel. A tensor several layers read whole (Inception's branches) is counted once per reader,
 where the runtime may keep one array for them all.
@@ -25,7 +26,8 @@ from ..ops.window import pair
 from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs
-from .tiles import _WINDOW_OPS, _candidates
+from ..graph.optable import KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK
+from .tiles import _candidates
 
 
 
@@ -38,7 +40,7 @@ def layer_memory(layer, degrees, batch, itemsize=4):
     def shard(shapes):
         return sum(ceil(s[0] / split) * prod(s[1:]) for s in shapes)
     shape = output_shape(layer, batch)
-    windows = layer.op in _WINDOW_OPS           # an interior tile reads a halo on both sides
+    windows = layer.spec.window                 # an interior tile reads a halo on both sides
     parts = [[part(extent, degree, i) for i in _candidates(extent, degree, windows and axis >= 2)]
              for axis, (extent, degree) in enumerate(zip(shape, degrees))]
     saved = max(_saved(layer, box, batch, itemsize) for box in product(*parts))
@@ -48,12 +50,13 @@ def layer_memory(layer, degrees, batch, itemsize=4):
 def _saved(layer, box, batch, itemsize):
     """Bytes the kernel of ``layer`` keeps from forward to backward for its output tile ``box`` (module
     docstring)."""
-    if layer.op in ("conv2d", "linear", "batchnorm2d", "softmax_cross_entropy"):
+    keeps = layer.spec.keeps if layer.needs_grad else None
+    if keeps == KEEPS_INPUT:
         need = needs(layer, box, [(batch,) + tuple(s) for s in layer.in_shapes])[0]
         return itemsize * prod(shape_of(need.box, need.steps))
-    if layer.op in ("relu", "dropout"):
+    if keeps == KEEPS_MASK:
         return prod(shape_of(box))
-    if layer.op == "maxpool2d":
+    if keeps == KEEPS_INDICES:
         return prod(shape_of(box)) * (1 if prod(pair(layer.attrs["kernel"])) <= 256 else 4)
     return 0
 

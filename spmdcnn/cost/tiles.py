@@ -1,7 +1,8 @@
 """A layer's tiles as the cost model sees them: their distinct :class:`TileShape` under a configuration.
 
 A tile's work is fixed by its shape: the op, the shapes of the (padded) inputs it reads, its output box's shape,
-its parameter shard, and whether it computes a gradient for its input (not when it reads the data). Tiles of one
+its parameter shard, whether it runs backward at all and whether it computes a gradient for its input (the graph's
+rule, ``graph.optable.needs_gradient``: not for the data, nor for what only the data reaches). Tiles of one
 layer differ only where a split is uneven, so a configuration has one to a few distinct shapes: what a tile reads
 along one axis depends only on its part along that axis, so each axis has a few kinds of part
 (:class:`LayerClasses`) and a tile's shape combines one kind per axis (:func:`combine`).
@@ -13,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..graph.blocks import DATA
+from ..graph.optable import READS_CHANNEL_PARTS
 from ..ops.window import pair
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
@@ -29,7 +30,8 @@ class TileShape:
     inputs: tuple           # per input: its shape including the padding the tile adds
     output: tuple
     params: tuple           # (name, shard shape) pairs
-    input_grad: bool        # computes the gradient of its input (False for a layer reading the data)
+    input_grad: bool        # computes the gradient of its input (Layer.input_grad)
+    backward: bool = True   # runs backward at all (Layer.needs_grad: not a pooling of the data)
 
     @property
     def key(self):
@@ -37,18 +39,22 @@ class TileShape:
         ins = ";".join("x".join(map(str, s)) for s in self.inputs)
         params = ";".join(f"{n}:{'x'.join(map(str, s))}" for n, s in self.params)
         return f"{self.op}[{attrs}] in={ins} out={'x'.join(map(str, self.output))} p={params} " \
-               f"dx={int(self.input_grad)}"
+               f"dx={int(self.input_grad)}{'' if self.backward else ' forward only'}"
 
     def to_json(self):
-        return {"op": self.op, "attrs": [list(a) for a in self.attrs], "inputs": [list(s) for s in self.inputs],
+        data = {"op": self.op, "attrs": [list(a) for a in self.attrs], "inputs": [list(s) for s in self.inputs],
                 "output": list(self.output), "params": [[n, list(s)] for n, s in self.params],
                 "input_grad": self.input_grad}
+        if not self.backward:
+            data["backward"] = False
+        return data
 
     @classmethod
     def from_json(cls, data):
         return cls(data["op"], tuple((k, _tuple(v)) for k, v in data["attrs"]),
                    tuple(tuple(s) for s in data["inputs"]), tuple(data["output"]),
-                   tuple((n, tuple(s)) for n, s in data["params"]), bool(data["input_grad"]))
+                   tuple((n, tuple(s)) for n, s in data["params"]), bool(data["input_grad"]),
+                   bool(data.get("backward", True)))
 
 
 def _tuple(value):
@@ -70,7 +76,6 @@ def tile_shapes(layer, config, batch):
 
 
 _CLASSES = {}
-_WINDOW_OPS = ("conv2d", "maxpool2d", "avgpool2d")
 
 
 def clear_caches():
@@ -154,9 +159,9 @@ class LayerClasses:
 
     def _parts(self, axis, degree):
         """The parts along ``axis`` split ``degree`` ways whose tiles may differ in what they read."""
-        if self.layer.op == "concat" and axis == 1:      # a concat's channel parts read from different inputs
+        if self.layer.spec.reads == READS_CHANNEL_PARTS and axis == 1:     # channel parts read different inputs
             return range(degree)
-        return _candidates(self.extents[axis], degree, edges=self.layer.op in _WINDOW_OPS and axis >= 2)
+        return _candidates(self.extents[axis], degree, edges=self.layer.spec.window and axis >= 2)
 
     def largest_tiles(self, configs):
         """Every combination of each axis's largest kinds of part, for the configurations among ``configs``
@@ -271,7 +276,8 @@ def _assemble(template, values, attrs):
     params = template.params
     if axes > 1:
         params = tuple((name, (values[1][taken[1] + j],) + shape[1:]) for j, (name, shape) in enumerate(params))
-    return TileShape(template.op, attrs, tuple(inputs), tuple(v[0] for v in values), params, template.input_grad)
+    return TileShape(template.op, attrs, tuple(inputs), tuple(v[0] for v in values), params, template.input_grad,
+                     template.backward)
 
 
 def _combined_attrs(kinds):
@@ -304,8 +310,7 @@ def _candidates(extent, degree, edges):
 
 def tile_shape(layer, box, needs):
     """The :class:`TileShape` of the tile of ``layer`` with output ``box`` reading ``needs``."""
-    op, a = layer.op, layer.attrs
-    window = op in _WINDOW_OPS
+    a, window = layer.attrs, layer.spec.window
     inputs = []
     for need in needs:
         shape = _extents(need.box, need.steps)
@@ -318,13 +323,11 @@ def tile_shape(layer, box, needs):
         kernel = pair(a["kernel"])
         stride = kernel if a.get("stride") is None else pair(a["stride"])
         attrs = (("dilation", pair(a.get("dilation", 1))), ("kernel", kernel), ("stride", needs[0].stride(stride)))
-    elif op == "dropout":
-        attrs = (("p", _tuple(a["p"])),)
-    elif op == "batchnorm2d":
-        attrs = (("eps", _tuple(a["eps"])), ("momentum", _tuple(a["momentum"])))
+    else:
+        attrs = tuple((key, _tuple(a[key])) for key in sorted(layer.spec.tile_attrs))
     rows = box[1][1] - box[1][0] if len(box) > 1 else 1
     params = tuple([(name, (rows,) + tuple(shape[1:])) for name, shape in layer.params.items()])
-    return TileShape(op, attrs, tuple(inputs), _extents(box), params, DATA not in layer.inputs)
+    return TileShape(layer.op, attrs, tuple(inputs), _extents(box), params, layer.input_grad, layer.needs_grad)
 
 
 def _extents(box, steps=None):

@@ -5,6 +5,7 @@ from functools import cached_property
 
 from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
+from .optable import OPS, needs_gradient
 from .blocks import DATA, expand_layers
 
 _MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names"}
@@ -24,13 +25,29 @@ class Layer:
     buffers: dict = field(default_factory=dict)
     flops: int = 0
     group: str = ""      # the top-level entry of the model file (a block instance) this layer comes from
+    input_grads: tuple = None   # per input: whether it needs a gradient (optable.needs_gradient); None: all do
+    needs_grad: bool = True     # whether the layer's output needs a gradient (its backward runs)
+
+    def __post_init__(self):
+        if self.input_grads is None:
+            self.input_grads = tuple(ref != DATA for ref in self.inputs)
+
+    @property
+    def spec(self):
+        """The op's row of the op table (:class:`~spmdcnn.graph.optable.OpSpec`)."""
+        return OPS[self.op]
+
+    @property
+    def input_grad(self):
+        """Whether the layer computes the gradient of any of its inputs."""
+        return any(self.input_grads)
 
     @cached_property
     def signature(self):
         """What the layer computes, without its name: equal for the repeated layers of a network (the cost
         model works each such layer out once)."""
         return (self.op, repr(sorted(self.attrs.items())), tuple(map(tuple, self.in_shapes)), tuple(self.out_shape),
-                DATA in self.inputs)
+                DATA in self.inputs, self.input_grads, self.needs_grad)
 
     @property
     def num_params(self):
@@ -139,6 +156,7 @@ def parse_model(data, source="<model>", text=""):
     groups = {entry["name"]: group for entry, group in expanded}
     flat = _execution_order([entry for entry, _ in expanded], source)
     shapes = {DATA: input_shape}
+    needs = {DATA: False}
     layers = []
     for entry in flat:
         name, op = entry["name"], entry.get("op")
@@ -151,9 +169,11 @@ def parse_model(data, source="<model>", text=""):
         in_shapes = [shapes[ref] for ref in entry["inputs"]]
         out_shape, params, buffers, flops = opspec.infer(op, attrs, in_shapes, where)
         shapes[name] = tuple(out_shape)
+        input_grads = tuple(needs[ref] for ref in entry["inputs"])
+        needs[name] = needs_gradient(params, input_grads)
         layers.append(Layer(name, op, attrs, list(entry["inputs"]), in_shapes, tuple(out_shape),
-                            params, buffers, flops, groups[name]))
-    losses = [layer.name for layer in layers if layer.op == "softmax_cross_entropy"]
+                            params, buffers, flops, groups[name], input_grads, needs[name]))
+    losses = [layer.name for layer in layers if layer.spec.loss]
     if losses != [layers[-1].name]:
         raise FormatError(f"{source}: the model needs exactly one softmax_cross_entropy layer, and it must be the "
                           f"last one to run (found: {', '.join(losses) or 'none'})")

@@ -8,6 +8,7 @@ one per output element, the loss 4 per logit; flatten and concat move data and c
 
 from ..io.yamlfile import FormatError
 from ..ops.window import output_extent, pair, sides
+from .optable import OPS
 
 _NO_DEFAULT = object()
 
@@ -27,7 +28,6 @@ KEYS = {
     "add": {},
     "softmax_cross_entropy": {},
 }
-MULTI_INPUT = {"concat", "add"}
 
 
 class LayerError(FormatError):
@@ -199,13 +199,13 @@ INFER = {"conv2d": _conv2d, "maxpool2d": lambda *args: _pool(*args, "maxpool2d")
 
 def infer(op, attrs, in_shapes, where):
     """``(out_shape, params, buffers, flops)`` of one layer; params and buffers map name -> shape."""
-    if op in MULTI_INPUT:
+    if op not in INFER:
+        raise LayerError(f"{where}: unknown op '{op}'")
+    if OPS[op].multi_input:
         if len(in_shapes) < 2:
             raise LayerError(f"{where}: op '{op}' needs at least two inputs, got {len(in_shapes)}")
     elif len(in_shapes) != 1:
         raise LayerError(f"{where}: op '{op}' takes one input, got {len(in_shapes)}")
-    if op not in INFER:
-        raise LayerError(f"{where}: unknown op '{op}'")
     return INFER[op](attrs, [tuple(shape) for shape in in_shapes], where)
 
 

@@ -16,10 +16,12 @@ Paths:
   this path is taken when those are at most ``SHIFTED_WASTE`` of the row;
 - strided (and narrow stride-1 maps): classic im2col with strided window views.
 
-CuPy arrays go to cuDNN (``ops/cuda/conv.py``) and take these paths only where cuDNN cannot run a case.
+CuPy arrays go to cuDNN (``ops/cuda/conv.py``) and take these paths only where cuDNN cannot run a case. What
+forward keeps for backward is a :class:`~spmdcnn.ops.conv_saved.ConvSaved`.
 """
 
 from .. import backend
+from .conv_saved import ConvSaved
 from .cuda import conv as cudnn
 from .parallel import over_samples
 from .scratch import scratch
@@ -159,8 +161,9 @@ def conv2d_forward(x, w, b, geometry, need_input_grad=True):
     if oH <= 0 or oW <= 0:
         raise ValueError(f"conv2d: a {kH}x{kW} kernel with {geometry} over a {H}x{W} input gives an empty output")
     if backend.on_device(x) and cudnn.available():
-        return cudnn.conv2d_forward(x, w, b, geometry, need_input_grad,
-                                    fallback=lambda: _host_forward(x, w, b, geometry, need_input_grad, oH, oW))
+        result = cudnn.conv2d_forward(x, w, b, geometry, need_input_grad)
+        if result is not None:
+            return result
     return _host_forward(x, w, b, geometry, need_input_grad, oH, oW)
 
 
@@ -171,8 +174,9 @@ def _host_forward(x, w, b, geometry, need_input_grad, oH, oW):
         # a strided 1x1 convolution reads every s-th pixel: subsample, then a pointwise product
         sh, sw = geometry.stride
         y, inner = conv2d_forward(x[:, :, ::sh, ::sw].copy(), w, b, ConvGeometry(), need_input_grad)
-        return y, ("subsample", inner, x.shape, geometry)
-    return _columns_forward(x, w, b, geometry, oH, oW), ("direct", x, w, b is not None, geometry, need_input_grad)
+        return y, ConvSaved("subsample", geometry, x_shape=x.shape, inner=inner)
+    y = _columns_forward(x, w, b, geometry, oH, oW)
+    return y, ConvSaved("direct", geometry, x=x, w=w, has_bias=b is not None, need_input_grad=need_input_grad)
 
 
 def _columns_forward(x, w, b, geometry, oH, oW):
@@ -208,24 +212,50 @@ def conv2d_backward(gy, saved, gw_out=None):
 
     ``gw`` is written into ``gw_out`` (shaped like the weight) when given.
     """
-    kind = saved[0]
-    if kind == "cudnn":
-        return cudnn.conv2d_backward(gy, saved, gw_out, fallback=_columns_backward)
-    xp = backend.array_module(gy)
-    if kind == "subsample":
-        _, inner, x_shape, geometry = saved
-        gx_sub, gw, gb = conv2d_backward(gy, inner, gw_out)
+    if saved.kind == "cudnn":
+        return _cudnn_backward(gy, saved, gw_out)
+    if saved.kind == "subsample":
+        gx_sub, gw, gb = conv2d_backward(gy, saved.inner, gw_out)
         gx = None
         if gx_sub is not None:
-            sh, sw = geometry.stride
-            gx = xp.zeros(x_shape, dtype=gy.dtype)
+            sh, sw = saved.geometry.stride
+            gx = backend.array_module(gy).zeros(saved.x_shape, dtype=gy.dtype)
             gx[:, :, ::sh, ::sw] = gx_sub
         return gx, gw, gb
-    return _columns_backward(gy, saved[1:], gw_out)
+    return _columns_backward(gy, saved.x, saved.w, saved.has_bias, saved.geometry, saved.need_input_grad, gw_out)
 
 
-def _columns_backward(gy, saved, gw_out):
-    x, w, has_bias, geometry, need_input_grad = saved
+def _cudnn_backward(gy, saved, gw_out):
+    """Gradients of a forward that ran on cuDNN: through cuDNN, or where no engine runs them, through im2col;
+    computed for the padded input cuDNN read, then cropped to the input."""
+    gy = cudnn.aligned_contiguous(gy)
+    gradients = cudnn.conv2d_backward(gy, saved, gw_out)
+    if gradients is None:
+        gradients = _padded_columns_backward(gy, saved)
+    gxpad, gw, gb = gradients
+    return _cropped(gxpad, saved), _into(gw, gw_out, gw is gw_out), gb
+
+
+def _padded_columns_backward(gy, saved):
+    """im2col's gradients of the convolution cuDNN ran (the padded input, the symmetric padding), ``gw`` and
+    ``gb`` in the master weights' type."""
+    symmetric = ConvGeometry(saved.geometry.stride, saved.padding, saved.geometry.dilation)
+    gxpad, gw, gb = _columns_backward(gy, saved.x, saved.wio, saved.has_bias, symmetric, saved.need_input_grad, None)
+    master = saved.w.dtype
+    return gxpad, gw.astype(master, copy=False), None if gb is None else gb.astype(master, copy=False)
+
+
+def _cropped(gxpad, saved):
+    """The input's gradient from that of its padded copy a cuDNN forward read (None when not asked for)."""
+    if gxpad is None or gxpad.shape == tuple(saved.x_shape):
+        return gxpad
+    (top, _), (left, _) = saved.geometry.padding
+    top, left = top - saved.padding[0], left - saved.padding[1]
+    H, W = saved.x_shape[2:]
+    return backend.array_module(gxpad).ascontiguousarray(gxpad[:, :, top:top + H, left:left + W])
+
+
+def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
     xp = backend.array_module(gy)
     N, C, H, W = x.shape
     K, _, kH, kW = w.shape

@@ -7,7 +7,6 @@ relu and dropout are not searched: they take their input's configuration (docs/f
 """
 
 from ..tiling.config import NAMES, ParallelConfig, dims_of, output_shape
-from ..tiling.plan import INHERITING
 
 
 def divisors(number):
@@ -41,6 +40,6 @@ def searched(graph):
     first layer up their input chain that is searched."""
     root = {}
     for layer in graph.layers:
-        inherits = layer.op in INHERITING and layer.inputs[0] in root
+        inherits = layer.spec.inherits and layer.inputs[0] in root
         root[layer.name] = root[layer.inputs[0]] if inherits else layer.name
     return root

@@ -86,8 +86,7 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     def load():
         graph = load_model(model_path)
         chosen = None if plan in (None, "auto") else load_plan(plan, graph, batch, world.size)
-        xp = backend.get_array_module(backend_name, *node_ranks, share=share_gpus)
-        backend.set_precision(xp, tf32)
+        xp = backend.rank_module(backend_name, node_ranks, share_gpus, tf32)
         source = None if data is None else open_checked(data, graph, seed, augment=Augment.from_spec(
             augment, "--augment"), batch=batch, crop_key="--augment '{{crop: {crop}}}'")
         return graph, chosen, xp, backend.resolve_dtype(dtype, xp), source

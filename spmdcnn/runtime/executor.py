@@ -22,16 +22,13 @@ from . import kernels
 from .params import FlatStore, initial_value
 from .program import Program
 
-INPLACE_OPS = ("relu", "dropout", "add")
-VIEW_OPS = ("flatten", "dropout")       # may return their input's memory (a reshape; dropout in eval or p = 0)
-
-
 def overwritable_inputs(graph):
     """``{layer: index of the input it may overwrite, or None}`` for every layer.
 
-    An in-place layer may overwrite input ``i`` when no one else can see that memory: the tensor has this layer as
-    its only consumer, and so has every tensor it may share memory with, back through flatten and dropout (which
-    may return their input) and through earlier in-place layers, to a layer's own output (never the data)."""
+    An in-place layer (the op table's ``inplace``) may overwrite input ``i`` when no one else can see that memory:
+    the tensor has this layer as its only consumer, and so has every tensor it may share memory with, back through
+    layers that may return their input (``view``: flatten, dropout) and through earlier in-place layers, to a
+    layer's own output (never the data)."""
     result = {}
 
     def exclusive(ref):
@@ -39,14 +36,14 @@ def overwritable_inputs(graph):
             if ref == DATA or len(graph.consumers[ref]) != 1:
                 return False
             producer = graph.by_name[ref]
-            index = 0 if producer.op in VIEW_OPS else result.get(ref)
+            index = 0 if producer.spec.view else result.get(ref)
             if index is None:
                 return True
             ref = producer.inputs[index]
 
     for layer in graph.layers:
         result[layer.name] = None
-        if layer.op in INPLACE_OPS:
+        if layer.spec.inplace:
             result[layer.name] = next((i for i, ref in enumerate(layer.inputs) if exclusive(ref)), None)
     return result
 
@@ -69,10 +66,11 @@ class Executor:
     """Parameters, gradients and buffers of this rank's shards, and the forward and backward passes.
 
     ``plan=None`` runs the whole model in this process (batch size free); otherwise ``plan`` and ``world``
-    (a :class:`~spmdcnn.comm.World`) fix the tiles of this rank.
+    (a :class:`~spmdcnn.comm.World`) fix the tiles of this rank. ``overwrite=False`` keeps every layer from
+    writing over its inputs (the results are the same; tests compare the two).
     """
 
-    def __init__(self, graph, xp=np, dtype=np.float32, seed=0, plan=None, world=None):
+    def __init__(self, graph, xp=np, dtype=np.float32, seed=0, plan=None, world=None, overwrite=True):
         self.graph = graph
         self.xp = xp
         self.dtype = np.dtype(dtype)                       # activations and their gradients
@@ -80,51 +78,33 @@ class Executor:
         self.seed = seed
         self.world = world or World(None)
         self.plan = plan
-        self.program = self._program(plan.batch if plan else 1)
-        self.params = FlatStore(self.program.param_shapes, self.param_dtype, xp)
-        self.grads = FlatStore(self.program.param_shapes, self.param_dtype, xp)
-        self.buffers = FlatStore(self.program.buffer_shapes, self.param_dtype, xp)
-        self.training = True
-        self.step = 0
-        self.labels = None
+        self.overwritable = overwritable_inputs(graph) if overwrite else {layer.name: None for layer in graph.layers}
+        self.program = Program(graph, plan or named("data", graph, 1, 1), self.world, self.dtype, xp)
+        self.params = FlatStore(self.program.shapes(param=True), self.param_dtype, xp)
+        self.grads = FlatStore(self.program.shapes(param=True), self.param_dtype, xp)
+        self.buffers = FlatStore(self.program.shapes(param=False), self.param_dtype, xp)
+        self.program.bind(self.params, self.grads, self.buffers, seed, self.overwritable)
         self._saved = {}
-        self._requires_grad = {DATA: False}
-        for layer in graph.layers:
-            self._requires_grad[layer.name] = bool(layer.params) or any(
-                self._requires_grad[ref] for ref in layer.inputs)
-        self._overwritable = overwritable_inputs(graph)
-        self._keep = ()
         self.reset_parameters(seed)
-
-    def _program(self, batch):
-        plan = self.plan or named("data", self.graph, batch, 1)
-        return Program(self.graph, plan, self.world, self.dtype, self.xp)
 
     @property
     def shards(self):
         """``{name: (c0, c1)}``: the rows of each global tensor this rank holds."""
-        return self.program.shards
+        return {name: shard.rows for name, shard in self.program.layout.items()}
 
     def reset_parameters(self, seed):
         """PyTorch's default initialisation, keyed by (seed, tensor name), sliced to this rank's shards."""
-        for layer in self.graph.layers:
-            for kind in list(layer.params) + list(layer.buffers):
-                name = f"{layer.name}.{kind}"
-                store = self.params if kind in layer.params else self.buffers
-                if name in store:
-                    store[name][...] = self.xp.asarray(initial_value(layer, kind, seed, self.shards[name]),
-                                                       self.param_dtype)
+        for name, shard in self.program.layout.items():
+            layer = self.graph.by_name[name.rsplit(".", 1)[0]]
+            store = self.params if shard.param else self.buffers
+            store[name][...] = self.xp.asarray(initial_value(layer, shard.kind, seed, shard.rows), self.param_dtype)
 
     def needs_input_grad(self, layer):
-        return any(self._requires_grad[ref] for ref in layer.inputs)
-
-    def overwritable(self, layer):
-        """Index of an input ``layer`` may overwrite with its output (read by no one else), or None."""
-        # outputs handed back through ``keep`` (tests) must stay as computed, views included: no overwriting then
-        return None if self._keep else self._overwritable[layer.name]
+        """Whether ``layer`` computes the gradient of its inputs (``Layer.input_grad``: the graph's one rule)."""
+        return layer.input_grad
 
     def site(self, layer):
-        """This rank's :class:`~spmdcnn.runtime.program.Site` of ``layer`` (kernels read padding, offsets, ...)."""
+        """This rank's :class:`~spmdcnn.runtime.program.Site` of ``layer`` (its box, needs, kernel, ...)."""
         return self.program.sites[layer.name]
 
     def data_reads(self, batch=None):
@@ -133,16 +113,16 @@ class Executor:
         if batch is not None:
             self._batch_program(batch)
         reads = []
-        for layer in self.graph.layers:
-            site = self.program.sites[layer.name]
+        for site in self.program.sites.values():
             if site.box is not None:
                 reads += [(site.needs[slot].box, site.needs[slot].steps)
-                          for slot, ref in enumerate(layer.inputs) if ref == DATA]
+                          for slot, ref in enumerate(site.layer.inputs) if ref == DATA]
         return reads
 
     def _batch_program(self, size):
         if self.plan is None and self.program.plan.batch != size:
-            self.program = self._program(size)
+            self.program = Program(self.graph, named("data", self.graph, size, 1), self.world, self.dtype, self.xp)
+            self.program.bind(self.params, self.grads, self.buffers, self.seed, self.overwritable)
         elif self.plan is not None and size != self.plan.batch:
             raise ValueError(f"the plan is for batch {self.plan.batch}, got a batch of {size}")
 
@@ -151,34 +131,34 @@ class Executor:
         ``images(box, steps=None)``, ``labels(lo, hi)`` and ``size`` (each tile reads only its box).
 
         Returns ``(loss, correct, kept)``: the global mean loss, the number of right predictions over the global
-        batch, and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds."""
+        batch, and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds (those are left
+        as computed: no layer writes over them)."""
         batch = images if labels is None else ArrayBatch(images, labels)
         self._batch_program(batch.size)
-        graph, program = self.graph, self.program
-        self.training, self.step = training, step
-        remaining = {name: len(users) for name, users in graph.consumers.items()}
+        run = kernels.Run(training, step, overwrite=not keep)
+        remaining = {name: len(users) for name, users in self.graph.consumers.items()}
         outputs, kept = {}, {}
-        self._keep = keep
         self._saved = {}
         loss = correct = 0.0
-        for layer in graph.layers:
-            site = program.sites[layer.name]
-            inputs = self._gather_inputs(layer, site, outputs, batch)
+        for site in self.program.sites.values():
+            layer = site.layer
+            inputs = self._gather_inputs(site, outputs, batch)
             for ref in layer.inputs:
                 remaining[ref] -= 1
                 if remaining[ref] == 0:
                     outputs.pop(ref, None)
-            if site.box is None:
+            if site.kernel is None:
                 continue
             xs = [inputs[slot] for slot in range(len(layer.inputs))]
-            if layer is graph.loss:
+            if layer.spec.loss:
                 (n0, n1), = site.box
-                self.labels = self.xp.asarray(batch.labels(n0, n1))
-                correct = int((xs[0].argmax(axis=1) == self.labels).sum())
-            y, saved = kernels.FORWARD[layer.op](layer, xs, self)
-            if training and self._requires_grad[layer.name]:
+                labels = self.xp.asarray(batch.labels(n0, n1))
+                correct = int((xs[0].argmax(axis=1) == labels).sum())
+                xs.append(labels)
+            y, saved = site.kernel.forward(xs, run)
+            if training and layer.needs_grad:
                 self._saved[layer.name] = saved
-            if layer is graph.loss:
+            if layer.spec.loss:
                 loss = y
             else:
                 outputs[layer.name] = y
@@ -187,9 +167,10 @@ class Executor:
         loss, correct = self.world.sum_scalars(loss, correct)
         return loss, int(round(correct)), kept
 
-    def _gather_inputs(self, layer, site, outputs, batch):
-        """``{slot: input box array}`` for this rank's tile of ``layer`` (empty when it holds none)."""
+    def _gather_inputs(self, site, outputs, batch):
+        """``{slot: input box array}`` for this rank's tile of the site's layer (empty when it holds none)."""
         inputs = {}
+        layer = site.layer
         if site.exchange is not None:
             sources = {slot: outputs[ref] for slot, ref in enumerate(layer.inputs) if ref in outputs}
             inputs = site.exchange.forward(sources, site.exchanged)
@@ -208,18 +189,18 @@ class Executor:
         pending, kept = {}, {}
         if program.sites[graph.loss.name].box is not None:
             pending[graph.loss.name] = 1.0
-        for layer in reversed(graph.layers):
-            site = program.sites[layer.name]
+        for site in reversed(program.sites.values()):
+            layer = site.layer
             saved = self._saved.pop(layer.name, None)
-            if not self._requires_grad[layer.name]:
+            if not layer.needs_grad:
                 continue
-            slots = {slot for slot, ref in enumerate(layer.inputs) if self._requires_grad[ref]}
+            slots = {slot for slot, needed in enumerate(layer.input_grads) if needed}
             gxs = {}
-            if site.box is not None:
+            if site.kernel is not None:
                 gy = pending.pop(layer.name)
                 if layer.name in keep:
                     kept[layer.name] = gy
-                gxs = dict(enumerate(kernels.BACKWARD[layer.op](layer, gy, saved, self)))
+                gxs = dict(enumerate(site.kernel.backward(gy, saved)))
             if not slots:
                 continue
             back = site.exchange.adjoint({s: gxs[s] for s in slots if s in gxs}, site.input_tiles, slots)
@@ -231,6 +212,6 @@ class Executor:
         return kept
 
     def _sum_gradients(self):
-        offsets = self.grads.offsets
-        for group, first, last in self.program.buckets:
-            self.program.groups.allreduce(group, self.grads.flat[offsets[first][0]:offsets[last][1]])
+        flat = self.grads.flat
+        for bucket in self.program.buckets:
+            bucket.reduce(flat[bucket.start:bucket.stop])

@@ -1,115 +1,203 @@
-"""Each op's forward and backward as the executor calls them: ``ops/`` functions bound to a layer's attributes,
-parameters and gradients.
+"""Bound tile kernels: each op's ``ops/`` functions bound, once, to one tile of one layer.
 
-``forward(layer, xs, ctx) -> (y, saved)`` and ``backward(layer, gy, saved, ctx) -> [gx per input]``; a backward
-writes parameter gradients into ``ctx.grads`` and returns None for inputs that need no gradient. ``ctx`` is the
-executor: ``params``, ``grads``, ``buffers``, ``training``, ``step``, ``seed``, ``labels``, ``needs_input_grad``,
-``overwritable``, and ``site(layer)``: this rank's tile of the layer (its padding, global offset and shape,
-the batchnorm reduction over the replica group, the global batch).
+A :class:`TileKernel` holds everything its op reads besides the arrays of a step: the tile's geometry
+(:class:`Tile`: padding, stride, where it lies in the global tensor, the batch-norm reduction over its replica
+group), its parameter, gradient and buffer views (:class:`Views`), whether it computes its input's gradient, and
+which input it may overwrite. Then ``forward(xs, run) -> (y, saved)`` and ``backward(gy, saved) -> [gx per
+input]``; ``run`` (:class:`Run`) carries what changes per call: training or evaluation, the step (dropout's
+stream), whether in-place writes are allowed. The loss takes the labels as its second input. A backward writes
+the parameter gradients into its gradient views and returns None for an input that needs no gradient.
+
+The executor builds one per layer and rank from the plan (``runtime/program.py``); the profiler builds the same
+from a tile shape (``runtime/profile.py``), so what it times is what training runs.
 
 No op keeps its *output* for backward (conv2d, linear and batchnorm2d keep their input; the others keep masks,
-indices or nothing). So relu, dropout and add may write their output over an input that no other layer reads:
-``ctx.overwritable(layer)`` names that input, if any.
+indices or nothing: the op table's ``keeps``). So relu, dropout and add may write their output over an input that
+no other layer reads (``overwrite``).
 """
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..ops import add, batchnorm, concat, conv, dropout, flatten, linear, loss, pool, relu
 from ..ops.window import pair
-
-FORWARD = {}
-BACKWARD = {}
+from ..tiling.fields import NO_PADDING
 
 
-def _param(ctx, layer, kind):
-    name = f"{layer.name}.{kind}"
-    return ctx.params[name] if name in ctx.params else None
+class Run(NamedTuple):
+    """What a forward call changes: ``training`` (batch statistics, dropout), the ``step`` (dropout's stream)
+    and whether kernels may write over their inputs (not while a caller keeps outputs to look at)."""
+
+    training: bool = True
+    step: int = 0
+    overwrite: bool = True
 
 
-def _pool_geometry(layer, ctx):
-    a = layer.attrs
-    site = ctx.site(layer)
-    stride = site.stride(pair(a["kernel"] if a["stride"] is None else a["stride"]))
-    return pool.PoolGeometry(a["kernel"], stride, site.padding)
+@dataclass
+class Tile:
+    """The geometry of one tile: its output ``box`` in the ``global_shape``, the ``padding`` it adds
+    around its (first) input, the ``steps`` of a strided read (None: dense), and ``reduce``, the sum over the
+    ranks holding the same channels (batchnorm's statistics; None: this rank alone holds them)."""
+
+    global_shape: tuple
+    box: tuple
+    padding: tuple = NO_PADDING
+    steps: tuple = None
+    reduce: object = None
+
+    @property
+    def start(self):
+        return tuple(lo for lo, _ in self.box)
+
+    def stride(self, stride):
+        """The window stride this tile applies: 1 along a strided read, whose rows arrive subsampled."""
+        steps = self.steps or (1, 1, 1, 1)
+        return tuple(1 if step > 1 else s for s, step in zip(stride, steps[2:]))
+
+    @property
+    def count(self):
+        """Values per channel over the global tensor (batchnorm's M = N*H*W)."""
+        N, _, H, W = self.global_shape
+        return N * H * W
+
+    @property
+    def total(self):
+        """The global batch (the loss divides by it)."""
+        return self.global_shape[0]
 
 
-def _one_input(op, forward, backward, configure=None):
-    """An op without parameters on one input: ``forward(x[, configure(layer)])``, ``backward(gy, saved)``."""
-    def run_forward(layer, xs, ctx):
-        return forward(xs[0]) if configure is None else forward(xs[0], configure(layer, ctx))
+@dataclass
+class Views:
+    """A tile's parameter shards, their gradients and its buffers, by kind (``weight``, ``running_mean``, ...)."""
 
-    def run_backward(layer, gy, saved, ctx):
-        return [backward(gy, saved)]
-    FORWARD[op], BACKWARD[op] = run_forward, run_backward
-
-
-def _many_inputs(op, forward, backward):
-    FORWARD[op] = lambda layer, xs, ctx: forward(xs)
-    BACKWARD[op] = lambda layer, gy, saved, ctx: backward(gy, saved)
+    params: dict = field(default_factory=dict)
+    grads: dict = field(default_factory=dict)
+    buffers: dict = field(default_factory=dict)
 
 
-FORWARD["relu"] = lambda layer, xs, ctx: relu.relu_forward(xs[0], inplace=ctx.overwritable(layer) == 0)
-BACKWARD["relu"] = lambda layer, gy, saved, ctx: [relu.relu_backward(gy, saved)]
-_one_input("flatten", flatten.flatten_forward, flatten.flatten_backward)
-_one_input("global_avgpool", pool.global_avgpool_forward, pool.global_avgpool_backward)
-_one_input("maxpool2d", pool.maxpool2d_forward, pool.maxpool2d_backward, _pool_geometry)
-_one_input("avgpool2d", pool.avgpool2d_forward, pool.avgpool2d_backward, _pool_geometry)
-_many_inputs("concat", concat.concat_forward, concat.concat_backward)
-FORWARD["add"] = lambda layer, xs, ctx: add.add_forward(xs, inplace=ctx.overwritable(layer))
-BACKWARD["add"] = lambda layer, gy, saved, ctx: add.add_backward(gy, saved)
+class TileKernel:
+    """One layer's op bound to one tile (module docstring)."""
+
+    def __init__(self, layer, tile, views, input_grad, overwrite=None, seed=0):
+        self.layer, self.tile, self.views = layer, tile, views
+        self.input_grad = input_grad        # computes the gradient of its input(s)
+        self.overwrite = overwrite          # the index of an input it may write its output over, or None
+        self.seed = seed
+        self.forward, self.backward = BIND[layer.op](self)
+
+    def overwrites(self, run, index=0):
+        """Whether this call may write its output over input ``index``."""
+        return run.overwrite and self.overwrite == index
+
+    def __repr__(self):
+        return f"TileKernel({self.layer.name!r}, {self.layer.op}, input_grad={self.input_grad})"
 
 
-def _weighted(op, forward, backward, configure=None):
-    """conv2d and linear: weight (and bias) from ``ctx.params``; ``gw`` written straight into ``ctx.grads``."""
-    def run_forward(layer, xs, ctx):
-        extra = () if configure is None else (configure(layer, ctx),)
-        return forward(xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"), *extra,
-                       need_input_grad=ctx.needs_input_grad(layer))
+def _pool(function, backward):
+    def bind(kernel):
+        a = kernel.layer.attrs
+        stride = kernel.tile.stride(pair(a["kernel"] if a["stride"] is None else a["stride"]))
+        geometry = pool.PoolGeometry(a["kernel"], stride, kernel.tile.padding)
+        return (lambda xs, run: function(xs[0], geometry)), (lambda gy, saved: [backward(gy, saved)])
+    return bind
 
-    def run_backward(layer, gy, saved, ctx):
-        gx, _, gb = backward(gy, saved, gw_out=ctx.grads[f"{layer.name}.weight"])
-        if gb is not None:
-            ctx.grads[f"{layer.name}.bias"][...] = gb
+
+def _plain(function, backward):
+    """One input, no parameters, no settings."""
+    def bind(kernel):
+        return (lambda xs, run: function(xs[0])), (lambda gy, saved: [backward(gy, saved)])
+    return bind
+
+
+def _relu(kernel):
+    return (lambda xs, run: relu.relu_forward(xs[0], inplace=kernel.overwrites(run))), \
+        (lambda gy, saved: [relu.relu_backward(gy, saved)])
+
+
+def _add(kernel):
+    def forward(xs, run):
+        return add.add_forward(xs, inplace=kernel.overwrite if run.overwrite else None)
+    return forward, add.add_backward
+
+
+def _concat(kernel):
+    return (lambda xs, run: concat.concat_forward(xs)), concat.concat_backward
+
+
+def _weighted(function, backward, geometry_of=None):
+    """conv2d and linear: the weight (and bias) shard, ``gw`` written straight into its gradient view."""
+    def bind(kernel):
+        params, grads = kernel.views.params, kernel.views.grads
+        extra = () if geometry_of is None else (geometry_of(kernel),)
+
+        def run_forward(xs, run):
+            return function(xs[0], params["weight"], params.get("bias"), *extra, need_input_grad=kernel.input_grad)
+
+        def run_backward(gy, saved):
+            gx, _, gb = backward(gy, saved, gw_out=grads["weight"])
+            if gb is not None:
+                grads["bias"][...] = gb
+            return [gx]
+        return run_forward, run_backward
+    return bind
+
+
+def _conv_geometry(kernel):
+    a = kernel.layer.attrs
+    return conv.ConvGeometry(kernel.tile.stride(pair(a["stride"])), kernel.tile.padding, a["dilation"])
+
+
+def _batchnorm(kernel):
+    a, views, tile = kernel.layer.attrs, kernel.views, kernel.tile
+
+    def forward(xs, run):
+        return batchnorm.batchnorm2d_forward(
+            xs[0], views.params["weight"], views.params["bias"], views.buffers["running_mean"],
+            views.buffers["running_var"], eps=a["eps"], momentum=a["momentum"], training=run.training,
+            reduce=tile.reduce or _alone, count=tile.count)       # sums over the tiles with these channels
+
+    def backward(gy, saved):
+        gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)
+        views.grads["weight"][...] = ggamma
+        views.grads["bias"][...] = gbeta
         return [gx]
-    FORWARD[op], BACKWARD[op] = run_forward, run_backward
+    return forward, backward
 
 
-def _conv_geometry(layer, ctx):
-    a = layer.attrs
-    site = ctx.site(layer)
-    return conv.ConvGeometry(site.stride(pair(a["stride"])), site.padding, a["dilation"])
+def _dropout(kernel):
+    layer, tile = kernel.layer, kernel.tile
+
+    def forward(xs, run):
+        if not run.training:
+            return xs[0], None
+        key = dropout.stream_key(kernel.seed, run.step, layer.name)
+        return dropout.dropout_forward(xs[0], layer.attrs["p"], key, start=tile.start,
+                                       global_shape=tile.global_shape, inplace=kernel.overwrites(run))
+    return forward, lambda gy, saved: [dropout.dropout_backward(gy, saved)]
 
 
-_weighted("conv2d", conv.conv2d_forward, conv.conv2d_backward, _conv_geometry)
-_weighted("linear", linear.linear_forward, linear.linear_backward)
+def _loss(kernel):
+    """The labels of the tile's samples come as the second input."""
+    total = kernel.tile.total
+    return (lambda xs, run: loss.softmax_cross_entropy_forward(xs[0], xs[1], total=total)), \
+        (lambda gy, saved: [loss.softmax_cross_entropy_backward(gy, saved)])
 
 
-def _batchnorm_forward(layer, xs, ctx):
-    a = layer.attrs
-    return batchnorm.batchnorm2d_forward(
-        xs[0], _param(ctx, layer, "weight"), _param(ctx, layer, "bias"),
-        ctx.buffers[f"{layer.name}.running_mean"], ctx.buffers[f"{layer.name}.running_var"],
-        eps=a["eps"], momentum=a["momentum"], training=ctx.training,
-        reduce=ctx.site(layer).reduce, count=ctx.site(layer).count)   # sums over the tiles with these channels
+def _alone(array):
+    return array
 
 
-def _batchnorm_backward(layer, gy, saved, ctx):
-    gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)
-    ctx.grads[f"{layer.name}.weight"][...] = ggamma
-    ctx.grads[f"{layer.name}.bias"][...] = gbeta
-    return [gx]
-
-
-def _dropout_forward(layer, xs, ctx):
-    if not ctx.training:
-        return xs[0], None
-    key = dropout.stream_key(ctx.seed, ctx.step, layer.name)
-    site = ctx.site(layer)
-    return dropout.dropout_forward(xs[0], layer.attrs["p"], key, start=site.start, global_shape=site.global_shape,
-                                   inplace=ctx.overwritable(layer) == 0)
-
-
-FORWARD["batchnorm2d"], BACKWARD["batchnorm2d"] = _batchnorm_forward, _batchnorm_backward
-FORWARD["dropout"] = _dropout_forward
-BACKWARD["dropout"] = lambda layer, gy, saved, ctx: [dropout.dropout_backward(gy, saved)]
-FORWARD["softmax_cross_entropy"] = lambda layer, xs, ctx: loss.softmax_cross_entropy_forward(
-    xs[0], ctx.labels, total=ctx.site(layer).total)
-BACKWARD["softmax_cross_entropy"] = lambda layer, gy, saved, ctx: [loss.softmax_cross_entropy_backward(gy, saved)]
+BIND = {
+    "conv2d": _weighted(conv.conv2d_forward, conv.conv2d_backward, _conv_geometry),
+    "linear": _weighted(linear.linear_forward, linear.linear_backward),
+    "maxpool2d": _pool(pool.maxpool2d_forward, pool.maxpool2d_backward),
+    "avgpool2d": _pool(pool.avgpool2d_forward, pool.avgpool2d_backward),
+    "global_avgpool": _plain(pool.global_avgpool_forward, pool.global_avgpool_backward),
+    "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
+    "relu": _relu,
+    "add": _add,
+    "concat": _concat,
+    "batchnorm2d": _batchnorm,
+    "dropout": _dropout,
+    "softmax_cross_entropy": _loss,
+}

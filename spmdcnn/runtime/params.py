@@ -9,7 +9,7 @@ import zlib
 import numpy as np
 
 
-def _count(shape):
+def count(shape):
     return int(np.prod(shape, dtype=np.int64))
 
 
@@ -21,8 +21,8 @@ class FlatStore:
         self.offsets = {}
         total = 0
         for name, shape in self.shapes.items():
-            self.offsets[name] = (total, total + _count(shape))
-            total += _count(shape)
+            self.offsets[name] = (total, total + count(shape))
+            total += count(shape)
         self.flat = xp.zeros(total, dtype=dtype)
         self.views = {name: self.flat[a:b].reshape(self.shapes[name]) for name, (a, b) in self.offsets.items()}
 
@@ -45,7 +45,7 @@ class FlatStore:
 
 def fan_in(shape):
     """Inputs feeding one output: ``C*kH*kW`` for a conv weight, ``F_in`` for a linear one."""
-    return _count(shape[1:])
+    return count(shape[1:])
 
 
 def initial_value(layer, kind, seed, rows=None):
@@ -65,5 +65,5 @@ def initial_value(layer, kind, seed, rows=None):
         return np.ones(shape) if kind in ("weight", "running_var") else np.zeros(shape)
     bound = 1.0 / np.sqrt(fan_in(layer.params["weight"]))
     rng = np.random.default_rng([seed, zlib.crc32(f"{layer.name}.{kind}".encode())])
-    rng.bit_generator.advance(r0 * _count(shape[1:]))
+    rng.bit_generator.advance(r0 * count(shape[1:]))
     return rng.uniform(-bound, bound, size=shape)

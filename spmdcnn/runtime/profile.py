@@ -1,5 +1,5 @@
 """``spmdcnn profile``: measure ``t_c`` on this device, one distinct tile shape at a time, with the kernels training
-runs (``runtime.kernels``), for the planner's cost model.
+runs (the bound kernels of ``runtime.kernels``, built from the tile's shape), for the planner's cost model.
 
 Each tile runs alone on made-up inputs of its shape: forward, then backward from a made-up output gradient, and
 for a layer with parameters an SGD step over its shard; the median of a few repeats after a warm-up is kept.
@@ -13,26 +13,27 @@ import statistics
 
 import numpy as np
 
-from ..backend import master_dtype, synchronizer
+from ..backend import master_dtype, synchronizer, tf32_allowed
 from ..cost.calibrate import median_seconds, processor_name, spread, timings
 from ..cost.compute import ComputeModel, Profile, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..cost.sync import SyncModel
 from ..graph.graph import Layer
+from ..graph.opspec import infer
+from ..graph.optable import OPS
 from ..planner.configs import configurations
 from ..progress import Progress
 from ..tiling.config import ParallelConfig, output_shape
-from ..tiling.fields import NO_PADDING
-from . import kernels
+from .kernels import Run, Tile, TileKernel, Views
 from .optimizer import SGD
+from .params import initial_value
 
 
 def device_name(world, xp=np, dtype=np.float32):
     """The profile's device: the processor, its BLAS threads per rank, how many ranks share it, and the dtype."""
     precision = np.dtype(dtype).name
     if xp is not np:
-        from ..ops.cuda.conv import tf32_allowed
         precision += "+tf32" if tf32_allowed() and precision == "float32" else ""
     return _device(processor_name(xp), world.size, precision)
 
@@ -78,79 +79,61 @@ def default_path(device):
     return os.path.join(folder, f"profile-{slug}.json")
 
 
-class _Site:
-    """A tile alone: its input arrives padded and subsampled, so no padding and the shape's own stride."""
-
-    padding = NO_PADDING
-    reduce = staticmethod(lambda array: array)
-
-    def __init__(self, shape):
-        self.global_shape = shape.output
-        self.start = (0,) * len(shape.output)
-        self.total = shape.output[0]
-
-    @property
-    def count(self):
-        n, _, h, w = self.global_shape
-        return n * h * w
-
-    def stride(self, stride):
-        return stride
-
-
-class _Context:
-    def __init__(self, layer, shape, xp, dtype, rng):
-        self.layer, self.shape = layer, shape
-        master = master_dtype(dtype)            # parameters in float32 under bfloat16, as the executor keeps them
-        self.params = {f"{layer.name}.{n}": xp.asarray((rng.standard_normal(s) * 0.1).astype(master))
-                       for n, s in shape.params}
-        self.grads = {name: xp.zeros_like(value) for name, value in self.params.items()}
-        channels = shape.output[1] if len(shape.output) > 1 else 1
-        self.buffers = {f"{layer.name}.running_mean": xp.zeros(channels, master),
-                        f"{layer.name}.running_var": xp.ones(channels, master)}
-        self.training, self.step, self.seed = True, 0, 0
-        self.labels = None
-        if shape.op == "softmax_cross_entropy":
-            n, classes = shape.inputs[0]
-            self.labels = xp.asarray(rng.integers(0, classes, n))
-        self._site = _Site(shape)
-
-    def site(self, layer):
-        return self._site
-
-    def needs_input_grad(self, layer):
-        return self.shape.input_grad
-
-    def overwritable(self, layer):
-        return None
+def tile_kernel(shape, xp=np, dtype=np.float32, seed=0):
+    """``(kernel, inputs)``: the :class:`~spmdcnn.runtime.kernels.TileKernel` training binds for a tile of
+    ``shape`` (a :class:`~spmdcnn.cost.tiles.TileShape`), alone: its input arrives padded and subsampled, so it
+    adds no padding and applies the shape's own stride, and its replica group is itself; with made-up
+    parameters and inputs (the loss's labels last)."""
+    rng = np.random.default_rng(seed)
+    layer = _layer(shape)
+    master = master_dtype(dtype)            # parameters in float32 under bfloat16, as the executor keeps them
+    params = {name: xp.asarray((rng.standard_normal(s) * 0.1).astype(master)) for name, s in shape.params}
+    buffers = {kind: xp.asarray(initial_value(layer, kind, seed), master) for kind in layer.buffers}
+    views = Views(params, {name: xp.zeros_like(value) for name, value in params.items()}, buffers)
+    tile = Tile(shape.output, tuple((0, extent) for extent in shape.output))
+    inputs = [xp.asarray(rng.standard_normal(s).astype(dtype)) for s in shape.inputs]
+    if layer.spec.loss:
+        n, classes = shape.inputs[0]
+        inputs.append(xp.asarray(rng.integers(0, classes, n)))
+    return TileKernel(layer, tile, views, shape.input_grad), inputs
 
 
 def _layer(shape):
+    """A layer computing what the tile ``shape`` computes, on inputs of the tile's shapes."""
     attrs = dict(shape.attrs)
-    if shape.op in ("conv2d", "maxpool2d", "avgpool2d"):
+    spec = OPS[shape.op]
+    if spec.window:
         attrs["padding"] = 0
-    if shape.op == "conv2d":
+    if spec.dense or shape.op == "conv2d":      # as many outputs as the tile computes
         attrs["bias"] = any(n == "bias" for n, _ in shape.params)
-    out = shape.output[1:] if shape.op != "softmax_cross_entropy" else ()
-    return Layer("tile", shape.op, attrs, ["x"] * len(shape.inputs), [s[1:] for s in shape.inputs], out,
-                 dict(shape.params))
+        attrs["out_features" if spec.dense else "out_channels"] = shape.output[1]
+    out = shape.output[1:] if not spec.loss else ()
+    in_shapes = [s[1:] for s in shape.inputs]
+    _, _, buffers, _ = infer(shape.op, attrs, in_shapes, "tile")
+    return Layer("tile", shape.op, attrs, ["x"] * len(shape.inputs), in_shapes, out,
+                 dict(shape.params), buffers, input_grads=(shape.input_grad,) * len(shape.inputs),
+                 needs_grad=shape.backward)
+
+
+def tile_step(shape, xp=np, dtype=np.float32, seed=0):
+    """``run()``: one forward and (when the tile runs one) backward of the tile ``shape``, as training runs them
+    (:func:`tile_kernel`), from a made-up output gradient."""
+    kernel, xs = tile_kernel(shape, xp, dtype, seed)
+    copies = kernel.layer.spec.inplace          # as training feeds them: each run on inputs of its own
+    y, _ = kernel.forward(xs, Run())
+    gy = xp.asarray(np.random.default_rng(seed).standard_normal(np.shape(y)).astype(dtype)) if np.ndim(y) else None
+
+    def run():
+        out, saved = kernel.forward([x.copy() for x in xs] if copies else xs, Run())
+        if shape.backward:
+            kernel.backward(gy if gy is not None else out, saved)
+    return run
 
 
 def measure_tile(shape, xp=np, dtype=np.float32, repeats=3, warmup=1, seed=0):
     """The ``repeats`` timings (seconds) of one forward and backward of the tile ``shape`` (a
     :class:`~spmdcnn.cost.tiles.TileShape`)."""
-    rng = np.random.default_rng(seed)
-    layer = _layer(shape)
-    ctx = _Context(layer, shape, xp, dtype, rng)
-    xs = [xp.asarray(rng.standard_normal(s).astype(dtype)) for s in shape.inputs]
-    forward, backward = kernels.FORWARD[shape.op], kernels.BACKWARD[shape.op]
-    y, _ = forward(layer, xs, ctx)
-    gy = xp.asarray(rng.standard_normal(np.shape(y)).astype(dtype)) if np.ndim(y) else None
-
-    def run():
-        out, saved = forward(layer, [x.copy() for x in xs] if shape.op in ("relu", "dropout", "add") else xs, ctx)
-        backward(layer, gy if gy is not None else out, saved, ctx)
-    return timings(run, repeats, warmup, sync=synchronizer(xp))
+    return timings(tile_step(shape, xp, dtype, seed), repeats, warmup, sync=synchronizer(xp))
 
 
 def measure_update(count, xp=np, dtype=np.float32, repeats=3, warmup=1):

@@ -1,22 +1,24 @@
-"""One rank's share of a plan: for each layer the tile it computes (if any), the input boxes that tile reads, the
-exchange that brings them, and the parameter shard it holds.
+"""One rank's share of a plan, built once: for each layer the tile it computes (if any) as a bound kernel, the input
+boxes that tile reads, the exchange that brings them, its replica group, and where its parameter shards lie.
 
 Parameters are split along ``c`` like the layer's output: a conv weight ``(K, C, kH, kW)`` tile holds rows
 ``[c0, c1)``, a linear weight ``(F_out, F_in)`` likewise, batchnorm its channels. The ranks holding the same
 channel part form the layer's replica group: their gradients are summed with one allreduce per group (the
-shards of all layers with the same group lie side by side in the flat gradient array), and batchnorm sums its
-statistics over it.
+shards of all layers with the same group lie side by side in the flat gradient array: one :class:`Bucket`), and
+batchnorm sums its statistics over it.
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from ..comm import Exchange, ReplicaGroups
 from ..graph.blocks import DATA
+from ..ops.add import accumulate
 from ..tiling.config import output_shape
 from ..tiling.fields import NO_PADDING
 from ..tiling.transfers import layer_transfers, tile_needs
-
-REDUCED_IN_LAYER = ("batchnorm2d",)     # their parameter gradients come out of the layer already summed
+from .kernels import Tile, TileKernel, Views
+from .params import count
 
 
 @dataclass
@@ -28,44 +30,53 @@ class Site:
     needs: list = None
     exchange: object = None
     group: tuple = ()
-    reduce: object = None
     global_shape: tuple = ()
     exchanged: dict = None      # {slot: Need} of the inputs the exchange brings (not read from the data)
     input_tiles: dict = None    # {slot: box} of this rank's tiles of the layer's producers
-
-    @property
-    def start(self):
-        return tuple(lo for lo, _ in self.box)
+    reduce: object = None       # the sum over the replica group, for a layer that sums inside (batchnorm)
+    kernel: TileKernel = None   # the bound kernel of the tile (:meth:`Program.bind`)
 
     @property
     def padding(self):
         return self.needs[0].padding if self.needs else NO_PADDING
-
-    def stride(self, stride):
-        """The window stride this tile applies: 1 along a strided read, whose rows arrive subsampled."""
-        return self.needs[0].stride(stride) if self.needs else stride
 
     @property
     def channels(self):
         """The output channel (feature) range of the tile: the parameter shard's rows."""
         return self.box[1] if len(self.box) > 1 else (0, 1)
 
-    @property
-    def count(self):
-        """Values per channel over the global tensor (batchnorm's M = N*H*W)."""
-        N, _, H, W = self.global_shape
-        return N * H * W
+    def tile(self):
+        """The :class:`~spmdcnn.runtime.kernels.Tile` its kernel is bound to."""
+        steps = self.needs[0].steps if self.needs else None
+        return Tile(self.global_shape, self.box, self.padding, steps, self.reduce)
 
-    @property
-    def total(self):
-        """The global batch (the loss divides by it)."""
-        return self.global_shape[0]
+
+@dataclass(frozen=True)
+class Shard:
+    """This rank's rows of one parameter or buffer, and where they lie in its flat store."""
+
+    name: str           # "<layer>.<kind>"
+    kind: str
+    param: bool         # a parameter (else a buffer)
+    shape: tuple        # the shard's shape
+    rows: tuple         # (c0, c1) of the global tensor
+    group: tuple        # the replica group holding the same rows
+    start: int          # its slice of the flat parameter (or buffer) array
+    stop: int
+
+
+class Bucket(NamedTuple):
+    """One allreduce of the flat gradient array's ``[start, stop)`` over the replica group ``ranks``."""
+
+    ranks: tuple
+    reduce: object      # sums a contiguous array over the group, in place
+    start: int
+    stop: int
 
 
 class Program:
-    """This rank's :class:`Site` per layer, its replica groups, and the layout of its parameter shards:
-    ``param_shapes``/``buffer_shapes`` (flat-store order), ``shards`` (rows of each global tensor), ``owners``
-    (each shard's replica group) and ``buckets`` (the gradient slices summed over each group)."""
+    """This rank's :class:`Site` per layer (in execution order), its replica groups, the :class:`Shard` of every
+    parameter and buffer it holds (``layout``, in flat-store order) and the gradient :class:`Bucket` list."""
 
     def __init__(self, graph, plan, world, dtype, xp):
         self.graph, self.plan, self.world = graph, plan, world
@@ -74,14 +85,14 @@ class Program:
         rank_sets = []
         for layer in graph.layers:
             config = plan[layer.name]
-            shape = output_shape(layer, plan.batch)
             replicas = [tuple(sorted(g)) for g in config.replicas().values()]
             needs = tile_needs(plan, layer)
+            shape = output_shape(layer, plan.batch)
             site = Site(layer, global_shape=shape, box=config.tile_of(rank, shape), exchanged={},
                         input_tiles={slot: self.sites[ref].box for slot, ref in enumerate(layer.inputs)
                                      if ref != DATA and self.sites[ref].box is not None})
             if any(ref != DATA for ref in layer.inputs):
-                site.exchange = Exchange(world, layer_transfers(plan, layer, needs), dtype, xp)
+                site.exchange = Exchange(world, layer_transfers(plan, layer, needs), dtype, xp, accumulate=accumulate)
             if site.box is not None:
                 site.needs = needs[rank]
                 site.exchanged = {slot: need for slot, (ref, need) in enumerate(zip(layer.inputs, site.needs))
@@ -92,12 +103,14 @@ class Program:
             self.sites[layer.name] = site
         self.groups = ReplicaGroups(world, rank_sets)
         for site in self.sites.values():
-            if site.box is not None and site.layer.op in REDUCED_IN_LAYER:
+            if site.box is not None and site.layer.spec.reduced_in_layer:
                 site.reduce = self.groups.reducer(site.group)       # the identity for a group of one
-        self._layout()
+        self.layout = self._layout()
+        self.buckets = self._buckets()
 
     def _layout(self):
-        """Shard shapes, grouped so that each replica group's allreduced gradients are one contiguous slice."""
+        """``{name: Shard}``, grouped so that each replica group's allreduced gradients are one contiguous slice:
+        by group, then those summed in the layer (or buffers) last, then in the model's order."""
         entries = []
         for order, layer in enumerate(self.graph.layers):
             site = self.sites[layer.name]
@@ -105,28 +118,51 @@ class Program:
                 continue
             c0, c1 = site.channels
             for kind, shape in list(layer.params.items()) + list(layer.buffers.items()):
-                reduced = layer.op in REDUCED_IN_LAYER or kind in layer.buffers
-                entries.append(((site.group, reduced, order), f"{layer.name}.{kind}", kind in layer.params,
-                                (c1 - c0,) + tuple(shape[1:]), (c0, c1)))
-        entries.sort(key=lambda e: e[0])
-        self.param_shapes = {name: shape for _, name, is_param, shape, _ in entries if is_param}
-        self.buffer_shapes = {name: shape for _, name, is_param, shape, _ in entries if not is_param}
-        self.shards = {name: rows for _, name, _, _, rows in entries}
-        self.owners = {name: key[0] for key, name, *_ in entries}
-        # the slices of the flat gradient array to sum over each group: (group, first name, last name)
-        self.buckets = []
-        for key, name, is_param, _, _ in entries:
-            group, reduced, _ = key
-            if not is_param or reduced or len(group) < 2:
+                reduced = layer.spec.reduced_in_layer or kind in layer.buffers
+                entries.append(((site.group, reduced, order), layer, kind, (c1 - c0,) + tuple(shape[1:]), (c0, c1)))
+        entries.sort(key=lambda entry: entry[0])
+        layout, ends = {}, {True: 0, False: 0}
+        for (group, _, _), layer, kind, shape, rows in entries:
+            param = kind in layer.params
+            start = ends[param]
+            ends[param] = start + count(shape)
+            layout[f"{layer.name}.{kind}"] = Shard(f"{layer.name}.{kind}", kind, param, shape, rows, group, start,
+                                                   ends[param])
+        return layout
+
+    def _buckets(self):
+        """The slices of the flat gradient array each replica group sums: one per group, the parameters a layer
+        sums itself (batchnorm's) left out."""
+        buckets = []
+        for shard in self.layout.values():
+            layer = self.graph.by_name[shard.name.rsplit(".", 1)[0]]
+            if not shard.param or layer.spec.reduced_in_layer or len(shard.group) < 2:
                 continue
-            if self.buckets and self.buckets[-1][0] == group:
-                self.buckets[-1][2] = name
+            if buckets and buckets[-1].ranks == shard.group and buckets[-1].stop == shard.start:
+                buckets[-1] = buckets[-1]._replace(stop=shard.stop)
             else:
-                self.buckets.append([group, name, name])
+                buckets.append(Bucket(shard.group, self.groups.reducer(shard.group), shard.start, shard.stop))
+        return buckets
+
+    def shapes(self, param):
+        """``{name: shard shape}`` of the parameters (``param``) or buffers, in flat-store order."""
+        return {name: shard.shape for name, shard in self.layout.items() if shard.param == param}
+
+    def bind(self, params, grads, buffers, seed, overwritable):
+        """Bind every tile's kernel to the flat stores' views (``params``, ``grads``, ``buffers``: FlatStores
+        laid out by :meth:`shapes`); ``overwritable``: ``{layer: input it may overwrite, or None}``."""
+        for site in self.sites.values():
+            if site.box is None:
+                continue
+            layer = site.layer
+            views = Views({kind: params[f"{layer.name}.{kind}"] for kind in layer.params},
+                          {kind: grads[f"{layer.name}.{kind}"] for kind in layer.params},
+                          {kind: buffers[f"{layer.name}.{kind}"] for kind in layer.buffers})
+            site.kernel = TileKernel(layer, site.tile(), views, layer.input_grad, overwritable[layer.name], seed)
 
     def representative(self, name):
         """Whether this rank writes ``name``'s shard into a checkpoint (the lowest rank of its replica group)."""
-        return self.world.rank == self.owners[name][0]
+        return self.world.rank == self.layout[name].group[0]
 
     def global_shape(self, name):
         layer_name, kind = name.rsplit(".", 1)

@@ -37,13 +37,17 @@ def _names(graph, store, pieces):
             if f"{layer.name}.{kind}" in held]
 
 
+def scatter(executor, store, name, array):
+    """Copy this rank's rows of the global ``array`` of ``name`` into ``store`` (a FlatStore of the executor's)."""
+    c0, c1 = executor.program.layout[name].rows
+    store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.param_dtype)
+
+
 def scatter_global(executor, store, arrays):
     """Copy this rank's rows of the global ``arrays`` into ``store`` (names missing from ``arrays`` are left)."""
-    xp = executor.xp
     for name in store:
         if name in arrays:
-            c0, c1 = executor.shards[name]
-            store[name][...] = xp.asarray(arrays[name][c0:c1], dtype=executor.param_dtype)
+            scatter(executor, store, name, arrays[name])
 
 
 GROUPS = ("params", "buffers", "momentum")

@@ -30,7 +30,7 @@ from .optimizer import SGD
 from .paths import check_inputs, check_outputs, data_to_make, prepare_outputs
 from .resume import check_resumable, state_for, trim_metrics
 from .schedule import learning_rate
-from .shards import gather_global, share_checkpoint
+from .shards import gather_global, scatter, share_checkpoint
 
 
 def make_data(job, graph):
@@ -67,8 +67,7 @@ def restore(executor, optimizer, tensors, weights_only=False):
     for group, name, array in tensors:
         store = stores[group]
         if store is not None and name in store:
-            c0, c1 = executor.shards[name]
-            store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.param_dtype)
+            scatter(executor, store, name, array)
 
 
 def write_checkpoint(path, executor, optimizer, state, plan_text, keep=1):
@@ -157,12 +156,11 @@ class Trainer:
         job = self.job
         check_inputs(job)
         self.graph = load_model(job["model"])
-        self.xp = backend.get_array_module(job["backend"], *self.node_ranks, share=job["share_gpus"])
+        self.xp = backend.rank_module(job["backend"], self.node_ranks, job["share_gpus"], job["tf32"])
         self.dtype = backend.resolve_dtype(job["dtype"], self.xp)
         check_transport(job["transport"], self.xp)
         # images are scaled and normalised in float32 under bfloat16, and rounded when they reach the device
         self.read_dtype = backend.master_dtype(self.dtype)
-        backend.set_precision(self.xp, job["tf32"])
         self.batch = job["batch_size"]
         self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,
                                                                            self.world.size)

@@ -11,21 +11,20 @@ from itertools import product
 from .boxes import part
 
 NAMES = ("n", "c", "h", "w")      # the output's dimensions, in tensor order (rank 2: n, c; the loss: n)
-FIXED_BY_OP = {"flatten": ("n",), "softmax_cross_entropy": ("n",)}
 
 
 def dims_of(layer):
     """The dimensions of ``layer``'s output that a configuration may split, in tensor order: all of them, except
-    that flatten and the loss split only ``n``."""
-    if layer.op in FIXED_BY_OP:
-        return FIXED_BY_OP[layer.op]
+    that flatten and the loss split only ``n`` (the op table's ``splits``)."""
+    if layer.spec.splits is not None:
+        return layer.spec.splits
     return NAMES[:1 + len(layer.out_shape)]
 
 
 def output_shape(layer, batch):
     """The global output shape a configuration of ``layer`` splits: ``(N, C, H, W)``, ``(N, F)`` for flatten and
     linear, ``(N,)`` for the loss (one loss per sample)."""
-    if layer.op == "softmax_cross_entropy":
+    if layer.spec.loss:
         return (batch,)
     return (batch,) + tuple(layer.out_shape)
 

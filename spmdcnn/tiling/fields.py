@@ -14,6 +14,8 @@ the output's channel range that input supplies (possibly nothing).
 
 from dataclasses import dataclass
 
+from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE,
+                             READS_WINDOW)
 from ..ops.window import pair
 
 NO_PADDING = ((0, 0), (0, 0))
@@ -81,17 +83,17 @@ def _window_need(layer, out_box, in_shape, channels):
 def needs(layer, out_box, in_shapes):
     """One :class:`Need` per input of ``layer`` for the output tile ``out_box``; ``in_shapes`` are the inputs'
     global shapes (batch first)."""
-    op, n = layer.op, out_box[0]
-    if op == "conv2d":
+    reads, n = layer.spec.reads, out_box[0]
+    if reads == READS_WINDOW:
         return [_window_need(layer, out_box, in_shapes[0], (0, in_shapes[0][1]))]
-    if op in ("maxpool2d", "avgpool2d"):
+    if reads == READS_CHANNEL_WINDOW:
         return [_window_need(layer, out_box, in_shapes[0], out_box[1])]
-    if op == "global_avgpool":
+    if reads == READS_PLANE:
         (_, _, H, W) = in_shapes[0]
         return [Need((n, out_box[1], (0, H), (0, W)))]
-    if op in ("flatten", "linear", "softmax_cross_entropy"):
+    if reads == READS_SAMPLE:
         return [Need((n,) + tuple((0, extent) for extent in in_shapes[0][1:]))]
-    if op == "concat":
+    if reads == READS_CHANNEL_PARTS:
         result, offset = [], 0
         c0, c1 = out_box[1]
         for shape in in_shapes:

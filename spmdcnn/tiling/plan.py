@@ -24,7 +24,6 @@ from .config import NAMES, ParallelConfig, dims_of, output_shape
 
 FORMAT = "spmdcnn-plan/1"
 NAMED = ("data", "model", "owt")
-INHERITING = ("relu", "dropout")
 _PLAN_KEYS = {"format", "model", "batch_size", "devices", "default", "layers", "predicted", "model_file"}
 
 
@@ -100,7 +99,7 @@ def _config(layer, spec, batch, devices, where):
 
 
 def _inherits(layer, configs):
-    return layer.op in INHERITING and layer.inputs[0] in configs
+    return layer.spec.inherits and layer.inputs[0] in configs
 
 
 def from_mapping(data, graph, batch, devices, source):
@@ -167,7 +166,7 @@ def named(strategy, graph, batch, devices):
         if _inherits(layer, configs):
             configs[layer.name] = configs[layer.inputs[0]]
             continue
-        dim = {"data": "n", "model": "c"}.get(strategy) or ("c" if layer.op == "linear" else "n")
+        dim = {"data": "n", "model": "c"}.get(strategy) or ("c" if layer.spec.dense else "n")
         configs[layer.name] = _split(layer, batch, devices, dim)
     return Plan(graph, batch, devices, configs, f"plan {strategy}")
 

@@ -11,14 +11,19 @@ from spmdcnn import cli
 from spmdcnn.runtime import executor
 
 RANK, EXCEPTION = int(sys.argv[1]), getattr(builtins, sys.argv[2])
-_backward = executor.Executor.backward
+_forward, _backward = executor.Executor.forward, executor.Executor.backward
+
+
+def forward(self, *args, step=0, **keys):
+    self.injected_step = step
+    return _forward(self, *args, step=step, **keys)
 
 
 def backward(self, keep=()):
-    if self.world.rank == RANK and self.step == 1:
+    if self.world.rank == RANK and self.injected_step == 1:
         raise EXCEPTION(f"injected failure on rank {RANK}")
     return _backward(self, keep)
 
 
-executor.Executor.backward = backward
+executor.Executor.forward, executor.Executor.backward = forward, backward
 sys.exit(cli.main(sys.argv[3:]))

@@ -10,12 +10,13 @@ NCHW (bfloat16 often wants channels-last) is run on channels-last copies (NHWC, 
   padded explicitly up to the symmetric part (forward and weight gradient read the padded copy; the data
   gradient is computed for it and cropped).
 - The bias is added and its gradient summed by CuPy (fused conv+bias graphs want channels-last layouts).
-- float32 convolutions use full float32 arithmetic unless TF32 is allowed (``set_tf32``, the job's ``tf32``):
-  without it, engines that round inputs (the TENSOR_CORE and DOWN_CONVERT_INPUTS numerical notes) are excluded.
+- float32 convolutions use full float32 arithmetic unless TF32 is allowed (:func:`spmdcnn.backend.tf32_allowed`,
+  the job's ``tf32``): without it, engines that round inputs (the TENSOR_CORE and DOWN_CONVERT_INPUTS numerical
+  notes) are excluded.
 - bfloat16 (ml_dtypes' dtype on CuPy) runs bfloat16 in and out with float32 accumulation; float32 weights (the
   master copy) are rounded to bfloat16 for the call and the weight gradient is returned in float32.
-- When cuDNN is missing or no engine supports a case (float64 on some GPUs), the convolution falls back to the
-  im2col + cuBLAS path that NumPy uses (``ops.conv``), once logged.
+- When cuDNN is missing or no engine supports a case (float64 on some GPUs), the functions here return None
+  (once logged) and ``ops.conv`` takes the im2col + cuBLAS path that NumPy uses.
 """
 
 import collections
@@ -25,13 +26,13 @@ import threading
 
 import numpy
 
-from ...backend import bfloat16
+from ...backend import bfloat16, tf32_allowed
+from ..conv_saved import ConvSaved
 from ..window import output_extent, pad_spatial
 
 log = logging.getLogger("spmdcnn")
 _state = threading.local()
-_settings = {"tf32": False}
-_unsupported = set()          # cache keys no cuDNN engine runs: the fallback takes them
+_unsupported = set()          # cache keys no cuDNN engine runs: im2col takes them
 LAYOUTS = ("nchw", "nhwc")
 paths = collections.Counter()  # (fprop | dgrad | wgrad | forward | backward, nchw | nhwc | im2col) -> calls
 
@@ -61,16 +62,6 @@ def _back(array, layout):
     """The logical NCHW contiguous array of a result stored in ``layout``."""
     import cupy
     return array if layout == "nchw" else cupy.ascontiguousarray(array.transpose(0, 3, 1, 2))
-
-
-def set_tf32(allowed):
-    """Whether float32 convolutions may round their inputs to TF32 (tensor cores), as PyTorch's
-    ``torch.backends.cudnn.allow_tf32``."""
-    _settings["tf32"] = bool(allowed)
-
-
-def tf32_allowed():
-    return _settings["tf32"]
 
 
 @functools.cache
@@ -129,7 +120,7 @@ class _Graph:
 
     def __call__(self, **arrays):
         """Run on ``arrays`` (by role; contiguous, 16-byte aligned); False when the graph's first run fails
-        (the case is then taken by the fallback from now on)."""
+        (the case is then taken by im2col from now on)."""
         import cupy
         workspace = cupy.empty(self.workspace, dtype=cupy.uint8)
         try:
@@ -145,9 +136,11 @@ class _Graph:
         return True
 
 
-def _aligned(array):
-    """``array``, or a copy of it where its address is not 16-byte aligned (cuDNN's engines assume it is; a
-    parameter's view into the flat parameter array, or a tile's view into a larger one, may not be)."""
+def aligned_contiguous(array):
+    """``array`` contiguous and 16-byte aligned (itself where it is already): cuDNN's engines assume both, and a
+    parameter's view into the flat parameter array, or a tile's view into a larger one, may be neither."""
+    import cupy
+    array = cupy.ascontiguousarray(array)
     return array if array.data.ptr % 16 == 0 else array.copy()
 
 
@@ -203,7 +196,7 @@ def _graph(kind, io_type, out_type, x_shape, w_shape, y_shape, padding, stride, 
     if not available():
         return None
     key = (kind, io_type, out_type, tuple(x_shape), tuple(w_shape), tuple(y_shape), padding, stride, dilation,
-           layout, _settings["tf32"] and io_type == "float32", cupy.cuda.Device().id)
+           layout, tf32_allowed() and io_type == "float32", cupy.cuda.Device().id)
     if key in _unsupported:
         return None
     try:
@@ -229,13 +222,13 @@ def _symmetric(geometry, kernel):
     return tuple(extra), tuple(symmetric)
 
 
-def conv2d_forward(x, w, b, geometry, need_input_grad, fallback):
-    """``(y, saved)`` through cuDNN (NCHW, else channels-last), or ``fallback()`` when cuDNN cannot run it."""
+def conv2d_forward(x, w, b, geometry, need_input_grad):
+    """``(y, saved)`` through cuDNN (NCHW, else channels-last), or None when no engine runs it."""
     K, _, kH, kW = w.shape
     extra, padding = _symmetric(geometry, (kH, kW))
     io_type = x.dtype.name
-    xpad = _aligned(_contiguous(pad_spatial(x, extra)))
-    wio = _aligned(_contiguous(w.astype(x.dtype, copy=False)))         # bfloat16: round the master weights
+    xpad = aligned_contiguous(pad_spatial(x, extra))
+    wio = aligned_contiguous(w.astype(x.dtype, copy=False))         # bfloat16: round the master weights
     N, C, H, W = xpad.shape
     y_shape = (N, K) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in
                               zip((H, W), (kH, kW), geometry.stride, padding, geometry.dilation))
@@ -249,46 +242,27 @@ def conv2d_forward(x, w, b, geometry, need_input_grad, fallback):
             break
     else:
         paths["forward", "im2col"] += 1
-        return fallback()
+        return None
     if b is not None:
         y += b.astype(y.dtype, copy=False).reshape(1, K, 1, 1)
-    return y, ("cudnn", xpad, w, wio, b is not None, geometry, need_input_grad, x.shape)
+    return y, ConvSaved("cudnn", geometry, x=xpad, w=w, has_bias=b is not None, need_input_grad=need_input_grad,
+                        x_shape=x.shape, wio=wio, padding=padding)
 
 
-def _contiguous(array):
-    import cupy
-    return cupy.ascontiguousarray(array)
-
-
-def conv2d_backward(gy, saved, gw_out, fallback):
-    """``(gx, gw, gb)`` of a forward that ran on cuDNN; a gradient no engine runs goes through
-    ``fallback(gy, saved, gw_out)`` (ops.conv's im2col backward) on the padded input."""
-    import cupy
-    _, xpad, w, wio, has_bias, geometry, need_input_grad, x_shape = saved
-    extra, padding = _symmetric(geometry, w.shape[2:])
-    gy = _aligned(cupy.ascontiguousarray(gy))
-    master = w.dtype
+def conv2d_backward(gy, saved, gw_out):
+    """``(gradient of the padded input saved.x or None, gw, gb)`` of a forward that ran on cuDNN, ``gw`` and ``gb``
+    in the master weights' type (``gw`` possibly written straight into ``gw_out``); None when no engine runs
+    them. ``gy`` is contiguous and aligned (:func:`aligned_contiguous`)."""
+    master = saved.w.dtype
     for layout in LAYOUTS:
-        gradients = _cudnn_backward(gy, xpad, wio, master, padding, geometry, need_input_grad, gw_out, layout)
+        gradients = _cudnn_backward(gy, saved.x, saved.wio, master, saved.padding, saved.geometry,
+                                    saved.need_input_grad, gw_out, layout)
         if gradients is not None:
             gxpad, gw = gradients
-            gb = gy.sum(axis=(0, 2, 3), dtype=master) if has_bias else None
-            break
-    else:
-        from ..conv import ConvGeometry
-        paths["backward", "im2col"] += 1
-        symmetric = ConvGeometry(geometry.stride, padding, geometry.dilation)
-        gxpad, gw, gb = fallback(gy, (xpad, wio, has_bias, symmetric, need_input_grad), None)
-        gw = gw.astype(master, copy=False)
-        gb = None if gb is None else gb.astype(master, copy=False)
-    if gw_out is not None and gw is not gw_out:
-        gw_out[...] = gw
-        gw = gw_out
-    gx = gxpad
-    if gxpad is not None and gxpad.shape != tuple(x_shape):
-        (top, _), (left, _) = extra
-        gx = cupy.ascontiguousarray(gxpad[:, :, top:top + x_shape[2], left:left + x_shape[3]])
-    return gx, gw, gb
+            gb = gy.sum(axis=(0, 2, 3), dtype=master) if saved.has_bias else None
+            return gxpad, gw, gb
+    paths["backward", "im2col"] += 1
+    return None
 
 
 def _cudnn_backward(gy, xpad, wio, master, padding, geometry, need_input_grad, gw_out, layout):
