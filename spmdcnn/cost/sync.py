@@ -47,7 +47,7 @@ class SyncModel:
         """The :class:`Sync` of ``layer`` under each of ``configs``."""
         if not layer.params and not layer.buffers:
             return [NO_SYNC] * len(configs)
-        batchnorm, channels = layer.op == "batchnorm2d", layer.out_shape[0]
+        batchnorm, channels = layer.spec.reduced_in_layer, layer.out_shape[0]
         per_row = sum(prod(shape[1:]) for shape in layer.params.values())
         known = self._syncs.get((batchnorm, channels, per_row))
         if known is None:

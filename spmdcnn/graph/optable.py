@@ -3,7 +3,8 @@
 The runtime reads how a kernel may reuse memory and which parameter gradients leave the layer already summed;
 tiling reads which output dimensions a configuration may split and what an output tile reads of its inputs; the
 planner reads which layers take their input's configuration; the cost and memory models read what a tile keeps
-for backward and which attributes its kernel uses. Adding an op means a module in ``ops/``, its kernel binding in
+for backward, which attributes its kernel uses and which layers sum inside themselves; initialisation and PyTorch
+state dicts read which layers normalise. Adding an op means a module in ``ops/``, its kernel binding in
 ``runtime/kernels.py`` and one row here (``tests/graph/test_optable.py`` checks that every part covers every row).
 
 Which tensors need a gradient is a property of the graph, not of an op: :func:`needs_gradient` says it once
@@ -41,6 +42,7 @@ class OpSpec:
     inherits: bool = False      # a plan that leaves it out gives it its input's configuration
     reduced_in_layer: bool = False  # its parameter gradients come out summed over the replica group
     dense: bool = False         # fully connected: the "one weird trick" plan splits its features
+    normalization: bool = False  # weight 1 and bias 0 at first, running statistics (PyTorch counts its batches)
     loss: bool = False          # the network's loss: one value per sample
     tile_attrs: tuple = ()      # attributes its kernel reads, besides a window's geometry (cost/tiles.py)
 
@@ -56,7 +58,8 @@ OPS = {spec.name: spec for spec in (
     OpSpec("avgpool2d", READS_CHANNEL_WINDOW),
     OpSpec("global_avgpool", READS_PLANE),
     OpSpec("relu", READS_BOX, KEEPS_MASK, inplace=True, inherits=True),
-    OpSpec("batchnorm2d", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, tile_attrs=("eps", "momentum")),
+    OpSpec("batchnorm2d", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, normalization=True,
+           tile_attrs=("eps", "momentum")),
     OpSpec("dropout", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("flatten", READS_SAMPLE, splits=("n",), view=True),
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),

@@ -17,6 +17,7 @@ import numpy as np
 from ..counters import stream_key, uniform
 from .atomic import written_aside
 from .augment import Augment, count, stored_read
+from .batch import Batch
 from .yamlfile import FormatError
 
 CHUNK_CACHE_BYTES = 1 << 20     # HDF5's default, for compressed chunks (which must pass through the cache)
@@ -61,7 +62,7 @@ class _Source:
 
     def tiles(self, epoch, s, batch, dtype=np.float32):
         """Batch ``s`` of ``epoch`` as a :class:`Batch`, from which each tile reads only its box."""
-        return Batch(self, self.indices(epoch, s, batch), dtype, epoch)
+        return reading_batch(self, self.indices(epoch, s, batch), dtype, epoch)
 
     def close(self):
         pass
@@ -72,23 +73,15 @@ class _Source:
                 "data.shuffle": bool(self.shuffle), "data.sample_shape": "x".join(map(str, self.sample_shape))}
 
 
-class Batch:
-    """One batch of a source; ``images(box)`` reads the box ``(n, c, h, w)`` of it (global batch coordinates),
-    ``labels(lo, hi)`` the labels of samples ``lo..hi-1`` of the batch. ``epoch``: the training epoch whose
-    augmentation applies (None: evaluation's center crop)."""
+def reading_batch(source, indices, dtype, epoch=None):
+    """The :class:`~spmdcnn.io.batch.Batch` of the samples ``indices`` of ``source``, read as each tile asks for its
+    box. ``epoch``: the training epoch whose augmentation applies (None: evaluation's center crop)."""
+    indices = np.asarray(indices)
 
-    def __init__(self, source, indices, dtype, epoch=None):
-        self.source, self.indices, self.dtype, self.epoch = source, np.asarray(indices), dtype, epoch
-        self.size = len(self.indices)
-
-    def images(self, box, steps=None):
-        """The box ``(n, c, h, w)``; with ``steps``, only every step-th row and column of it."""
+    def read(box, steps):
         (n0, n1), *region = box
-        return self.source.read(self.indices[n0:n1], self.dtype, region, None if steps is None else steps[1:],
-                                epoch=self.epoch)[0]
-
-    def labels(self, lo, hi):
-        return self.source.read_labels(self.indices[lo:hi])
+        return source.read(indices[n0:n1], dtype, region, None if steps is None else steps[1:], epoch=epoch)[0]
+    return Batch(len(indices), read, lambda lo, hi: source.read_labels(indices[lo:hi]))
 
 
 def _ranges(region, shape):

@@ -17,6 +17,7 @@ import numpy as np
 
 from .. import cores_per_rank
 from .augment import Augment, count
+from .batch import Batch
 from .dataset import DataError, HDF5Dataset, SyntheticData
 from .workers import CLOSE_GRACE_S, SharedBuffer, Worker, attach, close_all
 
@@ -115,22 +116,16 @@ def _labels(source, indices):
     return labels
 
 
-class ReadBatch:
-    """A batch already read: ``images(box, steps)`` is one of its reads, ``labels(lo, hi)`` its labels. Its arrays
-    may be a shared slot that workers refill once the next batch is taken: they are valid until then."""
-
-    def __init__(self, arrays, labels, what):
-        self.arrays, self._labels, self.what = arrays, labels, what
-        self.size = len(labels)
-
-    def images(self, box, steps=None):
+def batch_read(arrays, labels, what):
+    """The :class:`~spmdcnn.io.batch.Batch` of a batch already read: ``arrays`` by box (``_key``), one per read,
+    and its ``labels``. The arrays may be a shared slot that workers refill once the next batch is taken: they are
+    valid until then."""
+    def read(box, steps):
         try:
-            return self.arrays[_key(box, steps)]
+            return arrays[_key(box, steps)]
         except KeyError:
-            raise DataError(f"{self.what}: the box {box} was not read ahead for this rank") from None
-
-    def labels(self, lo, hi):
-        return self._labels[lo:hi]
+            raise DataError(f"{what}: the box {box} was not read ahead for this rank") from None
+    return Batch(len(labels), read, lambda lo, hi: labels[lo:hi])
 
 
 class SlotReader:
@@ -261,7 +256,7 @@ class Loader:
         self.next_step += 1
         if self.workers:
             self._fill()       # the previous batch's slot is free now: the caller has moved on to this one
-        return ReadBatch(arrays, _labels(self.source, indices), f"{self.source.path}, step {step + 1}"), waited
+        return batch_read(arrays, _labels(self.source, indices), f"{self.source.path}, step {step + 1}"), waited
 
     def again(self):
         """Start over from the first step (another evaluation), keeping the workers, which begin reading at once;

@@ -42,7 +42,7 @@ def state_dict(graph, params, buffers, step=0):
         for tensor in list(layer.params) + list(layer.buffers):
             name = f"{layer.name}.{tensor}"
             out[torch_name(graph, name)] = np.asarray(tensors[name])
-        if layer.op == "batchnorm2d":
+        if layer.spec.normalization:
             out[torch_name(graph, f"{layer.name}.{_TRACKED}")] = np.array(step, dtype=np.int64)
     return out
 
@@ -73,7 +73,8 @@ def import_torch(path, graph, output, drop=()):
     loaded = {key: value for key, value in loaded.items() if not key.startswith(tuple(drop))}
     expected = {**graph.param_shapes(), **graph.buffer_shapes()}
     wanted = {torch_name(graph, name): name for name in expected}
-    tracked = {torch_name(graph, f"{layer.name}.{_TRACKED}") for layer in graph.layers if layer.op == "batchnorm2d"}
+    tracked = {torch_name(graph, f"{layer.name}.{_TRACKED}") for layer in graph.layers
+               if layer.spec.normalization}
     missing = sorted(set(wanted) - set(loaded))
     extra = sorted(set(loaded) - set(wanted) - tracked)
     wrong = sorted(key for key in set(wanted) & set(loaded) if tuple(loaded[key].shape) != tuple(expected[wanted[key]]))

@@ -16,6 +16,7 @@ import numpy as np
 from .. import backend
 from ..comm import World
 from ..graph.blocks import DATA
+from ..io.batch import Batch
 from ..tiling.boxes import relative
 from ..tiling.plan import named
 from . import kernels
@@ -48,18 +49,11 @@ def overwritable_inputs(graph):
     return result
 
 
-class ArrayBatch:
-    """A global batch held in memory; each tile reads its box of it."""
-
-    def __init__(self, images, labels):
-        self._images, self._labels = images, labels
-        self.size = len(labels)
-
-    def images(self, box, steps=None):
-        return self._images[relative(box, tuple((0, extent) for extent in self._images.shape), steps)]
-
-    def labels(self, lo, hi):
-        return self._labels[lo:hi]
+def array_batch(images, labels):
+    """A :class:`~spmdcnn.io.batch.Batch` held whole in memory: the global ``images`` (N, C, H, W) and ``labels``
+    (N,) arrays; each tile reads its box of them."""
+    whole = tuple((0, extent) for extent in images.shape)
+    return Batch(len(labels), lambda box, steps: images[relative(box, whole, steps)], lambda lo, hi: labels[lo:hi])
 
 
 class Executor:
@@ -127,13 +121,13 @@ class Executor:
             raise ValueError(f"the plan is for batch {self.plan.batch}, got a batch of {size}")
 
     def forward(self, images, labels=None, step=0, training=True, keep=()):
-        """Run the network on a batch: ``images, labels`` arrays of the global batch, or a batch object with
-        ``images(box, steps=None)``, ``labels(lo, hi)`` and ``size`` (each tile reads only its box).
+        """Run the network on a batch: ``images, labels`` arrays of the global batch, or a
+        :class:`~spmdcnn.io.batch.Batch` (each tile reads only its box).
 
         Returns ``(loss, correct, kept)``: the global mean loss, the number of right predictions over the global
         batch, and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds (those are left
         as computed: no layer writes over them)."""
-        batch = images if labels is None else ArrayBatch(images, labels)
+        batch = images if labels is None else array_batch(images, labels)
         self._batch_program(batch.size)
         run = kernels.Run(training, step, overwrite=not keep)
         remaining = {name: len(users) for name, users in self.graph.consumers.items()}

@@ -61,7 +61,7 @@ def initial_value(layer, kind, seed, rows=None):
     shape = tuple(layer.params.get(kind, layer.buffers.get(kind)))
     r0, r1 = (0, shape[0]) if rows is None else rows
     shape = (r1 - r0,) + shape[1:]
-    if layer.op == "batchnorm2d":
+    if layer.spec.normalization:
         return np.ones(shape) if kind in ("weight", "running_var") else np.zeros(shape)
     bound = 1.0 / np.sqrt(fan_in(layer.params["weight"]))
     rng = np.random.default_rng([seed, zlib.crc32(f"{layer.name}.{kind}".encode())])

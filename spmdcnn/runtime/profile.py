@@ -20,7 +20,7 @@ from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..cost.sync import SyncModel
 from ..graph.graph import Layer
-from ..graph.opspec import infer
+from ..graph.opspec import KEYS, infer
 from ..graph.optable import OPS
 from ..planner.configs import configurations
 from ..progress import Progress
@@ -104,9 +104,12 @@ def _layer(shape):
     spec = OPS[shape.op]
     if spec.window:
         attrs["padding"] = 0
-    if spec.dense or shape.op == "conv2d":      # as many outputs as the tile computes
+    keys = KEYS[shape.op]
+    for key in ("out_channels", "out_features"):        # as many outputs as the tile computes
+        if key in keys:
+            attrs[key] = shape.output[1]
+    if "bias" in keys:
         attrs["bias"] = any(n == "bias" for n, _ in shape.params)
-        attrs["out_features" if spec.dense else "out_channels"] = shape.output[1]
     out = shape.output[1:] if not spec.loss else ()
     in_shapes = [s[1:] for s in shape.inputs]
     _, _, buffers, _ = infer(shape.op, attrs, in_shapes, "tile")
@@ -194,13 +197,13 @@ def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=N
     ``world``. ``feed``: a function of the executor that gives the batch of each step index instead (a function
     of the index: ``spmdcnn bench --data``)."""
     from ..io.dataset import SyntheticData
-    from .executor import ArrayBatch, Executor
+    from .executor import Executor, array_batch
     executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
     optimizer = SGD(executor.params.shapes, executor.param_dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     if feed is None:
         images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch,
                                                                                                     dtype)
-        fixed = ArrayBatch(xp.asarray(images), xp.asarray(labels))
+        fixed = array_batch(xp.asarray(images), xp.asarray(labels))
 
         def batch_of(index):
             return fixed
