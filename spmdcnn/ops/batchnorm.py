@@ -17,6 +17,7 @@ backward reduces its two sums at once, stacked as (2, C).
 from .. import backend
 from .cuda import kernels as cuda
 from .parallel import over_samples
+from .saved import BatchNormSaved
 from .scratch import scratch
 
 
@@ -61,7 +62,7 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, mom
         inv_std = 1.0 / xp.sqrt(running_var + eps)
         scale = (gamma * inv_std).astype(gamma.dtype)
         shift = (beta - running_mean * gamma * inv_std).astype(gamma.dtype)
-        return _affine(xp, x3, scale, shift, device).reshape(x.shape), ("eval", scale)
+        return _affine(xp, x3, scale, shift, device).reshape(x.shape), BatchNormSaved("eval", scale)
     M = N * H * W if count is None else count
     if M <= 1:
         raise ValueError(f"batchnorm2d: training needs more than one value per channel, got {M} "
@@ -77,7 +78,7 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, mom
     running_mean += (momentum * mean).astype(running_mean.dtype)
     running_var *= 1.0 - momentum
     running_var += (momentum * var * (M / max(M - 1, 1))).astype(running_var.dtype)
-    return y.reshape(x.shape), ("train", x3, mean, gamma, inv_std, M, reduce)
+    return y.reshape(x.shape), BatchNormSaved("train", None, x3, mean, gamma, inv_std, M, reduce)
 
 
 def _affine(xp, x3, scale, shift, device):
@@ -96,11 +97,11 @@ def batchnorm2d_backward(gy, saved):
     """
     xp = backend.array_module(gy)
     device = backend.on_device(gy)
-    if saved[0] == "eval":
-        scale = saved[1]
+    if saved.mode == "eval":
+        scale = saved.scale
         N, C = gy.shape[:2]
         return _affine(xp, gy.reshape(N, C, -1), scale, xp.zeros_like(scale), device).reshape(gy.shape), None, None
-    _, x3, mean, gamma, inv_std, M, reduce = saved
+    x3, mean, gamma, inv_std, M, reduce = saved.x3, saved.mean, saved.gamma, saved.inv_std, saved.count, saved.reduce
     gy3 = gy.reshape(x3.shape)
     if device:
         partial = xp.stack([cuda.bn_sums(gy3), cuda.bn_centred_dot(gy3, x3, mean)])

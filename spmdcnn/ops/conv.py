@@ -17,11 +17,11 @@ Paths:
 - strided (and narrow stride-1 maps): classic im2col with strided window views.
 
 CuPy arrays go to cuDNN (``ops/cuda/conv.py``) and take these paths only where cuDNN cannot run a case. What
-forward keeps for backward is a :class:`~spmdcnn.ops.conv_saved.ConvSaved`.
+forward keeps for backward is a :class:`~spmdcnn.ops.saved.ConvSaved`.
 """
 
 from .. import backend
-from .conv_saved import ConvSaved
+from .saved import ConvSaved
 from .cuda import conv as cudnn
 from .parallel import over_samples
 from .scratch import scratch

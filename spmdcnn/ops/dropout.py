@@ -6,8 +6,9 @@ when its top 53 bits, read as a fraction of 2**53, are at least ``p``. Kept valu
 """
 
 from .. import backend
-from .cuda import kernels as cuda
 from ..counters import bits53, global_indices, stream_key as _key
+from .cuda import kernels as cuda
+from .saved import DropoutSaved
 
 
 def stream_key(seed, step, layer):
@@ -31,13 +32,13 @@ def dropout_forward(x, p, key, start=None, global_shape=None, inplace=False):
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
     y = xp.multiply(x, keep, out=x if inplace else None)
     y *= scale
-    return y, (keep, scale)
+    return y, DropoutSaved(keep, scale)
 
 
 def dropout_backward(gy, saved):
     if saved is None:
         return gy
-    keep, scale = saved
+    keep, scale = saved.keep, saved.scale
     if backend.on_device(gy):
         return cuda.dropout_backward(gy, keep, scale)
     gx = gy * keep

@@ -5,6 +5,7 @@ are computed in the weights' type and ``y`` and ``gx`` rounded to the activation
 """
 
 from .. import backend
+from .saved import LinearSaved
 
 
 def linear_forward(x, w, b, need_input_grad=True):
@@ -12,7 +13,7 @@ def linear_forward(x, w, b, need_input_grad=True):
     y = xw @ w.T
     if b is not None:
         y += b
-    return y.astype(x.dtype, copy=False), (xw, w, b is not None, need_input_grad, x.dtype)
+    return y.astype(x.dtype, copy=False), LinearSaved(xw, w, b is not None, need_input_grad, x.dtype)
 
 
 def linear_backward(gy, saved, gw_out=None):

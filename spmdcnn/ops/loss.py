@@ -8,6 +8,7 @@ to the gradient, and the mean still divides by the whole batch.
 """
 
 from .. import backend
+from .saved import LossSaved
 
 
 def softmax_cross_entropy_forward(logits, labels, total=None):
@@ -33,7 +34,7 @@ def softmax_cross_entropy_forward(logits, labels, total=None):
     loss = xp.where(padding, 0, per_row).sum(dtype=xp.float64) / total
     probs = exp
     probs /= sum_exp
-    return float(loss), (probs, labels, total, dtype)
+    return float(loss), LossSaved(probs, labels, total, dtype)
 
 
 def softmax_cross_entropy_backward(gloss, saved):

@@ -8,6 +8,7 @@ kH*kW (with floor mode no window leaves the padded input).
 from .. import backend
 from .cuda import kernels as cuda
 from .parallel import over_samples
+from .saved import PoolSaved
 from .window import output_extent, pad_spatial, pair, sides, window_slice
 
 
@@ -69,14 +70,14 @@ def maxpool2d_forward(x, geometry):
             step *= better
             winner += step
     over_samples(xp, run, N)
-    return y, (x.shape, argmax, geometry)
+    return y, PoolSaved(x.shape, geometry, argmax)
 
 
 def maxpool2d_backward(gy, saved):
     """Route each output gradient to the input element that won its window."""
     if backend.on_device(gy):
         return cuda.maxpool2d_backward(gy, saved)
-    x_shape, argmax, geometry = saved
+    x_shape, argmax, geometry = saved.x_shape, saved.argmax, saved.geometry
     xp = backend.array_module(gy)
     N, C, H, W = x_shape
     (top, bottom), (left, right) = geometry.padding
@@ -106,13 +107,13 @@ def avgpool2d_forward(x, geometry):
     for _, rows, cols in geometry.windows(oH, oW):
         y += xpad[:, :, rows, cols]
     y *= 1.0 / (geometry.kernel[0] * geometry.kernel[1])
-    return y, (x.shape, geometry)
+    return y, PoolSaved(x.shape, geometry)
 
 
 def avgpool2d_backward(gy, saved):
     if backend.on_device(gy):
         return cuda.avgpool2d_backward(gy, saved)
-    x_shape, geometry = saved
+    x_shape, geometry = saved.x_shape, saved.geometry
     xp = backend.array_module(gy)
     N, C, H, W = x_shape
     (top, bottom), (left, right) = geometry.padding

@@ -35,6 +35,7 @@ class Site:
     input_tiles: dict = None    # {slot: box} of this rank's tiles of the layer's producers
     reduce: object = None       # the sum over the replica group, for a layer that sums inside (batchnorm)
     kernel: TileKernel = None   # the bound kernel of the tile (:meth:`Program.bind`)
+    bucket: object = None       # the Bucket its parameter gradients are summed in (None: not summed after backward)
 
     @property
     def padding(self):
@@ -107,6 +108,12 @@ class Program:
                 site.reduce = self.groups.reducer(site.group)       # the identity for a group of one
         self.layout = self._layout()
         self.buckets = self._buckets()
+        for bucket in self.buckets:
+            for site in self.sites.values():
+                shards = [self.layout[f"{site.layer.name}.{kind}"] for kind in site.layer.params] \
+                    if site.box is not None else []
+                if shards and bucket.start <= shards[0].start < bucket.stop:
+                    site.bucket = bucket
 
     def _layout(self):
         """``{name: Shard}``, grouped so that each replica group's allreduced gradients are one contiguous slice:

@@ -27,7 +27,7 @@ import threading
 import numpy
 
 from ...backend import bfloat16, tf32_allowed
-from ..conv_saved import ConvSaved
+from ..saved import ConvSaved
 from ..window import output_extent, pad_spatial
 
 log = logging.getLogger("spmdcnn")

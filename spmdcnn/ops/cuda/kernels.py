@@ -12,6 +12,7 @@ import functools
 import numpy
 
 from ...backend import master_dtype
+from ..saved import DropoutSaved, PoolSaved
 
 # ---------------------------------------------------------------------------------------------------------------
 # pooling: one thread per output element (forward) or per input element (backward: it gathers from the windows
@@ -119,12 +120,12 @@ def maxpool2d_forward(x, geometry):
     arg = cupy.empty((N, C, oH, oW), dtype=index_type)
     kernel = _pooling("maxpool_forward", x.dtype.name, index_type)
     kernel(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y, arg)
-    return y, (x.shape, arg, geometry)
+    return y, PoolSaved(x.shape, geometry, arg)
 
 
 def maxpool2d_backward(gy, saved):
     import cupy
-    x_shape, arg, geometry = saved
+    x_shape, arg, geometry = saved.x_shape, saved.argmax, saved.geometry
     N, C, H, W = x_shape
     gx = cupy.empty(x_shape, dtype=gy.dtype)
     kernel = _pooling("maxpool_backward", gy.dtype.name, arg.dtype.name)
@@ -138,12 +139,12 @@ def avgpool2d_forward(x, geometry):
     oH, oW = geometry.output_shape(H, W)
     y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
     _pooling("avgpool_forward", x.dtype.name)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y)
-    return y, (x.shape, geometry)
+    return y, PoolSaved(x.shape, geometry)
 
 
 def avgpool2d_backward(gy, saved):
     import cupy
-    x_shape, geometry = saved
+    x_shape, geometry = saved.x_shape, saved.geometry
     N, C, H, W = x_shape
     gx = cupy.empty(x_shape, dtype=gy.dtype)
     kernel = _pooling("avgpool_backward", gy.dtype.name)
@@ -248,7 +249,7 @@ def dropout_forward(x, p, key, start, global_shape, inplace):
     keep = cupy.empty(x.shape, dtype=bool)
     _dropout_forward(x.ndim)(x, numpy.uint64(key), numpy.uint64(round(p * (1 << 53))),
                              master_dtype(x.dtype).type(scale), *args, y, keep)
-    return y, (keep, scale)
+    return y, DropoutSaved(keep, scale)
 
 
 @functools.cache
