@@ -1,15 +1,18 @@
 """The runtime's own time per training step, without the kernels: what a GPU step cannot hide behind its kernels.
 
-    python benchmarks/runtime_overhead.py models/inception_v3.yaml [--batch 2] [--steps 20]
+    python benchmarks/runtime_overhead.py models/inception_v3.yaml [--batch 2] [--steps 20] [--rounds 9]
 
-Every op's forward and backward is replaced by a stub that returns a zero array of the right shape at once, so
+Every op is bound to stubs (``runtime/kernels.py``'s ``BIND``) whose forward and backward return a zero array of
+the right shape at once, so
 what is timed is the executor (the order of layers, the saved state, the gradients of tensors read twice), the
 exchanges' bookkeeping, the parameter-gradient sums and their allreduce calls, on one process with NumPy. The
-zero arrays are cached per shape; adding gradients at branches is real work and is included.
+zero arrays are cached per shape; adding gradients at branches is real work and is included. The figure is the
+median over ``rounds`` rounds of ``steps`` steps each (the machine's speed drifts from round to round).
 """
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -50,6 +53,7 @@ def main():
     parser.add_argument("model")
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--rounds", type=int, default=9)
     args = parser.parse_args()
     graph = load_model(args.model)
     stub_kernels()
@@ -59,11 +63,14 @@ def main():
     for step in range(3):
         executor.forward(images, labels, step=step)
         executor.backward()
-    start = time.perf_counter()
-    for step in range(args.steps):
-        executor.forward(images, labels, step=step)
-        executor.backward()
-    seconds = (time.perf_counter() - start) / args.steps
+    rounds = []
+    for _ in range(args.rounds):
+        start = time.perf_counter()
+        for step in range(args.steps):
+            executor.forward(images, labels, step=step)
+            executor.backward()
+        rounds.append((time.perf_counter() - start) / args.steps)
+    seconds = statistics.median(rounds)
     layers = len(graph.layers)
     print(f"{graph.name}: {layers} layers, {seconds * 1e3:.2f} ms of runtime per training step "
           f"({seconds / (2 * layers) * 1e6:.1f} us per layer and direction), batch {args.batch}")

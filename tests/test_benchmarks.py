@@ -28,7 +28,7 @@ def test_profile_step_names_the_layers_and_the_gemm_floor():
 
 
 def test_runtime_overhead_times_the_runtime_without_kernels():
-    out = run("benchmarks/runtime_overhead.py", "models/small_inception.yaml", "--steps", "2")
+    out = run("benchmarks/runtime_overhead.py", "models/small_inception.yaml", "--steps", "2", "--rounds", "2")
     assert "ms of runtime per training step" in out and "us per layer and direction" in out
 
 
