@@ -106,10 +106,12 @@ class CostModel:
             nodes[config.degrees, config.devices] = (compute, sync.seconds + sync.points * self.compute.wait,
                                                      sync.bytes)
 
-    def exchange_seconds(self, seconds, nbytes):
-        """``t_x`` of an edge from its forward exchange: forward and backward, each a point where the devices
-        that exchange wait for each other when anything crosses devices."""
-        return 2 * seconds + 2 * self.compute.wait * (nbytes > 0)
+    def exchange_seconds(self, seconds, nbytes, backward=True):
+        """``t_x`` of an edge from its forward exchange: forward and, when the input needs a gradient
+        (``backward``; the executor runs no adjoint exchange for one that does not), backward, each a point where
+        the devices that exchange wait for each other when anything crosses devices."""
+        directions = 2 if backward else 1
+        return directions * (seconds + self.compute.wait * (nbytes > 0))
 
     def edge(self, layer, slot):
         """The :class:`EdgeTraffic` of input ``slot`` of ``layer`` (shared by edges that move the same way)."""
@@ -136,7 +138,8 @@ class CostModel:
                 if ref == DATA:
                     continue
                 traffic = self.edge(layer, slot).forward(plan[ref], config)
-                row.transfer_s += self.exchange_seconds(traffic.seconds, traffic.bytes)
-                row.bytes_transferred += 2 * traffic.bytes
+                backward = layer.input_grads[slot]
+                row.transfer_s += self.exchange_seconds(traffic.seconds, traffic.bytes, backward)
+                row.bytes_transferred += (2 if backward else 1) * traffic.bytes
             prediction.layers.append(row)
         return prediction

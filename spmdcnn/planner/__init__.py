@@ -98,12 +98,14 @@ class Problem:
                 u = self.index[self.root[ref]]
                 traffic = cost.edge(layer, slot)
                 reads = traffic.reads_key(self.choices[v])      # consumers that read alike share a table
-                key = (id(self.choices[u]),) + ((id(traffic), id(self.choices[v])) if reads is None else (reads,))
-                jobs.setdefault(key, (traffic, self.choices[u], self.choices[v]))
+                backward = layer.input_grads[slot]              # its adjoint exchange runs
+                key = (id(self.choices[u]), backward) + \
+                    ((id(traffic), id(self.choices[v])) if reads is None else (reads,))
+                jobs.setdefault(key, (traffic, self.choices[u], self.choices[v], backward))
                 edges.append((u, v, key))
         with ThreadPoolExecutor(workers()) as pool:
-            tables = dict(zip(jobs, pool.map(lambda job: cost.exchange_seconds(*job[0].table(job[1], job[2])),
-                                             jobs.values())))
+            tables = dict(zip(jobs, pool.map(
+                lambda job: cost.exchange_seconds(*job[0].table(job[1], job[2]), backward=job[3]), jobs.values())))
         self.edges = [(u, v, tables[key]) for u, v, key in edges]
 
     def memory(self, itemsize):

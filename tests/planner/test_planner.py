@@ -54,6 +54,15 @@ MINI = {
         {"name": "flat", "op": "flatten"},
         {"name": "fc", "op": "linear", "out_features": 5},
         {"name": "loss", "op": "softmax_cross_entropy"}]},
+    # no gradient reaches the pooling of the data: its edges have no backward exchange
+    "mini_pool_first": {"name": "mini_pool_first", "input": [3, 8, 8], "layers": [
+        {"name": "pool", "op": "maxpool2d", "kernel": 2},
+        {"name": "c1", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+        {"name": "r1", "op": "relu"},
+        {"name": "cat", "op": "concat", "inputs": ["r1", "pool"]},
+        {"name": "flat", "op": "flatten"},
+        {"name": "fc", "op": "linear", "out_features": 5},
+        {"name": "loss", "op": "softmax_cross_entropy"}]},
 }
 
 
@@ -93,7 +102,7 @@ def test_one_device_gives_the_trivial_plan():
 @pytest.mark.parametrize("machine", [None, TWO_LEVEL], ids=["one-node", "two-level"])
 @pytest.mark.parametrize("name,devices,batch", [("tiny_cnn", 2, 4), ("tiny_cnn", 3, 6), ("mini_inception", 2, 4),
                                                ("mini_inception", 4, 4), ("mini_residual", 2, 6),
-                                               ("mini_residual", 4, 4)])
+                                               ("mini_residual", 4, 4), ("mini_pool_first", 4, 4)])
 def test_algorithm_1_finds_the_exhaustive_optimum(name, devices, batch, machine):
     graph = model(name)
     cost = cost_model(graph, batch, machine)
@@ -105,7 +114,8 @@ def test_algorithm_1_finds_the_exhaustive_optimum(name, devices, batch, machine)
 
 @pytest.mark.parametrize("machine", [None, TWO_LEVEL], ids=["one-node", "two-level"])
 @pytest.mark.parametrize("name,devices,batch", [("cifar_cnn", 4, 16), ("small_inception", 3, 6),
-                                               ("small_resnet", 8, 16), ("alexnet", 8, 32)])
+                                               ("small_resnet", 8, 16), ("alexnet", 8, 32),
+                                               ("mini_pool_first", 4, 8)])
 def test_the_search_objective_is_the_prediction_and_beats_the_baselines(name, devices, batch, machine):
     graph = model(name)
     cost = cost_model(graph, batch, machine)
@@ -184,3 +194,21 @@ def test_a_tie_band_never_applies_to_a_memory_limited_search():
     graph = model("tiny_cnn")
     cost = cost_model(graph, 8)
     assert make_plan(graph, 4, cost, "optimal", memory=1e12, tie=0.5).ties is None
+
+
+@pytest.mark.parametrize("name", ["mini_pool_first", "mini_residual", "mini_inception"])
+def test_the_search_tables_price_any_plan_as_the_cost_model_does(name):
+    """Node plus edge tables, for random configurations of every node, give the cost model's prediction of that
+    plan: an edge into a layer that needs no input gradient (the pooling of the data) runs no backward exchange,
+    in the tables as in the prediction."""
+    from spmdcnn.planner import Problem
+    graph, devices, batch = model(name), 4, 8
+    cost = cost_model(graph, batch, TWO_LEVEL)
+    problem = Problem(graph, devices, cost)
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        choices = [int(rng.integers(len(c))) for c in problem.choices]
+        objective = sum(costs[c] for costs, c in zip(problem.node_costs, choices))
+        objective += sum(table[choices[u], choices[v]] for u, v, table in problem.edges)
+        predicted = cost.simulate(problem.plan(choices, batch, "random")).iteration_s - cost.overhead(devices)
+        assert objective == pytest.approx(predicted, rel=1e-9)
