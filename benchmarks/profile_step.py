@@ -40,7 +40,7 @@ def matmul_flops(graph, batch, executor):
     for layer in graph.layers:
         if layer.op not in ("conv2d", "linear"):
             continue
-        products = 2 if executor.needs_input_grad(layer) else 1      # weight gradient, input gradient
+        products = 2 if layer.input_grad else 1      # weight gradient, input gradient
         total += batch * layer.flops * (1 + products)
     return total
 

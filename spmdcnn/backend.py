@@ -123,12 +123,13 @@ def set_precision(xp, tf32=False):
     linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if tf32 else linalg.COMPUTE_TYPE_FP32)
 
 
-def rank_module(name, node_ranks, share=False, tf32=False):
+def rank_module(name, node_ranks, share=False, tf32=None):
     """The array module of this rank for a job's ``backend`` key, set up as every command sets it up: its GPU bound
     from ``node_ranks`` (``(index on the node, ranks on the node)``, :meth:`spmdcnn.comm.World.node_ranks`;
-    :func:`get_array_module`) and TF32 allowed or not (:func:`set_precision`)."""
+    :func:`get_array_module`) and TF32 allowed or not (:func:`set_precision`; None leaves CuPy's default)."""
     xp = get_array_module(name, *node_ranks, share=share)
-    set_precision(xp, tf32)
+    if tf32 is not None:
+        set_precision(xp, tf32)
     return xp
 
 

@@ -28,38 +28,60 @@ OPS_PER_CALL = 12        # NumPy (or CUDA) calls one kernel call makes, each pay
 
 def work(shape, itemsize=4):
     """``(calls, flops, bytes)`` of a tile's forward and backward: kernel calls, floating-point operations, and
-    bytes read and written (a rough count of the passes each kernel makes).
+    bytes read and written (a rough count of the passes each kernel makes), by the op's entry of :data:`WORK`.
 
     Contract: non-decreasing in every extent of the tile (output, each input, each parameter shard), as
     :func:`update_work` is in its parameter count. ``ComputeModel.layer_times`` relies on it to time only each
     axis's largest kinds of part; ``tests/cost/test_compute_and_sync.py`` checks it."""
     if not shape.backward:
         return _forward_work(shape, itemsize)
-    op, out = shape.op, prod(shape.output)
-    ins = sum(prod(s) for s in shape.inputs)
-    params = sum(prod(s) for _, s in shape.params)
-    attrs = dict(shape.attrs)
-    if op == "conv2d":
-        kh, kw = attrs["kernel"]
-        n, k, oh, ow = shape.output
-        c = shape.inputs[0][1]
-        gemm = 2 * n * k * c * kh * kw * oh * ow
-        passes = 3 if shape.input_grad else 2
-        cols = n * c * kh * kw * oh * ow           # im2col (and col2im in backward)
-        return 2 + passes, gemm * passes, itemsize * (cols * passes + 3 * (ins + out) + 2 * params)
-    if op == "linear":
-        passes = 3 if shape.input_grad else 2
-        return 2 + passes, 2 * out * shape.inputs[0][1] * passes, itemsize * (3 * (ins + out) + 3 * params)
-    if op in ("maxpool2d", "avgpool2d"):
-        kh, kw = attrs["kernel"]
-        return 4, 2 * out * kh * kw, itemsize * (out * kh * kw * 2 + 2 * ins + 3 * out)
-    if op == "batchnorm2d":
-        return 8, 12 * out, itemsize * 9 * out
-    if op in ("relu", "dropout"):
-        return 2, out, itemsize * 4 * out
-    if op == "softmax_cross_entropy":
-        return 4, 10 * ins, itemsize * 6 * ins
-    return 2, 0, itemsize * 2 * (ins + out)             # concat, add, flatten, global_avgpool: copies
+    return WORK[shape.op](shape, prod(shape.output), sum(prod(s) for s in shape.inputs), itemsize)
+
+
+def _conv_work(shape, out, ins, itemsize):
+    kh, kw = dict(shape.attrs)["kernel"]
+    n, k, oh, ow = shape.output
+    c = shape.inputs[0][1]
+    gemm = 2 * n * k * c * kh * kw * oh * ow
+    passes = 3 if shape.input_grad else 2
+    cols = n * c * kh * kw * oh * ow           # im2col (and col2im in backward)
+    return 2 + passes, gemm * passes, itemsize * (cols * passes + 3 * (ins + out) + 2 * _shard(shape))
+
+
+def _linear_work(shape, out, ins, itemsize):
+    passes = 3 if shape.input_grad else 2
+    return 2 + passes, 2 * out * shape.inputs[0][1] * passes, itemsize * (3 * (ins + out) + 3 * _shard(shape))
+
+
+def _pool_work(shape, out, ins, itemsize):
+    kh, kw = dict(shape.attrs)["kernel"]
+    return 4, 2 * out * kh * kw, itemsize * (out * kh * kw * 2 + 2 * ins + 3 * out)
+
+
+def _copies(shape, out, ins, itemsize):
+    """Ops that move data: concat, add, flatten, global pooling."""
+    return 2, 0, itemsize * 2 * (ins + out)
+
+
+def _shard(shape):
+    return sum(prod(s) for _, s in shape.params)
+
+
+# one entry per op of the op table (tests/graph/test_optable.py checks there is one for every op)
+WORK = {
+    "conv2d": _conv_work,
+    "linear": _linear_work,
+    "maxpool2d": _pool_work,
+    "avgpool2d": _pool_work,
+    "batchnorm2d": lambda shape, out, ins, itemsize: (8, 12 * out, itemsize * 9 * out),
+    "relu": lambda shape, out, ins, itemsize: (2, out, itemsize * 4 * out),
+    "dropout": lambda shape, out, ins, itemsize: (2, out, itemsize * 4 * out),
+    "softmax_cross_entropy": lambda shape, out, ins, itemsize: (4, 10 * ins, itemsize * 6 * ins),
+    "concat": _copies,
+    "add": _copies,
+    "flatten": _copies,
+    "global_avgpool": _copies,
+}
 
 
 def _forward_work(shape, itemsize):

@@ -27,7 +27,7 @@ from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs
 from ..graph.optable import KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK
-from .tiles import _candidates
+from .tiles import candidates
 
 
 
@@ -41,7 +41,7 @@ def layer_memory(layer, degrees, batch, itemsize=4):
         return sum(ceil(s[0] / split) * prod(s[1:]) for s in shapes)
     shape = output_shape(layer, batch)
     windows = layer.spec.window                 # an interior tile reads a halo on both sides
-    parts = [[part(extent, degree, i) for i in _candidates(extent, degree, windows and axis >= 2)]
+    parts = [[part(extent, degree, i) for i in candidates(extent, degree, windows and axis >= 2)]
              for axis, (extent, degree) in enumerate(zip(shape, degrees))]
     saved = max(_saved(layer, box, batch, itemsize) for box in product(*parts))
     return saved + itemsize * (3 * shard(layer.params.values()) + shard(layer.buffers.values()))

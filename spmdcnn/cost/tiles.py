@@ -14,8 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..graph.optable import READS_CHANNEL_PARTS
-from ..ops.window import pair
+from ..graph.optable import READS_CHANNEL_PARTS, window as window_of
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs as tile_needs
@@ -161,7 +160,7 @@ class LayerClasses:
         """The parts along ``axis`` split ``degree`` ways whose tiles may differ in what they read."""
         if self.layer.spec.reads == READS_CHANNEL_PARTS and axis == 1:     # channel parts read different inputs
             return range(degree)
-        return _candidates(self.extents[axis], degree, edges=self.layer.spec.window and axis >= 2)
+        return candidates(self.extents[axis], degree, edges=self.layer.spec.window and axis >= 2)
 
     def largest_tiles(self, configs):
         """Every combination of each axis's largest kinds of part, for the configurations among ``configs``
@@ -289,7 +288,7 @@ def _combined_attrs(kinds):
     return attrs
 
 
-def _candidates(extent, degree, edges):
+def candidates(extent, degree, edges):
     """Parts that may differ in what their tiles read: one of each size (balanced parts have one size, or two
     when ``degree`` does not divide ``extent``, and what a tile reads depends on its part's size) and, with
     ``edges`` (a window's rows or columns), the first and the last part too. Those meet the padding and the
@@ -320,9 +319,9 @@ def tile_shape(layer, box, needs):
         inputs.append(shape)
     attrs = ()              # (key, value) pairs sorted by key
     if window:
-        kernel = pair(a["kernel"])
-        stride = kernel if a.get("stride") is None else pair(a["stride"])
-        attrs = (("dilation", pair(a.get("dilation", 1))), ("kernel", kernel), ("stride", needs[0].stride(stride)))
+        geometry = window_of(a)
+        attrs = (("dilation", geometry.dilation), ("kernel", geometry.kernel),
+                 ("stride", needs[0].stride(geometry.stride)))
     else:
         attrs = tuple((key, _tuple(a[key])) for key in sorted(layer.spec.tile_attrs))
     rows = box[1][1] - box[1][0] if len(box) > 1 else 1

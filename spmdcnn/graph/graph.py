@@ -25,11 +25,11 @@ class Layer:
     buffers: dict = field(default_factory=dict)
     flops: int = 0
     group: str = ""      # the top-level entry of the model file (a block instance) this layer comes from
-    input_grads: tuple = None   # per input: whether it needs a gradient (optable.needs_gradient); None: all do
+    input_grads: tuple = None   # per input: whether it needs a gradient (parse_model: optable.needs_gradient)
     needs_grad: bool = True     # whether the layer's output needs a gradient (its backward runs)
 
     def __post_init__(self):
-        if self.input_grads is None:
+        if self.input_grads is None:        # a layer made alone (tests): every input but the data
             self.input_grads = tuple(ref != DATA for ref in self.inputs)
 
     @property

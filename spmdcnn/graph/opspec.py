@@ -8,7 +8,7 @@ one per output element, the loss 4 per logit; flatten and concat move data and c
 
 from ..io.yamlfile import FormatError
 from ..ops.window import output_extent, pair, sides
-from .optable import OPS
+from .optable import OPS, window
 
 _NO_DEFAULT = object()
 
@@ -129,8 +129,7 @@ def _conv2d(attrs, in_shapes, where):
 
 def _pool(attrs, in_shapes, where, op):
     C, H, W = _image(in_shapes[0], op, where)
-    stride = attrs["kernel"] if attrs["stride"] is None else attrs["stride"]
-    oH, oW = _window_out(H, W, attrs["kernel"], stride, attrs["padding"], 1, where, "pooling")
+    oH, oW = _window_out(H, W, attrs["kernel"], window(attrs).stride, attrs["padding"], 1, where, "pooling")
     kH, kW = pair(attrs["kernel"])
     return (C, oH, oW), {}, {}, C * oH * oW * kH * kW
 

@@ -12,6 +12,9 @@ for the runtime, the profiler and the cost model.
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
+
+from ..ops.window import pair
 
 # what an output tile reads of its inputs (tiling/fields.py)
 READS_WINDOW = "window"                 # a window over rows and columns, every input channel (convolution)
@@ -69,9 +72,21 @@ OPS = {spec.name: spec for spec in (
 )}
 
 
-def spec(op):
-    """The :class:`OpSpec` of ``op`` (a layer's ``op`` string)."""
-    return OPS[op]
+class Window(NamedTuple):
+    """A window op's geometry, each an ``(h, w)`` pair."""
+
+    kernel: tuple
+    stride: tuple
+    padding: tuple
+    dilation: tuple
+
+
+def window(attrs):
+    """The :class:`Window` of a convolution's or pooling's attributes: a stride left out (``None``) is the kernel's
+    size, as PyTorch's pooling has it, and a dilation left out is 1 (pooling has none)."""
+    kernel = pair(attrs["kernel"])
+    stride = kernel if attrs.get("stride") is None else pair(attrs["stride"])
+    return Window(kernel, stride, pair(attrs.get("padding", 0)), pair(attrs.get("dilation", 1)))
 
 
 def needs_gradient(has_params, inputs_need):

@@ -213,7 +213,7 @@ def conv2d_backward(gy, saved, gw_out=None):
     ``gw`` is written into ``gw_out`` (shaped like the weight) when given.
     """
     if saved.kind == "cudnn":
-        return _cudnn_backward(gy, saved, gw_out)
+        return _backward_on_cudnn(gy, saved, gw_out)
     if saved.kind == "subsample":
         gx_sub, gw, gb = conv2d_backward(gy, saved.inner, gw_out)
         gx = None
@@ -225,7 +225,7 @@ def conv2d_backward(gy, saved, gw_out=None):
     return _columns_backward(gy, saved.x, saved.w, saved.has_bias, saved.geometry, saved.need_input_grad, gw_out)
 
 
-def _cudnn_backward(gy, saved, gw_out):
+def _backward_on_cudnn(gy, saved, gw_out):
     """Gradients of a forward that ran on cuDNN: through cuDNN, or where no engine runs them, through im2col;
     computed for the padded input cuDNN read, then cropped to the input."""
     gy = cudnn.aligned_contiguous(gy)

@@ -18,7 +18,7 @@ def linear_forward(x, w, b, need_input_grad=True):
 
 def linear_backward(gy, saved, gw_out=None):
     """``gx = gy @ w``, ``gw = gy.T @ x``, ``gb = sum_n gy``; ``gw`` is written into ``gw_out`` when given."""
-    x, w, has_bias, need_input_grad, dtype = saved
+    x, w, has_bias, need_input_grad, dtype = saved.x, saved.w, saved.has_bias, saved.need_input_grad, saved.dtype
     xp = backend.array_module(gy)
     gy = gy.astype(w.dtype, copy=False)
     gx = (gy @ w).astype(dtype, copy=False) if need_input_grad else None

@@ -38,7 +38,7 @@ def softmax_cross_entropy_forward(logits, labels, total=None):
 
 
 def softmax_cross_entropy_backward(gloss, saved):
-    probs, labels, total, dtype = saved
+    probs, labels, total, dtype = saved.probs, saved.labels, saved.total, saved.dtype
     xp = backend.array_module(probs)
     g = probs.copy()
     padding = labels < 0

@@ -1,7 +1,7 @@
 """What each op's forward keeps for its backward, as named records: one module that the NumPy ops (``ops/*.py``)
 and the CUDA kernels (``ops/cuda``) both build and read, without importing each other. The memory model counts
-them by the op table's ``keeps`` (``graph/optable.py``); relu, flatten, concat, add and global pooling keep one
-array or one number, not a record.
+them by the op table's ``keeps`` (``graph/optable.py``). relu keeps its mask, flatten and global pooling their
+input's shape, concat its inputs' channel counts and add its input count: one value each, not a record.
 """
 
 from typing import NamedTuple

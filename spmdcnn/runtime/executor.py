@@ -73,13 +73,20 @@ class Executor:
         self.world = world or World(None)
         self.plan = plan
         self.overwritable = overwritable_inputs(graph) if overwrite else {layer.name: None for layer in graph.layers}
-        self.program = Program(graph, plan or named("data", graph, 1, 1), self.world, self.dtype, xp)
-        self.params = FlatStore(self.program.shapes(param=True), self.param_dtype, xp)
-        self.grads = FlatStore(self.program.shapes(param=True), self.param_dtype, xp)
-        self.buffers = FlatStore(self.program.shapes(param=False), self.param_dtype, xp)
-        self.program.bind(self.params, self.grads, self.buffers, seed, self.overwritable)
+        self.program = self._program(plan or named("data", graph, 1, 1), fresh=True)
         self._saved = {}
         self.reset_parameters(seed)
+
+    def _program(self, plan, fresh):
+        """The :class:`~spmdcnn.runtime.program.Program` of ``plan``, bound to new flat stores laid out by it when
+        ``fresh``, else to the executor's own (the same shards: the whole model at another batch size)."""
+        program = Program(self.graph, plan, self.world, self.dtype, self.xp)
+        if fresh:
+            self.params = FlatStore(program.shapes(param=True), self.param_dtype, self.xp)
+            self.grads = FlatStore(program.shapes(param=True), self.param_dtype, self.xp)
+            self.buffers = FlatStore(program.shapes(param=False), self.param_dtype, self.xp)
+        program.bind(self.params, self.grads, self.buffers, self.seed, self.overwritable)
+        return program
 
     @property
     def shards(self):
@@ -89,13 +96,9 @@ class Executor:
     def reset_parameters(self, seed):
         """PyTorch's default initialisation, keyed by (seed, tensor name), sliced to this rank's shards."""
         for name, shard in self.program.layout.items():
-            layer = self.graph.by_name[name.rsplit(".", 1)[0]]
+            layer = self.graph.by_name[shard.layer]
             store = self.params if shard.param else self.buffers
             store[name][...] = self.xp.asarray(initial_value(layer, shard.kind, seed, shard.rows), self.param_dtype)
-
-    def needs_input_grad(self, layer):
-        """Whether ``layer`` computes the gradient of its inputs (``Layer.input_grad``: the graph's one rule)."""
-        return layer.input_grad
 
     def site(self, layer):
         """This rank's :class:`~spmdcnn.runtime.program.Site` of ``layer`` (its box, needs, kernel, ...)."""
@@ -115,8 +118,7 @@ class Executor:
 
     def _batch_program(self, size):
         if self.plan is None and self.program.plan.batch != size:
-            self.program = Program(self.graph, named("data", self.graph, size, 1), self.world, self.dtype, self.xp)
-            self.program.bind(self.params, self.grads, self.buffers, self.seed, self.overwritable)
+            self.program = self._program(named("data", self.graph, size, 1), fresh=False)
         elif self.plan is not None and size != self.plan.batch:
             raise ValueError(f"the plan is for batch {self.plan.batch}, got a batch of {size}")
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ..ops import add, batchnorm, concat, conv, dropout, flatten, linear, loss, pool, relu
-from ..ops.window import pair
+from ..graph.optable import window
 from ..tiling.fields import NO_PADDING
 
 
@@ -78,16 +78,16 @@ class Views:
 class TileKernel:
     """One layer's op bound to one tile (module docstring)."""
 
-    def __init__(self, layer, tile, views, input_grad, overwrite=None, seed=0):
+    def __init__(self, layer, tile, views, overwrite=None, seed=0):
         self.layer, self.tile, self.views = layer, tile, views
-        self.input_grad = input_grad        # computes the gradient of its input(s)
+        self.input_grad = layer.input_grad  # computes the gradient of its input(s): the graph's one rule
         self.overwrite = overwrite          # the index of an input it may write its output over, or None
         self.seed = seed
         self.forward, self.backward = BIND[layer.op](self)
 
-    def overwrites(self, run, index=0):
-        """Whether this call may write its output over input ``index``."""
-        return run.overwrite and self.overwrite == index
+    def overwrites(self, run):
+        """Whether this call of a one-input kernel may write its output over its input."""
+        return run.overwrite and self.overwrite == 0
 
     def __repr__(self):
         return f"TileKernel({self.layer.name!r}, {self.layer.op}, input_grad={self.input_grad})"
@@ -96,8 +96,7 @@ class TileKernel:
 def _pool(function, backward):
     def bind(kernel):
         a = kernel.layer.attrs
-        stride = kernel.tile.stride(pair(a["kernel"] if a["stride"] is None else a["stride"]))
-        geometry = pool.PoolGeometry(a["kernel"], stride, kernel.tile.padding)
+        geometry = pool.PoolGeometry(a["kernel"], kernel.tile.stride(window(a).stride), kernel.tile.padding)
         return (lambda xs, run: function(xs[0], geometry)), (lambda gy, saved: [backward(gy, saved)])
     return bind
 
@@ -143,8 +142,8 @@ def _weighted(function, backward, geometry_of=None):
 
 
 def _conv_geometry(kernel):
-    a = kernel.layer.attrs
-    return conv.ConvGeometry(kernel.tile.stride(pair(a["stride"])), kernel.tile.padding, a["dilation"])
+    geometry = window(kernel.layer.attrs)
+    return conv.ConvGeometry(kernel.tile.stride(geometry.stride), kernel.tile.padding, geometry.dilation)
 
 
 def _batchnorm(kernel):

@@ -1,8 +1,9 @@
 """``spmdcnn profile``: measure ``t_c`` on this device, one distinct tile shape at a time, with the kernels training
 runs (the bound kernels of ``runtime.kernels``, built from the tile's shape), for the planner's cost model.
 
-Each tile runs alone on made-up inputs of its shape: forward, then backward from a made-up output gradient, and
-for a layer with parameters an SGD step over its shard; the median of a few repeats after a warm-up is kept.
+Each tile runs alone on made-up inputs of its shape: forward, then (unless no gradient reaches it) backward from a
+made-up output gradient, and for a layer with parameters an SGD step over its shard; the median of a few repeats
+after a warm-up is kept.
 Under ``mpiexec`` every rank measures a share of the shapes at the same time, so ranks that share a node's cores
 and memory are measured with the contention they will meet in training; rank 0 writes the file.
 """
@@ -82,7 +83,8 @@ def default_path(device):
 def tile_kernel(shape, xp=np, dtype=np.float32, seed=0):
     """``(kernel, inputs)``: the :class:`~spmdcnn.runtime.kernels.TileKernel` training binds for a tile of
     ``shape`` (a :class:`~spmdcnn.cost.tiles.TileShape`), alone: its input arrives padded and subsampled, so it
-    adds no padding and applies the shape's own stride, and its replica group is itself; with made-up
+    adds no padding and applies the shape's own stride, its replica group is itself, and relu, dropout and add
+    write over their (first) input, as training runs them wherever no other layer reads it; with made-up
     parameters and inputs (the loss's labels last)."""
     rng = np.random.default_rng(seed)
     layer = _layer(shape)
@@ -95,7 +97,7 @@ def tile_kernel(shape, xp=np, dtype=np.float32, seed=0):
     if layer.spec.loss:
         n, classes = shape.inputs[0]
         inputs.append(xp.asarray(rng.integers(0, classes, n)))
-    return TileKernel(layer, tile, views, shape.input_grad), inputs
+    return TileKernel(layer, tile, views, overwrite=0 if layer.spec.inplace else None), inputs
 
 
 def _layer(shape):
@@ -122,12 +124,11 @@ def tile_step(shape, xp=np, dtype=np.float32, seed=0):
     """``run()``: one forward and (when the tile runs one) backward of the tile ``shape``, as training runs them
     (:func:`tile_kernel`), from a made-up output gradient."""
     kernel, xs = tile_kernel(shape, xp, dtype, seed)
-    copies = kernel.layer.spec.inplace          # as training feeds them: each run on inputs of its own
     y, _ = kernel.forward(xs, Run())
     gy = xp.asarray(np.random.default_rng(seed).standard_normal(np.shape(y)).astype(dtype)) if np.ndim(y) else None
 
     def run():
-        out, saved = kernel.forward([x.copy() for x in xs] if copies else xs, Run())
+        out, saved = kernel.forward(xs, Run())
         if shape.backward:
             kernel.backward(gy if gy is not None else out, saved)
     return run

@@ -57,6 +57,7 @@ class Shard:
     """This rank's rows of one parameter or buffer, and where they lie in its flat store."""
 
     name: str           # "<layer>.<kind>"
+    layer: str
     kind: str
     param: bool         # a parameter (else a buffer)
     shape: tuple        # the shard's shape
@@ -133,8 +134,8 @@ class Program:
             param = kind in layer.params
             start = ends[param]
             ends[param] = start + count(shape)
-            layout[f"{layer.name}.{kind}"] = Shard(f"{layer.name}.{kind}", kind, param, shape, rows, group, start,
-                                                   ends[param])
+            name = f"{layer.name}.{kind}"
+            layout[name] = Shard(name, layer.name, kind, param, shape, rows, group, start, ends[param])
         return layout
 
     def _buckets(self):
@@ -142,7 +143,7 @@ class Program:
         sums itself (batchnorm's) left out."""
         buckets = []
         for shard in self.layout.values():
-            layer = self.graph.by_name[shard.name.rsplit(".", 1)[0]]
+            layer = self.graph.by_name[shard.layer]
             if not shard.param or layer.spec.reduced_in_layer or len(shard.group) < 2:
                 continue
             if buckets and buckets[-1].ranks == shard.group and buckets[-1].stop == shard.start:
@@ -165,7 +166,7 @@ class Program:
             views = Views({kind: params[f"{layer.name}.{kind}"] for kind in layer.params},
                           {kind: grads[f"{layer.name}.{kind}"] for kind in layer.params},
                           {kind: buffers[f"{layer.name}.{kind}"] for kind in layer.buffers})
-            site.kernel = TileKernel(layer, site.tile(), views, layer.input_grad, overwritable[layer.name], seed)
+            site.kernel = TileKernel(layer, site.tile(), views, overwritable[layer.name], seed)
 
     def representative(self, name):
         """Whether this rank writes ``name``'s shard into a checkpoint (the lowest rank of its replica group)."""

@@ -37,17 +37,17 @@ def _names(graph, store, pieces):
             if f"{layer.name}.{kind}" in held]
 
 
-def scatter(executor, store, name, array):
-    """Copy this rank's rows of the global ``array`` of ``name`` into ``store`` (a FlatStore of the executor's)."""
-    c0, c1 = executor.program.layout[name].rows
-    store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.param_dtype)
-
-
-def scatter_global(executor, store, arrays):
-    """Copy this rank's rows of the global ``arrays`` into ``store`` (names missing from ``arrays`` are left)."""
-    for name in store:
-        if name in arrays:
-            scatter(executor, store, name, arrays[name])
+def restore(executor, optimizer, tensors, weights_only=False):
+    """Copy this rank's rows of each global ``(group, name, array)`` of a checkpoint into the executor's
+    parameters and buffers (``group`` params or buffers) and the optimizer's momentum (momentum; not with
+    ``weights_only``, when ``optimizer`` may be None). Names this rank holds no shard of are passed over."""
+    stores = {"params": executor.params, "buffers": executor.buffers,
+              "momentum": None if weights_only else optimizer.velocity}
+    for group, name, array in tensors:
+        store = stores[group]
+        if store is not None and name in store:
+            c0, c1 = executor.program.layout[name].rows
+            store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.param_dtype)
 
 
 GROUPS = ("params", "buffers", "momentum")

@@ -30,7 +30,7 @@ from .optimizer import SGD
 from .paths import check_inputs, check_outputs, data_to_make, prepare_outputs
 from .resume import check_resumable, state_for, trim_metrics
 from .schedule import learning_rate
-from .shards import gather_global, scatter, share_checkpoint
+from .shards import gather_global, restore, share_checkpoint
 
 
 def make_data(job, graph):
@@ -57,17 +57,6 @@ def make_optimizer(job, executor):
     spec = job["optimizer"]
     return SGD(executor.params.shapes, executor.param_dtype, executor.xp, lr=spec["lr"], momentum=spec["momentum"],
                weight_decay=spec["weight_decay"], nesterov=spec["nesterov"])
-
-
-def restore(executor, optimizer, tensors, weights_only=False):
-    """Copy this rank's rows of each global ``(group, name, array)`` of a checkpoint into the executor's
-    parameters and buffers (``group`` params or buffers) and the optimizer's momentum (momentum)."""
-    stores = {"params": executor.params, "buffers": executor.buffers,
-              "momentum": None if weights_only else optimizer.velocity}
-    for group, name, array in tensors:
-        store = stores[group]
-        if store is not None and name in store:
-            scatter(executor, store, name, array)
 
 
 def write_checkpoint(path, executor, optimizer, state, plan_text, keep=1):

@@ -15,8 +15,7 @@ the output's channel range that input supplies (possibly nothing).
 from dataclasses import dataclass
 
 from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE,
-                             READS_WINDOW)
-from ..ops.window import pair
+                             READS_WINDOW, window)
 
 NO_PADDING = ((0, 0), (0, 0))
 
@@ -70,10 +69,7 @@ def _axis(o0, o1, kernel, stride, pad, dilation, extent):
 
 
 def _window_need(layer, out_box, in_shape, channels):
-    a = layer.attrs
-    (kh, kw), (dh, dw) = pair(a["kernel"]), pair(a.get("dilation", 1))
-    sh, sw = pair(a["kernel"] if a.get("stride") is None else a["stride"])
-    ph, pw = pair(a["padding"])
+    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window(layer.attrs)
     rows, pad_rows, step_h = _axis(*out_box[2], kh, sh, ph, dh, in_shape[2])
     cols, pad_cols, step_w = _axis(*out_box[3], kw, sw, pw, dw, in_shape[3])
     steps = None if step_h == step_w == 1 else (1, 1, step_h, step_w)

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from spmdcnn.cost.compute import WORK
 from spmdcnn.graph import opspec
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.graph.optable import (KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_NOTHING, OPS, READS_BOX,
@@ -27,7 +28,7 @@ EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "pa
 
 
 def test_every_op_has_one_row_and_every_part_knows_it():
-    assert set(OPS) == set(opspec.KEYS) == set(opspec.INFER) == set(kernels.BIND)
+    assert set(OPS) == set(opspec.KEYS) == set(opspec.INFER) == set(kernels.BIND) == set(WORK)
     graph = parse_model({"name": "every", "input": [2, 6, 5], "layers": EVERY_OP})
     assert {layer.op for layer in graph.layers} == set(OPS)
 

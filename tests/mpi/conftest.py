@@ -11,6 +11,7 @@ import sys
 import pytest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))     # tests/: shared helpers
 
 from spmdcnn.comm import World  # noqa: E402
 

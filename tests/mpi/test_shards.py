@@ -9,7 +9,7 @@ from conftest import agree
 from plans import random_plan
 from spmdcnn.graph import load_model
 from spmdcnn.runtime.executor import Executor
-from spmdcnn.runtime.shards import gather_global, scatter_global
+from spmdcnn.runtime.shards import gather_global, restore
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 
@@ -34,8 +34,8 @@ def test_gather_then_scatter_onto_another_plan(world):
         params, buffers = world.bcast(params), world.bcast(buffers)
         second = Executor(graph, np, np.float64, seed=123, plan=random_plan(graph, 4, world.size, 80 + seed),
                           world=world)
-        scatter_global(second, second.params, params)
-        scatter_global(second, second.buffers, buffers)
+        restore(second, None, [("params", name, array) for name, array in params.items()]
+                + [("buffers", name, array) for name, array in buffers.items()], weights_only=True)
         for store, full in ((second.params, reference.params), (second.buffers, reference.buffers)):
             for name in store:
                 c0, c1 = second.shards[name]
@@ -60,7 +60,7 @@ def test_each_replica_groups_gradients_are_one_bucket_of_the_flat_array(world):
         program = executor.program
         summed = sorted((shard.start, shard.stop, shard.group) for shard in program.layout.values()
                         if shard.param and len(shard.group) > 1
-                        and not graph.by_name[shard.name.rsplit(".", 1)[0]].spec.reduced_in_layer)
+                        and not graph.by_name[shard.layer].spec.reduced_in_layer)
         covered = sorted(bucket.ranks for bucket in program.buckets)
         if covered != sorted({group for _, _, group in summed}):
             problems.append(f"seed {seed}: buckets for groups {covered}, summed shards in {summed}")

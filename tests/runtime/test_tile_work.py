@@ -4,10 +4,11 @@ kernel call, on models whose first layers have no parameters (so no gradient rea
 import numpy as np
 import pytest
 
+from kernel_calls import recording
+
 from spmdcnn.cost.compute import work
 from spmdcnn.cost.tiles import tile_shapes
 from spmdcnn.graph.graph import parse_model
-from spmdcnn.runtime import kernels
 from spmdcnn.runtime.executor import Executor
 from spmdcnn.runtime.profile import tile_step
 from spmdcnn.tiling.config import ParallelConfig, output_shape
@@ -34,28 +35,6 @@ def _random_layers(seed):
                {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
                {"name": "fc", "op": "linear", "out_features": 4}, {"name": "loss", "op": "softmax_cross_entropy"}]
     return layers
-
-
-def _recording(monkeypatch):
-    """Record every bound kernel's calls: (op, forward, output shape, computes its input gradient) and (op,
-    backward, which input gradients it returned)."""
-    calls = []
-    for op, bind in list(kernels.BIND.items()):
-        def traced(kernel, _bind=bind):
-            forward, backward = _bind(kernel)
-
-            def run_forward(xs, run):
-                y, saved = forward(xs, run)
-                calls.append((kernel.layer.op, "forward", tuple(np.shape(y)), kernel.input_grad))
-                return y, saved
-
-            def run_backward(gy, saved):
-                gxs = backward(gy, saved)
-                calls.append((kernel.layer.op, "backward", tuple(g is not None for g in gxs)))
-                return gxs
-            return run_forward, run_backward
-        monkeypatch.setitem(kernels.BIND, op, traced)
-    return calls
 
 
 def _executor_calls(graph, batch, calls):
@@ -85,7 +64,7 @@ def _profiler_calls(graph, batch, calls):
                          ids=["pool-first"] + [f"random{seed}" for seed in range(4)])
 def test_the_profiler_runs_the_kernel_calls_training_runs(monkeypatch, layers):
     graph = parse_model({"name": "m", "input": [2, 8, 6], "layers": layers})
-    calls = _recording(monkeypatch)
+    calls = recording(monkeypatch)
     assert _profiler_calls(graph, 4, calls) == _executor_calls(graph, 4, calls)
 
 
@@ -99,7 +78,7 @@ def test_a_convolution_reached_only_through_a_pooling_of_the_data_computes_no_da
     # the cost model charges a convolution without its data gradient two GEMM passes, not three
     with_dx = work(type(shapes["conv"])(**{**shapes["conv"].__dict__, "input_grad": True}))
     assert work(shapes["conv"])[1] * 3 == with_dx[1] * 2
-    calls = _recording(monkeypatch)
+    calls = recording(monkeypatch)
     ran = _executor_calls(graph, 4, calls)
     assert ("conv2d", "backward", (False,)) in ran
     assert not any(op == "maxpool2d" and phase == "backward" for op, phase, *_ in ran)

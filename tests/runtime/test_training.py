@@ -132,8 +132,8 @@ def test_epochs_and_hdf5_data(tmp_path):
 def test_first_layer_computes_no_input_gradient():
     graph = load_model(os.path.join(MODELS, "alexnet.yaml"))
     executor = Executor(graph)
-    assert not executor.needs_input_grad(graph.layers[0])
-    assert executor.needs_input_grad(graph.by_name["conv2"])
+    assert not executor.site(graph.layers[0]).kernel.input_grad
+    assert executor.site(graph.by_name["conv2"]).kernel.input_grad
 
 
 @pytest.mark.filterwarnings("ignore::RuntimeWarning")
