@@ -21,7 +21,7 @@ from typing import NamedTuple
 
 from ..ops import add, batchnorm, concat, conv, dropout, flatten, linear, loss, pool, relu
 from ..graph.optable import window
-from ..tiling.fields import NO_PADDING
+from ..tiling.fields import NO_PADDING, Need
 
 
 class Run(NamedTuple):
@@ -35,24 +35,27 @@ class Run(NamedTuple):
 
 @dataclass
 class Tile:
-    """The geometry of one tile: its output ``box`` in the ``global_shape``, the ``padding`` it adds
-    around its (first) input, the ``steps`` of a strided read (None: dense), and ``reduce``, the sum over the
-    ranks holding the same channels (batchnorm's statistics; None: this rank alone holds them)."""
+    """The geometry of one tile: its output ``box`` in the ``global_shape``, what it reads of its (first) input
+    (``need``, a :class:`~spmdcnn.tiling.fields.Need`: the padding it adds, the steps of a strided read; None: an
+    input that arrives padded and whole, as the profiler gives it), and ``reduce``, the sum over the ranks holding
+    the same channels (batchnorm's statistics; None: this rank alone holds them)."""
 
     global_shape: tuple
     box: tuple
-    padding: tuple = NO_PADDING
-    steps: tuple = None
+    need: Need = None
     reduce: object = None
 
     @property
     def start(self):
         return tuple(lo for lo, _ in self.box)
 
+    @property
+    def padding(self):
+        return self.need.padding if self.need else NO_PADDING
+
     def stride(self, stride):
         """The window stride this tile applies: 1 along a strided read, whose rows arrive subsampled."""
-        steps = self.steps or (1, 1, 1, 1)
-        return tuple(1 if step > 1 else s for s, step in zip(stride, steps[2:]))
+        return self.need.stride(stride) if self.need else stride
 
     @property
     def count(self):

@@ -13,16 +13,22 @@ def count(shape):
     return int(np.prod(shape, dtype=np.int64))
 
 
+def flat_offsets(shapes):
+    """``{name: (start, stop)}`` of each tensor of ``shapes`` (in its order) in one flat array."""
+    offsets, total = {}, 0
+    for name, shape in shapes.items():
+        offsets[name] = (total, total + count(shape))
+        total += count(shape)
+    return offsets
+
+
 class FlatStore:
     """Named views over one contiguous array: ``store[name]`` is the tensor, ``store.flat`` all of them."""
 
     def __init__(self, shapes, dtype, xp=np):
         self.shapes = dict(shapes)
-        self.offsets = {}
-        total = 0
-        for name, shape in self.shapes.items():
-            self.offsets[name] = (total, total + count(shape))
-            total += count(shape)
+        self.offsets = flat_offsets(self.shapes)
+        total = max((stop for _, stop in self.offsets.values()), default=0)
         self.flat = xp.zeros(total, dtype=dtype)
         self.views = {name: self.flat[a:b].reshape(self.shapes[name]) for name, (a, b) in self.offsets.items()}
 

@@ -15,10 +15,9 @@ from ..comm import Exchange, ReplicaGroups
 from ..graph.blocks import DATA
 from ..ops.add import accumulate
 from ..tiling.config import output_shape
-from ..tiling.fields import NO_PADDING
 from ..tiling.transfers import layer_transfers, tile_needs
 from .kernels import Tile, TileKernel, Views
-from .params import count
+from .params import flat_offsets
 
 
 @dataclass
@@ -38,18 +37,13 @@ class Site:
     bucket: object = None       # the Bucket its parameter gradients are summed in (None: not summed after backward)
 
     @property
-    def padding(self):
-        return self.needs[0].padding if self.needs else NO_PADDING
-
-    @property
     def channels(self):
         """The output channel (feature) range of the tile: the parameter shard's rows."""
         return self.box[1] if len(self.box) > 1 else (0, 1)
 
     def tile(self):
         """The :class:`~spmdcnn.runtime.kernels.Tile` its kernel is bound to."""
-        steps = self.needs[0].steps if self.needs else None
-        return Tile(self.global_shape, self.box, self.padding, steps, self.reduce)
+        return Tile(self.global_shape, self.box, self.needs[0] if self.needs else None, self.reduce)
 
 
 @dataclass(frozen=True)
@@ -129,13 +123,13 @@ class Program:
                 reduced = layer.spec.reduced_in_layer or kind in layer.buffers
                 entries.append(((site.group, reduced, order), layer, kind, (c1 - c0,) + tuple(shape[1:]), (c0, c1)))
         entries.sort(key=lambda entry: entry[0])
-        layout, ends = {}, {True: 0, False: 0}
+        shapes = {param: {f"{layer.name}.{kind}": shape for _, layer, kind, shape, _ in entries
+                          if (kind in layer.params) == param} for param in (True, False)}
+        offsets = {param: flat_offsets(shapes[param]) for param in (True, False)}      # as the FlatStores lay out
+        layout = {}
         for (group, _, _), layer, kind, shape, rows in entries:
-            param = kind in layer.params
-            start = ends[param]
-            ends[param] = start + count(shape)
-            name = f"{layer.name}.{kind}"
-            layout[name] = Shard(name, layer.name, kind, param, shape, rows, group, start, ends[param])
+            name, param = f"{layer.name}.{kind}", kind in layer.params
+            layout[name] = Shard(name, layer.name, kind, param, shape, rows, group, *offsets[param][name])
         return layout
 
     def _buckets(self):
