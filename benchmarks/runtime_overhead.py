@@ -36,10 +36,13 @@ def stub_kernels():
         return zeros[shape]
 
     def bind(kernel):
+        loss = kernel.layer.spec.loss
+        out = None if loss else zero(shape_of(kernel.tile.box))
+
         def forward(xs, run):
-            if kernel.layer.spec.loss:
+            if loss:
                 return 0.0, [xs[0].shape]
-            return zero(shape_of(kernel.tile.box)), [x.shape for x in xs]
+            return out, [x.shape for x in xs]
 
         def backward(gy, saved):
             return [zero(shape) for shape in saved]

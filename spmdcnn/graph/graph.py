@@ -31,11 +31,7 @@ class Layer:
     def __post_init__(self):
         if self.input_grads is None:        # a layer made alone (tests): every input but the data
             self.input_grads = tuple(ref != DATA for ref in self.inputs)
-
-    @property
-    def spec(self):
-        """The op's row of the op table (:class:`~spmdcnn.graph.optable.OpSpec`)."""
-        return OPS[self.op]
+        self.spec = OPS[self.op]            # the op's row of the op table (OpSpec); read per layer and step
 
     @property
     def input_grad(self):

@@ -136,6 +136,7 @@ class Executor:
         outputs, kept = {}, {}
         self._saved = {}
         loss = correct = 0.0
+        loss_layer = self.graph.loss
         for site in self.program.sites.values():
             layer = site.layer
             inputs = self._gather_inputs(site, outputs, batch)
@@ -146,7 +147,8 @@ class Executor:
             if site.kernel is None:
                 continue
             xs = [inputs[slot] for slot in range(len(layer.inputs))]
-            if layer.spec.loss:
+            is_loss = layer is loss_layer
+            if is_loss:
                 (n0, n1), = site.box
                 labels = self.xp.asarray(batch.labels(n0, n1))
                 correct = int((xs[0].argmax(axis=1) == labels).sum())
@@ -154,7 +156,7 @@ class Executor:
             y, saved = site.kernel.forward(xs, run)
             if training and layer.needs_grad:
                 self._saved[layer.name] = saved
-            if layer.spec.loss:
+            if is_loss:
                 loss = y
             else:
                 outputs[layer.name] = y
@@ -190,7 +192,7 @@ class Executor:
             saved = self._saved.pop(layer.name, None)
             if not layer.needs_grad:
                 continue
-            slots = {slot for slot, needed in enumerate(layer.input_grads) if needed}
+            slots = site.grad_slots
             gxs = {}
             if site.kernel is not None:
                 gy = pending.pop(layer.name)

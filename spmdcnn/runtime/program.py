@@ -35,6 +35,7 @@ class Site:
     reduce: object = None       # the sum over the replica group, for a layer that sums inside (batchnorm)
     kernel: TileKernel = None   # the bound kernel of the tile (:meth:`Program.bind`)
     bucket: object = None       # the Bucket its parameter gradients are summed in (None: not summed after backward)
+    grad_slots: frozenset = frozenset()     # the inputs whose gradients backward sends back (Layer.input_grads)
 
     @property
     def channels(self):
@@ -85,6 +86,7 @@ class Program:
             needs = tile_needs(plan, layer)
             shape = output_shape(layer, plan.batch)
             site = Site(layer, global_shape=shape, box=config.tile_of(rank, shape), exchanged={},
+                        grad_slots=frozenset(slot for slot, needed in enumerate(layer.input_grads) if needed),
                         input_tiles={slot: self.sites[ref].box for slot, ref in enumerate(layer.inputs)
                                      if ref != DATA and self.sites[ref].box is not None})
             if any(ref != DATA for ref in layer.inputs):
