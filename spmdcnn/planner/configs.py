@@ -7,6 +7,7 @@ relu and dropout are not searched: they take their input's configuration (docs/f
 """
 
 from ..tiling.config import NAMES, ParallelConfig, dims_of, output_shape
+from ..tiling.plan import inherits
 
 
 def divisors(number):
@@ -40,6 +41,5 @@ def searched(graph):
     first layer up their input chain that is searched."""
     root = {}
     for layer in graph.layers:
-        inherits = layer.spec.inherits and layer.inputs[0] in root
-        root[layer.name] = root[layer.inputs[0]] if inherits else layer.name
+        root[layer.name] = root[layer.inputs[0]] if inherits(layer, root) else layer.name
     return root

@@ -9,6 +9,7 @@ import copy
 import math
 
 from ..tiling.config import NAMES
+from ..tiling.plan import inherits
 
 COLOURS = {"n": "#4878a8", "c": "#c03030", "h": "#60a060", "w": "#d0a030"}
 TIMES = (("compute_s", "compute", "#4878a8"), ("transfer_s", "transfer", "#c03030"), ("sync_s", "sync", "#888888"))
@@ -16,7 +17,7 @@ TIMES = (("compute_s", "compute", "#4878a8"), ("transfer_s", "transfer", "#c0303
 
 def _inherits(layer, plan):
     """A relu or dropout layer with its input's configuration (drawn with its input)."""
-    return layer.spec.inherits and layer.inputs[0] in plan.configs and plan[layer.name] == plan[layer.inputs[0]]
+    return inherits(layer, plan.configs) and plan[layer.name] == plan[layer.inputs[0]]
 
 
 def draw_plan(graph, plan, prediction, output, title):

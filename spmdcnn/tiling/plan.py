@@ -98,7 +98,9 @@ def _config(layer, spec, batch, devices, where):
     return ParallelConfig(tuple(degrees), tuple(chosen))
 
 
-def _inherits(layer, configs):
+def inherits(layer, configs):
+    """Whether ``layer`` takes its input's configuration (the op table's ``inherits``: relu, dropout) when it
+    has none of its own, given the configurations ``configs`` has so far (its input must be among them)."""
     return layer.spec.inherits and layer.inputs[0] in configs
 
 
@@ -129,7 +131,7 @@ def from_mapping(data, graph, batch, devices, source):
         where = f"{source}: layer '{layer.name}'"
         if layer.name in listed:
             configs[layer.name] = _config(layer, listed[layer.name], batch, planned, where)
-        elif _inherits(layer, configs):
+        elif inherits(layer, configs):
             configs[layer.name] = configs[layer.inputs[0]]
         elif default is not None:
             configs[layer.name] = _config(layer, default, batch, planned, f"{where} (from default)")
@@ -163,7 +165,7 @@ def named(strategy, graph, batch, devices):
     """One of the baseline strategies ``data``, ``model`` or ``owt`` on ``devices`` devices."""
     configs = {}
     for layer in graph.layers:
-        if _inherits(layer, configs):
+        if inherits(layer, configs):
             configs[layer.name] = configs[layer.inputs[0]]
             continue
         dim = {"data": "n", "model": "c"}.get(strategy) or ("c" if layer.spec.dense else "n")
