@@ -198,11 +198,9 @@ def _add_measuring_commands(sub, common):
     p.add_argument("--name", default="local", help="the machine's name (default local)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds; for tests)")
     p.add_argument("--json", action="store_true", help="print the machine and the raw measurements as JSON")
-    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"],
-                   help="cupy: measure each rank's GPU, and the links between GPUs through --transport")
-    p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
-                   help="the transport training will use (default auto: nccl, cuda-mpi or host, whichever works)")
-    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
+    device_arguments(p, tf32=False, backend_help="cupy: measure each rank's GPU, and the links between GPUs "
+                     "through --transport", transport_help="the transport training will use (default auto: nccl, "
+                     "cuda-mpi or host, whichever works)")
     p.set_defaults(run=cmd_calibrate)
 
     p = sub.add_parser("profile", parents=[common], help="measure tile compute times for the planner",
@@ -218,10 +216,21 @@ def _add_measuring_commands(sub, common):
     p.add_argument("--machine", help="machine YAML whose ring model the measured wait per synchronization is "
                    "taken beyond (default: the built-in local machine)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
-    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
-    p.add_argument("--tf32", action="store_true", help="cupy, float32: let convolutions and matmuls use TF32")
-    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
+    device_arguments(p)
     p.set_defaults(run=cmd_profile)
+
+
+def device_arguments(p, tf32=True, backend_help=None, transport_help=None):
+    """The options every command that runs on this rank's device takes, as ``backend.rank_module`` reads them:
+    ``--backend``, ``--tf32`` (unless not ``tf32``), ``--share-gpus``, and ``--transport`` when
+    ``transport_help`` says what it is for."""
+    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"], help=backend_help)
+    if tf32:
+        p.add_argument("--tf32", action="store_true", help="cupy, float32: let convolutions and matmuls use TF32")
+    if transport_help:
+        p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
+                       help=transport_help)
+    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
 
 
 def build_parser():
@@ -264,11 +273,7 @@ def build_parser():
     p.add_argument("--warmup", type=int, default=2, help="untimed iterations first (default 2)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
                    help="bfloat16: activations in bfloat16, float32 master weights (cupy only)")
-    p.add_argument("--backend", default="auto", choices=["auto", "numpy", "cupy"])
-    p.add_argument("--tf32", action="store_true", help="cupy, float32: let convolutions and matmuls use TF32")
-    p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
-                   help="how ranks move data (default auto: nccl, cuda-mpi or host, whichever works)")
-    p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
+    device_arguments(p, transport_help="how ranks move data (default auto: nccl, cuda-mpi or host, whichever works)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--plan", default="data",
                    help="data, model, owt, auto (the planner) or a plan YAML file (default data; one process runs "

@@ -50,10 +50,12 @@ def _centred_dots(xp, a, x, mean):
 
 
 def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1, training=True,
-                        reduce=_identity, count=None):
+                        reduce=None, count=None):
     """Returns ``y, saved``; in training also updates ``running_mean`` and ``running_var`` in place. On the GPU
     the sums and the element-wise passes are fused kernels (ops/cuda); parameters and statistics may be float32
-    under bfloat16 activations."""
+    under bfloat16 activations. ``reduce`` sums the per-channel statistics over the tiles of the same channels
+    (None: this tile holds all of them)."""
+    reduce = reduce or _identity
     xp = backend.array_module(x)
     device = backend.on_device(x)
     N, C, H, W = x.shape

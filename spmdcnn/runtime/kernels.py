@@ -156,7 +156,7 @@ def _batchnorm(kernel):
         return batchnorm.batchnorm2d_forward(
             xs[0], views.params["weight"], views.params["bias"], views.buffers["running_mean"],
             views.buffers["running_var"], eps=a["eps"], momentum=a["momentum"], training=run.training,
-            reduce=tile.reduce or _alone, count=tile.count)       # sums over the tiles with these channels
+            reduce=tile.reduce, count=tile.count)       # sums over the tiles with these channels
 
     def backward(gy, saved):
         gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)
@@ -183,10 +183,6 @@ def _loss(kernel):
     total = kernel.tile.total
     return (lambda xs, run: loss.softmax_cross_entropy_forward(xs[0], xs[1], total=total)), \
         (lambda gy, saved: [loss.softmax_cross_entropy_backward(gy, saved)])
-
-
-def _alone(array):
-    return array
 
 
 BIND = {

@@ -105,12 +105,10 @@ class Program:
                 site.reduce = self.groups.reducer(site.group)       # the identity for a group of one
         self.layout = self._layout()
         self.buckets = self._buckets()
-        for bucket in self.buckets:
-            for site in self.sites.values():
-                shards = [self.layout[f"{site.layer.name}.{kind}"] for kind in site.layer.params] \
-                    if site.box is not None else []
-                if shards and bucket.start <= shards[0].start < bucket.stop:
-                    site.bucket = bucket
+        for site in self.sites.values():
+            if site.box is not None and site.layer.params:
+                first = self.layout[f"{site.layer.name}.{next(iter(site.layer.params))}"]
+                site.bucket = next((b for b in self.buckets if b.start <= first.start < b.stop), None)
 
     def _layout(self):
         """``{name: Shard}``, grouped so that each replica group's allreduced gradients are one contiguous slice:
