@@ -8,7 +8,7 @@ import traceback
 
 from . import __version__
 from .cli_files import add_file_commands, ahead_arg, augment_arg, count_arg
-from .cli_plans import add_plan_commands
+from .cli_plans import add_plan_commands, batchnorm_option, sync_arguments, sync_options
 from .cost.memory import format_bytes as _format_bytes
 
 EXAMPLES = """\
@@ -106,7 +106,7 @@ def cmd_bench(args):
     result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed, args.plan,
                    world, args.machine, not args.json, tf32=args.tf32, transport=args.transport,
                    share_gpus=args.share_gpus, data=args.data, augment=args.augment, workers=args.workers,
-                   prefetch=args.prefetch)
+                   prefetch=args.prefetch, sync=sync_options(args), batchnorm=batchnorm_option(args))
     if world.rank != 0:
         return 0
     if args.json:
@@ -127,7 +127,7 @@ def cmd_bench(args):
     if result["ranks"] > 1 or result["bytes_transferred"]:
         print(f"  {result['ranks']} ranks, {result['plan']}: per step and rank (mean) compute "
               f"{result['compute_s'] * 1e3:.1f} ms, transfer {result['transfer_s'] * 1e3:.1f} ms, sync "
-              f"{result['sync_s'] * 1e3:.1f} ms; moved {_format_bytes(result['bytes_transferred'])} between layers "
+              f"{result['sync_s'] * 1e3:.1f} ms ({result['sync_exposed_s'] * 1e3:.1f} ms of it exposed); moved {_format_bytes(result['bytes_transferred'])} between layers "
               f"and {_format_bytes(result['bytes_synced'])} in allreduces per step (all ranks)")
     return 0
 
@@ -285,8 +285,9 @@ def build_parser():
                    "'{crop: [224, 224], flip: true}'")
     p.add_argument("--workers", default="auto", type=count_arg, help="with --data: data.workers (default auto)")
     p.add_argument("--prefetch", default="auto", type=ahead_arg, help="with --data: data.prefetch (default auto)")
+    sync_arguments(p)
     p.add_argument("--json", action="store_true", help="print JSON (images_per_s, compute_s, transfer_s, sync_s, "
-                   "bytes_transferred, peak_memory_bytes, data_wait_s, ...)")
+                   "sync_exposed_s, bytes_transferred, peak_memory_bytes, data_wait_s, ...)")
     p.set_defaults(run=cmd_bench)
 
     _add_measuring_commands(sub, common)

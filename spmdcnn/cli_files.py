@@ -59,6 +59,18 @@ def count_arg(text, least=0):
     raise argparse.ArgumentTypeError(f"expected auto or {what}, got {text!r}")
 
 
+def positive_float(text):
+    """A number above 0 (argparse type)."""
+    import argparse
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
 def ahead_arg(text):
     """``--prefetch``: ``auto`` or 1 or more (argparse type)."""
     return count_arg(text, least=1)

@@ -7,7 +7,33 @@ profile of this machine that a job of that many ranks here would use), or the an
 import json
 import os
 
+from .cli_files import positive_float
 from .cost.memory import format_against, format_bytes
+
+
+def sync_arguments(p):
+    """The job's ``sync`` keys as options (``bench``, ``plan``, ``simulate``, ``plot``)."""
+    p.add_argument("--bucket-mb", type=positive_float, default=25.0, metavar="MIB",
+                   help="sync.bucket_mb: MiB per gradient allreduce bucket (default 25, the first at most 1)")
+    p.add_argument("--no-overlap", action="store_true",
+                   help="sync.overlap: false: allreduce the buckets after backward, not while it runs")
+    p.add_argument("--batchnorm-group", type=int, metavar="G",
+                   help="batchnorm: {group: G}: batch-norm statistics over groups of G consecutive samples (ghost "
+                        "batch norm; default: the global batch)")
+
+
+def sync_options(args):
+    return {"bucket_mb": args.bucket_mb, "overlap": not args.no_overlap}
+
+
+def batchnorm_option(args):
+    """The job's ``batchnorm`` key of ``--batchnorm-group``."""
+    group = args.batchnorm_group
+    if group is None:
+        return "global"
+    if group < 1:
+        raise ValueError(f"--batchnorm-group must be a positive number of samples, got {group}")
+    return {"group": group}
 
 
 def compute_source(args, graph, batch, devices):
@@ -55,7 +81,8 @@ def _cost_for(args, graph, batch, devices):
     import numpy as np
     from .planner.service import cost_model
     profile, line = compute_source(args, graph, batch, devices)
-    cost = cost_model(graph, batch, devices, args.machine, profile, np.dtype(args.dtype).itemsize, args.nodes)
+    cost = cost_model(graph, batch, devices, args.machine, profile, np.dtype(args.dtype).itemsize, args.nodes,
+                      sync_options(args), batchnorm_option(args))
     return cost, line
 
 
@@ -67,17 +94,24 @@ def print_prediction(title, prediction, plan):
     rows = prediction.layers
     width = max(len("layer"), *(len(r.name) for r in rows))
     cwidth = max(len("configuration"), *(len(r.config) for r in rows))
-    print(title)
-    print(f"{'layer':<{width}}  {'configuration':<{cwidth}}  {'compute ms':>10} {'transfer ms':>11} {'sync ms':>8} "
-          f"{'moved':>10} {'allreduced':>10}")
+    print(f"{title} (times in ms)")
+    print(f"{'layer':<{width}}  {'configuration':<{cwidth}}  {'compute':>8} {'transfer':>8} {'sync':>7} "
+          f"{'hidden':>7} {'moved':>9} {'allreduced':>10}")
     for r in rows:
-        print(f"{r.name:<{width}}  {r.config:<{cwidth}}  {_ms(r.compute_s):>10} {_ms(r.transfer_s):>11} "
-              f"{_ms(r.sync_s):>8} {format_bytes(r.bytes_transferred):>10} {format_bytes(r.bytes_synced):>10}")
+        hidden = max(r.allreduce_s - r.sync_s, 0.0)
+        print(f"{r.name:<{width}}  {r.config:<{cwidth}}  {_ms(r.compute_s):>8} {_ms(r.transfer_s):>8} "
+              f"{_ms(r.sync_s):>7} {_ms(hidden):>7} {format_bytes(r.bytes_transferred):>9} "
+              f"{format_bytes(r.bytes_synced):>10}")
     s = prediction.summary()
     print(f"predicted iteration {_ms(s['iteration_s'])} ms = compute {_ms(s['compute_s'])} + transfer "
-          f"{_ms(s['transfer_s'])} + sync {_ms(s['sync_s'])} ms; {plan.batch / s['iteration_s']:.1f} images/s; moves "
-          f"{format_bytes(s['bytes_transferred'])} between layers and allreduces {format_bytes(s['bytes_synced'])}"
-          " per iteration")
+          f"{_ms(s['transfer_s'])} + exposed sync {_ms(s['sync_s'])} ms; {plan.batch / s['iteration_s']:.1f} "
+          f"images/s; moves {format_bytes(s['bytes_transferred'])} between layers and allreduces "
+          f"{format_bytes(s['bytes_synced'])} per iteration")
+    timeline = prediction.timeline
+    if timeline is not None and timeline.buckets:
+        print(f"gradients: {len(timeline.buckets)} buckets on the slowest device, {_ms(timeline.allreduce_s)} ms of "
+              f"allreduces, {_ms(timeline.allreduce_s - timeline.exposed_s)} ms hidden behind backward")
+        print("  (sync: what a layer exposes, batch norm's sums included; hidden: its allreduces overlapped)")
 
 
 def _tie(args, cost):
@@ -135,8 +169,12 @@ def cmd_plan(args):
         pruned = f" ({sol.kept} after pruning)" if sol.kept < chosen.configurations else ""
         print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations{pruned}, {sol.method} "
               f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
-              f"left), {'proven optimal under the cost model' if sol.exact else 'not proven optimal'}; "
+              f"left), {'proven optimal under the surrogate' if sol.exact else 'not proven optimal'}; "
               f"{chosen.search_s:.3f} s")
+        if chosen.candidates:
+            import textwrap
+            scored = ", ".join(f"{label} {_ms(seconds)}" for label, seconds in chosen.candidates)
+            print(textwrap.fill(f"scored on the timeline (ms): {scored}", 119, subsequent_indent="  "))
         if chosen.ties:
             print(f"ties: {chosen.ties.describe()}")
     if args.compare:
@@ -253,12 +291,15 @@ def add_plan_commands(sub, common):
                        "uses, if there is one; the first line says which)")
         p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
         p.add_argument("--nodes", type=int, help="use this many nodes of the machine (default: its 'nodes')")
+        sync_arguments(p)
         p.add_argument("--json", action="store_true", help=f"{what} JSON")
 
     p = sub.add_parser("plan", parents=[common], help="find the best plan for a model on N devices",
-                       description="Search the per-layer configurations (OptCNN's node and edge elimination, "
-                                   "exact under the cost model) and print each layer's configuration with its "
-                                   "predicted compute, transfer and sync time; -o writes the plan YAML.")
+                       description="Search the per-layer configurations (OptCNN's node and edge elimination, exact "
+                                   "under the cost model's additive surrogate, with the gradient sync weighted a few "
+                                   "ways), score those plans and the fixed strategies on the timeline of what runs, "
+                                   "and print the fastest: each layer's configuration with its predicted compute, "
+                                   "transfer and exposed sync time; -o writes the plan YAML.")
     p.add_argument("model", help="model YAML file")
     p.add_argument("--devices", type=int, required=True, help="devices (MPI ranks) of the job")
     p.add_argument("--batch", type=int, required=True, help="global batch size")

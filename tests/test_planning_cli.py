@@ -73,8 +73,8 @@ def test_plan_writes_a_plan_with_its_prediction_and_simulate_scores_it(tmp_path)
     data = yaml.safe_load(out.read_text())
     graph = load_model(os.path.join(ROOT, "models", "alexnet.yaml"))
     plan = from_mapping(data, graph, 64, 4, str(out))
-    assert set(data["predicted"]) == {"iteration_s", "compute_s", "transfer_s", "sync_s", "bytes_transferred",
-                                      "bytes_synced"}
+    assert set(data["predicted"]) == {"iteration_s", "compute_s", "transfer_s", "sync_s", "allreduce_s",
+                                      "bytes_transferred", "bytes_synced"}
     simulated = run("simulate", out, "data", "--model", "models/alexnet.yaml", "--devices", 4, "--batch", 64,
                     "--machine", PAPER, "--json")
     assert simulated.returncode == 0, simulated.stderr
@@ -259,7 +259,8 @@ def test_plan_prints_every_strategys_memory_says_when_it_is_proven_and_refuses_a
     fixed = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "--strategy", "owt")
     assert fixed.returncode == 0 and "memory: " in fixed.stdout and "search:" not in fixed.stdout, fixed.stdout
     best = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4)
-    assert "proven optimal under the cost model" in best.stdout, best.stdout
+    assert "proven optimal under the surrogate" in best.stdout, best.stdout
+    assert "scored on the timeline (ms): " in best.stdout and "data " in best.stdout, best.stdout
     negative = run("plan", "models/tiny_cnn.yaml", "--devices", 2, "--batch", 4, "--tie", "-1")
     assert negative.returncode == 2 and "--tie must be zero or positive" in negative.stderr
     given = run("plan", "models/digits_cnn.yaml", "--devices", 4, "--batch", 64, "--tie", "0.3")

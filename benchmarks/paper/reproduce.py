@@ -45,12 +45,13 @@ PAPER_VGG16_4 = [("conv blocks 1-4", "{n: 4}"), ("conv block 5", "{h: 2, w: 2}")
                  ("fc8", "{c: 2}"), ("softmax", "unsplit")]
 
 
-def calibrated_cost(graph, devices, factor):
-    """The cost model of ``graph`` on ``devices`` devices of the paper's machine, compute scaled by ``factor``."""
+def calibrated_cost(graph, devices, factor, sync=None):
+    """The cost model of ``graph`` on ``devices`` devices of the paper's machine, compute scaled by ``factor``;
+    ``sync``: the job's ``sync`` keys (default: buckets overlapped with backward, as spmdcnn runs them)."""
     from spmdcnn.cost.machine import load_machine
     machine = load_machine(MACHINE)
     nodes = max(machine.nodes, -(-devices // machine.devices_per_node))
-    cost = cost_model(graph, PER_DEVICE * devices, devices, machine, None, 4, nodes)
+    cost = cost_model(graph, PER_DEVICE * devices, devices, machine, None, 4, nodes, sync)
     cost.compute.scale = {None: factor, "sgd": factor}
     return cost
 
@@ -190,16 +191,21 @@ def _finish(plt, figure, axes, label, path):
 
 
 def vgg16_plan_on_one_node(factor):
-    """Our VGG-16 plan for 4 devices (one node) next to the paper's, as Markdown."""
+    """Our VGG-16 plans for 4 devices (one node) next to the paper's, as Markdown: with the gradients summed after
+    backward (``sync.overlap: false``, as the paper's runtime did), and overlapped with it (as spmdcnn runs them).
+    Returns the Markdown and the first plan's result."""
     graph = load_model(os.path.join(ROOT, "models", "vgg16.yaml"))
-    result = make_plan(graph, 4, calibrated_cost(graph, 4, factor), "optimal")
-    lines = ["| layer | spmdcnn (predicted) |", "|---|---|"]
+    results = [make_plan(graph, 4, calibrated_cost(graph, 4, factor, {"overlap": overlap}), "optimal")
+               for overlap in (False, True)]
+    lines = ["| layer | spmdcnn, sync after backward | spmdcnn, sync overlapped |", "|---|---|---|"]
     searched = [layer for layer in graph.layers if layer.op not in ("relu", "dropout")]
     for layer in searched:
-        config = result.plan[layer.name]
-        lines.append(f"| {layer.name} | {config.describe().split(', devices')[0]}}} |")
+        configs = [result.plan[layer.name].describe().split(", devices")[0] + "}" for result in results]
+        lines.append(f"| {layer.name} | {configs[0]} | {configs[1]} |")
+    lines.append(f"| predicted iteration | {results[0].prediction.iteration_s * 1e3:.1f} ms | "
+                 f"{results[1].prediction.iteration_s * 1e3:.1f} ms |")
     paper = ["| layers | the paper |", "|---|---|"] + [f"| {what} | {config} |" for what, config in PAPER_VGG16_4]
-    return "\n".join(paper) + "\n\n" + "\n".join(lines) + "\n", result
+    return "\n".join(paper) + "\n\n" + "\n".join(lines) + "\n", results[0]
 
 
 def memory_example(factor, devices=16):
@@ -230,12 +236,12 @@ def memory_example(factor, devices=16):
 
 
 def synchronization_ablation(models, factors, devices=16):
-    """Data parallelism on ``devices`` devices with the synchronization spmdcnn does (global-batch batch norm, one
-    ring allreduce per layer's gradients), then as data-parallel frameworks of 2018 did it: batch-norm statistics
-    per device (only gamma and beta allreduced), then all gradients fused into one ring allreduce. Rows of
+    """Data parallelism on ``devices`` devices under the additive model (the search's surrogate: global-batch
+    batch norm, one allreduce per layer's gradients, all on the critical path), then as data-parallel frameworks
+    of 2018 did it: batch-norm statistics per device (only gamma and beta allreduced), then all gradients fused
+    into one allreduce; last, as spmdcnn runs it (the timeline: buckets overlapped with backward). Rows of
     ``(model, variant, iteration_s, images_per_s, scaling from one device)`` as Markdown: how much of the gap to
-    the paper's scaling each of spmdcnn's choices makes, under the same calibrated model."""
-    from spmdcnn.cost.machine import ring_time
+    the paper's scaling each choice makes, under the same calibrated model."""
     lines = ["| model | data parallelism on 16 devices | sync (ms) | iteration (ms) | images/s | scaling from 1 |",
              "|---|---|---:|---:|---:|---:|"]
     default = statistics.median(factors.values())
@@ -245,21 +251,23 @@ def synchronization_ablation(models, factors, devices=16):
         one = calibrated_cost(graph, 1, factor).simulate(named("data", graph, PER_DEVICE, 1)).iteration_s
         cost = calibrated_cost(graph, devices, factor)
         plan = named("data", graph, PER_DEVICE * devices, devices)
-        prediction = cost.simulate(plan)
+        prediction = cost.surrogate(plan)
         layers = {layer.name: layer for layer in graph.layers}
         config = plan[next(layer.name for layer in graph.layers if layer.params)]
-        (_, size, link, _), = cost._sync.groups(config, 1)[1]            # the ring over every device
+        (_, size, regimes, _), = cost._sync.groups(config, 1)[1]         # the allreduce over every device
         batchnorm = [row for row in prediction.layers if layers[row.name].op == "batchnorm2d"]
         weights = [row for row in prediction.layers if layers[row.name].op != "batchnorm2d"]
         bn_params = sum(2 * layers[row.name].out_shape[0] for row in batchnorm) * cost.itemsize
         all_params = graph.num_params * cost.itemsize
         rest = prediction.iteration_s - prediction.sync_s + prediction.overhead_s
-        variants = [("as spmdcnn runs it", prediction.sync_s - prediction.overhead_s),
+        variants = [("one allreduce per layer, after backward", prediction.sync_s - prediction.overhead_s),
                     ("batch norm per device", sum(row.sync_s for row in weights)
-                     + len(batchnorm) * ring_time(size, link, bn_params / max(len(batchnorm), 1))),
-                    ("batch norm per device, gradients fused", ring_time(size, link, all_params))]
+                     + len(batchnorm) * regimes.allreduce(size, bn_params / max(len(batchnorm), 1))),
+                    ("batch norm per device, gradients fused", regimes.allreduce(size, all_params))]
         if not batchnorm:
             variants = [variants[0], ("gradients fused", variants[2][1])]
+        timeline = cost.simulate(plan)
+        variants.append(("as spmdcnn runs it: buckets overlapped", timeline.iteration_s - rest))
         for label, sync in variants:
             iteration = rest + sync
             lines.append(f"| {name} | {label} | {sync * 1e3:.1f} | {iteration * 1e3:.1f} | "

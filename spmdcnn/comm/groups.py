@@ -21,6 +21,10 @@ class ReplicaGroups:
                 made[ranks] = sub if member else None
                 if member:
                     world.transport.attach(sub)
+                    # a twin for the gradient buckets, whose allreduces may run on the communication thread
+                    # while batchnorm sums on the group's own (collectives of two threads must not share one)
+                    world.lanecomms[ranks] = sub.Dup()
+                    world.transport.attach(world.lanecomms[ranks])
             if made[ranks] is not None:
                 self.comms[ranks] = made[ranks]
 
@@ -38,6 +42,26 @@ class ReplicaGroups:
             return world.allreduce(array if array.flags.c_contiguous else array.copy(), comm)
         return reduce
 
+    def gatherer(self, ranks):
+        """A function stacking an array of every rank of the group ``ranks`` in rank order (``(len(ranks),) +
+        shape``); for one rank, the array with a leading axis of one."""
+        ranks = tuple(sorted(ranks))
+        if len(ranks) < 2:
+            return _alone
+        if ranks not in self.comms:
+            raise ValueError(f"rank {self.world.rank} is not in the replica group {list(ranks)}")
+        comm, world = self.comms[ranks], self.world
+        return lambda array: world.allgather_array(array, comm)
+
+    def starter(self, ranks):
+        """A function starting the sum of a contiguous array over the group ``ranks`` (which holds this rank, with
+        at least one other) without waiting: it returns the :class:`~spmdcnn.comm.world.InFlight`."""
+        ranks = tuple(sorted(ranks))
+        if ranks not in self.comms:
+            raise ValueError(f"rank {self.world.rank} is not in the replica group {list(ranks)}")
+        comm, world = self.world.lanecomms[ranks], self.world
+        return lambda array: world.start_allreduce(array, comm)
+
     def allreduce(self, ranks, array):
         """Sum the contiguous ``array`` over the group ``ranks`` in place."""
         return self.reducer(ranks)(array)
@@ -45,3 +69,7 @@ class ReplicaGroups:
 
 def _identity(array):
     return array
+
+
+def _alone(array):
+    return array[None]

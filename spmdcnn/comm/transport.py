@@ -45,6 +45,88 @@ def _bytes(buffer):
     return buffer
 
 
+class Pending:
+    """An allreduce in flight (:meth:`HostTransport.iallreduce`): :meth:`test` says whether it has completed
+    (and, for MPI's own non-blocking collectives, drives their progress), :meth:`wait` blocks until the sum is in
+    the array. ``request``: an MPI request; else ``done()`` tells and ``block()`` waits."""
+
+    def __init__(self, request=None, done=None, block=None):
+        self.request, self.done, self.block = request, done, block
+        self.after = []
+        self.complete = False
+
+    def then(self, action):
+        """Run ``action()`` once complete (a staged copy back to the device)."""
+        self.after.append(action)
+
+    def test(self):
+        if not self.complete:
+            if self.request is not None:
+                if self.request.Test():
+                    self._complete()
+            elif self.done():
+                self.block()                # raises what the communication thread met
+                self._complete()
+        return self.complete
+
+    def wait(self):
+        if not self.complete:
+            if self.request is not None:
+                self.request.Wait()
+            else:
+                self.block()
+            self._complete()
+
+    def _complete(self):
+        self.complete = True
+        for action in self.after:
+            action()
+
+
+def progress():
+    """How overlapped allreduces progress on MPI (``SPMDCNN_SYNC_PROGRESS`` overrides): ``thread``, blocking
+    collectives on a communication thread of their own, when MPI allows calls from several threads at once
+    (MPI_THREAD_MULTIPLE); else ``test``, MPI's non-blocking collectives driven by the executor between layers
+    (MPICH and Open MPI progress them only inside MPI calls)."""
+    forced = os.environ.get("SPMDCNN_SYNC_PROGRESS")
+    if forced in ("thread", "test"):
+        return forced
+    return "thread" if mpi().Query_thread() >= mpi().THREAD_MULTIPLE else "test"
+
+
+class _Lane:
+    """The communication thread: blocking collectives one after the other, in the order submitted (the same on
+    every rank), on communicators no other thread uses (:meth:`~spmdcnn.comm.groups.ReplicaGroups.starter`).
+    mpi4py releases the GIL inside MPI calls, so backward computes meanwhile."""
+
+    def __init__(self):
+        import queue
+        import threading
+        self.queue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=self._run, daemon=True, name="spmdcnn-sync")
+        self.thread.start()
+
+    def _run(self):
+        while True:
+            work, done, failure = self.queue.get()
+            try:
+                work()
+            except BaseException as error:      # noqa: BLE001 -- handed to the waiting rank
+                failure.append(error)
+            done.set()
+
+    def submit(self, work):
+        import threading
+        done, failure = threading.Event(), []
+
+        def block():
+            done.wait()
+            if failure:
+                raise failure[0]
+        self.queue.put((work, done, failure))
+        return Pending(done=done.is_set, block=block)
+
+
 def _synchronize():
     """Wait for the work queued on the current stream (which wrote what MPI is about to read, or may still read
     memory MPI is about to write) before MPI touches device memory."""
@@ -94,6 +176,25 @@ class HostTransport:
         array.set(host)
         return array
 
+    def iallreduce(self, array, comm):
+        """Start summing the contiguous ``array`` over ``comm`` in place; returns its :class:`Pending`. The array
+        must not be touched until the Pending has completed. A device array is staged through the host."""
+        MPI = mpi()
+        device = _is_device(array)
+        host = self.send_buffer(array) if device else array         # waits for the stream that wrote it
+        if progress() == "thread":
+            pending = self._lane().submit(lambda: comm.Allreduce(MPI.IN_PLACE, host, op=MPI.SUM))
+        else:
+            pending = Pending(comm.Iallreduce(MPI.IN_PLACE, host, op=MPI.SUM))
+        if device:
+            pending.then(lambda: array.set(host))
+        return pending
+
+    def _lane(self):
+        if getattr(self, "_thread", None) is None:
+            self._thread = _Lane()
+        return self._thread
+
     def attach(self, comm):
         """Called (collectively over ``comm``) for every communicator the transport will be used on."""
 
@@ -134,6 +235,12 @@ class CudaMpiTransport(HostTransport):
         comm.Allreduce(MPI.IN_PLACE, array, op=MPI.SUM)
         return array
 
+    def iallreduce(self, array, comm):
+        MPI = mpi()
+        if _is_device(array):
+            _synchronize()
+        return Pending(comm.Iallreduce(MPI.IN_PLACE, array, op=MPI.SUM))
+
 
 class NcclTransport(CudaMpiTransport):
     """NCCL on the current stream; every rank on a GPU of its own."""
@@ -144,6 +251,7 @@ class NcclTransport(CudaMpiTransport):
         from cupy.cuda import nccl
         self.nccl = nccl
         self.comms = {}          # id(mpi communicator) -> (mpi communicator, NCCL communicator)
+        self._stream = None      # the stream overlapped allreduces run on (iallreduce)
 
     def attach(self, comm):
         if comm is None or comm.Get_size() < 2 or id(comm) in self.comms:
@@ -208,6 +316,21 @@ class NcclTransport(CudaMpiTransport):
             device.get(out=array)
         stream.synchronize()        # the sync counters time the reduction itself, not only its launch
         return array
+
+    def iallreduce(self, array, comm):
+        """The allreduce on a communication stream of its own, after the work the current stream has queued
+        (which wrote the gradients); it runs while the current stream goes on with backward."""
+        import cupy
+        if not _is_device(array):
+            return super().iallreduce(array, comm)
+        nc = self._comm(comm)
+        if self._stream is None:
+            self._stream = cupy.cuda.Stream(non_blocking=True)
+        self._stream.wait_event(cupy.cuda.get_current_stream().record())
+        nc.allReduce(array.data.ptr, array.data.ptr, array.size, self._type(array.dtype), self.nccl.NCCL_SUM,
+                     self._stream.ptr)
+        done = self._stream.record()
+        return Pending(done=lambda: done.done, block=done.synchronize)
 
     def close(self):
         for _, nc in self.comms.values():

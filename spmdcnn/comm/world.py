@@ -3,7 +3,7 @@
 import hashlib
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -34,9 +34,69 @@ class Counters:
     """Seconds and bytes per kind of communication since the last :meth:`World.reset`."""
 
     transfer_s: float = 0.0        # redistribution between layers (forward and backward), including waiting
-    sync_s: float = 0.0            # gradient allreduce, batchnorm statistics, loss reduction
+    sync_exposed_s: float = 0.0    # the part of sync_s this rank spent waiting (not hidden behind backward)
     bytes_transferred: int = 0     # bytes this rank sent to other ranks in redistributions
     bytes_synced: int = 0          # bytes this rank contributed to allreduces
+    intervals: list = field(default_factory=list, repr=False)     # (start, end) of every allreduce
+
+    def busy(self, start, end):
+        """Count ``[start, end)`` as time an allreduce was going on."""
+        self.intervals.append((start, end))
+
+    @property
+    def sync_s(self):
+        """Gradient allreduces (start to completion), batchnorm statistics, loss reduction: the time any of them
+        was going on (allreduces in flight together count once)."""
+        total, reach = 0.0, float("-inf")
+        for start, end in sorted(self.intervals):
+            start = max(start, reach)
+            if end > start:
+                total += end - start
+                reach = end
+        return total
+
+
+def _like(array, host):
+    """``host`` as an array of ``array``'s module (a CuPy array: copied to the device)."""
+    import importlib
+    return importlib.import_module(type(array).__module__.split(".")[0]).asarray(host)
+
+
+class InFlight:
+    """One allreduce in flight, counted: ``sync_s`` gets the time from its start until it was seen complete,
+    ``sync_exposed_s`` only the time this rank spent starting it and blocked in :meth:`wait`."""
+
+    def __init__(self, world, array, comm):
+        self.counters = world.counters
+        self.started = time.perf_counter()
+        self.pending = world.transport.iallreduce(array, comm)
+        now = time.perf_counter()
+        self.counters.sync_exposed_s += now - self.started
+        self.counters.bytes_synced += array.nbytes
+        self.finished = None
+
+    def test(self):
+        """Whether it has completed (each call lets MPI progress it: that time is exposed too)."""
+        if self.finished is None:
+            start = time.perf_counter()
+            complete = self.pending.test()
+            now = time.perf_counter()
+            self.counters.sync_exposed_s += now - start
+            if complete:
+                self._finish(now)
+        return self.finished is not None
+
+    def wait(self):
+        if self.finished is None:
+            start = time.perf_counter()
+            self.pending.wait()
+            now = time.perf_counter()
+            self.counters.sync_exposed_s += now - start
+            self._finish(now)
+
+    def _finish(self, now):
+        self.finished = now
+        self.counters.busy(self.started, now)
 
 
 class World:
@@ -52,6 +112,7 @@ class World:
         self.size = 1 if comm is None else comm.Get_size()
         self.counters = Counters()
         self.subcomms = {}          # sorted ranks -> sub-communicator (None where this rank is not a member)
+        self.lanecomms = {}         # sorted ranks -> its twin for gradient buckets (members only)
         self.transport = HostTransport()     # replaced by the job's choice (comm.transport.choose)
 
     @classmethod
@@ -94,9 +155,29 @@ class World:
         if comm is not None and comm.Get_size() > 1:
             start = time.perf_counter()
             self.transport.allreduce(array, comm)
-            self.counters.sync_s += time.perf_counter() - start
+            end = time.perf_counter()
+            self.counters.busy(start, end)
+            self.counters.sync_exposed_s += end - start
             self.counters.bytes_synced += array.nbytes
         return array
+
+    def allgather_array(self, array, comm):
+        """The ``array`` of every rank of ``comm``, stacked in rank order: ``(size,) + array.shape``, on the host
+        (small arrays: batchnorm's statistics; a device array is copied down and the result copied up)."""
+        host = np.ascontiguousarray(array.get() if hasattr(array, "get") else array)
+        out = np.empty((comm.Get_size(),) + host.shape, dtype=host.dtype)
+        start = time.perf_counter()
+        comm.Allgather(host, out)
+        end = time.perf_counter()
+        self.counters.busy(start, end)
+        self.counters.sync_exposed_s += end - start
+        self.counters.bytes_synced += host.nbytes
+        return out if isinstance(array, np.ndarray) else _like(array, out)
+
+    def start_allreduce(self, array, comm):
+        """Start summing the contiguous ``array`` over ``comm`` in place without waiting: an :class:`InFlight`
+        to :meth:`~InFlight.test` and :meth:`~InFlight.wait` on (``array`` is not to be touched before)."""
+        return InFlight(self, array, comm)
 
     def use(self, transport):
         """Move bytes with ``transport`` from now on (collective: it attaches to the world and the replica
@@ -104,7 +185,7 @@ class World:
         self.transport.close()
         self.transport = transport
         transport.attach(self.comm)
-        for sub in self.subcomms.values():
+        for sub in list(self.subcomms.values()) + list(self.lanecomms.values()):
             if sub is not None:
                 transport.attach(sub)
 

@@ -8,6 +8,8 @@ two devices.
     intra_node: {bandwidth: 1.8e10, latency: 1.0e-5}     # bytes/s and s, between devices of one node
     inter_node: {bandwidth: 1.2e10, latency: 2.0e-5}     # between devices of different nodes
     device: {name: p100, flops: 9.3e12, memory_bandwidth: 7.3e11}   # optional: the analytic compute model
+    allreduce:                     # optional: how the MPI library (or NCCL) allreduces, per level
+      intra_node: {small: {bandwidth: 1.5e10, latency: 8.0e-6}, large: {bandwidth: 1.8e10, latency: 1.0e-5}}
 
 Devices are numbered node by node: device ``d`` is on node ``d // devices_per_node`` (as MPI places ranks by
 default with ``--map-by core`` or ``srun``'s block distribution). ``device.name`` says what the devices are:
@@ -15,7 +17,15 @@ default with ``--map-by core`` or ``srun``'s block distribution). ``device.name`
 tiles from this computer's cached profile, any other name keeps them to the analytic model unless ``--profile``
 names one; ``flops`` and ``memory_bandwidth`` are the rates of the analytic model used for tiles no profile covers.
 ``spmdcnn calibrate`` measures all of these under ``mpiexec``.
+
+Allreduces run the algorithm an MPI library or NCCL picks for the size (:class:`Regimes`): latency-bound small
+messages by recursive doubling (``ceil(log2 p)`` steps of the whole message), bandwidth-bound large ones by a
+ring (``2(p-1)`` steps of ``1/p`` of it); the model takes the faster, so the crossover follows from the two fits.
+Each regime is a ``{bandwidth, latency}`` per level (a group within one node uses ``intra_node``'s, one that
+spans nodes ``inter_node``'s); without ``allreduce``, both regimes of a level are its link.
 """
+
+import math
 
 from dataclasses import dataclass, field, replace
 
@@ -25,7 +35,9 @@ from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml
 
 FORMAT = "spmdcnn-machine/1"
 _KEYS = {"format", "name", "nodes", "devices_per_node", "intra_node", "inter_node", "device", "description",
-         "measured"}
+         "measured", "allreduce"}
+_LEVELS = ("intra_node", "inter_node")
+_REGIME_KEYS = {"small", "large"}
 _LINK_KEYS = {"bandwidth", "latency"}
 _DEVICE_KEYS = {"name", "flops", "memory_bandwidth", "overhead"}
 
@@ -38,6 +50,31 @@ class MachineError(FormatError):
 class Link:
     bandwidth: float        # bytes/s
     latency: float          # s per message
+
+
+@dataclass(frozen=True)
+class Regimes:
+    """How one level's allreduces run: ``small`` (recursive doubling) and ``large`` (ring) fits, each a Link."""
+
+    small: Link
+    large: Link
+
+    def allreduce(self, size, nbytes):
+        """Seconds of summing ``nbytes`` over ``size`` devices: the faster of the two algorithms."""
+        if size < 2:
+            return 0.0
+        doubling = math.ceil(math.log2(size)) * (nbytes / self.small.bandwidth + self.small.latency)
+        ring = 2 * (size - 1) * (nbytes / size / self.large.bandwidth + self.large.latency)
+        return min(doubling, ring)
+
+    def allgather(self, size, nbytes):
+        """Seconds of gathering ``nbytes`` from each of ``size`` devices on all of them (recursive doubling or a
+        ring, the faster)."""
+        if size < 2:
+            return 0.0
+        doubling = math.ceil(math.log2(size)) * self.small.latency + (size - 1) * nbytes / self.small.bandwidth
+        ring = (size - 1) * (nbytes / self.large.bandwidth + self.large.latency)
+        return min(doubling, ring)
 
 
 @dataclass(frozen=True)
@@ -58,6 +95,19 @@ class Machine:
     device: Device = Device()
     source: str = "<machine>"
     measured: dict = field(default_factory=dict, compare=False)
+    allreduce: dict = field(default_factory=dict, hash=False)     # level -> Regimes, where the file gives them
+
+    def regimes(self, group):
+        """The :class:`Regimes` of allreduces over the devices ``group``: of ``inter_node`` when it spans nodes.
+        None for fewer than two devices."""
+        if len(group) < 2:
+            return None
+        level = "intra_node" if len({self.node_of(d) for d in group}) == 1 else "inter_node"
+        found = self.allreduce.get(level)
+        if found is None:
+            link = getattr(self, level)
+            found = Regimes(link, link)
+        return found
 
     @property
     def max_devices(self):
@@ -92,11 +142,10 @@ class Machine:
         np.fill_diagonal(latency, 0)
         return inverse, latency
 
-    def allreduce_time(self, group, nbytes, messages=1):
-        """A ring allreduce of ``nbytes`` over the devices ``group``: ``2(p-1)`` steps, each moving ``nbytes/p``
-        over the ring's slowest link with its latency; ``messages`` allreduces of that total size (latency paid
-        for each)."""
-        return ring_time(len(group), self.ring_link(group), nbytes, messages)
+    def allreduce_time(self, group, nbytes):
+        """Summing ``nbytes`` over the devices ``group``, as the library runs it (:meth:`Regimes.allreduce`)."""
+        regimes = self.regimes(group)
+        return 0.0 if regimes is None else regimes.allreduce(len(group), nbytes)
 
     def ring_link(self, group):
         """The slowest link of a ring over the devices ``group`` (in that order): the lowest bandwidth and the
@@ -117,18 +166,15 @@ class Machine:
                  f"inter_node: {link(self.inter_node)}",
                  f"device: {{name: {d.name!r}, flops: {d.flops:.4g}, memory_bandwidth: {d.memory_bandwidth:.4g}, "
                  f"overhead: {d.overhead:.4g}}}"]
+        if self.allreduce:
+            lines.append("allreduce:    # the library's algorithms: small by recursive doubling, large by a ring")
+            lines += [f"  {level}: {{small: {link(r.small)}, large: {link(r.large)}}}"
+                      for level, r in self.allreduce.items()]
         if self.measured:
             import yaml
             lines.append(yaml.safe_dump({"measured": self.measured}, default_flow_style=None, sort_keys=False)
                          .rstrip())
         return "\n".join(lines) + "\n"
-
-
-def ring_time(size, link, nbytes, messages=1):
-    """:meth:`Machine.allreduce_time` over ``size`` devices whose ring's slowest link is ``link``."""
-    if size < 2 or (nbytes <= 0 and messages <= 0):
-        return 0.0
-    return 2 * (size - 1) * (nbytes / size / link.bandwidth + messages * link.latency)
 
 
 def _number(value):
@@ -182,12 +228,30 @@ def from_mapping(data, source="<machine>"):
                             *(_positive(spec.get(key, getattr(device, key)), f"{source}: device", key)
                               for key in ("flops", "memory_bandwidth")),
                             _positive(spec.get("overhead", device.overhead), f"{source}: device", "overhead"))
+        allreduce = _regimes(data.get("allreduce"), f"{source}: allreduce")
     except MachineError:
         raise
     except FormatError as error:
         raise MachineError(str(error)) from None
     return Machine(str(data.get("name", "machine")), nodes, per_node, intra, inter, device, source,
-                   data.get("measured") or {})
+                   data.get("measured") or {}, allreduce)
+
+
+def _regimes(data, where):
+    """``{level: Regimes}`` of the ``allreduce`` mapping (None: none given)."""
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise MachineError(f"{where}: must be a mapping of levels (intra_node, inter_node), got {data!r}")
+    check_keys(data, set(_LEVELS), where)
+    found = {}
+    for level, spec in data.items():
+        if not isinstance(spec, dict):
+            raise MachineError(f"{where}.{level}: must be a mapping with small and large, got {spec!r}")
+        check_keys(spec, _REGIME_KEYS, f"{where}.{level}", required=("small", "large"))
+        found[level] = Regimes(_link(spec["small"], f"{where}.{level}.small"),
+                               _link(spec["large"], f"{where}.{level}.large"))
+    return found
 
 
 def load_machine(path):

@@ -1,10 +1,11 @@
-"""The cost of a plan (docs/architecture.md#the-cost-model-and-the-planner):
-``t_o = sum over layers [t_c + t_s] + sum over edges t_x``.
+"""The cost of a plan (docs/architecture.md#the-cost-model-and-the-planner).
 
-The runtime runs the layers in order on every device and each exchange waits for the tiles it reads, so one
-iteration lasts the sum, layer by layer, of the slowest tile (``t_c``), the slowest replica group's allreduces
-(``t_s``), and the busiest device's share of each exchange, forward and backward (``t_x``). The same numbers,
-message for message, are what the planner minimizes and what ``spmdcnn simulate`` reports.
+:meth:`CostModel.simulate` is the plan as the runtime runs it: the timeline of :mod:`.timeline`, with gradient
+buckets allreduced on a communication lane that overlaps backward. Every reported number comes from it. The
+search optimizes the additive surrogate ``t_o = sum over layers [t_c + t_s] + sum over edges t_x``
+(:meth:`CostModel.surrogate`; ``t_s`` charges each layer's gradients as one allreduce of their own, weighted),
+whose tables are what the planner's dynamic program can take; the planner then scores its candidates on the
+timeline.
 """
 
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..graph.blocks import DATA
+from ..tiling.ghost import ghost_group
+from .buckets import SyncOptions
 from .sync import SyncModel
 from .transfer import EdgeTraffic
 
@@ -22,9 +25,10 @@ class LayerCost:
     config: str
     compute_s: float = 0.0
     transfer_s: float = 0.0
-    sync_s: float = 0.0
+    sync_s: float = 0.0             # exposed: batchnorm's sums, and the layer's share of bucket time not hidden
     bytes_transferred: float = 0.0
     bytes_synced: float = 0.0
+    allreduce_s: float = 0.0        # the layer's share of its buckets' allreduce time, hidden or not
 
     @property
     def total_s(self):
@@ -35,6 +39,7 @@ class LayerCost:
 class Prediction:
     layers: list = field(default_factory=list)
     overhead_s: float = 0.0         # per iteration, whatever the plan: the loss and accuracy allreduce
+    timeline: object = None         # the Timeline it comes from (None: the additive surrogate)
 
     def _sum(self, key):
         return sum(getattr(row, key) for row in self.layers)
@@ -58,8 +63,8 @@ class Prediction:
     def summary(self):
         """The plan YAML's ``predicted`` mapping."""
         return {"iteration_s": self.iteration_s, "compute_s": self.compute_s, "transfer_s": self.transfer_s,
-                "sync_s": self.sync_s, "bytes_transferred": self._sum("bytes_transferred"),
-                "bytes_synced": self._sum("bytes_synced")}
+                "sync_s": self.sync_s, "allreduce_s": self._sum("allreduce_s"),
+                "bytes_transferred": self._sum("bytes_transferred"), "bytes_synced": self._sum("bytes_synced")}
 
     def to_json(self):
         return {**self.summary(), "layers": [{**vars(row), "total_s": row.total_s} for row in self.layers]}
@@ -69,8 +74,10 @@ class CostModel:
     """Costs of ``graph`` at global ``batch`` on ``machine``, tile times from ``compute``
     (a :class:`~spmdcnn.cost.compute.ComputeModel`)."""
 
-    def __init__(self, graph, batch, machine, compute, itemsize=4):
+    def __init__(self, graph, batch, machine, compute, itemsize=4, sync=None, batchnorm=None):
         self.graph, self.batch, self.machine, self.compute, self.itemsize = graph, batch, machine, compute, itemsize
+        self.sync = SyncOptions.of(sync)
+        self.ghost = ghost_group(batchnorm)      # G of ghost batch norm, or None
         self._edges = {}
         self._nodes = {}
         self._sync = SyncModel(machine, itemsize)
@@ -81,7 +88,7 @@ class CostModel:
         key = (config.degrees, config.devices)
         if key not in nodes:
             self._add_nodes(layer, [config], nodes)
-        return nodes[key]
+        return nodes[key][:3]
 
     def node_costs(self, layer, configs):
         """``t_c + t_s`` of ``layer`` under each of ``configs``, as :meth:`node` gives them: a float64 array."""
@@ -102,9 +109,31 @@ class CostModel:
 
     def _add_nodes(self, layer, configs, nodes):
         computes = self.compute.layer_times(layer, self.batch, [config.degrees for config in configs])
-        for config, compute, sync in zip(configs, computes, self._sync.layers(layer, configs)):
-            nodes[config.degrees, config.devices] = (compute, sync.seconds + sync.points * self.compute.wait,
-                                                     sync.bytes)
+        wait = self.compute.wait
+        ghost = self.ghost is not None and layer.spec.normalization
+        syncs = [self._sync.ghost(layer, config, self.batch, self.ghost) for config in configs] if ghost \
+            else self._sync.layers(layer, configs)
+        for config, compute, sync in zip(configs, computes, syncs):
+            seconds = sync.seconds + sync.points * wait
+            gradient = sync.gradient if ghost else (0.0 if layer.spec.reduced_in_layer else seconds)
+            nodes[config.degrees, config.devices] = (compute, seconds, sync.bytes,
+                                                     sync.forward + wait * (sync.points > 0) * (sync.forward > 0),
+                                                     gradient)
+
+    def node_parts(self, layer, config):
+        """``(t_c, t_s, bytes synced, the part of t_s in forward, the part of t_s that sums parameter gradients)``
+        of ``layer`` under ``config``."""
+        self.node(layer, config)
+        return self._node_table(layer)[config.degrees, config.devices]
+
+    def node_split(self, layer, configs):
+        """``(critical, gradient)`` float64 arrays over ``configs``: ``t_c`` plus the sync on the critical path
+        (batchnorm's statistics), and the surrogate's gradient allreduce (:meth:`node_costs` is their sum)."""
+        configs = list(configs)
+        costs = self.node_costs(layer, configs)
+        nodes = self._node_table(layer)
+        gradient = np.array([nodes[config.degrees, config.devices][4] for config in configs], dtype=np.float64)
+        return costs - gradient, gradient
 
     def exchange_seconds(self, seconds, nbytes, backward=True):
         """``t_x`` of an edge from its forward exchange: forward and, when the input needs a gradient
@@ -127,8 +156,9 @@ class CostModel:
             return 0.0
         return self.machine.allreduce_time(tuple(range(devices)), 2 * 8) + self.compute.wait
 
-    def simulate(self, plan):
-        """The :class:`Prediction` for ``plan`` (any plan: hand-written ones too)."""
+    def surrogate(self, plan):
+        """The additive :class:`Prediction` the search's tables give ``plan`` (each layer's gradients one
+        allreduce on the critical path): what the planner's dynamic program minimizes at weight 1."""
         prediction = Prediction(overhead_s=self.overhead(plan.devices))
         for layer in self.graph.layers:
             config = plan[layer.name]
@@ -142,4 +172,23 @@ class CostModel:
                 row.transfer_s += self.exchange_seconds(traffic.seconds, traffic.bytes, backward)
                 row.bytes_transferred += (2 if backward else 1) * traffic.bytes
             prediction.layers.append(row)
+        return prediction
+
+    def simulate(self, plan, sync=None):
+        """The :class:`Prediction` for ``plan`` (any plan: hand-written ones too) on the timeline, with the job's
+        ``sync`` options (default: this model's). A layer's ``sync_s`` is what it exposes: batchnorm's sums, and
+        its share (by bytes) of the time the slowest device waited for its buckets after backward."""
+        from .timeline import timeline
+        rows, found = timeline(self, plan, sync)
+        share, allreduce = {}, {}
+        for bucket in found.buckets:
+            for name, nbytes in bucket.layers.items():
+                share[name] = share.get(name, 0.0) + bucket.exposed_s * nbytes / bucket.nbytes
+                allreduce[name] = allreduce.get(name, 0.0) + bucket.seconds * nbytes / bucket.nbytes
+        prediction = Prediction(overhead_s=self.overhead(plan.devices), timeline=found)
+        for layer in self.graph.layers:
+            compute, transfer, batchnorm, moved, synced = rows[layer.name]
+            prediction.layers.append(LayerCost(layer.name, plan[layer.name].describe(short=True), compute, transfer,
+                                               batchnorm + share.get(layer.name, 0.0), moved, synced,
+                                               allreduce.get(layer.name, 0.0) + (batchnorm if batchnorm else 0.0)))
         return prediction

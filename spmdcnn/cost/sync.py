@@ -1,16 +1,18 @@
 """``t_s``: the allreduces a layer's configuration costs.
 
 Devices holding the same channel part of a layer hold the same parameter shard: each such replica group sums its
-gradients with one allreduce (a ring over the group, with the slowest link's bandwidth and latency). Batchnorm
-also sums its statistics over the group: two allreduces of one value per channel forward, one of two values per
-channel backward. The groups of a layer run at once; the layer waits for the slowest.
+gradients with one allreduce (the library's algorithm for the size over the group's level: :class:`Regimes`). Batchnorm
+combines its statistics over the group: forward gathers every tile's count, mean and M2 per channel (three
+float64 each), backward sums two float64 per channel. The groups of a layer run at once; the layer waits for the
+slowest.
 """
 
 from dataclasses import dataclass
 from math import prod
 
 from ..tiling.boxes import part
-from .machine import ring_time
+
+STAT_BYTES = 8      # batchnorm's statistics are float64 whatever the activations
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,8 @@ class Sync:
     seconds: float
     bytes: float        # bytes all devices contribute to the allreduces (as the runtime counts them)
     points: int = 0     # allreduces a device waits in (each a point where the ranks synchronize)
+    forward: float = 0.0    # the part of ``seconds`` spent in forward (batchnorm's gather)
+    gradient: float = 0.0   # the part of ``seconds`` that sums parameter gradients (ghost batch norm's)
 
 
 def layer_sync(layer, config, machine, itemsize=4):
@@ -63,43 +67,83 @@ class SyncModel:
 
     def _sync(self, batchnorm, per_row, groups):
         itemsize = self.itemsize
-        seconds, nbytes = 0.0, 0
-        for rows, size, link, count in groups:
+        seconds, nbytes, forward = 0.0, 0, 0.0
+        for rows, size, regimes, count in groups:
+            if size < 2:
+                continue
             if batchnorm:
-                stats = 4 * rows       # forward: mean, then variance (one per channel each); backward: two sums
-                time = ring_time(size, link, rows * itemsize) * 2 + ring_time(size, link, 2 * rows * itemsize)
-                contributed = stats
+                # forward: every tile's count, mean and M2 gathered; backward: two sums (float64 per channel)
+                gather = regimes.allgather(size, 3 * rows * STAT_BYTES)
+                time = gather + regimes.allreduce(size, 2 * rows * STAT_BYTES)
+                forward = max(forward, gather)
+                contributed = 5 * rows * STAT_BYTES
             else:
-                values = rows * per_row
-                time = ring_time(size, link, values * itemsize)
-                contributed = values
+                contributed = rows * per_row * itemsize
+                time = regimes.allreduce(size, contributed)
             seconds = max(seconds, time)
+            nbytes += count * size * contributed
+        points = (2 if batchnorm else 1) if nbytes else 0
+        return Sync(seconds, float(nbytes), points, forward)     # bytes: an integer far below 2**53, exact
+
+    def ghost(self, layer, config, batch, group):
+        """The :class:`Sync` of a batchnorm ``layer`` under ghost batch norm (groups of ``group`` samples;
+        :mod:`spmdcnn.tiling.ghost`): each component of tiles sharing groups gathers their count, mean and M2 per
+        group and channel in forward and sums two values per group and channel in backward; a replica group
+        split into several components also sums gamma's and beta's gradients with the other parameters and, off
+        the critical path, its running statistics (two float64 per channel)."""
+        from ..tiling.config import output_shape
+        from ..tiling.ghost import components
+        shape = output_shape(layer, batch)
+        key = ("ghost", config.degrees, config.devices, shape, group)
+        found = self._syncs.get(key)
+        if found is not None:
+            return found
+        sites = components(config, shape, group)
+        c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
+        channel = {device: part(shape[1], c_degree, index[1] if len(index) > 1 else 0)
+                   for device, index in zip(config.devices, config.indices())}
+        seconds = forward = gradient = 0.0
+        nbytes, points = 0, 0
+        for device, site in sites.items():
+            lo, hi = channel[device]
+            rows, groups, size = hi - lo, site.groups[1] - site.groups[0], len(site.component)
             if size > 1:
-                nbytes += count * size * contributed * itemsize
-        points = (3 if batchnorm else 1) if nbytes else 0
-        return Sync(seconds, float(nbytes), points)       # an integer far below 2**53: exact as a float
+                regimes = self.machine.regimes(site.component)
+                gather = regimes.allgather(size, 3 * groups * rows * STAT_BYTES)
+                total = gather + regimes.allreduce(size, 2 * groups * rows * STAT_BYTES)
+                seconds, forward = max(seconds, total), max(forward, gather)
+                nbytes += 5 * groups * rows * STAT_BYTES
+                points = 2
+            if not site.whole:
+                replicas = next(g for g in config.replicas().values() if device in g)
+                params = 2 * rows * max(self.itemsize, 4)      # float32 master gradients under bfloat16
+                gradient = max(gradient, self.machine.regimes(replicas).allreduce(len(replicas), params))
+                nbytes += params + 2 * rows * STAT_BYTES      # gamma and beta's gradients; running statistics
+        found = self._syncs[key] = Sync(seconds + gradient, float(nbytes), points + (gradient > 0), forward,
+                                        gradient)
+        return found
 
     def groups(self, config, channels):
         """``config``'s replica groups for a layer with ``channels`` output channels, alike ones once, and a
-        number for that set of groups: ``(number, ((rows, size, link, count), ...))``, ``count`` groups of
-        ``size`` devices that hold ``rows`` channels each and allreduce over a ring whose slowest link is
-        ``link``."""
+        number for that set of groups: ``(number, ((rows, size, regimes, count), ...))``, ``count`` groups of
+        ``size`` devices that hold ``rows`` channels each and allreduce as ``regimes`` (the machine's
+        :class:`~spmdcnn.cost.machine.Regimes` of the group's level)."""
         key = (config.degrees, config.devices, channels)
         found = self._groups.get(key)
         if found is None:
             c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
             alike = {}
-            for index, size, link in self._replicas(config):
+            for index, size, regimes in self._replicas(config):
                 lo, hi = part(channels, c_degree, index)
-                alike[hi - lo, size, link] = alike.get((hi - lo, size, link), 0) + 1
+                alike[hi - lo, size, regimes] = alike.get((hi - lo, size, regimes), 0) + 1
             groups = tuple(kind + (count,) for kind, count in alike.items())
             found = self._groups[key] = self._distinct.setdefault(groups, (len(self._distinct), groups))
         return found
 
     def _replicas(self, config):
-        """``(channel part, size, slowest link)`` of each replica group of ``config``."""
+        """``(channel part, size, regimes)`` of each replica group of ``config``."""
         key = (config.degrees, config.devices)
         if key not in self._rings:
-            self._rings[key] = [(index, len(group), self.machine.ring_link(group))
+            self._rings[key] = [(index, len(group), self.machine.regimes(group))
                                 for index, group in config.replicas().items()]
         return self._rings[key]

@@ -54,6 +54,11 @@ SCHEMA = {
         "gamma": (_NUMBER, 0.1),
         "min_lr": (_NUMBER, 0.0),            # cosine: the rate it ends at
     },
+    "sync": {                                # how replica groups sum gradients (cost/buckets.py)
+        "bucket_mb": (_NUMBER, 25.0),        # MiB per allreduce bucket (the first: at most 1 MiB), as DDP
+        "overlap": (bool, True),             # a bucket's allreduce runs while backward goes on
+    },
+    "batchnorm": ((str, dict), "global"),    # global, or {group: G}: statistics over groups of G samples (ghost)
     "plan": ((str, type(None)), "auto"),
     "machine": ((str, type(None)), None),
     "backend": (str, "auto"),
@@ -274,10 +279,34 @@ def parse_job(values, source="<job>", overrides=()):
           f"'resume' must be auto, true or false, got {job['resume']!r}")
     check(job["log"]["progress"] in ("auto", True, False), "log.progress",
           f"'log.progress' must be auto, true or false, got {job['log']['progress']!r}")
+    _check_batchnorm(job, where)
+    check(job["sync"]["bucket_mb"] > 0, "sync.bucket_mb",
+          f"'sync.bucket_mb' must be a positive number (MiB), got {job['sync']['bucket_mb']}")
     _check_plan(job["plan"], where)
     _check_data(job, where)
     _check_optimizer(job["optimizer"], where)
     return Job(job, where)
+
+
+def _check_batchnorm(job, where):
+    """``batchnorm``: ``global`` or ``{group: G}`` with G a positive integer dividing the batch."""
+    spec = job["batchnorm"]
+    if isinstance(spec, str):
+        if spec != "global":
+            raise FormatError(f"{where('batchnorm')}: 'batchnorm' must be global or {{group: G}}, got {spec!r}"
+                              f"{_nearest(spec, ('global',))}")
+        return
+    unknown = sorted(set(spec) - {"group"})
+    if unknown:
+        raise FormatError(f"{where(('batchnorm', unknown[0]))}: unknown key 'batchnorm.{unknown[0]}'"
+                          f"{_nearest(str(unknown[0]), ('group',))} (allowed here: group)")
+    group = spec.get("group")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise FormatError(f"{where(('batchnorm', 'group'))}: 'batchnorm.group' must be a positive integer (samples "
+                          f"per group), got {group!r}")
+    if job["batch_size"] % group:
+        raise FormatError(f"{where(('batchnorm', 'group'))}: 'batchnorm.group' ({group}) must divide "
+                          f"'batch_size' ({job['batch_size']}): the groups are consecutive samples of the batch")
 
 
 def _check_plan(plan, where):

@@ -7,17 +7,18 @@ Training:  mean = sum(x) / M,  var = sum((x - mean)^2) / M,  M = N*H*W over the 
 Backward:  gbeta = sum(gy), ggamma = sum(gy * xhat),
            gx = gamma / sqrt(var + eps) * (gy - gbeta / M - xhat * ggamma / M).
 
-Every per-channel sum goes through ``reduce`` (identity on one device): when a tensor is split over N, H or W,
-the runtime passes a function that adds the partial sums of all tiles holding the same channels, so the
-statistics are those of the global batch whatever the split. ``count`` is the global M. Forward reduces twice
-(the mean, then the squared deviations from it: two passes keep the variance accurate whatever the mean);
-backward reduces its two sums at once, stacked as (2, C).
+When a tensor is split over N, H or W, the tiles holding the same channels combine their statistics, so they
+are those of the global batch whatever the split. Forward communicates once: each tile computes its count, mean
+and M2 (the sum of squared deviations from its own mean, two passes: accurate whatever the mean), ``gather``
+stacks those of every tile, and each combines them in the same order as Chan et al.'s parallel variance,
+``M2 = sum M2_i + sum n_i (mean_i - mean)^2``. Backward sums its two per-channel sums at once through
+``reduce``, stacked as (2, C). ``count`` is the global M.
 """
 
 from .. import backend
 from .cuda import kernels as cuda
 from .parallel import over_samples
-from .saved import BatchNormSaved
+from .saved import BatchNormSaved, GhostSaved
 from .scratch import scratch
 
 
@@ -49,12 +50,22 @@ def _centred_dots(xp, a, x, mean):
     return partial.sum(axis=0)
 
 
+def combine_moments(stats):
+    """The mean and M2 per channel of the values of several parts from each part's ``(count, mean, M2)``:
+    ``stats`` is ``(parts, 3, ...)`` float64 (Chan, Golub and LeVeque's pairwise update, summed in part order);
+    a part of count 0 adds nothing."""
+    counts, means, m2 = stats[:, 0], stats[:, 1], stats[:, 2]
+    total = counts.sum(axis=0)
+    mean = (counts * means).sum(axis=0) / total
+    return mean, m2.sum(axis=0) + (counts * (means - mean) ** 2).sum(axis=0)
+
+
 def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1, training=True,
-                        reduce=None, count=None):
+                        reduce=None, gather=None, count=None):
     """Returns ``y, saved``; in training also updates ``running_mean`` and ``running_var`` in place. On the GPU
     the sums and the element-wise passes are fused kernels (ops/cuda); parameters and statistics may be float32
-    under bfloat16 activations. ``reduce`` sums the per-channel statistics over the tiles of the same channels
-    (None: this tile holds all of them)."""
+    under bfloat16 activations. Over the tiles of the same channels (None: this tile holds all of them),
+    ``gather`` stacks their statistics for the forward and ``reduce`` sums backward's."""
     reduce = reduce or _identity
     xp = backend.array_module(x)
     device = backend.on_device(x)
@@ -69,10 +80,13 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, mom
     if M <= 1:
         raise ValueError(f"batchnorm2d: training needs more than one value per channel, got {M} "
                          f"(batch {N}, {H}x{W}); use a larger batch")
-    sums = cuda.bn_sums(x3) if device else _sums(xp, x3)
-    mean = reduce(sums) / M
+    local = N * H * W
+    mean = (cuda.bn_sums(x3) if device else _sums(xp, x3)) / local
     # sum((x - mean) * (x - mean)), since sum(x - mean) = 0
-    var = reduce(cuda.bn_centred_dot(x3, x3, mean) if device else _centred_dots(xp, x3, x3, mean)) / M
+    m2 = cuda.bn_centred_dot(x3, x3, mean) if device else _centred_dots(xp, x3, x3, mean)
+    if gather is not None:
+        mean, m2 = combine_moments(gather(xp.stack([xp.full_like(mean, local), mean, m2])))
+    var = m2 / M
     inv_std = 1.0 / xp.sqrt(var + eps)
     scale = gamma * inv_std.astype(gamma.dtype)
     y = _affine(xp, x3, scale, (beta - mean * scale).astype(gamma.dtype), device)
@@ -139,3 +153,66 @@ def _backward(xp, gy3, x3, mean, k1, k2, k3):
             block -= k3
     over_samples(xp, run, gy3.shape[0])
     return gx
+
+
+def ghost_batchnorm2d_forward(x, gamma, beta, spans, count, eps=1e-5, gather=None):
+    """Training forward of ghost batch norm: statistics per group of samples. ``spans`` gives, per group, the
+    tile's samples ``(s0, s1)`` of it (empty for a group only other tiles hold), ``count`` the values per channel
+    of a whole group (G*H*W), ``gather`` stacks the ``(groups, 3, C)`` statistics of the tiles sharing these groups
+    (None: this tile alone holds them). Returns ``y, saved, (means, unbiased variances)`` per group (rows)."""
+    xp = backend.array_module(x)
+    device = backend.on_device(x)
+    N, C, H, W = x.shape
+    x3 = x.reshape(N, C, H * W)
+    if count <= 1:
+        raise ValueError(f"batchnorm2d: training needs more than one value per channel in a group, got {count}")
+    stats = xp.zeros((len(spans), 3, C), dtype=xp.float64)
+    for g, (s0, s1) in enumerate(spans):
+        if s1 > s0:
+            part = x3[s0:s1]
+            mean = (cuda.bn_sums(part) if device else _sums(xp, part)) / ((s1 - s0) * H * W)
+            stats[g, 0] = (s1 - s0) * H * W
+            stats[g, 1] = mean
+            stats[g, 2] = cuda.bn_centred_dot(part, part, mean) if device else _centred_dots(xp, part, part, mean)
+    stacked = gather(stats) if gather is not None else stats[None]
+    mean, m2 = combine_moments(xp.asarray(stacked).transpose(0, 2, 1, 3))
+    var = m2 / count
+    inv_std = 1.0 / xp.sqrt(var + eps)
+    y = xp.empty_like(x3)
+    for g, (s0, s1) in enumerate(spans):
+        if s1 > s0:
+            scale = gamma * inv_std[g].astype(gamma.dtype)
+            y[s0:s1] = _affine(xp, x3[s0:s1], scale, (beta - mean[g] * scale).astype(gamma.dtype), device)
+    return y.reshape(x.shape), GhostSaved(x3, tuple(spans), mean, gamma, inv_std, count), (mean, var * count / (count - 1))
+
+
+def ghost_batchnorm2d_backward(gy, saved, reduce=None):
+    """Gradients of ghost batch norm: ``gx`` and, per channel, ``ggamma`` and ``gbeta`` twice: summed over the
+    groups' totals (``reduce`` adds the partial sums of the tiles sharing the groups; None: this tile alone), and
+    this tile's own part of them (summed over the tiles of a replica group, they give the totals)."""
+    xp = backend.array_module(gy)
+    device = backend.on_device(gy)
+    x3, spans, mean, gamma, inv_std, M = saved.x3, saved.spans, saved.mean, saved.gamma, saved.inv_std, saved.count
+    gy3 = gy.reshape(x3.shape)
+    partial = xp.zeros((2, len(spans), x3.shape[1]), dtype=xp.float64)
+    for g, (s0, s1) in enumerate(spans):
+        if s1 > s0:
+            a, b = gy3[s0:s1], x3[s0:s1]
+            partial[0, g] = cuda.bn_sums(a) if device else _sums(xp, a)
+            partial[1, g] = cuda.bn_centred_dot(a, b, mean[g]) if device else _centred_dots(xp, a, b, mean[g])
+    own_gbeta, own_ggamma = partial[0].sum(axis=0), (partial[1] * inv_std).sum(axis=0)
+    gbeta, dot = reduce(partial) if reduce is not None else partial
+    ggamma = dot * inv_std
+    gx = xp.empty_like(gy3)
+    for g, (s0, s1) in enumerate(spans):
+        if s1 > s0:
+            k1 = gamma * inv_std[g]
+            k2 = gamma * inv_std[g] * inv_std[g] * ggamma[g] / M
+            k3 = gamma * inv_std[g] * gbeta[g] / M
+            if device:
+                gx[s0:s1] = cuda.bn_backward(gy3[s0:s1], x3[s0:s1], mean[g], k1, k2, k3)
+            else:
+                gx[s0:s1] = _backward(xp, gy3[s0:s1], x3[s0:s1], mean[g], k1, k2, k3)
+    dtype = gamma.dtype
+    return (gx.reshape(gy.shape), ggamma.sum(axis=0).astype(dtype), gbeta.sum(axis=0).astype(dtype),
+            own_ggamma.astype(dtype), own_gbeta.astype(dtype))

@@ -81,3 +81,17 @@ class BatchNormSaved(NamedTuple):
     inv_std: object = None
     count: int = 0
     reduce: object = None
+
+
+class GhostSaved(NamedTuple):
+    """Ghost batch norm's training state for backward: the input as (N, C, H*W), the ``spans`` of samples of each
+    group, per group (rows) the ``mean`` and ``inv_std``, ``gamma``, the ``count`` of values per channel of a
+    group and the ``reduce`` that sums over the tiles sharing the groups."""
+
+    x3: object
+    spans: tuple
+    mean: object
+    gamma: object
+    inv_std: object
+    count: int
+    reduce: object = None

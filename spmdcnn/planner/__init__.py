@@ -5,6 +5,11 @@ Every searched layer is a node with one cost per configuration (``t_c + t_s``, w
 that take its configuration); every input of a layer is an edge with one cost per pair of configurations
 (``t_x``). ``optimal`` runs OptCNN's Algorithm 1 (:mod:`.search`), ``exhaustive`` the depth-first baseline on the
 same tables, and ``data``, ``model`` and ``owt`` are the fixed strategies of ``tiling.plan``.
+
+The tables are the cost model's additive surrogate, in which a layer's gradient allreduce sits on the critical
+path; the runtime overlaps it with backward, so ``optimal`` searches the surrogate with the gradient sync weighted
+by each of :data:`SYNC_WEIGHTS`, scores those optima and the fixed strategies on the timeline
+(:meth:`~spmdcnn.cost.model.CostModel.simulate`), and returns the fastest there.
 """
 
 import heapq
@@ -22,6 +27,7 @@ from ..tiling.plan import NAMED, Plan, named
 from .configs import configurations, searched
 
 STRATEGIES = ("optimal",) + NAMED + ("exhaustive",)
+SYNC_WEIGHTS = (1.0, 0.5, 0.25, 0.0)      # of the surrogate's gradient allreduce, in the candidates searched
 
 
 @dataclass
@@ -61,6 +67,8 @@ class Result:
     nodes: int = 0
     configurations: int = 0
     ties: Ties = None
+    candidates: list = None     # (label, timeline seconds) of every plan ``optimal`` scored, the chosen first
+    searched: Plan = None       # the surrogate's optimum at weight 1 (the plan ``solution`` describes)
 
 
 class Problem:
@@ -85,10 +93,14 @@ class Problem:
                 lists[key] = configurations(layer, batch, devices)
             self.choices.append(lists[key])
         self.considered = sum(len(c) for c in self.choices)
-        self.node_costs = [np.zeros(len(c)) for c in self.choices]
+        self.critical = [np.zeros(len(c)) for c in self.choices]       # t_c and batchnorm's sums
+        self.gradient = [np.zeros(len(c)) for c in self.choices]       # the surrogate's gradient allreduces
         for layer in graph.layers:
             i = self.index[self.root[layer.name]]
-            self.node_costs[i] += cost.node_costs(layer, self.choices[i])
+            critical, gradient = cost.node_split(layer, self.choices[i])
+            self.critical[i] += critical
+            self.gradient[i] += gradient
+        self.node_costs = self.weighted(1.0)
         jobs, edges = {}, []
         for layer in graph.layers:
             v = self.index[self.root[layer.name]]
@@ -107,6 +119,10 @@ class Problem:
             tables = dict(zip(jobs, pool.map(
                 lambda job: cost.exchange_seconds(*job[0].table(job[1], job[2]), backward=job[3]), jobs.values())))
         self.edges = [(u, v, tables[key]) for u, v, key in edges]
+
+    def weighted(self, weight):
+        """The node costs with the gradient allreduces weighted by ``weight`` (1: the surrogate itself)."""
+        return [critical + weight * gradient for critical, gradient in zip(self.critical, self.gradient)]
 
     def memory(self, itemsize):
         """Per node, the bytes each configuration keeps on the device that holds the most
@@ -128,9 +144,10 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
               tie_source="the profile's spread"):
     """The :class:`Result` of ``strategy`` for ``graph`` on ``devices`` devices under ``cost``; with ``memory``
     (bytes), the optimum among the plans that keep at most that much on every device (:func:`_within_memory`).
-    With ``tie`` (a fraction: the profile's spread), the optimal search takes plans predicted within that much of
-    the fastest as equal and returns the one among them with the fewest exchanges (:func:`_fewest_exchanges`);
-    ``tie_source`` says where the band came from, for the log."""
+    ``optimal`` returns the fastest on the timeline of the candidates it scores (:func:`_candidates`). With
+    ``tie`` (a fraction: the profile's spread), it takes candidates predicted within that much of the fastest as
+    equal, adds the surrogate's optima with fewer exchanges (:func:`_fewest_exchanges`), and returns the one with
+    the fewest exchanges among those; ``tie_source`` says where the band came from, for the log."""
     start = time.perf_counter()
     if strategy in NAMED:
         plan = named(strategy, graph, cost.batch, devices)
@@ -146,47 +163,98 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
         solution = search.optimize(sizes, problem.node_costs, problem.edges)
     else:
         solution = search.exhaustive(sizes, problem.node_costs, problem.edges, limit=limit)
-    ties = None
-    if tie > 0 and strategy == "optimal" and memory is None:
-        solution, ties = _fewest_exchanges(problem, sizes, solution, tie, cost.overhead(devices))
-        ties.source = tie_source
-    plan = problem.plan(solution.choices, cost.batch, f"plan {strategy}")
+    searched_plan = problem.plan(solution.choices, cost.batch, f"plan {strategy}")
+    if strategy != "optimal":
+        elapsed = time.perf_counter() - start
+        return Result(searched_plan, cost.simulate(searched_plan), strategy, elapsed, solution, len(sizes),
+                      problem.considered, None, None, searched_plan)
+    plans = _candidates(problem, sizes, searched_plan, memory)
+    scored = _scored(cost, plans)
+    _, best, best_prediction = scored[0]
+    chosen, prediction, ties = best, best_prediction, None
+    if tie > 0 and memory is None:
+        extra = [(f"{tie:g} tie band, fewer exchanges", problem.plan(c, cost.batch, "plan optimal"))
+                 for c in _fewest_exchanges(problem, sizes, solution, tie, cost.overhead(devices))]
+        pool = scored + _scored(cost, extra)
+        band = tie * best_prediction.iteration_s
+        within = [(exchanges(cost, plan), p.iteration_s, plan, p) for _, plan, p in pool
+                  if p.iteration_s <= best_prediction.iteration_s + band]
+        count, chosen_s, chosen, prediction = min(within, key=lambda c: (c[0], c[1]))
+        ties = Ties(tie, best_prediction.iteration_s, chosen_s, count, exchanges(cost, best), len(within),
+                    tie_source)
     elapsed = time.perf_counter() - start
-    return Result(plan, cost.simulate(plan), strategy, elapsed, solution, len(sizes), problem.considered, ties)
+    candidates = [(label, p.iteration_s) for label, _, p in scored]
+    return Result(_relabelled(chosen, "plan optimal"), prediction, strategy, elapsed, solution, len(sizes),
+                  problem.considered, ties, candidates, searched_plan)
+
+
+def _candidates(problem, sizes, searched, memory):
+    """``(label, plan)`` of the plans ``optimal`` scores: the surrogate's optimum (within ``memory``, when
+    given), its optima with the gradient sync weighted less (:data:`SYNC_WEIGHTS`) and the fixed strategies,
+    those that fit ``memory`` when given."""
+    from ..cost.memory import plan_memory
+    from . import search
+    cost, graph = problem.cost, problem.graph
+    plans = [("the surrogate's optimum", searched)]
+    if memory is not None:
+        found = search.optimize(sizes, problem.node_costs, problem.edges)
+        plans.append(("the surrogate's optimum without the memory limit",
+                      problem.plan(found.choices, cost.batch, "plan optimal")))
+    for weight in SYNC_WEIGHTS[1:]:
+        found = search.optimize(sizes, problem.weighted(weight), problem.edges)
+        plans.append((f"gradient sync weighted {weight:g}", problem.plan(found.choices, cost.batch, "plan optimal")))
+    plans += [(name, named(name, graph, cost.batch, problem.devices)) for name in NAMED]
+    if memory is not None:
+        plans = plans[:1] + [(label, plan) for label, plan in plans[1:]
+                             if plan_memory(graph, plan, cost.itemsize) <= memory]
+    return plans
+
+
+def _scored(cost, plans):
+    """``(label, plan, prediction)`` of each ``(label, plan)`` on the timeline, fastest first (stable)."""
+    found = [(label, plan, cost.simulate(plan)) for label, plan in plans]
+    return sorted(found, key=lambda entry: entry[2].iteration_s)
+
+
+def _relabelled(plan, source):
+    return Plan(plan.graph, plan.batch, plan.devices, plan.configs, source)
+
+
+def exchanges(cost, plan):
+    """The inputs of layers that move data between devices under ``plan``."""
+    return sum(cost.edge(layer, slot).forward(plan[ref], plan[layer.name]).bytes > 0
+               for layer in cost.graph.layers for slot, ref in enumerate(layer.inputs) if ref != DATA)
 
 
 PRICES = tuple(2.0 ** k for k in range(-3, 4))   # the prices per exchange tried, in units of band / exchanges
 
 
 def _fewest_exchanges(problem, sizes, fastest, tie, overhead):
-    """``(solution, ties)``: among the plans predicted within ``tie`` (a fraction) of the ``fastest`` solution's
-    time, the one with the fewest exchanges (edges that move data between devices), the fastest of those.
+    """Choices of plans with fewer exchanges (edges that move data between devices) than the surrogate's optimum
+    ``fastest`` and a surrogate cost within ``tie`` (a fraction) of it, for the planner to score.
 
-    The candidates are the fastest plan and the optima of the cost plus a price per exchange, at prices of
-    ``PRICES`` times the band divided by the fastest plan's exchanges (a plan with fewer exchanges that costs less
-    than the band more wins at the higher prices). Exact for the price, not over all plans: the plan returned is
-    within the band and has no more exchanges than the fastest."""
+    They are the optima of the cost plus a price per exchange, at prices of ``PRICES`` times the band divided
+    by the fastest plan's exchanges (a plan with fewer exchanges that costs less than the band more wins at the
+    higher prices)."""
     from . import search
     costs, edges = problem.node_costs, problem.edges
 
-    def exchanges(choices):
+    def count(choices):
         return sum(int(table[choices[u], choices[v]] > 0) for u, v, table in edges)
     moves = {}
     for _, _, table in edges:
         moves.setdefault(id(table), (table, table > 0))
-    best_s = fastest.cost + overhead
-    band = tie * best_s
-    candidates = [(exchanges(fastest.choices), fastest.cost, fastest)]
+    band = tie * (fastest.cost + overhead)
+    most = count(fastest.choices)
+    found_choices = []
     for price in PRICES:
-        charge = price * band / max(candidates[0][0], 1)
+        charge = price * band / max(most, 1)
         priced = {key: table + charge * moved for key, (table, moved) in moves.items()}
         found = search.optimize(sizes, costs, [(u, v, priced[id(table)]) for u, v, table in edges])
         value = search.evaluate(sizes, costs, edges, found.choices)
-        if value <= fastest.cost + band:
-            candidates.append((exchanges(found.choices), value, found))
-    count, value, chosen = min(candidates, key=lambda c: (c[0], c[1]))
-    chosen = replace(chosen, cost=value)
-    return chosen, Ties(tie, best_s, value + overhead, count, candidates[0][0], len(candidates))
+        if value <= fastest.cost + band and count(found.choices) < most:
+            found_choices.append(found.choices)
+    return found_choices
 
 
 def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, seconds=30.0):

@@ -8,15 +8,17 @@ from ..cost.machine import default_machine, load_machine
 from ..cost.model import CostModel
 
 
-def cost_model(graph, batch, devices, machine=None, profile=None, itemsize=4, nodes=None):
+def cost_model(graph, batch, devices, machine=None, profile=None, itemsize=4, nodes=None, sync=None,
+               batchnorm=None):
     """A :class:`CostModel` from a machine file (or the built-in local machine) and a profile file or
-    :class:`Profile` (or none: the analytic model alone). ``nodes`` overrides the machine's node count."""
+    :class:`Profile` (or none: the analytic model alone). ``nodes`` overrides the machine's node count; ``sync``:
+    the job's ``sync`` mapping (bucket size, overlap); ``batchnorm``: the job's key."""
     machine = load_machine(machine) if isinstance(machine, str) else (machine or default_machine())
     if nodes is not None:
         machine = machine.with_nodes(nodes)
     machine.check_devices(devices)
     store = Profile.load(profile) if isinstance(profile, str) else profile
-    return CostModel(graph, batch, machine, ComputeModel(machine.device, store, itemsize), itemsize)
+    return CostModel(graph, batch, machine, ComputeModel(machine.device, store, itemsize), itemsize, sync, batchnorm)
 
 
 def plan_document(result, model_file=None, path=None):

@@ -10,9 +10,9 @@ from ..tiling.plan import named, parse_plan_text
 from .profile import default_path, device_name, profile
 
 
-def auto_plan(graph, batch, world, machine, xp, dtype, log):
+def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None):
     """The optimal plan for ``graph`` on the ranks of ``world`` (collective). ``machine``: a machine YAML path
-    or None (the built-in local machine)."""
+    or None (the built-in local machine); ``sync`` and ``batchnorm``: the job's keys."""
     if world.size == 1:
         plan = named("data", graph, batch, 1)
         plan.source = "plan auto (one device: the whole model here)"
@@ -44,14 +44,15 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log):
     def search():
         if world.rank != 0:
             return None
-        cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize)
+        cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize, sync=sync, batchnorm=batchnorm)
         best = make_plan(graph, world.size, cost, "optimal", tie=store.spread)
         data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
         predicted = best.prediction.iteration_s
         log(f"plan auto: searched {best.configurations} configurations of {best.nodes} layers in "
             f"{best.search_s:.2f} s (profile {path}: {measured} tile shapes measured in {profiled:.1f} s); "
             f"predicted {predicted * 1e3:.1f} ms per step, data parallelism {data * 1e3:.1f} ms "
-            f"({data / predicted:.2f}x)")
+            f"({data / predicted:.2f}x), both on the timeline of what runs")
+        log("plan auto: scored " + ", ".join(f"{label} {seconds * 1e3:.1f} ms" for label, seconds in best.candidates))
         if best.ties:
             log(f"plan auto: {best.ties.describe()}")
         for layer in graph.layers:

@@ -70,12 +70,14 @@ class _Fed:
 
 def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
           world=None, machine=None, verbose=False, tf32=False, transport="auto", share_gpus=False, data=None,
-          augment=None, workers="auto", prefetch="auto"):
+          augment=None, workers="auto", prefetch="auto", sync=None, batchnorm=None):
     """Time ``steps`` training iterations after ``warmup`` on the ranks of ``world`` under ``plan``.
 
     Every iteration starts after a barrier and lasts until the slowest rank is done. The breakdown per rank:
     ``transfer_s`` (redistribution between layers, including waiting for the peer), ``sync_s`` (gradient
-    allreduce, batchnorm statistics, loss), ``compute_s`` (the rest); bytes are totals over all ranks per iteration.
+    allreduces from start to completion, batchnorm statistics, loss), ``sync_exposed_s`` (the part of it the rank
+    waited for: not hidden behind backward), ``compute_s`` (the rest); bytes are totals over all ranks per
+    iteration. ``sync``: the job's ``sync`` mapping (bucket size, overlap); ``batchnorm``: the job's key.
     The iterations train on one fixed synthetic batch, or with ``data`` (an HDF5 dataset path) on its shuffled
     batches as training reads them (``augment``: a ``data.augment`` mapping; ``workers``, ``prefetch``: as the job
     keys), and ``data_wait_s`` is the time a step waited for its batch (the slowest rank's, mean per step).
@@ -93,19 +95,20 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     graph, plan_spec, xp, dtype, source = world.agree(load)
     world.use(choose_transport(world, xp, transport, print if world.rank == 0 and verbose else None))
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
-                                  print if world.rank == 0 and verbose else (lambda line: None))
+                                  print if world.rank == 0 and verbose else (lambda line: None), sync, batchnorm)
     fed = _Fed(source, batch, backend.master_dtype(dtype), warmup, steps, workers, prefetch, node_ranks[1])
     failed = True
     try:
-        run = training_step(graph, batch, xp, dtype, world, plan, seed, fed if source is not None else None)
-        times, sync = [], backend.synchronizer(xp)
+        run = training_step(graph, batch, xp, dtype, world, plan, seed, fed if source is not None else None, sync,
+                            batchnorm)
+        times, finish = [], backend.synchronizer(xp)
         for step in range(warmup + steps):
             if step == warmup:
                 world.reset()
             world.barrier()
             start = time.perf_counter()
             run(step)
-            sync()
+            finish()
             world.barrier()
             if step >= warmup:
                 times.append(time.perf_counter() - start)
@@ -114,9 +117,10 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
         fed.close(failed)
     counters = world.counters
     total = sum(times)
-    own = [counters.transfer_s / steps, counters.sync_s / steps]
+    own = [counters.transfer_s / steps, counters.sync_exposed_s / steps]
     per_rank = world.allgather({"rank": world.rank, "compute_s": total / steps - sum(own), "transfer_s": own[0],
-                                "sync_s": own[1], "bytes_transferred": counters.bytes_transferred // steps,
+                                "sync_s": counters.sync_s / steps, "sync_exposed_s": own[1],
+                                "bytes_transferred": counters.bytes_transferred // steps,
                                 "bytes_synced": counters.bytes_synced // steps, "peak_memory_bytes": peak_rss_bytes(),
                                 **fed.summary(steps)})
     return {"model": graph.name, "batch": batch, "steps": steps, "warmup": warmup, "dtype": dtype.name,
@@ -127,10 +131,12 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "compute_s": statistics.mean(r["compute_s"] for r in per_rank),
             "transfer_s": statistics.mean(r["transfer_s"] for r in per_rank),
             "sync_s": statistics.mean(r["sync_s"] for r in per_rank),
+            "sync_exposed_s": statistics.mean(r["sync_exposed_s"] for r in per_rank),
             "bytes_transferred": sum(r["bytes_transferred"] for r in per_rank),
             "bytes_synced": sum(r["bytes_synced"] for r in per_rank),
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in per_rank), "per_rank": per_rank,
-            "predicted_s": plan.predicted_s, "params": graph.num_params,
+            "predicted_s": plan.predicted_s, "params": graph.num_params, "batchnorm": batchnorm or "global",
+            "sync": sync,
             "data": data, "augment": augment,
             "data_wait_s": max(r["data_wait_s"] for r in per_rank) if data else None,
             "workers": per_rank[0]["workers"] if data else None,

@@ -3,7 +3,10 @@
 Per layer, in execution order, every rank takes part in the layer's exchange (sending the parts of its producer
 tiles others need, assembling the input boxes its own tile reads) and then, if it holds a tile, computes it.
 Backward runs the layers in reverse: the tile's backward, then the exchange's adjoint, which sums input-box
-gradients into the producer tiles. After backward, each replica group sums its parameter gradients.
+gradients into the producer tiles. Each replica group sums its parameter gradients in buckets: a bucket's
+allreduce starts as soon as backward has made its last gradient (with ``sync.overlap``; otherwise after
+backward) and runs while backward goes on, MPI driven between layers; the update of a bucket's parameters
+waits for that bucket only.
 
 Activations are dropped as soon as the last consumer's exchange has run (backward keeps only what each op
 saved); layers whose inputs need no gradient (the first convolution) skip computing it; relu, dropout and add
@@ -15,9 +18,11 @@ import numpy as np
 
 from .. import backend
 from ..comm import World
+from ..cost.buckets import SyncOptions
 from ..graph.blocks import DATA
 from ..io.batch import Batch
 from ..tiling.boxes import relative
+from ..tiling.ghost import ghost_group
 from ..tiling.plan import named
 from . import kernels
 from .params import FlatStore, initial_value
@@ -61,10 +66,13 @@ class Executor:
 
     ``plan=None`` runs the whole model in this process (batch size free); otherwise ``plan`` and ``world``
     (a :class:`~spmdcnn.comm.World`) fix the tiles of this rank. ``overwrite=False`` keeps every layer from
-    writing over its inputs (the results are the same; tests compare the two).
+    writing over its inputs (the results are the same; tests compare the two). ``sync``: the job's ``sync``
+    mapping or a :class:`~spmdcnn.cost.buckets.SyncOptions` (bucket size, overlap). ``batchnorm``: the job's
+    ``batchnorm`` key (``global`` or None, or ``{group: G}``: ghost batch norm over groups of G samples).
     """
 
-    def __init__(self, graph, xp=np, dtype=np.float32, seed=0, plan=None, world=None, overwrite=True):
+    def __init__(self, graph, xp=np, dtype=np.float32, seed=0, plan=None, world=None, overwrite=True, sync=None,
+                 batchnorm=None):
         self.graph = graph
         self.xp = xp
         self.dtype = np.dtype(dtype)                       # activations and their gradients
@@ -72,6 +80,8 @@ class Executor:
         self.seed = seed
         self.world = world or World(None)
         self.plan = plan
+        self.sync = SyncOptions.of(sync)
+        self.batchnorm = ghost_group(batchnorm)
         self.overwritable = overwritable_inputs(graph) if overwrite else {layer.name: None for layer in graph.layers}
         self.program = self._program(plan or named("data", graph, 1, 1), fresh=True)
         self._saved = {}
@@ -80,7 +90,12 @@ class Executor:
     def _program(self, plan, fresh):
         """The :class:`~spmdcnn.runtime.program.Program` of ``plan``, bound to new flat stores laid out by it when
         ``fresh``, else to the executor's own (the same shards: the whole model at another batch size)."""
-        program = Program(self.graph, plan, self.world, self.dtype, self.xp)
+        group = self.batchnorm
+        if group is not None and plan.batch % group:
+            if self.plan is not None or not fresh:
+                raise ValueError(f"batchnorm.group {group} does not divide the batch of {plan.batch}")
+            group = None        # the placeholder of a run without a plan: rebuilt for the batch it gets
+        program = Program(self.graph, plan, self.world, self.dtype, self.xp, self.sync, group)
         if fresh:
             self.params = FlatStore(program.shapes(param=True), self.param_dtype, self.xp)
             self.grads = FlatStore(program.shapes(param=True), self.param_dtype, self.xp)
@@ -131,6 +146,7 @@ class Executor:
         as computed: no layer writes over them)."""
         batch = images if labels is None else array_batch(images, labels)
         self._batch_program(batch.size)
+        self.program.finish_deferred()          # a forward with no backward after it left some
         run = kernels.Run(training, step, overwrite=not keep)
         remaining = {name: len(users) for name, users in self.graph.consumers.items()}
         outputs, kept = {}, {}
@@ -180,11 +196,15 @@ class Executor:
                     inputs[slot] = self.xp.ascontiguousarray(self.xp.asarray(images, dtype=self.dtype))
         return inputs
 
-    def backward(self, keep=()):
+    def backward(self, keep=(), update=None):
         """Backpropagate from the loss of the last :meth:`forward`; fills ``self.grads`` (summed over replica
-        groups). Returns ``{name: gradient of this rank's tile}`` for the outputs named in ``keep``."""
+        groups). ``update(start, stop)``, when given, is called on every slice of the flat gradient array once it
+        is final: the slices no bucket sums first, then each bucket as its sum completes (the optimizer's update
+        of those parameters). Returns ``{name: gradient of this rank's tile}`` for the outputs named in ``keep``."""
         graph, program = self.graph, self.program
-        pending, kept = {}, {}
+        flat = self.grads.flat
+        overlap = self.sync.overlap
+        pending, kept, inflight = {}, {}, []
         if program.sites[graph.loss.name].box is not None:
             pending[graph.loss.name] = 1.0
         for site in reversed(program.sites.values()):
@@ -199,6 +219,10 @@ class Executor:
                 if layer.name in keep:
                     kept[layer.name] = gy
                 gxs = dict(enumerate(site.kernel.backward(gy, saved)))
+                if overlap:
+                    inflight += [(b, b.start_sum(flat[b.start:b.stop])) for b in program.ready.get(layer.name, ())]
+            for _, sum_ in inflight:
+                sum_.test()             # lets MPI progress them between layers
             if not slots:
                 continue
             back = site.exchange.adjoint({s: gxs[s] for s in slots if s in gxs}, site.input_tiles, slots)
@@ -206,10 +230,14 @@ class Executor:
                 ref = layer.inputs[slot]
                 pending[ref] = gx if ref not in pending else pending[ref] + gx
         self._saved = {}
-        self._sum_gradients()
+        if not overlap:
+            inflight = [(b, b.start_sum(flat[b.start:b.stop])) for b in program.buckets]
+        if update is not None:
+            for start, stop in program.local:
+                update(start, stop)
+        for bucket, sum_ in inflight:
+            sum_.wait()
+            if update is not None:
+                update(bucket.start, bucket.stop)
+        program.finish_deferred()
         return kept
-
-    def _sum_gradients(self):
-        flat = self.grads.flat
-        for bucket in self.program.buckets:
-            bucket.reduce(flat[bucket.start:bucket.stop])

@@ -19,6 +19,7 @@ no other layer reads (``overwrite``).
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from .. import backend
 from ..ops import add, batchnorm, concat, conv, dropout, flatten, linear, loss, pool, relu
 from ..graph.optable import window
 from ..tiling.fields import NO_PADDING, Need
@@ -37,13 +38,16 @@ class Run(NamedTuple):
 class Tile:
     """The geometry of one tile: its output ``box`` in the ``global_shape``, what it reads of its (first) input
     (``need``, a :class:`~spmdcnn.tiling.fields.Need`: the padding it adds, the steps of a strided read; None: an
-    input that arrives padded and whole, as the profiler gives it), and ``reduce``, the sum over the ranks holding
-    the same channels (batchnorm's statistics; None: this rank alone holds them)."""
+    input that arrives padded and whole, as the profiler gives it), and over the ranks holding the same channels
+    (batchnorm's statistics; None: this rank alone holds them) ``reduce``, their sum, and ``gather``, their
+    arrays stacked."""
 
     global_shape: tuple
     box: tuple
     need: Need = None
     reduce: object = None
+    gather: object = None
+    ghost: object = None        # a Ghost: statistics over fixed groups of samples (job key batchnorm: {group: G})
 
     @property
     def start(self):
@@ -149,14 +153,72 @@ def _conv_geometry(kernel):
     return conv.ConvGeometry(kernel.tile.stride(geometry.stride), kernel.tile.padding, geometry.dilation)
 
 
+@dataclass
+class Ghost:
+    """A batchnorm tile under ghost batch norm (:mod:`spmdcnn.tiling.ghost`): its ``site`` (a GhostSite),
+    ``count`` values per channel of a group, ``groups`` in the global batch, ``gather`` and ``reduce`` over its
+    component (None: a component of one), and ``defer(contribution, apply)``, which sums the running statistics'
+    contribution over the replica group off the critical path and calls ``apply`` with the sum (None: the
+    component is the whole replica group, which updates them alone)."""
+
+    site: object
+    count: int
+    groups: int
+    gather: object = None
+    reduce: object = None
+    defer: object = None
+
+
+def _running_update(views, momentum, groups):
+    """``apply(sums)``: the momentum update of the running statistics from ``sums`` (2, C) float64 of the group
+    means and unbiased variances over all ``groups`` groups: their averages."""
+    def apply(sums):
+        for name, total in zip(("running_mean", "running_var"), sums):
+            buffer = views.buffers[name]
+            buffer *= 1.0 - momentum
+            buffer += (momentum * total / groups).astype(buffer.dtype)
+    return apply
+
+
+def _ghost_batchnorm(kernel):
+    a, views, ghost = kernel.layer.attrs, kernel.views, kernel.tile.ghost
+    site = ghost.site
+    apply = _running_update(views, a["momentum"], ghost.groups)
+
+    def forward(xs, run):
+        if not run.training:
+            return batchnorm.batchnorm2d_forward(xs[0], views.params["weight"], views.params["bias"],
+                                                 views.buffers["running_mean"], views.buffers["running_var"],
+                                                 eps=a["eps"], training=False)
+        y, saved, (means, variances) = batchnorm.ghost_batchnorm2d_forward(
+            xs[0], views.params["weight"], views.params["bias"], site.spans, ghost.count, a["eps"], ghost.gather)
+        xp = backend.array_module(means)
+        contribution = xp.stack([means.sum(axis=0), variances.sum(axis=0)])
+        if ghost.defer is None:
+            apply(contribution)
+        else:       # the component's leader adds its groups' statistics, the others nothing
+            ghost.defer(contribution if site.leader else xp.zeros_like(contribution), apply)
+        return y, saved
+
+    def backward(gy, saved):
+        gx, ggamma, gbeta, own_ggamma, own_gbeta = batchnorm.ghost_batchnorm2d_backward(gy, saved, ghost.reduce)
+        whole = site.whole          # every tile of the replica group has every group's sums
+        views.grads["weight"][...] = ggamma if whole else own_ggamma
+        views.grads["bias"][...] = gbeta if whole else own_gbeta
+        return [gx]
+    return forward, backward
+
+
 def _batchnorm(kernel):
     a, views, tile = kernel.layer.attrs, kernel.views, kernel.tile
+    if tile.ghost is not None:
+        return _ghost_batchnorm(kernel)
 
     def forward(xs, run):
         return batchnorm.batchnorm2d_forward(
             xs[0], views.params["weight"], views.params["bias"], views.buffers["running_mean"],
             views.buffers["running_var"], eps=a["eps"], momentum=a["momentum"], training=run.training,
-            reduce=tile.reduce, count=tile.count)       # sums over the tiles with these channels
+            reduce=tile.reduce, gather=tile.gather, count=tile.count)   # over the tiles with these channels
 
     def backward(gy, saved):
         gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)

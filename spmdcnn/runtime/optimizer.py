@@ -27,15 +27,25 @@ class SGD:
         self.xp = xp
         self.velocity = FlatStore(shapes, dtype, xp) if momentum else None
 
-    def step(self, weights, grads, lr=None):
-        """Update the flat array ``weights`` in place from the flat array ``grads``."""
+    def step(self, weights, grads, lr=None, start=0, stop=None):
+        """Update the flat array ``weights`` in place from the flat array ``grads``; only ``[start, stop)`` of
+        them when given (an update is element-wise: slices updated one by one give the same bits)."""
         lr = self.lr if lr is None else float(lr)
-        blocks = -(-weights.size // BLOCK)
+        stop = weights.size if stop is None else stop
+        if stop <= start:
+            return
         if self.xp is np:
-            parallel_for(lambda b0, b1: self._update(weights, grads, lr, b0 * BLOCK, b1 * BLOCK), blocks)
-        else:                   # one fused kernel over the whole array
-            cuda.sgd_update(weights, grads, None if self.velocity is None else self.velocity.flat, lr,
-                            self.momentum, self.weight_decay, self.nesterov)
+            blocks = -(-(stop - start) // BLOCK)
+            parallel_for(lambda b0, b1: self._update(weights, grads, lr, start + b0 * BLOCK,
+                                                     min(start + b1 * BLOCK, stop)), blocks)
+        else:                   # one fused kernel over the slice
+            velocity = None if self.velocity is None else self.velocity.flat[start:stop]
+            cuda.sgd_update(weights[start:stop], grads[start:stop], velocity, lr, self.momentum,
+                            self.weight_decay, self.nesterov)
+
+    def updater(self, weights, grads, lr=None):
+        """``update(start, stop)``: :meth:`step` on a slice (the executor's backward calls it per bucket)."""
+        return lambda start, stop: self.step(weights, grads, lr, start, stop)
 
     def _update(self, weights, grads, lr, begin, end, block=BLOCK):
         xp = self.xp

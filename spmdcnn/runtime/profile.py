@@ -192,15 +192,16 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
     return count
 
 
-def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=None):
+def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=None, sync=None, batchnorm=None):
     """``step(index)``: one training iteration (forward, backward, SGD update) of ``graph`` at global ``batch`` on
     one fixed synthetic batch, the whole model here or, with ``plan``, this rank's share of it on the ranks of
     ``world``. ``feed``: a function of the executor that gives the batch of each step index instead (a function
     of the index: ``spmdcnn bench --data``)."""
     from ..io.dataset import SyntheticData
     from .executor import Executor, array_batch
-    executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world)
+    executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world, sync=sync, batchnorm=batchnorm)
     optimizer = SGD(executor.params.shapes, executor.param_dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
+    update = optimizer.updater(executor.params.flat, executor.grads.flat)
     if feed is None:
         images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch,
                                                                                                     dtype)
@@ -213,8 +214,7 @@ def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=N
 
     def step(index=0):
         executor.forward(batch_of(index), step=index)
-        executor.backward()
-        optimizer.step(executor.params.flat, executor.grads.flat)
+        executor.backward(update=update)
     return step
 
 
@@ -228,29 +228,34 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
 
 def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, warmup=1):
     """Seconds a rank loses at each point where the ranks synchronize: the data-parallel plan trains at ``batch``
-    on all ranks for a few iterations, and the time its ranks spend in allreduces (the median rank's), less what
-    the ring model of ``machine`` (a machine YAML path; None: the built-in local machine) gives those allreduces,
-    is spread over them. Ranks drift apart between two such points (uneven cores, the operating system, ranks
-    sharing a core take turns), and the first to arrive waits for the last; the planner charges this wait at
-    every allreduce and every exchange."""
+    on all ranks for a few iterations with its gradient buckets summed after backward (nothing hidden), and the
+    time its ranks wait in allreduces (the median rank's), less what the allreduce model of ``machine`` (a machine
+    YAML path; None: the built-in local machine) gives them, is spread over them. Ranks drift apart between two
+    such points (uneven cores, the operating system, ranks sharing a core take turns), and the first to arrive
+    waits for the last; the planner charges this wait at every allreduce and every exchange."""
+    from ..cost.buckets import SyncOptions
     from ..cost.machine import default_machine, load_machine
+    from ..cost.timeline import device_buckets
     from ..tiling.plan import named
     plan = named("data", graph, batch, world.size)
-    step, sync = training_step(graph, batch, xp, dtype, world, plan), synchronizer(xp)
+    after = SyncOptions(overlap=False)
+    step, sync = training_step(graph, batch, xp, dtype, world, plan, sync=after), synchronizer(xp)
     for index in range(warmup + steps):
         if index == warmup:
             world.reset()
         world.barrier()
         step(index)
         sync()
-    spent = statistics.median(world.allgather(world.counters.sync_s / steps))
+    spent = statistics.median(world.allgather(world.counters.sync_exposed_s / steps))
     world.reset()
     machine = load_machine(machine) if machine else default_machine()
     model = SyncModel(machine, np.dtype(dtype).itemsize)
-    syncs = [model.layer(layer, plan[layer.name]) for layer in graph.layers]
-    # the allreduces' ring time, and the loss's (two numbers over every rank)
-    modelled = sum(s.seconds for s in syncs) + machine.allreduce_time(tuple(range(world.size)), 2 * 8)
-    points = sum(s.points for s in syncs) + 1
+    syncs = [model.layer(layer, plan[layer.name]) for layer in graph.layers if layer.spec.reduced_in_layer]
+    buckets = device_buckets(graph, plan, 0, after, master_dtype(dtype).itemsize, machine)
+    # batch norm's sums, the buckets' allreduces, and the loss's (two numbers over every rank)
+    modelled = sum(s.seconds for s in syncs) + sum(b.seconds for b in buckets) + \
+        machine.allreduce_time(tuple(range(world.size)), 2 * 8)
+    points = sum(s.points for s in syncs) + len(buckets) + 1
     return max(spent - modelled, 0.0) / points
 
 

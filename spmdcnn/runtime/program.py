@@ -3,20 +3,24 @@ boxes that tile reads, the exchange that brings them, its replica group, and whe
 
 Parameters are split along ``c`` like the layer's output: a conv weight ``(K, C, kH, kW)`` tile holds rows
 ``[c0, c1)``, a linear weight ``(F_out, F_in)`` likewise, batchnorm its channels. The ranks holding the same
-channel part form the layer's replica group: their gradients are summed with one allreduce per group (the
-shards of all layers with the same group lie side by side in the flat gradient array: one :class:`Bucket`), and
-batchnorm sums its statistics over it.
+channel part form the layer's replica group: batchnorm sums its statistics over it, and the group's gradients are
+summed in buckets (:mod:`spmdcnn.cost.buckets`): the shards of all layers with the same group lie side by side in
+the flat gradient array, so each :class:`Bucket` is one slice of it, allreduced once the backward of the earliest
+layer it holds has run.
 """
 
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from .. import backend
 from ..comm import Exchange, ReplicaGroups
+from ..cost.buckets import SyncOptions, assign
 from ..graph.blocks import DATA
 from ..ops.add import accumulate
 from ..tiling.config import output_shape
 from ..tiling.transfers import layer_transfers, tile_needs
-from .kernels import Tile, TileKernel, Views
+from ..tiling.ghost import components
+from .kernels import Ghost, Tile, TileKernel, Views
 from .params import flat_offsets
 
 
@@ -33,8 +37,9 @@ class Site:
     exchanged: dict = None      # {slot: Need} of the inputs the exchange brings (not read from the data)
     input_tiles: dict = None    # {slot: box} of this rank's tiles of the layer's producers
     reduce: object = None       # the sum over the replica group, for a layer that sums inside (batchnorm)
+    gather: object = None       # the arrays of the replica group stacked, likewise
+    ghost: object = None        # ghost batch norm's Ghost (runtime.kernels) instead of reduce and gather
     kernel: TileKernel = None   # the bound kernel of the tile (:meth:`Program.bind`)
-    bucket: object = None       # the Bucket its parameter gradients are summed in (None: not summed after backward)
     grad_slots: frozenset = frozenset()     # the inputs whose gradients backward sends back (Layer.input_grads)
 
     @property
@@ -44,7 +49,8 @@ class Site:
 
     def tile(self):
         """The :class:`~spmdcnn.runtime.kernels.Tile` its kernel is bound to."""
-        return Tile(self.global_shape, self.box, self.needs[0] if self.needs else None, self.reduce)
+        return Tile(self.global_shape, self.box, self.needs[0] if self.needs else None, self.reduce, self.gather,
+                    self.ghost)
 
 
 @dataclass(frozen=True)
@@ -63,20 +69,29 @@ class Shard:
 
 
 class Bucket(NamedTuple):
-    """One allreduce of the flat gradient array's ``[start, stop)`` over the replica group ``ranks``."""
+    """One allreduce of the flat gradient array's ``[start, stop)`` over the replica group ``ranks``, ready once
+    the backward of the layer ``ready`` has run."""
 
     ranks: tuple
-    reduce: object      # sums a contiguous array over the group, in place
+    start_sum: object   # starts summing a contiguous array over the group in place: an InFlight (comm.world)
     start: int
     stop: int
+    ready: str
 
 
 class Program:
     """This rank's :class:`Site` per layer (in execution order), its replica groups, the :class:`Shard` of every
-    parameter and buffer it holds (``layout``, in flat-store order) and the gradient :class:`Bucket` list."""
+    parameter and buffer it holds (``layout``, in flat-store order), the gradient :class:`Bucket` list in the
+    order backward makes them ready (``ready``: ``{layer: buckets ready after its backward}``), and the slices of
+    the flat gradient array no bucket sums (``local``). ``sync``: a :class:`~spmdcnn.cost.buckets.SyncOptions`."""
 
-    def __init__(self, graph, plan, world, dtype, xp):
+    def __init__(self, graph, plan, world, dtype, xp, sync=None, batchnorm=None):
         self.graph, self.plan, self.world = graph, plan, world
+        self.sync = SyncOptions.of(sync)
+        self.batchnorm = batchnorm          # G of ghost batch norm (None: the global batch's statistics)
+        self.deferred = []                  # (InFlight, apply) of running statistics summed off the critical path
+        ghosts = {}
+        self.grad_itemsize = backend.master_dtype(dtype).itemsize
         rank = world.rank
         self.sites = {}
         rank_sets = []
@@ -98,17 +113,55 @@ class Program:
                 site.group = next(g for g in replicas if rank in g)
             if layer.params or layer.buffers:
                 rank_sets += replicas
+            if layer.spec.normalization and batchnorm is not None:
+                ghosts[layer.name] = components(config, shape, batchnorm)
+                rank_sets += [ghost.component for ghost in ghosts[layer.name].values()]
             self.sites[layer.name] = site
         self.groups = ReplicaGroups(world, rank_sets)
         for site in self.sites.values():
-            if site.box is not None and site.layer.spec.reduced_in_layer:
+            if site.box is None or not site.layer.spec.reduced_in_layer:
+                continue
+            if site.layer.name in ghosts:
+                site.ghost = self._ghost(site, ghosts[site.layer.name][rank])
+            else:
                 site.reduce = self.groups.reducer(site.group)       # the identity for a group of one
+                site.gather = self.groups.gatherer(site.group) if len(site.group) > 1 else None
         self.layout = self._layout()
         self.buckets = self._buckets()
-        for site in self.sites.values():
-            if site.box is not None and site.layer.params:
-                first = self.layout[f"{site.layer.name}.{next(iter(site.layer.params))}"]
-                site.bucket = next((b for b in self.buckets if b.start <= first.start < b.stop), None)
+        self.ready = {}
+        for bucket in self.buckets:
+            self.ready.setdefault(bucket.ready, []).append(bucket)
+        self.local = self._local()
+
+    def _ghost(self, site, ghost):
+        """The :class:`~spmdcnn.runtime.kernels.Ghost` of a batchnorm tile of ghost site ``ghost``."""
+        N, _, H, W = site.global_shape
+        component = ghost.component
+        alone = len(component) < 2
+        defer = None
+        if not ghost.whole:
+            start_sum = self.groups.starter(site.group)
+
+            def defer(contribution, apply):
+                self.deferred.append((start_sum(contribution), contribution, apply))
+        return Ghost(ghost, self.batchnorm * H * W, N // self.batchnorm,
+                     None if alone else self.groups.gatherer(component),
+                     None if alone else self.groups.reducer(component), defer)
+
+    def finish_deferred(self):
+        """Wait for the running statistics summed off the critical path and apply them."""
+        deferred, self.deferred = self.deferred, []
+        for inflight, contribution, apply in deferred:
+            inflight.wait()
+            apply(contribution)
+
+    def summed_in_layer(self, layer):
+        """Whether ``layer``'s parameter gradients are complete after its own backward (batchnorm's, unless ghost
+        batch norm splits its replica group into components: their parts are summed in the buckets)."""
+        if not layer.spec.reduced_in_layer:
+            return False
+        site = self.sites[layer.name]
+        return site.ghost is None or site.ghost.site.whole
 
     def _layout(self):
         """``{name: Shard}``, grouped so that each replica group's allreduced gradients are one contiguous slice:
@@ -120,7 +173,7 @@ class Program:
                 continue
             c0, c1 = site.channels
             for kind, shape in list(layer.params.items()) + list(layer.buffers.items()):
-                reduced = layer.spec.reduced_in_layer or kind in layer.buffers
+                reduced = self.summed_in_layer(layer) or kind in layer.buffers
                 entries.append(((site.group, reduced, order), layer, kind, (c1 - c0,) + tuple(shape[1:]), (c0, c1)))
         entries.sort(key=lambda entry: entry[0])
         shapes = {param: {f"{layer.name}.{kind}": shape for _, layer, kind, shape, _ in entries
@@ -133,18 +186,33 @@ class Program:
         return layout
 
     def _buckets(self):
-        """The slices of the flat gradient array each replica group sums: one per group, the parameters a layer
-        sums itself (batchnorm's) left out."""
-        buckets = []
+        """Each replica group's allreduced shards (batchnorm's, summed in the layer, left out) packed into buckets
+        in reverse layer order, in the order they become ready (:func:`~spmdcnn.cost.buckets.assign`)."""
+        by_group = {}
         for shard in self.layout.values():
             layer = self.graph.by_name[shard.layer]
-            if not shard.param or layer.spec.reduced_in_layer or len(shard.group) < 2:
-                continue
-            if buckets and buckets[-1].ranks == shard.group and buckets[-1].stop == shard.start:
-                buckets[-1] = buckets[-1]._replace(stop=shard.stop)
-            else:
-                buckets.append(Bucket(shard.group, self.groups.reducer(shard.group), shard.start, shard.stop))
+            if shard.param and not self.summed_in_layer(layer) and len(shard.group) > 1 and shard.stop > shard.start:
+                by_group.setdefault(shard.group, []).append(shard)
+        order = {layer.name: index for index, layer in enumerate(self.graph.layers)}
+        tensors = {group: [(s.layer, (s.stop - s.start) * self.grad_itemsize) for s in shards]
+                   for group, shards in by_group.items()}
+        buckets = []
+        for group, first, stop, ready in assign(tensors, order, self.sync):
+            members = by_group[group][first:stop]
+            buckets.append(Bucket(group, self.groups.starter(group), members[0].start, members[-1].stop, ready))
         return buckets
+
+    def _local(self):
+        """The ``(start, stop)`` slices of the flat gradient array outside every bucket (final after backward)."""
+        slices, at = [], 0
+        size = sum(shard.stop - shard.start for shard in self.layout.values() if shard.param)
+        for bucket in sorted(self.buckets, key=lambda b: b.start):
+            if bucket.start > at:
+                slices.append((at, bucket.start))
+            at = bucket.stop
+        if size > at:
+            slices.append((at, size))
+        return slices
 
     def shapes(self, param):
         """``{name: shard shape}`` of the parameters (``param``) or buffers, in flat-store order."""

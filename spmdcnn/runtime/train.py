@@ -111,7 +111,7 @@ class Trainer:
                 self.plan.source = "plan data (to evaluate a complete run)"
             elif self.plan is None:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
-                                      self.log)
+                                      self.log, job["sync"], job["batchnorm"])
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
                                    "job": json.dumps(job, sort_keys=True, default=str),
                                    "data (sample count, shape, labels)": json.dumps(
@@ -119,7 +119,7 @@ class Trainer:
                                         "val": None if self.val is None else self.val.identity()},
                                        sort_keys=True)})
             self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"], plan=self.plan,
-                                     world=self.world)
+                                     world=self.world, sync=job["sync"], batchnorm=job["batchnorm"])
             self.optimizer = make_optimizer(job, self.executor)
             self.start_step = self._restore(share_checkpoint(self.world, ckpt))
         except BaseException:
@@ -327,8 +327,7 @@ class Trainer:
         loss, correct, _ = executor.forward(batch, step=step)
         if not np.isfinite(loss):       # before the update: the weights stay those of the last good step
             raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
-        executor.backward()
-        self.optimizer.step(executor.params.flat, executor.grads.flat)
+        executor.backward(update=self.optimizer.updater(executor.params.flat, executor.grads.flat))
         return loss, correct, waited
 
     def _report(self, step, loss, interval, elapsed, evaluated, metrics):

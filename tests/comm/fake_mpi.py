@@ -26,6 +26,9 @@ class FakeComm:
         self.splits.append((color, key))
         return FakeComm(rank=0, size=2)
 
+    def Dup(self):
+        return FakeComm(rank=self.rank, size=self.size)
+
     def Abort(self, status):
         self.aborted = status
 

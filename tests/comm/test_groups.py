@@ -36,7 +36,9 @@ def test_one_sub_communicator_per_distinct_set_in_the_same_order_everywhere(rank
     assert world.comm.splits == [(0, 1), (FakeMPI.UNDEFINED, 1), (0, 1)]      # (0, 1, 2), (0, 2), (1, 2)
     assert sorted(made.comms) == [(0, 1, 2), (1, 2)]
     assert world.subcomms[(0, 2)] is None
-    assert world.transport.attached == [made.comms[(0, 1, 2)], made.comms[(1, 2)]]
+    lanes = world.lanecomms
+    assert sorted(lanes) == [(0, 1, 2), (1, 2)] and not set(lanes.values()) & set(made.comms.values())
+    assert world.transport.attached == [made.comms[(0, 1, 2)], lanes[(0, 1, 2)], made.comms[(1, 2)], lanes[(1, 2)]]
 
 
 def test_the_next_executor_reuses_the_sub_communicators(rank_1_of_3):

@@ -61,10 +61,10 @@ def test_reference_iterations_scale_tiles_and_charge_each_synchronization(tmp_pa
     plain = CostModel(graph, 8, MACHINE, ComputeModel(MACHINE.device))
     scaled = CostModel(graph, 8, MACHINE, ComputeModel(MACHINE.device, again))
     plan = named("owt", graph, 8, 4)
-    a, b = plain.simulate(plan), scaled.simulate(plan)
+    a, b = plain.surrogate(plan), scaled.surrogate(plan)       # the search's: every allreduce on the path
     assert b.compute_s == pytest.approx(2 * a.compute_s)
     exchanges = sum(1 for row in a.layers if row.bytes_transferred)
-    allreduces = sum(3 if graph.by_name[row.name].op == "batchnorm2d" else 1 for row in a.layers if row.bytes_synced)
+    allreduces = sum(2 if graph.by_name[row.name].op == "batchnorm2d" else 1 for row in a.layers if row.bytes_synced)
     assert b.transfer_s - a.transfer_s == pytest.approx(2 * exchanges * 1e-3)
     assert b.sync_s - a.sync_s == pytest.approx((allreduces + 1) * 1e-3)
 
@@ -76,7 +76,49 @@ def test_allreduce_groups_use_their_slowest_link():
     split = layer_sync(fc, ParallelConfig((1, 2), (0, 1)), MACHINE)        # no replicas
     assert across.seconds > 5 * within.seconds and split.seconds == 0 and split.bytes == 0
     assert within.bytes == across.bytes == 2 * fc.num_params * 4
-    assert MACHINE.allreduce_time((0, 1), 1e6) == pytest.approx(2 * (0.5e6 / 1e10 + 1e-5))
+    # two devices: one step of recursive doubling (the whole message) beats a ring's two half-messages
+    assert MACHINE.allreduce_time((0, 1), 1e6) == pytest.approx(1e6 / 1e10 + 1e-5)
+
+
+REGIMES = """format: spmdcnn-machine/1
+nodes: 2
+devices_per_node: 8
+intra_node: {bandwidth: 1.0e+10, latency: 1.0e-5}
+inter_node: {bandwidth: 1.0e+9, latency: 1.0e-4}
+allreduce:
+  intra_node: {small: {bandwidth: 2.0e+9, latency: 1.0e-6}, large: {bandwidth: 1.0e+10, latency: 5.0e-5}}
+"""
+
+
+def test_allreduce_regimes_small_by_recursive_doubling_large_by_a_ring():
+    from spmdcnn.cost.machine import parse_machine_text
+    machine = parse_machine_text(REGIMES)
+    group = tuple(range(8))
+    doubling = lambda n: 3 * (n / 2e9 + 1e-6)                       # noqa: E731
+    ring = lambda n: 2 * 7 * (n / 8 / 1e10 + 5e-5)                  # noqa: E731
+    assert machine.allreduce_time(group, 64) == pytest.approx(doubling(64))
+    assert machine.allreduce_time(group, 64 << 20) == pytest.approx(ring(64 << 20))
+    sizes = [2 ** k for k in range(3, 27)]
+    times = [machine.allreduce_time(group, n) for n in sizes]
+    assert times == sorted(times)                                   # no jump at the crossover
+    # a group across nodes has no regimes given: both are the inter-node link
+    across = (7, 8)
+    assert machine.allreduce_time(across, 1e6) == pytest.approx(min(1e6 / 1e9 + 1e-4, 2 * (0.5e6 / 1e9 + 1e-4)))
+    again = parse_machine_text(machine.to_yaml())
+    assert again.allreduce == machine.allreduce
+
+
+@pytest.mark.parametrize("text, fragment", [
+    ("allreduce: {intra: {}}", "intra"),
+    ("allreduce: {intra_node: {small: {bandwidth: 1.0e+9, latency: 1.0e-6}}}", "large"),
+    ("allreduce: {intra_node: {small: {bandwidth: 0, latency: 1.0e-6}, large: {bandwidth: 1, latency: 0}}}",
+     "bandwidth"),
+    ("allreduce: 3", "allreduce"),
+])
+def test_bad_allreduce_regimes_are_refused_naming_the_key(text, fragment):
+    from spmdcnn.cost.machine import MachineError, parse_machine_text
+    with pytest.raises(MachineError, match=fragment):
+        parse_machine_text(REGIMES.split("allreduce:")[0] + text + "\n", "m.yaml")
 
 
 def test_a_tile_shape_survives_json():

@@ -3,6 +3,7 @@ out tile by tile (every tile's time, every replica group's ring), on the models,
 reads, with devices in any order, on machines whose nodes cut configurations anywhere, with and without a
 profile."""
 
+import math
 import os
 import random
 from math import prod
@@ -73,14 +74,18 @@ def tile_by_tile(cost, layer, config):
         if p > 1:
             links = [machine.link(a, b) for a, b in zip(group, group[1:] + group[:1])]
             bandwidth, latency = min(l.bandwidth for l in links), max(l.latency for l in links)
+            steps = math.ceil(math.log2(p))
 
-            def ring(nbytes):
-                return 2 * (p - 1) * (nbytes / p / bandwidth + latency)
-            if layer.op == "batchnorm2d":
-                seconds = max(seconds, ring(rows * itemsize) * 2 + ring(2 * rows * itemsize))
+            def allreduce(nbytes):      # the faster of recursive doubling and a ring (no allreduce key here)
+                return min(steps * (nbytes / bandwidth + latency), 2 * (p - 1) * (nbytes / p / bandwidth + latency))
+
+            def allgather(nbytes):
+                return min(steps * latency + (p - 1) * nbytes / bandwidth, (p - 1) * (nbytes / bandwidth + latency))
+            if layer.op == "batchnorm2d":    # count, mean, M2 gathered forward; two sums backward; float64
+                seconds = max(seconds, allgather(3 * rows * 8) + allreduce(2 * rows * 8))
             else:
-                seconds = max(seconds, ring(sum(rows * prod(s[1:]) for s in layer.params.values()) * itemsize))
-            points = 3 if layer.op == "batchnorm2d" else 1
+                seconds = max(seconds, allreduce(sum(rows * prod(s[1:]) for s in layer.params.values()) * itemsize))
+            points = 2 if layer.op == "batchnorm2d" else 1
     return t_c + seconds + points * compute.wait
 
 

@@ -40,6 +40,7 @@ def test_defaults_are_filled_in(tmp_path):
                  "prefetch": "auto", "timeout": 300.0},
         "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False,
                       "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1, "min_lr": 0.0},
+        "sync": {"bucket_mb": 25.0, "overlap": True}, "batchnorm": "global",
         "plan": "auto", "machine": None, "backend": "auto", "dtype": "float32", "init": None,
             "transport": "auto", "share_gpus": False, "tf32": False,
         "checkpoint": {"path": None, "every": None, "keep": 1}, "resume": "auto", "seed": 0,
@@ -300,10 +301,21 @@ def test_unknown_nested_key(tmp_path, section, key):
     ("checkpoint: {every: often}", "'checkpoint.every'"),
     ("log: {every: null}", "'log.every'"),
     ("plan: 4", "'plan'"),
+    ("sync: {overlap: 1}", "'sync.overlap'"),
+    ("sync: {bucket_mb: big}", "'sync.bucket_mb'"),
 ])
 def test_wrong_types_are_refused_naming_the_key(tmp_path, text, key):
     body = "\n".join(line for line in MINIMAL.splitlines() if not line.startswith(text.split(":")[0] + ":"))
     expect_error(write(tmp_path, body + "\n" + text + "\n"), key, "must be")
+
+
+@pytest.mark.parametrize("value", ["0", "-2.5"])
+def test_a_bucket_size_that_is_not_positive_is_refused(tmp_path, value):
+    expect_error(write(tmp_path, MINIMAL + f"sync: {{bucket_mb: {value}}}\n"), "'sync.bucket_mb'", "positive")
+
+
+def test_an_unknown_sync_key_is_refused_with_the_nearest(tmp_path):
+    expect_error(write(tmp_path, MINIMAL + "sync: {overlapp: false}\n"), "unknown key 'sync.overlapp'", "overlap")
 
 
 @pytest.mark.parametrize("value", ["3", "fast", "[]", "false", "[kind, synthetic]"])

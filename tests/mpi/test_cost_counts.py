@@ -33,12 +33,12 @@ def _model(name):
     return parse_model(POOL_FIRST) if name == "pool_first" else load_model(os.path.join(MODELS, f"{name}.yaml"))
 
 
-def counted(world, graph, plan):
+def counted(world, graph, plan, batchnorm=None):
     """Bytes all ranks sent between layers and contributed to allreduces in one forward and backward."""
-    executor = Executor(graph, np, np.float64, seed=0, plan=plan, world=world)
+    executor = Executor(graph, np, np.float64, seed=0, plan=plan, world=world, batchnorm=batchnorm)
     rng = np.random.default_rng(0)
-    images = rng.standard_normal((BATCH,) + graph.input_shape)
-    labels = rng.integers(0, graph.num_classes, BATCH)
+    images = rng.standard_normal((plan.batch,) + graph.input_shape)
+    labels = rng.integers(0, graph.num_classes, plan.batch)
     world.reset()
     executor.forward(images, labels, step=0)
     executor.backward()
@@ -66,6 +66,27 @@ def test_predicted_bytes_are_the_bytes_the_ranks_move(world, model_name, seed):
         if predicted["bytes_synced"] + overhead != synced:
             problems.append(f"{plan.source}: predicted {predicted['bytes_synced']} + {overhead} bytes allreduced, "
                             f"ranks allreduced {synced}")
+    agree(world, problems)
+
+
+@pytest.mark.parametrize("model_name", ["small_resnet", "pool_first"])
+@pytest.mark.parametrize("group", [1, 2, 4])
+def test_predicted_bytes_under_ghost_batch_norm(world, model_name, group):
+    """Ghost batch norm: the components' statistics, gamma's and beta's gradients in the buckets and the running
+    statistics of a replica group split into components, as the model counts them."""
+    graph = _model(model_name)
+    batch = 4
+    plans = [random_plan(graph, batch, world.size, 40 + seed) for seed in range(3)]
+    plans += [named(s, graph, batch, world.size) for s in ("data", "owt")]
+    cost = CostModel(graph, batch, default_machine(), ComputeModel(default_machine().device), itemsize=8,
+                     batchnorm={"group": group})
+    overhead = 16 * world.size if world.size > 1 else 0
+    problems = []
+    for plan in plans:
+        _, synced = counted(world, graph, plan, {"group": group})
+        predicted = cost.simulate(plan).summary()["bytes_synced"]
+        if predicted + overhead != synced:
+            problems.append(f"{plan.source} G={group}: predicted {predicted} + {overhead} bytes, counted {synced}")
     agree(world, problems)
 
 

@@ -48,34 +48,3 @@ def test_the_rank_on_the_node_is_the_shared_memory_split(world):
     """Every rank runs on this one machine: its index on the node is its rank, whatever the launcher's variables."""
     got = world.local_rank()
     agree(world, [] if got == world.rank and world.local_rank() == got else [f"rank {world.rank}: {got}"])
-
-
-def test_each_replica_groups_gradients_are_one_bucket_of_the_flat_array(world):
-    """The shards a replica group sums after backward lie side by side: one Bucket per group covering exactly them,
-    and every layer's Site names the bucket its gradients are in."""
-    graph = load_model(os.path.join(MODELS, "small_resnet.yaml"))
-    problems = []
-    for seed in range(3):
-        executor = Executor(graph, np, np.float64, plan=random_plan(graph, 4, world.size, 60 + seed), world=world)
-        program = executor.program
-        summed = sorted((shard.start, shard.stop, shard.group) for shard in program.layout.values()
-                        if shard.param and len(shard.group) > 1
-                        and not graph.by_name[shard.layer].spec.reduced_in_layer)
-        covered = sorted(bucket.ranks for bucket in program.buckets)
-        if covered != sorted({group for _, _, group in summed}):
-            problems.append(f"seed {seed}: buckets for groups {covered}, summed shards in {summed}")
-        for start, stop, group in summed:
-            bucket = next((b for b in program.buckets if b.start <= start and stop <= b.stop), None)
-            if bucket is None or bucket.ranks != group:
-                problems.append(f"seed {seed}: shard [{start}, {stop}) of group {group} in bucket {bucket}")
-        if sum(b.stop - b.start for b in program.buckets) != sum(stop - start for start, stop, _ in summed):
-            problems.append(f"seed {seed}: the buckets hold more than the summed shards")
-        for site in program.sites.values():
-            shards = [program.layout[f"{site.layer.name}.{k}"] for k in site.layer.params] if site.box else []
-            inside = [s for s in shards if site.bucket and site.bucket.start <= s.start and s.stop <= site.bucket.stop]
-            if site.bucket is not None and len(inside) != len(shards):
-                problems.append(f"seed {seed}: {site.layer.name}'s shards are not all in its bucket")
-            if site.bucket is None and any(s.start < s.stop and len(s.group) > 1 for s in shards) \
-                    and not site.layer.spec.reduced_in_layer:
-                problems.append(f"seed {seed}: {site.layer.name} has summed shards but no bucket")
-    agree(world, problems)

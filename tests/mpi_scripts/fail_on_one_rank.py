@@ -19,10 +19,10 @@ def forward(self, *args, step=0, **keys):
     return _forward(self, *args, step=step, **keys)
 
 
-def backward(self, keep=()):
+def backward(self, keep=(), update=None):
     if self.world.rank == RANK and self.injected_step == 1:
         raise EXCEPTION(f"injected failure on rank {RANK}")
-    return _backward(self, keep)
+    return _backward(self, keep, update)
 
 
 executor.Executor.forward, executor.Executor.backward = forward, backward

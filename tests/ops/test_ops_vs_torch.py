@@ -475,15 +475,31 @@ def test_batchnorm2d_training(shape, eps, momentum, dtype):
     assert_close(gbeta, gbeta_ref, dtype, "gbeta")
 
 
+def test_batchnorm2d_combines_tiles_far_from_zero_as_accurately_as_one_pass_over_all():
+    """Two tiles of very different means around 1e4 (unit spread): the combined variance is what a two-pass
+    float64 computation over the whole batch gives, to float64 rounding (sums of squares would lose it all)."""
+    from spmdcnn.ops.batchnorm import combine_moments
+    rng = np.random.default_rng(3)
+    parts = [1e4 + rng.standard_normal((5, 3)) * 0.01, 1e4 + 3.0 + rng.standard_normal((7, 3))]
+    stats = np.stack([np.stack([np.full(3, len(p)), p.mean(axis=0), ((p - p.mean(axis=0)) ** 2).sum(axis=0)])
+                      for p in parts])
+    mean, m2 = combine_moments(stats)
+    whole = np.concatenate(parts)
+    np.testing.assert_allclose(mean, whole.mean(axis=0), rtol=1e-15)
+    np.testing.assert_allclose(m2, ((whole - whole.mean(axis=0)) ** 2).sum(axis=0), rtol=1e-9)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_batchnorm2d_tile_with_reduce_and_global_count(dtype):
-    """A tile whose ``reduce`` adds the partial sums of two identical tiles, with ``count`` the global M, computes
-    what one device computes on the global batch ``concat([x, x])``."""
+    """A tile whose ``gather`` stacks the statistics of two identical tiles and whose ``reduce`` adds their
+    partial sums, with ``count`` the global M, computes what one device computes on the global batch
+    ``concat([x, x])``."""
     rng = np.random.default_rng(19)
     x, gamma, beta, running_mean, running_var = bn_inputs(rng, (3, 2, 4, 5), dtype)
     mean_tile, var_tile = running_mean.copy(), running_var.copy()
     y, saved = batchnorm2d_forward(x, gamma, beta, mean_tile, var_tile, training=True,
-                                   reduce=lambda partial: 2 * partial, count=2 * 3 * 4 * 5)
+                                   reduce=lambda partial: 2 * partial, gather=lambda stats: np.stack([stats, stats]),
+                                   count=2 * 3 * 4 * 5)
     y_whole, saved_whole = batchnorm2d_forward(np.concatenate([x, x]), gamma, beta, running_mean, running_var,
                                                training=True)
     assert_close(y, y_whole[:3], dtype, "y")

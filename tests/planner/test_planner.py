@@ -109,21 +109,30 @@ def test_algorithm_1_finds_the_exhaustive_optimum(name, devices, batch, machine)
     optimal = make_plan(graph, devices, cost, "optimal")
     exhaustive = make_plan(graph, devices, cost, "exhaustive")
     assert optimal.solution.exact
-    assert optimal.prediction.iteration_s == pytest.approx(exhaustive.prediction.iteration_s, rel=1e-9)
+    assert optimal.solution.cost == pytest.approx(exhaustive.solution.cost, rel=1e-9)
+    assert cost.surrogate(optimal.searched).iteration_s == pytest.approx(
+        cost.surrogate(exhaustive.plan).iteration_s, rel=1e-9)
 
 
 @pytest.mark.parametrize("machine", [None, TWO_LEVEL], ids=["one-node", "two-level"])
 @pytest.mark.parametrize("name,devices,batch", [("cifar_cnn", 4, 16), ("small_inception", 3, 6),
                                                ("small_resnet", 8, 16), ("alexnet", 8, 32),
                                                ("mini_pool_first", 4, 8)])
-def test_the_search_objective_is_the_prediction_and_beats_the_baselines(name, devices, batch, machine):
+def test_the_search_objective_is_the_surrogate_and_the_plan_the_fastest_candidate_on_the_timeline(
+        name, devices, batch, machine):
     graph = model(name)
     cost = cost_model(graph, batch, machine)
     results = {s: make_plan(graph, devices, cost, s) for s in STRATEGIES if s != "exhaustive"}
     best = results["optimal"]
-    assert best.solution.cost + cost.overhead(devices) == pytest.approx(best.prediction.iteration_s, rel=1e-9)
+    assert best.solution.cost + cost.overhead(devices) == pytest.approx(cost.surrogate(best.searched).iteration_s,
+                                                                        rel=1e-9)
+    assert best.prediction.iteration_s == pytest.approx(cost.simulate(best.plan).iteration_s, rel=1e-12)
+    assert best.candidates[0][1] == best.prediction.iteration_s
+    assert [t for _, t in best.candidates] == sorted(t for _, t in best.candidates)
+    assert {label for label, _ in best.candidates} >= {"data", "model", "owt", "the surrogate's optimum"}
     for strategy, result in results.items():
         assert best.prediction.iteration_s <= result.prediction.iteration_s * (1 + 1e-12), strategy
+    assert best.prediction.iteration_s <= cost.simulate(best.searched).iteration_s * (1 + 1e-12)
 
 
 def test_a_written_plan_reads_back_as_the_same_plan():
@@ -135,13 +144,18 @@ def test_a_written_plan_reads_back_as_the_same_plan():
 
 def test_the_planner_splits_big_fully_connected_layers_over_channels():
     """AlexNet's fc6 holds 38M parameters: on 8 devices data parallelism would allreduce them; the planner
-    does better (the paper's central observation) and never replicates fc6 over all devices."""
+    does better (the paper's central observation) and never replicates fc6 over all devices. The allreduce runs
+    while the convolutions' backward does, so the gain is smaller than with synchronization after backward."""
     graph = model("alexnet")
     cost = cost_model(graph, 256, TWO_LEVEL)
     best = make_plan(graph, 8, cost)
     data = make_plan(graph, 8, cost, "data")
-    assert best.prediction.iteration_s < 0.9 * data.prediction.iteration_s
+    # overlapped with the convolutions' backward, data parallelism's allreduce is mostly hidden: a smaller gain
+    assert best.prediction.iteration_s < 0.95 * data.prediction.iteration_s
     assert best.plan["fc6"].degrees[1] > 1
+    # allreduced after backward, as the paper's runtime did, it is all exposed
+    after = {"overlap": False}
+    assert best.prediction.iteration_s < 0.9 * cost.simulate(data.plan, after).iteration_s
 
 
 @pytest.mark.parametrize("name,devices,batch", [("alexnet", 8, 64), ("cifar_cnn", 4, 16), ("mini_inception", 4, 4)])
@@ -197,8 +211,8 @@ def test_a_tie_band_never_applies_to_a_memory_limited_search():
 
 
 @pytest.mark.parametrize("name", ["mini_pool_first", "mini_residual", "mini_inception"])
-def test_the_search_tables_price_any_plan_as_the_cost_model_does(name):
-    """Node plus edge tables, for random configurations of every node, give the cost model's prediction of that
+def test_the_search_tables_price_any_plan_as_the_surrogate_does(name):
+    """Node plus edge tables, for random configurations of every node, give the surrogate's prediction of that
     plan: an edge into a layer that needs no input gradient (the pooling of the data) runs no backward exchange,
     in the tables as in the prediction."""
     from spmdcnn.planner import Problem
@@ -210,5 +224,5 @@ def test_the_search_tables_price_any_plan_as_the_cost_model_does(name):
         choices = [int(rng.integers(len(c))) for c in problem.choices]
         objective = sum(costs[c] for costs, c in zip(problem.node_costs, choices))
         objective += sum(table[choices[u], choices[v]] for u, v, table in problem.edges)
-        predicted = cost.simulate(problem.plan(choices, batch, "random")).iteration_s - cost.overhead(devices)
+        predicted = cost.surrogate(problem.plan(choices, batch, "random")).iteration_s - cost.overhead(devices)
         assert objective == pytest.approx(predicted, rel=1e-9)

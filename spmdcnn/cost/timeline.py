@@ -1,0 +1,187 @@
+"""The cost of a plan as the runtime runs it: a timeline of one iteration (docs/architecture.md#the-timeline).
+
+Every device runs the layers in order and waits at each exchange for the tiles it reads, so the compute lane is
+shared: layer by layer, the slowest tile (``t_c``, its parameter update set aside), each edge's exchange, and
+batchnorm's statistics (forward gather, backward sum) on the critical path. Forward, the loss's sum, then
+backward in reverse order; a layer's backward readies the gradient buckets whose earliest layer it is
+(:func:`spmdcnn.cost.buckets.assign`, the runtime's rule). Each device has a communication lane: its buckets'
+allreduces, one after the other, each starting when it is ready (``overlap``) or when backward ends, and lasting
+what the machine's allreduce regimes give its bytes over its group. After backward, a device updates the
+parameters no bucket sums, then each bucket's once its sum is done; the iteration ends when the slowest device
+has updated its last bucket.
+
+Backward is taken as twice forward for a layer with parameters whose input needs a gradient (three products of
+the size of forward's), as long as forward for the others with a backward; a tile whose backward never runs is
+all forward.
+"""
+
+from dataclasses import dataclass, field
+from math import prod
+
+from ..graph.blocks import DATA
+from ..tiling.boxes import part
+from ..tiling.config import output_shape
+from ..tiling.ghost import components
+from .buckets import SyncOptions, assign
+
+
+@dataclass
+class BucketCost:
+    """One bucket of one device: its group, bytes, the layers it holds and when its allreduce runs."""
+
+    ranks: tuple
+    nbytes: int
+    layers: dict        # {layer: bytes of its gradients in the bucket}
+    ready: str
+    seconds: float = 0.0
+    start_s: float = 0.0
+    end_s: float = 0.0
+    exposed_s: float = 0.0
+
+
+@dataclass
+class Timeline:
+    """The iteration of the slowest device (``rank``), with every device's end."""
+
+    iteration_s: float
+    backward_end_s: float
+    rank: int
+    buckets: list = field(default_factory=list)     # the slowest device's BucketCosts
+    ends: list = field(default_factory=list)        # every device's end
+
+    @property
+    def allreduce_s(self):
+        """The slowest device's gradient allreduce time, hidden or not."""
+        return sum(b.seconds for b in self.buckets)
+
+    @property
+    def exposed_s(self):
+        return sum(b.exposed_s for b in self.buckets)
+
+
+def forward_share(layer, backward):
+    """The part of a tile's forward and backward time that is forward (module docstring)."""
+    if not backward:
+        return 1.0
+    if layer.params and any(layer.input_grads):
+        return 1.0 / 3.0
+    return 0.5
+
+
+def gradient_tensors(graph, plan, rank, itemsize, ghost=None):
+    """``{group: [(layer, nbytes), ...]}``: the gradients ``rank`` sums with other devices, per replica group, in
+    layer order (each parameter tensor's shard of the rows its tile holds). Batchnorm sums its own, unless ghost
+    batch norm (groups of ``ghost`` samples) splits its replica group into components."""
+    tensors = {}
+    for layer in graph.layers:
+        if not layer.params:
+            continue
+        config = plan[layer.name]
+        if layer.spec.reduced_in_layer:
+            if ghost is None:
+                continue
+            site = components(config, output_shape(layer, plan.batch), ghost).get(rank)
+            if site is None or site.whole:
+                continue
+        c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
+        for index, group in config.replicas().items():
+            if rank not in group or len(group) < 2:
+                continue
+            lo, hi = part(layer.out_shape[0], c_degree, index)
+            for shape in layer.params.values():
+                nbytes = (hi - lo) * prod(shape[1:]) * itemsize
+                if nbytes:
+                    tensors.setdefault(tuple(sorted(group)), []).append((layer.name, nbytes))
+    return tensors
+
+
+def device_buckets(graph, plan, rank, options, itemsize, machine, ghost=None):
+    """The :class:`BucketCost` list of ``rank``, in the order its allreduces start."""
+    order = {layer.name: index for index, layer in enumerate(graph.layers)}
+    tensors = gradient_tensors(graph, plan, rank, itemsize, ghost)
+    found = []
+    for group, first, stop, ready in assign(tensors, order, options):
+        layers = {}
+        for name, nbytes in tensors[group][first:stop]:
+            layers[name] = layers.get(name, 0) + nbytes
+        nbytes = sum(layers.values())
+        found.append(BucketCost(group, nbytes, layers, ready, machine.regimes(group).allreduce(len(group), nbytes)))
+    return found
+
+
+def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, updates, ghost=None):
+    """The :class:`Timeline` of ``layers``: ``(layer, forward_s, backward_s)`` per layer in model order, each
+    lane's time without parameter updates (exchanges, batchnorm's sums included), ``updates``
+    ``{layer: seconds}``, ``overhead_s`` the loss's sum after forward, ``wait`` the seconds lost at each point
+    where devices synchronize."""
+    graph = plan.graph
+    now = sum(forward for _, forward, _ in layers) + overhead_s
+    ready = {}
+    for layer, _, backward in reversed(layers):
+        now += backward
+        ready[layer.name] = now
+    end = now
+    total_update = sum(updates.values())
+    slowest = None
+    ends = []
+    for rank in range(plan.devices):
+        buckets = device_buckets(graph, plan, rank, options, itemsize, machine, ghost)
+        lane = 0.0
+        for bucket in buckets:
+            bucket.start_s = max(ready[bucket.ready] if options.overlap else end, lane)
+            bucket.end_s = lane = bucket.start_s + bucket.seconds + wait
+        t = end + total_update - sum(updates[name] for b in buckets for name in b.layers)
+        for bucket in buckets:
+            if bucket.end_s > t:
+                bucket.exposed_s, t = bucket.end_s - t, bucket.end_s
+            t += sum(updates[name] for name in bucket.layers)
+        ends.append(t)
+        if slowest is None or t > slowest.iteration_s:
+            slowest = Timeline(t, end, rank, buckets)
+    slowest.ends = ends
+    return slowest
+
+
+def layer_lanes(cost, plan):
+    """``(rows, layers, updates)`` for :func:`run_timeline` from a :class:`~spmdcnn.cost.model.CostModel`:
+    ``rows`` ``{layer: (compute_s, transfer_s, batchnorm_sync_s, bytes_transferred, bytes_synced)}``."""
+    rows, lanes, updates = {}, [], {}
+    compute = cost.compute
+    factor = compute.profile.factor if compute.profile is not None else 1.0
+    for layer in cost.graph.layers:
+        config = plan[layer.name]
+        t_c, sync, synced, sync_forward, gradient = cost.node_parts(layer, config)
+        update = 0.0
+        if layer.params:
+            c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
+            rows_held = -(-layer.out_shape[0] // c_degree)
+            update = min(t_c, factor * compute.update_seconds(
+                sum(rows_held * prod(shape[1:]) for shape in layer.params.values())))
+        updates[layer.name] = update
+        forward_x = backward_x = moved = 0.0
+        for slot, ref in enumerate(layer.inputs):
+            if ref == DATA:
+                continue
+            traffic = cost.edge(layer, slot).forward(plan[ref], config)
+            one = cost.exchange_seconds(traffic.seconds, traffic.bytes, backward=False)
+            forward_x += one
+            if layer.input_grads[slot]:
+                backward_x += one
+                moved += traffic.bytes
+            moved += traffic.bytes
+        batchnorm = sync - gradient if layer.spec.reduced_in_layer else 0.0
+        share = forward_share(layer, layer.needs_grad)
+        work = t_c - update
+        lanes.append((layer, forward_x + share * work + sync_forward,
+                      (1 - share) * work + (batchnorm - sync_forward) + backward_x))
+        rows[layer.name] = (t_c, forward_x + backward_x, batchnorm, moved, synced)
+    return rows, lanes, updates
+
+
+def timeline(cost, plan, options=None):
+    """``(rows, Timeline)`` of ``plan`` under ``cost`` (a CostModel) with the sync ``options``."""
+    options = SyncOptions.of(options if options is not None else cost.sync)
+    rows, lanes, updates = layer_lanes(cost, plan)
+    found = run_timeline(lanes, plan, cost.machine, options, max(cost.itemsize, 4), cost.compute.wait,
+                         cost.overhead(plan.devices), updates, cost.ghost)
+    return rows, found
