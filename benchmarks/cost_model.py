@@ -49,6 +49,8 @@ def main():
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="times the whole set is measured, in turn")
+    parser.add_argument("--overlap", nargs="+", default=["on"], choices=["on", "off"],
+                        help="gradient allreduces overlapped with backward (sync.overlap), off, or both")
     parser.add_argument("--json", help="write every pair of numbers here")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="spmdcnn-cost-")
@@ -71,13 +73,15 @@ def main():
                 _forget_reference(profile)
                 run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile, "--machine",
                  args.machine], ranks)
-            for plan in (args.plans if ranks > 1 else ["data"]):
+            for plan, overlap in [(p, o) for p in (args.plans if ranks > 1 else ["data"]) for o in args.overlap]:
                 spec_plan = optimal if plan == "optimal" else plan
+                sync = [] if overlap == "on" else ["--no-overlap"]
                 predicted = json.loads(run(["simulate", spec_plan, "--model", model, "--devices", str(ranks),
                                             "--batch", batch, "--machine", args.machine, "--profile", profile,
-                                            "--json"], 1))[0]["predicted"]
+                                            "--json", *sync], 1))[0]["predicted"]
                 measured = json.loads(run(["bench", model, "--batch", batch, "--plan", spec_plan, "--steps",
-                                           str(args.steps), "--warmup", str(args.warmup), "--json"], ranks))
+                                           str(args.steps), "--warmup", str(args.warmup), "--json", *sync], ranks))
+                plan = plan if len(args.overlap) == 1 else f"{plan}/{overlap}"
                 row = {"model": name, "batch": int(batch), "ranks": ranks, "plan": plan, "round": round_,
                        "predicted_ms": predicted["iteration_s"] * 1e3, "measured_ms": measured["step_s_median"] * 1e3,
                        "error": predicted["iteration_s"] / measured["step_s_median"] - 1,
@@ -96,6 +100,14 @@ def main():
               f"{statistics.median(r['measured_ms'] for r in rows):>14.1f} {errors[name, ranks, plan] * 100:>+6.1f}%")
     size = [abs(e) for e in errors.values()]
     print(f"\n{len(size)} pairs: median |error| {statistics.median(size) * 100:.1f}%, largest {max(size) * 100:.1f}%")
+    for name, ranks in dict.fromkeys((n, r) for n, r, _ in pairs):
+        measured = {plan: statistics.median(r["measured_ms"] for r in rows)
+                    for (n, r, plan), rows in pairs.items() if (n, r) == (name, ranks)}
+        chosen = [plan for plan in measured if plan.startswith("optimal")]
+        if chosen and ranks > 1:
+            fastest = min(measured, key=measured.get)
+            print(f"{name} on {ranks} ranks: the planner's plan measured {measured[chosen[0]]:.1f} ms, the fastest "
+                  f"({fastest}) {measured[fastest]:.1f} ms: {measured[chosen[0]] / measured[fastest] - 1:+.1%}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump([row for rows in pairs.values() for row in rows], handle, indent=1)

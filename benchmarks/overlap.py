@@ -47,10 +47,14 @@ def main():
     parser.add_argument("--steps", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--bucket-mb", default="25")
+    parser.add_argument("--batchnorm-group", type=int, help="ghost batch norm (batchnorm: {group: G}): leaves "
+                        "the gradients' allreduces as the only sync of a batch-norm network's data plan")
     parser.add_argument("--json", help="also write every run's result here")
     args = parser.parse_args()
     env = environment()
-    modes = {"overlap": ["--bucket-mb", args.bucket_mb], "after": ["--bucket-mb", args.bucket_mb, "--no-overlap"]}
+    extra = ["--bucket-mb", args.bucket_mb] + (["--batchnorm-group", str(args.batchnorm_group)]
+                                               if args.batchnorm_group else [])
+    modes = {"overlap": extra, "after": extra + ["--no-overlap"]}
     everything = {}
     for spec in args.runs:
         model, batch = spec.split(":")
@@ -63,7 +67,8 @@ def main():
                          for key in ("images_per_s", "sync_s", "sync_exposed_s", "step_s_median")}
                   for mode, runs in results.items()}
         blas = results["overlap"][0]["blas"]
-        print(f"{model} batch {batch}, {args.ranks} ranks, plan data, buckets of {args.bucket_mb} MiB; "
+        print(f"{model} batch {batch}, {args.ranks} ranks, plan data, buckets of {args.bucket_mb} MiB"
+              f"{f', batchnorm group {args.batchnorm_group}' if args.batchnorm_group else ''}; "
               f"median of {args.rounds} rounds; BLAS {blas}")
         for mode, row in median.items():
             print(f"  {mode:>8}: {row['images_per_s']:7.2f} images/s  sync {row['sync_s'] * 1e3:7.1f} ms  exposed "

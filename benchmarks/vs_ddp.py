@@ -46,7 +46,8 @@ def spmdcnn(model, batch, ranks, steps, warmup, plan, group, env):
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=7200)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{done.stderr}")
-    return json.loads(done.stdout)
+    lines = done.stdout.splitlines()         # plan auto may report its profiling first
+    return json.loads("\n".join(lines[lines.index("{"):]))
 
 
 def ddp(model, batch, ranks, steps, warmup, env):

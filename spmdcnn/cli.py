@@ -106,7 +106,8 @@ def cmd_bench(args):
     result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed, args.plan,
                    world, args.machine, not args.json, tf32=args.tf32, transport=args.transport,
                    share_gpus=args.share_gpus, data=args.data, augment=args.augment, workers=args.workers,
-                   prefetch=args.prefetch, sync=sync_options(args), batchnorm=batchnorm_option(args))
+                   prefetch=args.prefetch, sync=sync_options(args), batchnorm=batchnorm_option(args),
+                   trace=args.trace)
     if world.rank != 0:
         return 0
     if args.json:
@@ -286,6 +287,9 @@ def build_parser():
     p.add_argument("--workers", default="auto", type=count_arg, help="with --data: data.workers (default auto)")
     p.add_argument("--prefetch", default="auto", type=ahead_arg, help="with --data: data.prefetch (default auto)")
     sync_arguments(p)
+    p.add_argument("--trace", metavar="FILE", help="write the last timed iteration of every rank (compute per "
+                   "layer, exchanges, allreduces) as Chrome trace-event JSON (Perfetto, chrome://tracing; "
+                   "spmdcnn plot --trace draws it)")
     p.add_argument("--json", action="store_true", help="print JSON (images_per_s, compute_s, transfer_s, sync_s, "
                    "sync_exposed_s, bytes_transferred, peak_memory_bytes, data_wait_s, ...)")
     p.set_defaults(run=cmd_bench)

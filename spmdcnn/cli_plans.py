@@ -236,11 +236,19 @@ def load_plan_for_simulate(spec, args):
 
 
 def cmd_simulate(args):
+    if args.trace and len(args.plans) != 1:
+        raise ValueError(f"--trace writes the timeline of one plan, got {len(args.plans)} plans")
     plans = [load_plan_for_simulate(spec, args) for spec in args.plans]
     results = []
     for spec, (graph, plan) in zip(args.plans, plans):
         cost, source = _cost_for(args, graph, plan.batch, plan.devices)
         results.append((spec, graph, plan, cost.simulate(plan), source))
+        if args.trace:
+            from .cost.timeline import timeline_events
+            from .io.trace import write_trace
+            write_trace(args.trace, timeline_events(cost, plan),
+                        f"predicted: {graph.name}, batch {plan.batch}, {plan.devices} devices, {spec}, machine "
+                        f"{cost.machine.name}")
     if args.json:
         print(json.dumps([{"plan": spec, "model": graph.name, "devices": plan.devices, "batch": plan.batch,
                            "compute": source, "predicted": prediction.to_json()}
@@ -258,7 +266,16 @@ def cmd_simulate(args):
 
 
 def cmd_plot(args):
-    from .planner.plot import draw_plan
+    from .planner.plot import draw_plan, draw_traces
+    if args.trace:
+        if args.plan:
+            raise ValueError("give a plan or --trace, not both")
+        from .io.trace import read_trace
+        draw_traces([read_trace(path) for path in args.trace], args.output)
+        print(f"wrote {args.output}")
+        return 0
+    if not args.plan:
+        raise ValueError("give a plan (a plan file, or data, model, owt) or --trace FILE")
     graph, plan = load_plan_for_simulate(args.plan, args)
     cost, source = _cost_for(args, graph, plan.batch, plan.devices)
     prediction = cost.simulate(plan)
@@ -320,6 +337,9 @@ def add_plan_commands(sub, common):
                        description="Score plans (plan YAML files, or data/model/owt with --model, --devices and "
                                    "--batch) with the cost model: per layer compute, transfer and sync time.")
     p.add_argument("plans", nargs="+", metavar="PLAN", help="plan YAML file, or data, model, owt")
+    p.add_argument("--trace", metavar="FILE", help="write the predicted iteration of every device (compute per "
+                   "layer, exchanges, bucket allreduces) as Chrome trace-event JSON, as bench --trace writes the "
+                   "measured one (one plan)")
     plan_source_options(p)
     cost_options(p)
     p.set_defaults(run=cmd_simulate)
@@ -327,7 +347,9 @@ def add_plan_commands(sub, common):
     p = sub.add_parser("plot", parents=[common], help="draw a plan: each layer's configuration and predicted times",
                        description="Draw a plan as a picture (PNG, SVG or PDF): each layer's configuration and its "
                                    "predicted compute, transfer and sync time under the cost model. Needs matplotlib.")
-    p.add_argument("plan", metavar="PLAN", help="plan YAML file, or data, model, owt")
+    p.add_argument("plan", metavar="PLAN", nargs="?", help="plan YAML file, or data, model, owt")
+    p.add_argument("--trace", metavar="FILE", nargs="+", help="draw traces instead (bench --trace, simulate "
+                   "--trace): each a panel, on one time axis, so prediction and measurement can be compared")
     p.add_argument("-o", "--output", required=True, help="picture to write (.png, .svg, .pdf)")
     plan_source_options(p)
     cost_options(p, "also print the prediction as")

@@ -2,6 +2,7 @@
 ranks under ``mpiexec`` (measured links). Every launch has a timeout, so a deadlock fails instead of hanging."""
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -112,6 +113,32 @@ def test_two_ranks_measure_the_link_within_the_node(tmp_path):
     assert raw["bytes"][0] == 8 and all(t > 0 for t in raw["seconds"])
     assert len(machine.measured["device"]["flops_per_rank"]) == 2 and machine.device.flops > 1e8
     assert machine.measured["placement"] == "block" and "warnings" not in machine.measured
+    allreduce = machine.measured["allreduce"]["intra_node"]
+    assert allreduce["groups"] == [2] and allreduce["bytes"][0] == 8 and len(allreduce["seconds"][0]) >= 2
+    regimes = machine.allreduce["intra_node"]
+    assert regimes.small.bandwidth > 1e6 and regimes.large.bandwidth > 1e6 and regimes.large.latency < 1e-2
+
+
+def test_the_allreduce_fit_recovers_both_regimes_from_exact_points():
+    from spmdcnn.comm.calibrate import fit_allreduce
+    groups, sizes = (2, 4, 8), (8, 512, 1 << 15, 1 << 20, 1 << 22, 1 << 24)
+    small, large = (2e-6, 4e9), (8e-6, 1.2e10)
+
+    def time(p, n):
+        doubling = math.ceil(math.log2(p)) * (small[0] + n / small[1])
+        ring = 2 * (p - 1) * (large[0] + n / p / large[1])
+        return doubling if n <= 1 << 16 else ring
+    seconds = [[time(p, n) for n in sizes] for p in groups]
+    got_small, got_large = fit_allreduce(groups, sizes, seconds)
+    assert got_small == pytest.approx(small, rel=1e-6) and got_large == pytest.approx(large, rel=1e-6)
+
+
+def test_allreduce_groups_are_prefixes_of_a_node_and_of_the_node_leaders():
+    from spmdcnn.comm.calibrate import allreduce_groups
+    assert allreduce_groups((0, 0, 0, 0, 0, 0)) == {"intra_node": [(0, 1), (0, 1, 2, 3), (0, 1, 2, 3, 4, 5)]}
+    assert allreduce_groups((0, 0, 1, 1, 2, 2)) == {"intra_node": [(0, 1)], "inter_node": [(0, 2), (0, 2, 4)]}
+    assert allreduce_groups((0, 1)) == {"inter_node": [(0, 1)]}
+    assert allreduce_groups((0,)) == {}
 
 
 def test_calibrate_help(capsys):

@@ -176,3 +176,108 @@ def measure_links(world, quick=False, xp=np):
         if any(p is not None for p in partner):
             links[kind] = measure_link(world, kind, partner, sizes, repeats, warmup, max_batch, xp)
     return where, links
+
+
+# allreduce message sizes: 8 B to 64 MiB, the span over which libraries switch algorithms
+ALLREDUCE_SIZES = (8, 64, 512, 1 << 12, 1 << 15, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26)
+QUICK_ALLREDUCE_SIZES = (8, 1 << 12, 1 << 18, 1 << 20)
+SMALL_BYTES = 1 << 16       # points up to this size fit the latency-bound regime
+LARGE_BYTES = 1 << 20       # points from this size the bandwidth-bound one
+
+
+@dataclass(frozen=True)
+class AllreduceMeasurement:
+    """One level's allreduces: ``seconds[g][i]`` is the slowest member's median time of summing ``sizes[i]``
+    bytes (float32) over the first ``groups[g]`` ranks of the level; ``small`` and ``large`` are the
+    ``(latency, bandwidth)`` fits of recursive doubling and of a ring to them."""
+
+    kind: str
+    groups: tuple
+    sizes: tuple
+    seconds: tuple
+    small: tuple
+    large: tuple
+
+
+def allreduce_groups(node_of):
+    """``{level: [ranks, ...]}``: the groups whose allreduces calibrate times, the same on every rank. Within a
+    node: the first 2, 4, 8, ... ranks of node 0 and all of them; across nodes: the first rank of the first 2, 4,
+    ... nodes and of all. A level with fewer than two ranks has none."""
+    nodes = sorted(set(node_of))
+    first = [r for r, n in enumerate(node_of) if n == nodes[0]]
+    leaders = [min(r for r, n in enumerate(node_of) if n == node) for node in nodes]
+
+    def prefixes(ranks):
+        counts = sorted({c for c in (2 ** k for k in range(1, len(ranks).bit_length())) if c <= len(ranks)}
+                        | ({len(ranks)} if len(ranks) > 1 else set()))
+        return [tuple(ranks[:c]) for c in counts]
+    return {level: groups for level, groups in (("intra_node", prefixes(first)), ("inter_node", prefixes(leaders)))
+            if groups}
+
+
+def fit_allreduce(groups, sizes, seconds):
+    """``(small, large)``: the ``(latency, bandwidth)`` of recursive doubling, ``ceil(log2 p) * (latency + n /
+    bandwidth)``, fitted to the points up to :data:`SMALL_BYTES`, and of a ring, ``2(p - 1) * (latency + n / p /
+    bandwidth)``, to those from :data:`LARGE_BYTES` (all points where a range has fewer than two), by least
+    squares on the relative error; a negative latency (noise) is clamped to zero and the slope refitted."""
+    rows = [(p, n, t) for p, times in zip(groups, seconds) for n, t in zip(sizes, times)]
+
+    def fit(points, steps, share):
+        x = np.array([[steps(p), steps(p) * share(p) * n] for p, n, _ in points], dtype=np.float64)
+        t = np.array([t for _, _, t in points], dtype=np.float64)
+        (latency, slope), *_ = np.linalg.lstsq(x / t[:, None], np.ones_like(t), rcond=None)
+        if latency < 0:
+            column = x[:, 1] / t
+            latency, slope = 0.0, float(np.sum(column) / np.sum(column ** 2))
+        if slope <= 0:
+            slope = min(t[i] / x[i, 1] for i in range(len(t)))
+        return float(latency), float(1 / slope)
+
+    small = [r for r in rows if r[1] <= SMALL_BYTES]
+    large = [r for r in rows if r[1] >= LARGE_BYTES]
+    doubling = fit(small if len(small) >= 2 else rows, lambda p: int(np.ceil(np.log2(p))), lambda p: 1.0)
+    ring = fit(large if len(large) >= 2 else rows, lambda p: 2 * (p - 1), lambda p: 1.0 / p)
+    return doubling, ring
+
+
+def _allreduce_seconds(world, comm, array, repeats, warmup, batch):
+    """This rank's median time of one allreduce of ``array`` over ``comm`` (None: not a member; only the
+    barriers), through the world's transport."""
+    times = []
+    for repeat in range(warmup + repeats):
+        world.barrier()
+        start = time.perf_counter()
+        if comm is not None:
+            for _ in range(batch):
+                world.transport.allreduce(array, comm)
+        if repeat >= warmup:
+            times.append((time.perf_counter() - start) / batch)
+    return statistics.median(times) if comm is not None else None
+
+
+def measure_allreduces(world, quick=False, xp=np):
+    """``{level: AllreduceMeasurement}`` of the groups of :func:`allreduce_groups` (a collective: every rank
+    calls it; one process measures nothing)."""
+    if world.size == 1:
+        return {}
+    where = placement(world)
+    sizes = QUICK_ALLREDUCE_SIZES if quick else ALLREDUCE_SIZES
+    repeats, warmup, max_batch = (3, 1, 4) if quick else (7, 2, 32)
+    buffer = xp.ones(max(sizes) // 4, dtype=np.float32)
+    found, kept = {}, []        # the groups' communicators live on: a transport may key its own by them
+    for level, groups in allreduce_groups(where.node_of).items():
+        seconds = []
+        for ranks in groups:
+            member = world.rank in ranks
+            sub = world.comm.Split(0 if member else mpi().UNDEFINED, key=world.rank)
+            if member:
+                world.transport.attach(sub)
+            mine = [_allreduce_seconds(world, sub if member else None, buffer[:size // 4], repeats, warmup,
+                                       max(1, min(max_batch, BATCH_BYTES // size))) for size in sizes]
+            kept.append(sub)
+            everyone = [times for times in world.allgather(mine) if times[0] is not None]
+            seconds.append(tuple(max(times[i] for times in everyone) for i in range(len(sizes))))
+        counts = tuple(len(ranks) for ranks in groups)
+        small, large = fit_allreduce(counts, sizes, seconds)
+        found[level] = AllreduceMeasurement(level, counts, tuple(sizes), tuple(seconds), small, large)
+    return found

@@ -39,7 +39,7 @@ class ReplicaGroups:
         world = self.world
 
         def reduce(array):
-            return world.allreduce(array if array.flags.c_contiguous else array.copy(), comm)
+            return world.allreduce(array if array.flags.c_contiguous else array.copy(), comm, "batchnorm")
         return reduce
 
     def gatherer(self, ranks):

@@ -50,8 +50,9 @@ class Pending:
     (and, for MPI's own non-blocking collectives, drives their progress), :meth:`wait` blocks until the sum is in
     the array. ``request``: an MPI request; else ``done()`` tells and ``block()`` waits."""
 
-    def __init__(self, request=None, done=None, block=None):
+    def __init__(self, request=None, done=None, block=None, finished_at=None):
         self.request, self.done, self.block = request, done, block
+        self.finished_at = finished_at      # when the sum was done, where the one doing it tells (the thread)
         self.after = []
         self.complete = False
 
@@ -107,24 +108,26 @@ class _Lane:
         self.thread.start()
 
     def _run(self):
+        import time
         while True:
-            work, done, failure = self.queue.get()
+            work, done, failure, finished = self.queue.get()
             try:
                 work()
             except BaseException as error:      # noqa: BLE001 -- handed to the waiting rank
                 failure.append(error)
+            finished.append(time.perf_counter())
             done.set()
 
     def submit(self, work):
         import threading
-        done, failure = threading.Event(), []
+        done, failure, finished = threading.Event(), [], []
 
         def block():
             done.wait()
             if failure:
                 raise failure[0]
-        self.queue.put((work, done, failure))
-        return Pending(done=done.is_set, block=block)
+        self.queue.put((work, done, failure, finished))
+        return Pending(done=done.is_set, block=block, finished_at=lambda: finished[0] if finished else None)
 
 
 def _synchronize():

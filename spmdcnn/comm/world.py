@@ -37,18 +37,19 @@ class Counters:
     sync_exposed_s: float = 0.0    # the part of sync_s this rank spent waiting (not hidden behind backward)
     bytes_transferred: int = 0     # bytes this rank sent to other ranks in redistributions
     bytes_synced: int = 0          # bytes this rank contributed to allreduces
-    intervals: list = field(default_factory=list, repr=False)     # (start, end) of every allreduce
+    intervals: list = field(default_factory=list, repr=False)     # (start, end, what) of every allreduce
 
-    def busy(self, start, end):
-        """Count ``[start, end)`` as time an allreduce was going on."""
-        self.intervals.append((start, end))
+    def busy(self, start, end, what="allreduce"):
+        """Count ``[start, end)`` as time an allreduce (``what``: ``gradients``, ``batchnorm``, ``sum``) was going
+        on."""
+        self.intervals.append((start, end, what))
 
     @property
     def sync_s(self):
         """Gradient allreduces (start to completion), batchnorm statistics, loss reduction: the time any of them
         was going on (allreduces in flight together count once)."""
         total, reach = 0.0, float("-inf")
-        for start, end in sorted(self.intervals):
+        for start, end, _ in sorted(self.intervals):
             start = max(start, reach)
             if end > start:
                 total += end - start
@@ -95,8 +96,9 @@ class InFlight:
             self._finish(now)
 
     def _finish(self, now):
-        self.finished = now
-        self.counters.busy(self.started, now)
+        done = self.pending.finished_at() if self.pending.finished_at is not None else None
+        self.finished = now if done is None else min(done, now)      # the thread's clock, where it tells
+        self.counters.busy(self.started, self.finished, "gradients")
 
 
 class World:
@@ -148,15 +150,15 @@ class World:
             node.Free()
         return self._node_ranks
 
-    def allreduce(self, array, comm=None):
+    def allreduce(self, array, comm=None, what="sum"):
         """Sum the contiguous ``array`` over ``comm`` (the world by default) in place, through the transport;
-        returns it."""
+        returns it. ``what`` names it in traces (``loss``, ``batchnorm``)."""
         comm = self.comm if comm is None else comm
         if comm is not None and comm.Get_size() > 1:
             start = time.perf_counter()
             self.transport.allreduce(array, comm)
             end = time.perf_counter()
-            self.counters.busy(start, end)
+            self.counters.busy(start, end, what)
             self.counters.sync_exposed_s += end - start
             self.counters.bytes_synced += array.nbytes
         return array
@@ -169,7 +171,7 @@ class World:
         start = time.perf_counter()
         comm.Allgather(host, out)
         end = time.perf_counter()
-        self.counters.busy(start, end)
+        self.counters.busy(start, end, "batchnorm")
         self.counters.sync_exposed_s += end - start
         self.counters.bytes_synced += host.nbytes
         return out if isinstance(array, np.ndarray) else _like(array, out)
@@ -191,7 +193,7 @@ class World:
 
     def sum_scalars(self, *values):
         """The sums over all ranks of a few numbers (float64)."""
-        return tuple(self.allreduce(np.array(values, dtype=np.float64)).tolist())
+        return tuple(self.allreduce(np.array(values, dtype=np.float64), what="loss").tolist())
 
     def agree(self, fn):
         """Run ``fn`` on every rank; if it raised anywhere, raise a :class:`CollectiveError` on every rank with the

@@ -1,5 +1,8 @@
 """``spmdcnn calibrate``: measure the machine model (docs/formats.md#machine-files) on the ranks of a job.
 
+- allreduces: :func:`spmdcnn.comm.calibrate.measure_allreduces` sums 8 B to 64 MiB over groups of 2, 4, ... ranks
+  of a node (and of one rank per node, across nodes) and fits each level's ``allreduce`` regimes: recursive
+  doubling to the small messages, a ring to the large ones.
 - links: :func:`spmdcnn.comm.calibrate.measure_links` times the runtime's exchanges between the ranks of a node
   and between nodes, all pairs at once, and fits ``t = latency + bytes / bandwidth``. With one node,
   ``inter_node`` is ``intra_node`` (nothing crosses nodes in such a job); with one rank per node, ``intra_node``
@@ -22,8 +25,8 @@ import time
 import numpy as np
 
 from ..backend import synchronizer
-from ..comm.calibrate import measure_links
-from .machine import Device, Link, Machine
+from ..comm.calibrate import measure_allreduces, measure_links
+from .machine import Device, Link, Machine, Regimes
 
 DEFAULT_LINK = Link(bandwidth=5.0e9, latency=5.0e-6)
 # (M, K, N) of the im2col GEMM of a 3x3 convolution: 128 -> 256 channels on a 32x32 tile; 64 -> 64 channels
@@ -128,6 +131,7 @@ def calibrate(world, name="local", quick=False, xp=np):
     check_name(name)
     start = time.perf_counter()
     where, links = measure_links(world, quick, xp)
+    allreduces = measure_allreduces(world, quick, xp)
     rates = world.allgather(device_rates(quick, world.barrier, xp))    # every rank at once: training's contention
     device = Device(rates[0]["name"],
                     *(statistics.fmean(r[key] for r in rates) for key in ("flops", "memory_bandwidth", "overhead")))
@@ -138,6 +142,14 @@ def calibrate(world, name="local", quick=False, xp=np):
     for kind in ("intra_node", "inter_node"):
         m = links.get(kind)
         measured[kind] = _measured_link(m) if m else _unmeasured(kind, where, world.size)
+    if allreduces:
+        measured["allreduce"] = {kind: {"groups": list(m.groups), "bytes": list(m.sizes),
+                                        "seconds": [[_round(t) for t in times] for times in m.seconds],
+                                        "fit": {regime: {"bandwidth": _round(bw), "latency": _round(lat)}
+                                                for regime, (lat, bw) in (("small", m.small), ("large", m.large))}}
+                                 for kind, m in allreduces.items()}
+    regimes = {kind: Regimes(Link(m.small[1], m.small[0]), Link(m.large[1], m.large[0]))
+               for kind, m in allreduces.items()}
     gemms = GEMMS[:len(rates[0]["gemm_seconds"])]
     measured["device"] = {
         "gemm_shapes_mkn": [list(shape) for shape in gemms],
@@ -152,7 +164,7 @@ def calibrate(world, name="local", quick=False, xp=np):
     measured["quick"] = bool(quick)
     measured["seconds"] = _round(world.bcast(time.perf_counter() - start))
     return Machine(name, where.nodes, where.per_node, _link(intra), _link(inter), device, source="calibrate",
-                   measured=measured)
+                   measured=measured, allreduce=regimes)
 
 
 def _link(m):
@@ -191,6 +203,11 @@ def summary(machine, path=None):
              f"  inter-node: {link('inter_node')}",
              f"  device {d.name!r}: {d.flops / 1e9:.1f} GFLOP/s (float32 matmul), {d.memory_bandwidth / 1e9:.2f} GB/s "
              f"memory, {d.overhead * 1e6:.2f} us per op call"]
+    for kind, regimes in machine.allreduce.items():
+        groups = measured.get("allreduce", {}).get(kind, {}).get("groups", [])
+        lines.append(f"  allreduce {kind.replace('_', '-')} (groups of {', '.join(map(str, groups))}): small messages "
+                     f"{regimes.small.bandwidth / 1e9:.2f} GB/s, {regimes.small.latency * 1e6:.1f} us a step; large "
+                     f"{regimes.large.bandwidth / 1e9:.2f} GB/s, {regimes.large.latency * 1e6:.1f} us a step")
     if ranks == 1:
         lines.append("note: link numbers need mpiexec -n 2 or more (mpiexec -n K spmdcnn calibrate -o FILE); "
                      "wrote conservative shared-memory defaults")

@@ -271,6 +271,8 @@ devices_per_node: 16
 intra_node: {bandwidth: 9.5e+9, latency: 4.0e-6}
 inter_node: {bandwidth: 9.5e+9, latency: 4.0e-6}
 device: {name: cpu, flops: 1.2e+11, memory_bandwidth: 8.5e+9, overhead: 7.0e-7}
+allreduce:
+  intra_node: {small: {bandwidth: 2.1e+9, latency: 5.3e-6}, large: {bandwidth: 6.8e+9, latency: 0}}
 """
 
 

@@ -17,6 +17,7 @@ all forward.
 
 from dataclasses import dataclass, field
 from math import prod
+from typing import NamedTuple
 
 from ..graph.blocks import DATA
 from ..tiling.boxes import part
@@ -109,32 +110,54 @@ def device_buckets(graph, plan, rank, options, itemsize, machine, ghost=None):
     return found
 
 
-def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, updates, ghost=None):
-    """The :class:`Timeline` of ``layers``: ``(layer, forward_s, backward_s)`` per layer in model order, each
-    lane's time without parameter updates (exchanges, batchnorm's sums included), ``updates``
-    ``{layer: seconds}``, ``overhead_s`` the loss's sum after forward, ``wait`` the seconds lost at each point
-    where devices synchronize."""
-    graph = plan.graph
-    now = sum(forward for _, forward, _ in layers) + overhead_s
+class Lane(NamedTuple):
+    """One layer on the compute lane: its forward exchange, forward (batch norm's gather included), backward
+    (batch norm's sum included) and backward exchange, in seconds, parameter updates left out."""
+
+    forward_x: float
+    forward: float
+    backward: float
+    backward_x: float
+
+
+def compute_lane(layers, overhead_s):
+    """``(ready, end)``: when each layer's backward is done (``{layer: s}``, its buckets are ready then, before
+    its adjoint exchange) and when backward ends, for ``layers`` ``[(layer, Lane)]`` in model order and the
+    loss's sum ``overhead_s`` after forward."""
+    now = sum(lane.forward_x + lane.forward for _, lane in layers) + overhead_s
     ready = {}
-    for layer, _, backward in reversed(layers):
-        now += backward
+    for layer, lane in reversed(layers):
+        now += lane.backward
         ready[layer.name] = now
-    end = now
-    total_update = sum(updates.values())
+        now += lane.backward_x
+    return ready, now
+
+
+def device_lane(buckets, ready, end, options, wait, updates):
+    """Lay ``buckets`` (one device's, in start order) on its communication lane, setting their start, end and
+    exposed time; returns when the device has updated its last bucket."""
+    lane = 0.0
+    for bucket in buckets:
+        bucket.start_s = max(ready[bucket.ready] if options.overlap else end, lane)
+        bucket.end_s = lane = bucket.start_s + bucket.seconds + wait
+    t = end + sum(updates.values()) - sum(updates[name] for b in buckets for name in b.layers)
+    for bucket in buckets:
+        if bucket.end_s > t:
+            bucket.exposed_s, t = bucket.end_s - t, bucket.end_s
+        t += sum(updates[name] for name in bucket.layers)
+    return t
+
+
+def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, updates, ghost=None):
+    """The :class:`Timeline` of ``layers`` (``[(layer, Lane)]`` in model order), ``updates`` ``{layer:
+    seconds}``, ``overhead_s`` the loss's sum after forward, ``wait`` the seconds lost at each point where devices
+    synchronize."""
+    ready, end = compute_lane(layers, overhead_s)
     slowest = None
     ends = []
     for rank in range(plan.devices):
-        buckets = device_buckets(graph, plan, rank, options, itemsize, machine, ghost)
-        lane = 0.0
-        for bucket in buckets:
-            bucket.start_s = max(ready[bucket.ready] if options.overlap else end, lane)
-            bucket.end_s = lane = bucket.start_s + bucket.seconds + wait
-        t = end + total_update - sum(updates[name] for b in buckets for name in b.layers)
-        for bucket in buckets:
-            if bucket.end_s > t:
-                bucket.exposed_s, t = bucket.end_s - t, bucket.end_s
-            t += sum(updates[name] for name in bucket.layers)
+        buckets = device_buckets(plan.graph, plan, rank, options, itemsize, machine, ghost)
+        t = device_lane(buckets, ready, end, options, wait, updates)
         ends.append(t)
         if slowest is None or t > slowest.iteration_s:
             slowest = Timeline(t, end, rank, buckets)
@@ -144,7 +167,8 @@ def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, upd
 
 def layer_lanes(cost, plan):
     """``(rows, layers, updates)`` for :func:`run_timeline` from a :class:`~spmdcnn.cost.model.CostModel`:
-    ``rows`` ``{layer: (compute_s, transfer_s, batchnorm_sync_s, bytes_transferred, bytes_synced)}``."""
+    ``rows`` ``{layer: (compute_s, transfer_s, batchnorm_sync_s, bytes_transferred, bytes_synced)}``, ``layers``
+    ``[(layer, Lane)]``."""
     rows, lanes, updates = {}, [], {}
     compute = cost.compute
     factor = compute.profile.factor if compute.profile is not None else 1.0
@@ -172,8 +196,8 @@ def layer_lanes(cost, plan):
         batchnorm = sync - gradient if layer.spec.reduced_in_layer else 0.0
         share = forward_share(layer, layer.needs_grad)
         work = t_c - update
-        lanes.append((layer, forward_x + share * work + sync_forward,
-                      (1 - share) * work + (batchnorm - sync_forward) + backward_x))
+        lanes.append((layer, Lane(forward_x, share * work + sync_forward, (1 - share) * work + batchnorm - sync_forward,
+                                  backward_x)))
         rows[layer.name] = (t_c, forward_x + backward_x, batchnorm, moved, synced)
     return rows, lanes, updates
 
@@ -185,3 +209,49 @@ def timeline(cost, plan, options=None):
     found = run_timeline(lanes, plan, cost.machine, options, max(cost.itemsize, 4), cost.compute.wait,
                          cost.overhead(plan.devices), updates, cost.ghost)
     return rows, found
+
+
+def timeline_events(cost, plan, options=None):
+    """The predicted iteration of every device as :class:`~spmdcnn.io.trace.Event` s (``spmdcnn simulate
+    --trace``): the shared compute lane (exchanges, forward, the loss's sum, backward, updates) and each device's
+    bucket allreduces."""
+    from ..io.trace import Event
+    options = SyncOptions.of(options if options is not None else cost.sync)
+    _, lanes, updates = layer_lanes(cost, plan)
+    overhead = cost.overhead(plan.devices)
+    shared, now = [], 0.0
+    for layer, lane in lanes:
+        if lane.forward_x > 0:
+            shared.append((layer.name, "exchange", now, now + lane.forward_x))
+        now += lane.forward_x
+        shared.append((layer.name, "forward", now, now + lane.forward))
+        now += lane.forward
+    if overhead > 0:
+        shared.append(("loss", "loss", now, now + overhead))
+        now += overhead
+    for layer, lane in reversed(lanes):
+        if layer.needs_grad:
+            shared.append((layer.name, "backward", now, now + lane.backward))
+        now += lane.backward
+        if lane.backward_x > 0:
+            shared.append((layer.name, "exchange", now, now + lane.backward_x))
+        now += lane.backward_x
+    ready, end = compute_lane(lanes, overhead)
+    events = []
+    for rank in range(plan.devices):
+        events += [Event(name, kind, rank, "compute", a, b) for name, kind, a, b in shared]
+        buckets = device_buckets(plan.graph, plan, rank, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
+        device_lane(buckets, ready, end, options, cost.compute.wait, updates)
+        events += [Event(f"gradients of {', '.join(b.layers)}", "allreduce", rank, "communication", b.start_s,
+                         b.end_s) for b in buckets]
+        t = end
+        local = sum(updates.values()) - sum(updates[name] for b in buckets for name in b.layers)
+        if local > 0:
+            events.append(Event("update", "update", rank, "compute", t, t + local))
+        t += local
+        for bucket in buckets:
+            t = max(t, bucket.end_s)
+            spent = sum(updates[name] for name in bucket.layers)
+            events.append(Event(f"update of {', '.join(bucket.layers)}", "update", rank, "compute", t, t + spent))
+            t += spent
+    return events

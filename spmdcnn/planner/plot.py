@@ -74,3 +74,43 @@ def draw_plan(graph, plan, prediction, output, title):
     figure.tight_layout()
     figure.savefig(output, dpi=110)
     plt.close(figure)
+
+
+TRACE_COLOURS = {"forward": "#4878a8", "backward": "#9ab4d4", "exchange": "#c03030", "batchnorm": "#d0a030",
+                 "allreduce": "#888888", "update": "#60a060", "loss": "#a060a0"}
+
+
+def draw_traces(traces, output):
+    """Write a picture of ``traces`` (``[(title, [Event])]``: measured by ``bench --trace``, predicted by
+    ``simulate --trace``) to ``output``: one panel each, on a common time axis, a row per rank and lane, a bar per
+    event coloured by its kind."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise RuntimeError("spmdcnn plot needs matplotlib: pip install matplotlib (or spmdcnn[plot])") from None
+    longest = max((e.end for _, events in traces for e in events), default=1.0) * 1e3
+    rows_of = [sorted({(e.rank, e.lane) for e in events}) for _, events in traces]
+    figure, axes = plt.subplots(len(traces), 1, squeeze=False, figsize=(12, 1.2 + 0.5 * sum(map(len, rows_of))),
+                                height_ratios=[max(len(rows), 1) for rows in rows_of])
+    for (title, events), rows, (axis,) in zip(traces, rows_of, axes):
+        index = {row: i for i, row in enumerate(rows)}
+        for kind, colour in TRACE_COLOURS.items():
+            spans = {}
+            for e in events:
+                if e.kind == kind:
+                    spans.setdefault(index[e.rank, e.lane], []).append((e.start * 1e3, (e.end - e.start) * 1e3))
+            for row, bars in spans.items():
+                axis.broken_barh(bars, (row - 0.4, 0.8), facecolors=colour, edgecolors="none")
+        axis.set_yticks(range(len(rows)), [f"rank {rank} {lane}" for rank, lane in rows], fontsize=8)
+        axis.invert_yaxis()
+        axis.set_xlim(0, longest)
+        axis.set_title(title, fontsize=9)
+    axes[-1][0].set_xlabel("ms from the iteration's start")
+    figure.legend(handles=[Patch(color=c, label=k) for k, c in TRACE_COLOURS.items()], loc="upper right",
+                  ncol=len(TRACE_COLOURS), fontsize=8)
+    figure.tight_layout(rect=(0, 0, 1, 0.95))
+    figure.savefig(output, dpi=110)
+    plt.close(figure)

@@ -14,7 +14,9 @@ from ..io.prefetch import Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
+from ..io.trace import write_trace
 from .profile import training_step
+from .trace import traced_step
 
 
 def peak_rss_bytes():
@@ -68,9 +70,29 @@ class _Fed:
                 "worker_peak_bytes": max(loader.peaks) if loader and loader.peaks else None}
 
 
+def _timed(run, world, finish, warmup, steps, trace):
+    """``(times, events)``: each timed step's seconds (from a barrier until the slowest rank is done, ``finish()``
+    waiting for the device) and, with ``trace``, the last timed step's events on this rank."""
+    times, events = [], []
+    for step in range(warmup + steps):
+        if step == warmup:
+            world.reset()
+        world.barrier()
+        start = time.perf_counter()
+        if trace and step == warmup + steps - 1:
+            events = traced_step(lambda: (run(step), finish()), run.executor, world)
+        else:
+            run(step)
+            finish()
+        world.barrier()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return times, events
+
+
 def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
           world=None, machine=None, verbose=False, tf32=False, transport="auto", share_gpus=False, data=None,
-          augment=None, workers="auto", prefetch="auto", sync=None, batchnorm=None):
+          augment=None, workers="auto", prefetch="auto", sync=None, batchnorm=None, trace=None):
     """Time ``steps`` training iterations after ``warmup`` on the ranks of ``world`` under ``plan``.
 
     Every iteration starts after a barrier and lasts until the slowest rank is done. The breakdown per rank:
@@ -78,6 +100,7 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     allreduces from start to completion, batchnorm statistics, loss), ``sync_exposed_s`` (the part of it the rank
     waited for: not hidden behind backward), ``compute_s`` (the rest); bytes are totals over all ranks per
     iteration. ``sync``: the job's ``sync`` mapping (bucket size, overlap); ``batchnorm``: the job's key.
+    ``trace``: a path to write the last timed iteration to, every rank's, as Chrome trace-event JSON.
     The iterations train on one fixed synthetic batch, or with ``data`` (an HDF5 dataset path) on its shuffled
     batches as training reads them (``augment``: a ``data.augment`` mapping; ``workers``, ``prefetch``: as the job
     keys), and ``data_wait_s`` is the time a step waited for its batch (the slowest rank's, mean per step).
@@ -101,20 +124,15 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     try:
         run = training_step(graph, batch, xp, dtype, world, plan, seed, fed if source is not None else None, sync,
                             batchnorm)
-        times, finish = [], backend.synchronizer(xp)
-        for step in range(warmup + steps):
-            if step == warmup:
-                world.reset()
-            world.barrier()
-            start = time.perf_counter()
-            run(step)
-            finish()
-            world.barrier()
-            if step >= warmup:
-                times.append(time.perf_counter() - start)
+        times, events = _timed(run, world, backend.synchronizer(xp), warmup, steps, trace)
         failed = False
     finally:
         fed.close(failed)
+    if trace:
+        everyone = world.gather(events)
+        if world.rank == 0:
+            write_trace(trace, [e for mine in everyone for e in mine],
+                        f"measured: {graph.name}, batch {batch}, {world.size} ranks, {plan.source}")
     counters = world.counters
     total = sum(times)
     own = [counters.transfer_s / steps, counters.sync_exposed_s / steps]
@@ -136,7 +154,7 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "bytes_synced": sum(r["bytes_synced"] for r in per_rank),
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in per_rank), "per_rank": per_rank,
             "predicted_s": plan.predicted_s, "params": graph.num_params, "batchnorm": batchnorm or "global",
-            "sync": sync,
+            "sync": sync, "trace": trace,
             "data": data, "augment": augment,
             "data_wait_s": max(r["data_wait_s"] for r in per_rank) if data else None,
             "workers": per_rank[0]["workers"] if data else None,

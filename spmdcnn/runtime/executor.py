@@ -14,6 +14,8 @@ write over an input nobody else reads. With no plan, the executor runs the whole
 tile per layer), for any batch size.
 """
 
+from time import perf_counter
+
 import numpy as np
 
 from .. import backend
@@ -82,6 +84,7 @@ class Executor:
         self.plan = plan
         self.sync = SyncOptions.of(sync)
         self.batchnorm = ghost_group(batchnorm)
+        self.trace = None           # a runtime.trace.Tracer while a step is traced (spmdcnn bench --trace)
         self.overwritable = overwritable_inputs(graph) if overwrite else {layer.name: None for layer in graph.layers}
         self.program = self._program(plan or named("data", graph, 1, 1), fresh=True)
         self._saved = {}
@@ -92,9 +95,9 @@ class Executor:
         ``fresh``, else to the executor's own (the same shards: the whole model at another batch size)."""
         group = self.batchnorm
         if group is not None and plan.batch % group:
-            if self.plan is not None or not fresh:
+            if self.plan is not None:
                 raise ValueError(f"batchnorm.group {group} does not divide the batch of {plan.batch}")
-            group = None        # the placeholder of a run without a plan: rebuilt for the batch it gets
+            group = None        # without a plan, any batch evaluates; training refuses it (forward)
         program = Program(self.graph, plan, self.world, self.dtype, self.xp, self.sync, group)
         if fresh:
             self.params = FlatStore(program.shapes(param=True), self.param_dtype, self.xp)
@@ -145,6 +148,8 @@ class Executor:
         batch, and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds (those are left
         as computed: no layer writes over them)."""
         batch = images if labels is None else array_batch(images, labels)
+        if training and self.batchnorm is not None and batch.size % self.batchnorm:
+            raise ValueError(f"batchnorm.group {self.batchnorm} does not divide the batch of {batch.size}")
         self._batch_program(batch.size)
         self.program.finish_deferred()          # a forward with no backward after it left some
         run = kernels.Run(training, step, overwrite=not keep)
@@ -155,7 +160,10 @@ class Executor:
         loss_layer = self.graph.loss
         for site in self.program.sites.values():
             layer = site.layer
+            started = perf_counter()
             inputs = self._gather_inputs(site, outputs, batch)
+            if self.trace is not None and site.exchange is not None:
+                self.trace.span(layer.name, "exchange", started)
             for ref in layer.inputs:
                 remaining[ref] -= 1
                 if remaining[ref] == 0:
@@ -169,7 +177,10 @@ class Executor:
                 labels = self.xp.asarray(batch.labels(n0, n1))
                 correct = int((xs[0].argmax(axis=1) == labels).sum())
                 xs.append(labels)
+            started = perf_counter()
             y, saved = site.kernel.forward(xs, run)
+            if self.trace is not None:
+                self.trace.span(layer.name, "forward", started)
             if training and layer.needs_grad:
                 self._saved[layer.name] = saved
             if is_loss:
@@ -218,20 +229,28 @@ class Executor:
                 gy = pending.pop(layer.name)
                 if layer.name in keep:
                     kept[layer.name] = gy
+                started = perf_counter()
                 gxs = dict(enumerate(site.kernel.backward(gy, saved)))
+                if self.trace is not None:
+                    self.trace.span(layer.name, "backward", started)
                 if overlap:
                     inflight += [(b, b.start_sum(flat[b.start:b.stop])) for b in program.ready.get(layer.name, ())]
             for _, sum_ in inflight:
                 sum_.test()             # lets MPI progress them between layers
             if not slots:
                 continue
+            started = perf_counter()
             back = site.exchange.adjoint({s: gxs[s] for s in slots if s in gxs}, site.input_tiles, slots)
+            if self.trace is not None:
+                self.trace.span(layer.name, "exchange", started)
             for slot, gx in back.items():
                 ref = layer.inputs[slot]
                 pending[ref] = gx if ref not in pending else pending[ref] + gx
         self._saved = {}
         if not overlap:
             inflight = [(b, b.start_sum(flat[b.start:b.stop])) for b in program.buckets]
+        if update is not None and self.trace is not None:
+            update = self.trace.timed(update, "update")
         if update is not None:
             for start, stop in program.local:
                 update(start, stop)

@@ -19,7 +19,6 @@ from ..cost.calibrate import median_seconds, processor_name, spread, timings
 from ..cost.compute import ComputeModel, Profile, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
-from ..cost.sync import SyncModel
 from ..graph.graph import Layer
 from ..graph.opspec import KEYS, infer
 from ..graph.optable import OPS
@@ -215,6 +214,7 @@ def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=N
     def step(index=0):
         executor.forward(batch_of(index), step=index)
         executor.backward(update=update)
+    step.executor = executor
     return step
 
 
@@ -228,35 +228,28 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
 
 def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, warmup=1):
     """Seconds a rank loses at each point where the ranks synchronize: the data-parallel plan trains at ``batch``
-    on all ranks for a few iterations with its gradient buckets summed after backward (nothing hidden), and the
-    time its ranks wait in allreduces (the median rank's), less what the allreduce model of ``machine`` (a machine
-    YAML path; None: the built-in local machine) gives them, is spread over them. Ranks drift apart between two
-    such points (uneven cores, the operating system, ranks sharing a core take turns), and the first to arrive
-    waits for the last; the planner charges this wait at every allreduce and every exchange."""
-    from ..cost.buckets import SyncOptions
+    on all ranks for a few iterations, and the small collectives every rank waits in on the critical path (the
+    loss's sum, batch norm's gathers and sums) take, on average, this much longer than the allreduce model of
+    ``machine`` (a machine YAML path; None: the built-in local machine) gives a message of their size: the median
+    rank's excess. Ranks drift apart between two such points (uneven cores, the operating system, ranks sharing a
+    core take turns), and the first to arrive waits for the last; the planner charges this wait at every
+    allreduce and every exchange. Large allreduces are left out: their time is the model's bandwidth, not drift."""
     from ..cost.machine import default_machine, load_machine
-    from ..cost.timeline import device_buckets
     from ..tiling.plan import named
     plan = named("data", graph, batch, world.size)
-    after = SyncOptions(overlap=False)
-    step, sync = training_step(graph, batch, xp, dtype, world, plan, sync=after), synchronizer(xp)
+    step, sync = training_step(graph, batch, xp, dtype, world, plan), synchronizer(xp)
     for index in range(warmup + steps):
         if index == warmup:
             world.reset()
         world.barrier()
         step(index)
         sync()
-    spent = statistics.median(world.allgather(world.counters.sync_exposed_s / steps))
+    small = [end - start for start, end, what in world.counters.intervals if what in ("loss", "batchnorm")]
     world.reset()
     machine = load_machine(machine) if machine else default_machine()
-    model = SyncModel(machine, np.dtype(dtype).itemsize)
-    syncs = [model.layer(layer, plan[layer.name]) for layer in graph.layers if layer.spec.reduced_in_layer]
-    buckets = device_buckets(graph, plan, 0, after, master_dtype(dtype).itemsize, machine)
-    # batch norm's sums, the buckets' allreduces, and the loss's (two numbers over every rank)
-    modelled = sum(s.seconds for s in syncs) + sum(b.seconds for b in buckets) + \
-        machine.allreduce_time(tuple(range(world.size)), 2 * 8)
-    points = sum(s.points for s in syncs) + len(buckets) + 1
-    return max(spent - modelled, 0.0) / points
+    modelled = machine.allreduce_time(tuple(range(world.size)), 2 * 8)
+    excess = statistics.fmean(small) - modelled if small else 0.0
+    return max(statistics.median(world.allgather(excess)), 0.0)
 
 
 def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=False):

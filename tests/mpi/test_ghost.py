@@ -109,3 +109,15 @@ def test_tiles_of_whole_groups_send_nothing_for_batch_norm(world):
     finally:
         world.allgather_array = original
     agree(world, [f"gathered {gathers}"] if gathers else [])
+
+
+def test_a_group_that_does_not_divide_the_batch_is_refused_for_training_only():
+    graph = load_model(os.path.join(MODELS, "small_resnet.yaml"))
+    executor = Executor(graph, np, np.float64, batchnorm={"group": 4})
+    rng = np.random.default_rng(0)
+    images, labels = rng.standard_normal((6,) + graph.input_shape), rng.integers(0, graph.num_classes, 6)
+    with pytest.raises(ValueError, match="batchnorm.group 4 does not divide the batch of 6"):
+        executor.forward(images, labels)
+    executor.forward(images, labels, training=False)        # evaluation takes any batch
+    with pytest.raises(ValueError, match="does not divide"):
+        Executor(graph, np, np.float64, plan=named("data", graph, 6, 1), batchnorm={"group": 4})
