@@ -85,14 +85,15 @@ class Pending:
 
 
 def progress():
-    """How overlapped allreduces progress on MPI (``SPMDCNN_SYNC_PROGRESS`` overrides): ``thread``, blocking
-    collectives on a communication thread of their own, when MPI allows calls from several threads at once
-    (MPI_THREAD_MULTIPLE); else ``test``, MPI's non-blocking collectives driven by the executor between layers
+    """How overlapped allreduces progress on MPI: ``thread``, blocking collectives on a communication thread of
+    their own, when MPI allows calls from several threads at once (MPI_THREAD_MULTIPLE); else, or with
+    ``SPMDCNN_SYNC_PROGRESS=test``, ``test``: MPI's non-blocking collectives driven by the executor between layers
     (MPICH and Open MPI progress them only inside MPI calls)."""
+    multiple = mpi().Query_thread() >= mpi().THREAD_MULTIPLE
     forced = os.environ.get("SPMDCNN_SYNC_PROGRESS")
-    if forced in ("thread", "test"):
-        return forced
-    return "thread" if mpi().Query_thread() >= mpi().THREAD_MULTIPLE else "test"
+    if forced == "test" or not multiple:
+        return "test"           # two threads in MPI at once without MPI_THREAD_MULTIPLE is undefined: never
+    return "thread"
 
 
 class _Lane:

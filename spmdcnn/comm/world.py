@@ -37,24 +37,36 @@ class Counters:
     sync_exposed_s: float = 0.0    # the part of sync_s this rank spent waiting (not hidden behind backward)
     bytes_transferred: int = 0     # bytes this rank sent to other ranks in redistributions
     bytes_synced: int = 0          # bytes this rank contributed to allreduces
-    intervals: list = field(default_factory=list, repr=False)     # (start, end, what) of every allreduce
+    intervals: list = field(default_factory=list, repr=False)     # (start, end, what) of the recent allreduces
+    settled_s: float = 0.0         # the union of the allreduces compacted out of ``intervals``
+
+    KEEP = 4096                    # intervals kept before the oldest are compacted into ``settled_s``
 
     def busy(self, start, end, what="allreduce"):
-        """Count ``[start, end)`` as time an allreduce (``what``: ``gradients``, ``batchnorm``, ``sum``) was going
-        on."""
+        """Count ``[start, end)`` as time an allreduce (``what``: ``gradients``, ``batchnorm``, ``loss``) was going
+        on. A long run (training never resets the counters) keeps the most recent ones and the union of the rest."""
         self.intervals.append((start, end, what))
+        if len(self.intervals) > self.KEEP:
+            ordered = sorted(self.intervals)
+            old, self.intervals = ordered[:-self.KEEP // 2], ordered[-self.KEEP // 2:]
+            self.settled_s += _union(old)
 
     @property
     def sync_s(self):
         """Gradient allreduces (start to completion), batchnorm statistics, loss reduction: the time any of them
         was going on (allreduces in flight together count once)."""
-        total, reach = 0.0, float("-inf")
-        for start, end, _ in sorted(self.intervals):
-            start = max(start, reach)
-            if end > start:
-                total += end - start
-                reach = end
-        return total
+        return self.settled_s + _union(sorted(self.intervals))
+
+
+def _union(ordered):
+    """The length of the union of ``(start, end, ...)`` intervals sorted by start."""
+    total, reach = 0.0, float("-inf")
+    for start, end, *_ in ordered:
+        start = max(start, reach)
+        if end > start:
+            total += end - start
+            reach = end
+    return total
 
 
 def _like(array, host):

@@ -119,8 +119,7 @@ class SyncModel:
                 params = 2 * rows * max(self.itemsize, 4)      # float32 master gradients under bfloat16
                 gradient = max(gradient, self.machine.regimes(replicas).allreduce(len(replicas), params))
                 nbytes += params + 2 * rows * STAT_BYTES      # gamma and beta's gradients; running statistics
-        found = self._syncs[key] = Sync(seconds + gradient, float(nbytes), points + (gradient > 0), forward,
-                                        gradient)
+        found = self._syncs[key] = Sync(seconds + gradient, float(nbytes), points, forward, gradient)
         return found
 
     def groups(self, config, channels):

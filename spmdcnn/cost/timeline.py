@@ -133,19 +133,61 @@ def compute_lane(layers, overhead_s):
     return ready, now
 
 
-def device_lane(buckets, ready, end, options, wait, updates):
-    """Lay ``buckets`` (one device's, in start order) on its communication lane, setting their start, end and
-    exposed time; returns when the device has updated its last bucket."""
-    lane = 0.0
+def schedule(per_device, ready, end, options, wait):
+    """Lay every device's buckets (``per_device[d]``, each in its start order) on the communication lanes: a
+    bucket's allreduce starts when it is ready (``ready[layer]``; with ``overlap`` off, at backward's ``end``) and
+    every member of its group has finished the allreduces before it, and lasts its seconds and one ``wait``. Sets
+    each BucketCost's start and end (a bucket is the k-th of its group on every member)."""
+    keys = []
+    for buckets in per_device:
+        counts, mine = {}, []
+        for bucket in buckets:
+            counts[bucket.ranks] = counts.get(bucket.ranks, 0) + 1
+            mine.append((bucket.ranks, counts[bucket.ranks]))
+        keys.append(mine)
+    heads = [0] * len(per_device)
+    free = [0.0] * len(per_device)
+    left = sum(map(len, per_device))
+    while left:
+        for device, buckets in enumerate(per_device):
+            if heads[device] == len(buckets):
+                continue
+            key = keys[device][heads[device]]
+            members = key[0]
+            if all(heads[m] < len(keys[m]) and keys[m][heads[m]] == key for m in members):
+                bucket = buckets[heads[device]]
+                start = max([ready[bucket.ready] if options.overlap else end] + [free[m] for m in members])
+                finish = start + bucket.seconds + wait
+                for m in members:
+                    mine = per_device[m][heads[m]]
+                    mine.start_s, mine.end_s = start, finish
+                    free[m] = finish
+                    heads[m] += 1
+                    left -= 1
+                break
+        else:
+            raise RuntimeError("the buckets' allreduce order is not the same on all members of a group")
+
+
+def device_end(buckets, end, updates):
+    """When a device whose buckets are laid out has updated its last parameters: after backward's ``end`` it
+    updates what no bucket sums, then each bucket's share of its layers' updates (by bytes) once its sum is done;
+    sets each bucket's exposed time."""
+    total = {}
     for bucket in buckets:
-        bucket.start_s = max(ready[bucket.ready] if options.overlap else end, lane)
-        bucket.end_s = lane = bucket.start_s + bucket.seconds + wait
-    t = end + sum(updates.values()) - sum(updates[name] for b in buckets for name in b.layers)
+        for name, nbytes in bucket.layers.items():
+            total[name] = total.get(name, 0) + nbytes
+    t = end + sum(updates.values()) - sum(updates[name] for name in total)
     for bucket in buckets:
         if bucket.end_s > t:
             bucket.exposed_s, t = bucket.end_s - t, bucket.end_s
-        t += sum(updates[name] for name in bucket.layers)
+        t += bucket_update(bucket, total, updates)
     return t
+
+
+def bucket_update(bucket, total, updates):
+    """The seconds of updating ``bucket``'s parameters: its layers' updates in proportion of their bytes in it."""
+    return sum(updates[name] * nbytes / total[name] for name, nbytes in bucket.layers.items())
 
 
 def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, updates, ghost=None):
@@ -153,16 +195,12 @@ def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, upd
     seconds}``, ``overhead_s`` the loss's sum after forward, ``wait`` the seconds lost at each point where devices
     synchronize."""
     ready, end = compute_lane(layers, overhead_s)
-    slowest = None
-    ends = []
-    for rank in range(plan.devices):
-        buckets = device_buckets(plan.graph, plan, rank, options, itemsize, machine, ghost)
-        t = device_lane(buckets, ready, end, options, wait, updates)
-        ends.append(t)
-        if slowest is None or t > slowest.iteration_s:
-            slowest = Timeline(t, end, rank, buckets)
-    slowest.ends = ends
-    return slowest
+    per_device = [device_buckets(plan.graph, plan, rank, options, itemsize, machine, ghost)
+                  for rank in range(plan.devices)]
+    schedule(per_device, ready, end, options, wait)
+    ends = [device_end(buckets, end, updates) for buckets in per_device]
+    rank = max(range(len(ends)), key=ends.__getitem__)
+    return Timeline(ends[rank], end, rank, per_device[rank], ends)
 
 
 def layer_lanes(cost, plan):
@@ -237,21 +275,26 @@ def timeline_events(cost, plan, options=None):
             shared.append((layer.name, "exchange", now, now + lane.backward_x))
         now += lane.backward_x
     ready, end = compute_lane(lanes, overhead)
+    per_device = [device_buckets(plan.graph, plan, rank, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
+                  for rank in range(plan.devices)]
+    schedule(per_device, ready, end, options, cost.compute.wait)
     events = []
-    for rank in range(plan.devices):
+    for rank, buckets in enumerate(per_device):
         events += [Event(name, kind, rank, "compute", a, b) for name, kind, a, b in shared]
-        buckets = device_buckets(plan.graph, plan, rank, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
-        device_lane(buckets, ready, end, options, cost.compute.wait, updates)
         events += [Event(f"gradients of {', '.join(b.layers)}", "allreduce", rank, "communication", b.start_s,
                          b.end_s) for b in buckets]
+        total = {}
+        for bucket in buckets:
+            for name, nbytes in bucket.layers.items():
+                total[name] = total.get(name, 0) + nbytes
         t = end
-        local = sum(updates.values()) - sum(updates[name] for b in buckets for name in b.layers)
+        local = sum(updates.values()) - sum(updates[name] for name in total)
         if local > 0:
             events.append(Event("update", "update", rank, "compute", t, t + local))
         t += local
         for bucket in buckets:
             t = max(t, bucket.end_s)
-            spent = sum(updates[name] for name in bucket.layers)
+            spent = bucket_update(bucket, total, updates)
             events.append(Event(f"update of {', '.join(bucket.layers)}", "update", rank, "compute", t, t + spent))
             t += spent
     return events

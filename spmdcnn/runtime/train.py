@@ -326,6 +326,7 @@ class Trainer:
         batch, waited = self.loader.next(step)
         loss, correct, _ = executor.forward(batch, step=step)
         if not np.isfinite(loss):       # before the update: the weights stay those of the last good step
+            executor.program.finish_deferred()      # no collective left running when every rank stops
             raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
         executor.backward(update=self.optimizer.updater(executor.params.flat, executor.grads.flat))
         return loss, correct, waited

@@ -146,3 +146,16 @@ def test_allreduce_goes_through_the_transport_and_is_counted():
 def test_the_collective_error_has_one_home_and_the_old_names():
     assert comm.CollectiveError is errors.CollectiveError is world_module.CollectiveError
     assert issubclass(errors.CollectiveError, RuntimeError) and errors.CollectiveError.collective
+
+
+def test_the_allreduce_time_is_the_union_and_a_long_run_keeps_little():
+    from spmdcnn.comm.world import Counters
+    counters = Counters()
+    counters.busy(0.0, 4.0, "gradients")
+    counters.busy(1.0, 2.0, "batchnorm")        # inside the bucket's flight: counted once
+    counters.busy(5.0, 6.0, "loss")
+    assert counters.sync_s == pytest.approx(5.0)
+    for k in range(3 * Counters.KEEP):          # training never resets the counters
+        counters.busy(10.0 + 2 * k, 11.0 + 2 * k)
+    assert len(counters.intervals) <= Counters.KEEP
+    assert counters.sync_s == pytest.approx(5.0 + 3 * Counters.KEEP)

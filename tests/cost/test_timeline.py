@@ -117,3 +117,30 @@ def test_a_model_parallel_plan_has_no_buckets():
     graph, cost = cost_model("alexnet", 16)
     p = cost.simulate(named("model", graph, 16, 4))
     assert p.timeline.buckets == [] and p.timeline.exposed_s == 0
+
+
+def test_a_bucket_starts_when_every_member_of_its_group_is_free():
+    """Device 1 sums a long bucket with device 2 first: its bucket with device 0 waits for it on both devices."""
+    from spmdcnn.cost.timeline import BucketCost, schedule
+
+    def bucket(ranks, seconds, layer):
+        return BucketCost(ranks, 8, {layer: 8}, layer, seconds)
+    per_device = [[bucket((0, 1), 1.0, "b")], [bucket((1, 2), 5.0, "a"), bucket((0, 1), 1.0, "b")],
+                  [bucket((1, 2), 5.0, "a")]]
+    schedule(per_device, {"a": 0.0, "b": 0.0}, 10.0, SyncOptions(), 0.0)
+    assert per_device[1][0].end_s == per_device[2][0].end_s == 5.0
+    assert per_device[0][0].start_s == per_device[1][1].start_s == 5.0
+    assert per_device[0][0].end_s == per_device[1][1].end_s == 6.0
+    crossed = [[bucket((0, 1), 1.0, "b"), bucket((0, 1), 2.0, "c")], [bucket((0, 1), 2.0, "c")]]
+    with pytest.raises(RuntimeError, match="not the same"):
+        schedule(crossed, {"b": 0.0, "c": 0.0}, 1.0, SyncOptions(), 0.0)
+
+
+def test_a_layer_split_over_two_buckets_is_updated_once():
+    """fc's bias fills the small first bucket and its weight the next: each bucket updates its share of fc."""
+    from spmdcnn.cost.timeline import BucketCost, device_end
+    first = BucketCost((0, 1), 1, {"fc": 1}, "fc", 0.0, 0.0, 0.5)
+    second = BucketCost((0, 1), 3, {"fc": 3}, "fc", 0.0, 0.0, 0.5)
+    end = device_end([first, second], 0.0, {"fc": 1.0, "conv": 2.0})
+    assert end == pytest.approx(2.0 + 1.0)          # conv's update first (unbucketed), then fc's once
+    assert first.exposed_s == 0.0 and second.exposed_s == 0.0
