@@ -111,7 +111,10 @@ class _Lane:
     def _run(self):
         import time
         while True:
-            work, done, failure, finished = self.queue.get()
+            item = self.queue.get()
+            if item is None:
+                return
+            work, done, failure, finished = item
             try:
                 work()
             except BaseException as error:      # noqa: BLE001 -- handed to the waiting rank
@@ -129,6 +132,11 @@ class _Lane:
                 raise failure[0]
         self.queue.put((work, done, failure, finished))
         return Pending(done=done.is_set, block=block, finished_at=lambda: finished[0] if finished else None)
+
+    def stop(self, timeout=5.0):
+        """Let the work submitted finish, then end the thread (waiting at most ``timeout`` seconds)."""
+        self.queue.put(None)
+        self.thread.join(timeout)
 
 
 def _synchronize():
@@ -203,7 +211,9 @@ class HostTransport:
         """Called (collectively over ``comm``) for every communicator the transport will be used on."""
 
     def close(self):
-        pass
+        if getattr(self, "_thread", None) is not None:
+            self._thread.stop()
+            self._thread = None
 
 
 class CudaMpiTransport(HostTransport):
@@ -337,6 +347,7 @@ class NcclTransport(CudaMpiTransport):
         return Pending(done=lambda: done.done, block=done.synchronize)
 
     def close(self):
+        super().close()
         for _, nc in self.comms.values():
             nc.destroy()
         self.comms.clear()
