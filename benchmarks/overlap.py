@@ -17,16 +17,10 @@ import statistics
 import subprocess
 import sys
 
+from scaling import environment     # one BLAS thread per rank, the workplace's OpenBLAS variables removed
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
-ONE_THREAD = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1",
-              "SPMDCNN_NUM_THREADS": "1"}
-
-
-def environment():
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
-    env.update(ONE_THREAD)
-    return env
 
 
 def bench(model, batch, ranks, steps, warmup, extra=(), env=None):

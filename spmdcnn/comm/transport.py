@@ -19,6 +19,7 @@ order of the plan's transfer list.
 """
 
 import ctypes
+import functools
 import os
 
 import numpy as np
@@ -84,14 +85,19 @@ class Pending:
             action()
 
 
+@functools.cache
+def _thread_multiple():
+    """Whether MPI was initialised with MPI_THREAD_MULTIPLE (fixed for the process)."""
+    return mpi().Query_thread() >= mpi().THREAD_MULTIPLE
+
+
 def progress():
     """How overlapped allreduces progress on MPI: ``thread``, blocking collectives on a communication thread of
     their own, when MPI allows calls from several threads at once (MPI_THREAD_MULTIPLE); else, or with
     ``SPMDCNN_SYNC_PROGRESS=test``, ``test``: MPI's non-blocking collectives driven by the executor between layers
     (MPICH and Open MPI progress them only inside MPI calls)."""
-    multiple = mpi().Query_thread() >= mpi().THREAD_MULTIPLE
     forced = os.environ.get("SPMDCNN_SYNC_PROGRESS")
-    if forced == "test" or not multiple:
+    if forced == "test" or not _thread_multiple():
         return "test"           # two threads in MPI at once without MPI_THREAD_MULTIPLE is undefined: never
     return "thread"
 

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..backend import array_module
 from .errors import CollectiveError
 from .transport import HostTransport, mpi
 
@@ -67,12 +68,6 @@ def _union(ordered):
             total += end - start
             reach = end
     return total
-
-
-def _like(array, host):
-    """``host`` as an array of ``array``'s module (a CuPy array: copied to the device)."""
-    import importlib
-    return importlib.import_module(type(array).__module__.split(".")[0]).asarray(host)
 
 
 class InFlight:
@@ -178,7 +173,7 @@ class World:
     def allgather_array(self, array, comm):
         """The ``array`` of every rank of ``comm``, stacked in rank order: ``(size,) + array.shape``, on the host
         (small arrays: batchnorm's statistics; a device array is copied down and the result copied up)."""
-        host = np.ascontiguousarray(array.get() if hasattr(array, "get") else array)
+        host = np.ascontiguousarray(array.get() if not isinstance(array, np.ndarray) else array)
         out = np.empty((comm.Get_size(),) + host.shape, dtype=host.dtype)
         start = time.perf_counter()
         comm.Allgather(host, out)
@@ -186,7 +181,7 @@ class World:
         self.counters.busy(start, end, "batchnorm")
         self.counters.sync_exposed_s += end - start
         self.counters.bytes_synced += host.nbytes
-        return out if isinstance(array, np.ndarray) else _like(array, out)
+        return out if isinstance(array, np.ndarray) else array_module(array).asarray(out)
 
     def start_allreduce(self, array, comm):
         """Start summing the contiguous ``array`` over ``comm`` in place without waiting: an :class:`InFlight`

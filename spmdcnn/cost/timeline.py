@@ -69,45 +69,52 @@ def forward_share(layer, backward):
     return 0.5
 
 
-def gradient_tensors(graph, plan, rank, itemsize, ghost=None):
-    """``{group: [(layer, nbytes), ...]}``: the gradients ``rank`` sums with other devices, per replica group, in
-    layer order (each parameter tensor's shard of the rows its tile holds). Batchnorm sums its own, unless ghost
+def gradient_tensors(graph, plan, itemsize, ghost=None):
+    """``[{group: [(layer, nbytes), ...]}]`` per device: the gradients it sums with other devices, per replica group,
+    in layer order (each parameter tensor's shard of the rows its tile holds). Batchnorm sums its own, unless ghost
     batch norm (groups of ``ghost`` samples) splits its replica group into components."""
-    tensors = {}
+    tensors = [{} for _ in range(plan.devices)]
     for layer in graph.layers:
         if not layer.params:
             continue
         config = plan[layer.name]
+        sites = None
         if layer.spec.reduced_in_layer:
             if ghost is None:
                 continue
-            site = components(config, output_shape(layer, plan.batch), ghost).get(rank)
-            if site is None or site.whole:
-                continue
+            sites = components(config, output_shape(layer, plan.batch), ghost)
         c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
         for index, group in config.replicas().items():
-            if rank not in group or len(group) < 2:
+            if len(group) < 2 or (sites is not None and sites[group[0]].whole):    # whole: alike for the group
                 continue
             lo, hi = part(layer.out_shape[0], c_degree, index)
-            for shape in layer.params.values():
-                nbytes = (hi - lo) * prod(shape[1:]) * itemsize
-                if nbytes:
-                    tensors.setdefault(tuple(sorted(group)), []).append((layer.name, nbytes))
+            sizes = [(hi - lo) * prod(shape[1:]) * itemsize for shape in layer.params.values()]
+            ranks = tuple(sorted(group))
+            for rank in group:
+                tensors[rank].setdefault(ranks, []).extend((layer.name, n) for n in sizes if n)
     return tensors
+
+
+def all_buckets(graph, plan, options, itemsize, machine, ghost=None):
+    """Every device's :class:`BucketCost` list, each in the order its allreduces start."""
+    order = {layer.name: index for index, layer in enumerate(graph.layers)}
+    found = []
+    for tensors in gradient_tensors(graph, plan, itemsize, ghost):
+        mine = []
+        for group, first, stop, ready in assign(tensors, order, options):
+            layers = {}
+            for name, nbytes in tensors[group][first:stop]:
+                layers[name] = layers.get(name, 0) + nbytes
+            nbytes = sum(layers.values())
+            mine.append(BucketCost(group, nbytes, layers, ready,
+                                   machine.regimes(group).allreduce(len(group), nbytes)))
+        found.append(mine)
+    return found
 
 
 def device_buckets(graph, plan, rank, options, itemsize, machine, ghost=None):
     """The :class:`BucketCost` list of ``rank``, in the order its allreduces start."""
-    order = {layer.name: index for index, layer in enumerate(graph.layers)}
-    tensors = gradient_tensors(graph, plan, rank, itemsize, ghost)
-    found = []
-    for group, first, stop, ready in assign(tensors, order, options):
-        layers = {}
-        for name, nbytes in tensors[group][first:stop]:
-            layers[name] = layers.get(name, 0) + nbytes
-        nbytes = sum(layers.values())
-        found.append(BucketCost(group, nbytes, layers, ready, machine.regimes(group).allreduce(len(group), nbytes)))
-    return found
+    return all_buckets(graph, plan, options, itemsize, machine, ghost)[rank]
 
 
 class Lane(NamedTuple):
@@ -169,19 +176,25 @@ def schedule(per_device, ready, end, options, wait):
             raise RuntimeError("the buckets' allreduce order is not the same on all members of a group")
 
 
-def device_end(buckets, end, updates):
+def device_end(buckets, end, updates, spans=None):
     """When a device whose buckets are laid out has updated its last parameters: after backward's ``end`` it
     updates what no bucket sums, then each bucket's share of its layers' updates (by bytes) once its sum is done;
-    sets each bucket's exposed time."""
+    sets each bucket's exposed time. ``spans``, a list, gets ``(bucket or None, start, end)`` of each update."""
     total = {}
     for bucket in buckets:
         for name, nbytes in bucket.layers.items():
             total[name] = total.get(name, 0) + nbytes
-    t = end + sum(updates.values()) - sum(updates[name] for name in total)
+    local = sum(updates.values()) - sum(updates[name] for name in total)
+    if spans is not None and local > 0:
+        spans.append((None, end, end + local))
+    t = end + local
     for bucket in buckets:
         if bucket.end_s > t:
             bucket.exposed_s, t = bucket.end_s - t, bucket.end_s
-        t += bucket_update(bucket, total, updates)
+        spent = bucket_update(bucket, total, updates)
+        if spans is not None:
+            spans.append((bucket, t, t + spent))
+        t += spent
     return t
 
 
@@ -195,8 +208,7 @@ def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, upd
     seconds}``, ``overhead_s`` the loss's sum after forward, ``wait`` the seconds lost at each point where devices
     synchronize."""
     ready, end = compute_lane(layers, overhead_s)
-    per_device = [device_buckets(plan.graph, plan, rank, options, itemsize, machine, ghost)
-                  for rank in range(plan.devices)]
+    per_device = all_buckets(plan.graph, plan, options, itemsize, machine, ghost)
     schedule(per_device, ready, end, options, wait)
     ends = [device_end(buckets, end, updates) for buckets in per_device]
     rank = max(range(len(ends)), key=ends.__getitem__)
@@ -275,26 +287,15 @@ def timeline_events(cost, plan, options=None):
             shared.append((layer.name, "exchange", now, now + lane.backward_x))
         now += lane.backward_x
     ready, end = compute_lane(lanes, overhead)
-    per_device = [device_buckets(plan.graph, plan, rank, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
-                  for rank in range(plan.devices)]
+    per_device = all_buckets(plan.graph, plan, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
     schedule(per_device, ready, end, options, cost.compute.wait)
     events = []
     for rank, buckets in enumerate(per_device):
         events += [Event(name, kind, rank, "compute", a, b) for name, kind, a, b in shared]
         events += [Event(f"gradients of {', '.join(b.layers)}", "allreduce", rank, "communication", b.start_s,
                          b.end_s) for b in buckets]
-        total = {}
-        for bucket in buckets:
-            for name, nbytes in bucket.layers.items():
-                total[name] = total.get(name, 0) + nbytes
-        t = end
-        local = sum(updates.values()) - sum(updates[name] for name in total)
-        if local > 0:
-            events.append(Event("update", "update", rank, "compute", t, t + local))
-        t += local
-        for bucket in buckets:
-            t = max(t, bucket.end_s)
-            spent = bucket_update(bucket, total, updates)
-            events.append(Event(f"update of {', '.join(bucket.layers)}", "update", rank, "compute", t, t + spent))
-            t += spent
+        spans = []
+        device_end(buckets, end, updates, spans)
+        events += [Event("update" if bucket is None else f"update of {', '.join(bucket.layers)}", "update", rank,
+                         "compute", a, b) for bucket, a, b in spans]
     return events

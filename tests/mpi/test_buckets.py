@@ -159,3 +159,22 @@ def test_the_cost_model_charges_the_buckets_each_rank_runs(world, options, ghost
         if ran != charged:
             problems.append(f"seed {seed}: the runtime runs {ran}, the model charges {charged}")
     agree(world, problems)
+
+
+def test_the_thread_and_nonblocking_collectives_give_the_same_bits(world, monkeypatch):
+    """Buckets summed by the communication thread and by MPI_Iallreduce tested between layers
+    (SPMDCNN_SYNC_PROGRESS=test) train the same weights, bit for bit."""
+    from spmdcnn.comm.transport import progress
+    if world.size == 1:
+        pytest.skip("one rank sums nothing")
+    graph = load_model(os.path.join(MODELS, "small_resnet.yaml"))
+    plan = random_plan(graph, BATCH, world.size, 150)
+    runs = {}
+    for mode in ("thread", "test"):
+        monkeypatch.setenv("SPMDCNN_SYNC_PROGRESS", mode)
+        runs[progress()] = _train(graph, plan, world, TINY)[0]
+    problems = [] if len(runs) == 2 else [f"only the modes {sorted(runs)} ran"]
+    first, *others = runs.values()
+    problems += [f"{name} differs between the modes" for other in others for name in first.params
+                 if not np.array_equal(first.params[name], other.params[name])]
+    agree(world, problems)
