@@ -214,8 +214,8 @@ def _add_measuring_commands(sub, common):
     p.add_argument("-o", "--output", help="profile file (default: ~/.cache/spmdcnn/profile-<device>.json, "
                    "or $SPMDCNN_CACHE)")
     p.add_argument("--repeats", type=int, default=3, help="timed runs per tile (median; default 3)")
-    p.add_argument("--machine", help="machine YAML whose ring model the measured wait per synchronization is "
-                   "taken beyond (default: the built-in local machine)")
+    p.add_argument("--machine", help="machine YAML whose allreduce model the measured drift and wait per "
+                   "synchronization are taken beyond (default: the built-in local machine)")
     p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"])
     device_arguments(p)
     p.set_defaults(run=cmd_profile)

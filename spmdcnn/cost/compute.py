@@ -128,6 +128,13 @@ class Profile:
         waits = [r["wait"] for r in self.in_situ.values() if "wait" in r]
         return statistics.median(waits) if waits else 0.0
 
+    @property
+    def drift(self):
+        """Seconds the ranks lose where they synchronize per second of compute since they last did (None when no
+        reference iteration measured it: profiles from before it was, whose :attr:`wait` is per point)."""
+        drifts = [r["drift"] for r in self.in_situ.values() if "drift" in r]
+        return statistics.median(drifts) if drifts else None
+
     def get(self, shape):
         return self.entries.get(shape.key)
 
@@ -180,6 +187,7 @@ class ComputeModel:
         self._layers = {}
         self.scale = self._calibrate()
         self.wait = profile.wait if profile is not None else 0.0
+        self.drift = profile.drift if profile is not None else None
 
     def analytic(self, calls, flops, nbytes):
         d = self.device

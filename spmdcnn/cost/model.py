@@ -118,13 +118,25 @@ class CostModel:
             gradient = sync.gradient if ghost else (0.0 if layer.spec.reduced_in_layer else seconds)
             nodes[config.degrees, config.devices] = (compute, seconds, sync.bytes,
                                                      sync.forward + wait * (sync.points > 0) * (sync.forward > 0),
-                                                     gradient)
+                                                     gradient, sync)
 
     def node_parts(self, layer, config):
         """``(t_c, t_s, bytes synced, the part of t_s in forward, the part of t_s that sums parameter gradients)``
         of ``layer`` under ``config``."""
         self.node(layer, config)
-        return self._node_table(layer)[config.degrees, config.devices]
+        return self._node_table(layer)[config.degrees, config.devices][:5]
+
+    def node_sync(self, layer, config):
+        """The :class:`~spmdcnn.cost.sync.Sync` of ``layer`` under ``config``: its allreduces' own seconds, no
+        wait where the ranks meet (the timeline adds that, :meth:`point_wait`)."""
+        self.node(layer, config)
+        return self._node_table(layer)[config.degrees, config.devices][5]
+
+    def point_wait(self, gap):
+        """Seconds the devices lose where they synchronize after ``gap`` seconds of compute since they last did:
+        the profile's drift times the gap, or, from a profile that measured no drift, its wait per point."""
+        drift = self.compute.drift
+        return self.compute.wait if drift is None else drift * gap
 
     def node_split(self, layer, configs):
         """``(critical, gradient)`` float64 arrays over ``configs``: ``t_c`` plus the sync on the critical path
@@ -152,9 +164,15 @@ class CostModel:
         return self._edges[key]
 
     def overhead(self, devices):
+        """The surrogate's charge per iteration for the loss's sum: its allreduce and the profile's wait per
+        point (the timeline charges the drift since the ranks last met instead)."""
         if devices < 2:
             return 0.0
-        return self.machine.allreduce_time(tuple(range(devices)), 2 * 8) + self.compute.wait
+        return self.loss_sum(devices) + self.compute.wait
+
+    def loss_sum(self, devices):
+        """The loss's sum after forward (two float64), no wait: 0 on one device."""
+        return self.machine.allreduce_time(tuple(range(devices)), 2 * 8) if devices > 1 else 0.0
 
     def surrogate(self, plan):
         """The additive :class:`Prediction` the search's tables give ``plan`` (each layer's gradients one
@@ -184,8 +202,8 @@ class CostModel:
         for bucket in found.buckets:
             for name, nbytes in bucket.layers.items():
                 share[name] = share.get(name, 0.0) + bucket.exposed_s * nbytes / bucket.nbytes
-                allreduce[name] = allreduce.get(name, 0.0) + bucket.seconds * nbytes / bucket.nbytes
-        prediction = Prediction(overhead_s=self.overhead(plan.devices), timeline=found)
+                allreduce[name] = allreduce.get(name, 0.0) + (bucket.seconds + bucket.wait_s) * nbytes / bucket.nbytes
+        prediction = Prediction(overhead_s=found.overhead_s, timeline=found)
         for layer in self.graph.layers:
             compute, transfer, batchnorm, moved, synced = rows[layer.name]
             prediction.layers.append(LayerCost(layer.name, plan[layer.name].describe(short=True), compute, transfer,

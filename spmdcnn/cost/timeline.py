@@ -15,6 +15,7 @@ the size of forward's), as long as forward for the others with a backward; a til
 all forward.
 """
 
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from math import prod
 from typing import NamedTuple
@@ -35,6 +36,7 @@ class BucketCost:
     layers: dict        # {layer: bytes of its gradients in the bucket}
     ready: str
     seconds: float = 0.0
+    wait_s: float = 0.0         # what its group loses meeting (the ranks' drift), part of its allreduce
     start_s: float = 0.0
     end_s: float = 0.0
     exposed_s: float = 0.0
@@ -49,11 +51,12 @@ class Timeline:
     rank: int
     buckets: list = field(default_factory=list)     # the slowest device's BucketCosts
     ends: list = field(default_factory=list)        # every device's end
+    overhead_s: float = 0.0                         # the loss's sum after forward, its wait included
 
     @property
     def allreduce_s(self):
-        """The slowest device's gradient allreduce time, hidden or not."""
-        return sum(b.seconds for b in self.buckets)
+        """The slowest device's gradient allreduce time (the ranks' waits in them included), hidden or not."""
+        return sum(b.seconds + b.wait_s for b in self.buckets)
 
     @property
     def exposed_s(self):
@@ -119,12 +122,42 @@ def device_buckets(graph, plan, rank, options, itemsize, machine, ghost=None):
 
 class Lane(NamedTuple):
     """One layer on the compute lane: its forward exchange, forward (batch norm's gather included), backward
-    (batch norm's sum included) and backward exchange, in seconds, parameter updates left out."""
+    (batch norm's sum included) and backward exchange, in seconds, parameter updates left out; ``points``: which
+    of the four end where the devices synchronize (an exchange that moves bytes, batch norm's gather and sum)."""
 
     forward_x: float
     forward: float
     backward: float
     backward_x: float
+    points: tuple = (False, False, False, False)
+
+
+def waited(layers, loss_s, wait):
+    """``(layers, overhead_s, met)``: ``layers`` (``[(layer, Lane)]`` in model order) with the wait of each of
+    their synchronization points added to the part it ends, the loss's sum ``loss_s`` (a point when positive)
+    with its own, and the times the points end, in order. A point waits ``wait(gap)``, ``gap`` the compute lane's
+    seconds since the previous point ended (the ranks drift apart in between; the first to arrive waits)."""
+    now = last = 0.0
+    met = []
+
+    def point(seconds, synchronizes):
+        nonlocal now, last
+        now += seconds
+        if not synchronizes:
+            return seconds
+        extra = wait(now - last)
+        now += extra
+        last = now
+        met.append(now)
+        return seconds + extra
+
+    parts = {}
+    for layer, lane in layers:
+        parts[layer.name] = [point(lane.forward_x, lane.points[0]), point(lane.forward, lane.points[1])]
+    overhead = point(loss_s, loss_s > 0)
+    for layer, lane in reversed(layers):
+        parts[layer.name] += [point(lane.backward, lane.points[2]), point(lane.backward_x, lane.points[3])]
+    return [(layer, Lane(*parts[layer.name])) for layer, _ in layers], overhead, met
 
 
 def compute_lane(layers, overhead_s):
@@ -140,11 +173,13 @@ def compute_lane(layers, overhead_s):
     return ready, now
 
 
-def schedule(per_device, ready, end, options, wait):
+def schedule(per_device, ready, end, options, wait, met=()):
     """Lay every device's buckets (``per_device[d]``, each in its start order) on the communication lanes: a
     bucket's allreduce starts when it is ready (``ready[layer]``; with ``overlap`` off, at backward's ``end``) and
-    every member of its group has finished the allreduces before it, and lasts its seconds and one ``wait``. Sets
-    each BucketCost's start and end (a bucket is the k-th of its group on every member)."""
+    every member of its group has finished the allreduces before it, and lasts its seconds and a wait: ``wait``
+    seconds, or ``wait(gap)`` of the seconds since its group last met (the latest of the compute lane's
+    synchronization points ``met`` before it starts and the end of the group's allreduces before it). Sets each
+    BucketCost's start and end (a bucket is the k-th of its group on every member)."""
     keys = []
     for buckets in per_device:
         counts, mine = {}, []
@@ -164,10 +199,14 @@ def schedule(per_device, ready, end, options, wait):
             if all(heads[m] < len(keys[m]) and keys[m][heads[m]] == key for m in members):
                 bucket = buckets[heads[device]]
                 start = max([ready[bucket.ready] if options.overlap else end] + [free[m] for m in members])
-                finish = start + bucket.seconds + wait
+                lost = wait
+                if callable(wait):
+                    before = bisect_right(met, start)
+                    lost = wait(start - max([met[before - 1] if before else 0.0] + [free[m] for m in members]))
+                finish = start + bucket.seconds + lost
                 for m in members:
                     mine = per_device[m][heads[m]]
-                    mine.start_s, mine.end_s = start, finish
+                    mine.start_s, mine.end_s, mine.wait_s = start, finish, lost
                     free[m] = finish
                     heads[m] += 1
                     left -= 1
@@ -203,28 +242,28 @@ def bucket_update(bucket, total, updates):
     return sum(updates[name] * nbytes / total[name] for name, nbytes in bucket.layers.items())
 
 
-def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, updates, ghost=None):
-    """The :class:`Timeline` of ``layers`` (``[(layer, Lane)]`` in model order), ``updates`` ``{layer:
-    seconds}``, ``overhead_s`` the loss's sum after forward, ``wait`` the seconds lost at each point where devices
-    synchronize."""
+def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, met, updates, ghost=None):
+    """The :class:`Timeline` of ``layers`` (``[(layer, Lane)]`` in model order, their waits added: :func:`waited`,
+    which gives ``overhead_s``, the loss's sum, and ``met``), ``updates`` ``{layer: seconds}``, ``wait(gap)`` the
+    seconds a bucket's group loses after ``gap`` seconds since it last met."""
     ready, end = compute_lane(layers, overhead_s)
     per_device = all_buckets(plan.graph, plan, options, itemsize, machine, ghost)
-    schedule(per_device, ready, end, options, wait)
+    schedule(per_device, ready, end, options, wait, met)
     ends = [device_end(buckets, end, updates) for buckets in per_device]
     rank = max(range(len(ends)), key=ends.__getitem__)
-    return Timeline(ends[rank], end, rank, per_device[rank], ends)
+    return Timeline(ends[rank], end, rank, per_device[rank], ends, overhead_s)
 
 
 def layer_lanes(cost, plan):
     """``(rows, layers, updates)`` for :func:`run_timeline` from a :class:`~spmdcnn.cost.model.CostModel`:
-    ``rows`` ``{layer: (compute_s, transfer_s, batchnorm_sync_s, bytes_transferred, bytes_synced)}``, ``layers``
-    ``[(layer, Lane)]``."""
+    ``rows`` ``{layer: (compute_s, transfer_s, batchnorm_sync_s, bytes_transferred, bytes_synced)}`` (the
+    transfer and batch norm's sums without their waits), ``layers`` ``[(layer, Lane)]``."""
     rows, lanes, updates = {}, [], {}
     compute = cost.compute
     factor = compute.profile.factor if compute.profile is not None else 1.0
     for layer in cost.graph.layers:
         config = plan[layer.name]
-        t_c, sync, synced, sync_forward, gradient = cost.node_parts(layer, config)
+        t_c, _, synced, _, _ = cost.node_parts(layer, config)
         update = 0.0
         if layer.params:
             c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
@@ -233,31 +272,43 @@ def layer_lanes(cost, plan):
                 sum(rows_held * prod(shape[1:]) for shape in layer.params.values())))
         updates[layer.name] = update
         forward_x = backward_x = moved = 0.0
+        crosses = False
         for slot, ref in enumerate(layer.inputs):
             if ref == DATA:
                 continue
             traffic = cost.edge(layer, slot).forward(plan[ref], config)
-            one = cost.exchange_seconds(traffic.seconds, traffic.bytes, backward=False)
-            forward_x += one
+            forward_x += traffic.seconds
+            crosses = crosses or traffic.bytes > 0
             if layer.input_grads[slot]:
-                backward_x += one
+                backward_x += traffic.seconds
                 moved += traffic.bytes
             moved += traffic.bytes
-        batchnorm = sync - gradient if layer.spec.reduced_in_layer else 0.0
+        sync = cost.node_sync(layer, config)
+        gather = batchnorm = 0.0
+        if layer.spec.reduced_in_layer and sync.points:
+            gather, batchnorm = sync.forward, sync.seconds - sync.gradient
         share = forward_share(layer, layer.needs_grad)
         work = t_c - update
-        lanes.append((layer, Lane(forward_x, share * work + sync_forward, (1 - share) * work + batchnorm - sync_forward,
-                                  backward_x)))
+        points = (crosses, gather > 0, batchnorm > gather, crosses and backward_x > 0)
+        lanes.append((layer, Lane(forward_x, share * work + gather, (1 - share) * work + batchnorm - gather,
+                                  backward_x, points)))
         rows[layer.name] = (t_c, forward_x + backward_x, batchnorm, moved, synced)
     return rows, lanes, updates
 
 
 def timeline(cost, plan, options=None):
-    """``(rows, Timeline)`` of ``plan`` under ``cost`` (a CostModel) with the sync ``options``."""
+    """``(rows, Timeline)`` of ``plan`` under ``cost`` (a CostModel) with the sync ``options``; ``rows`` as
+    :func:`layer_lanes` gives them, with the waits of their synchronization points."""
     options = SyncOptions.of(options if options is not None else cost.sync)
     rows, lanes, updates = layer_lanes(cost, plan)
-    found = run_timeline(lanes, plan, cost.machine, options, max(cost.itemsize, 4), cost.compute.wait,
-                         cost.overhead(plan.devices), updates, cost.ghost)
+    waits, overhead, met = waited(lanes, cost.loss_sum(plan.devices), cost.point_wait)
+    found = run_timeline(waits, plan, cost.machine, options, max(cost.itemsize, 4), cost.point_wait, overhead,
+                         met, updates, cost.ghost)
+    for (layer, lane), (_, with_wait) in zip(lanes, waits):
+        t_c, _, batchnorm, moved, synced = rows[layer.name]
+        rows[layer.name] = (t_c, with_wait.forward_x + with_wait.backward_x,
+                            batchnorm + (with_wait.forward - lane.forward) + (with_wait.backward - lane.backward),
+                            moved, synced)
     return rows, found
 
 
@@ -268,7 +319,7 @@ def timeline_events(cost, plan, options=None):
     from ..io.trace import Event
     options = SyncOptions.of(options if options is not None else cost.sync)
     _, lanes, updates = layer_lanes(cost, plan)
-    overhead = cost.overhead(plan.devices)
+    lanes, overhead, met = waited(lanes, cost.loss_sum(plan.devices), cost.point_wait)
     shared, now = [], 0.0
     for layer, lane in lanes:
         if lane.forward_x > 0:
@@ -288,7 +339,7 @@ def timeline_events(cost, plan, options=None):
         now += lane.backward_x
     ready, end = compute_lane(lanes, overhead)
     per_device = all_buckets(plan.graph, plan, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
-    schedule(per_device, ready, end, options, cost.compute.wait)
+    schedule(per_device, ready, end, options, cost.point_wait, met)
     events = []
     for rank, buckets in enumerate(per_device):
         events += [Event(name, kind, rank, "compute", a, b) for name, kind, a, b in shared]

@@ -11,6 +11,8 @@ and memory are measured with the contention they will meet in training; rank 0 w
 import hashlib
 import os
 import statistics
+import time
+from typing import NamedTuple
 
 import numpy as np
 
@@ -177,14 +179,16 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
         count += _measure_tiles(profile_store, *shapes_to_profile(graph, sample, 1, whole), world, xp, dtype,
                                 repeats, None)
         measured = max(world.allgather(reference_iteration(graph, sample, xp, dtype, world)))
-        wait = synchronization_wait(graph, sample * world.size, world, xp, dtype, machine) if world.size > 1 else 0.0
+        wait, drift = synchronization_wait(graph, sample * world.size, world, xp, dtype, machine) \
+            if world.size > 1 else (0.0, 0.0)
         isolated = sum(ComputeModel(Device(), profile_store).layer_seconds(layer, whole[layer.name][0], sample)
                        for layer in graph.layers) / profile_store.factor
-        profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "wait": wait}
+        profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "wait": wait, "drift": drift}
         if log:
             share = "" if devices == 1 else f", its share of the global batch {batch} on {devices} devices"
             ranks = "one rank" if world.size == 1 else f"each of {world.size} ranks at once"
-            wait_text = f"; {wait * 1e3:.2f} ms lost per synchronization" if world.size > 1 else ""
+            wait_text = f"; ranks drift {drift * 100:.1f} % apart between synchronizations ({wait * 1e3:.2f} ms " \
+                f"lost per point here)" if world.size > 1 else ""
             log(f"profile: one training iteration of the whole model at {sample} samples per device{share}, on "
                 f"{ranks}: {measured * 1e3:.1f} ms, its tiles run alone {isolated * 1e3:.1f} ms, so tile times "
                 f"are scaled by {profile_store.factor:.3f}{wait_text}")
@@ -226,30 +230,49 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
     return median_seconds(run, repeats, warmup, sync=synchronizer(xp))
 
 
-def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=3, warmup=1):
-    """Seconds a rank loses at each point where the ranks synchronize: the data-parallel plan trains at ``batch``
-    on all ranks for a few iterations, and the small collectives every rank waits in on the critical path (the
-    loss's sum, batch norm's gathers and sums) take, on average, this much longer than the allreduce model of
-    ``machine`` (a machine YAML path; None: the built-in local machine) gives a message of their size: the median
-    rank's excess. Ranks drift apart between two such points (uneven cores, the operating system, ranks sharing a
-    core take turns), and the first to arrive waits for the last; the planner charges this wait at every
-    allreduce and every exchange. Large allreduces are left out: their time is the model's bandwidth, not drift."""
+class Synchronization(NamedTuple):
+    """What the ranks lose where they synchronize (:func:`synchronization_wait`)."""
+
+    wait: float     # seconds per point, on average over the points of the measured run
+    drift: float    # seconds per second of a rank's compute since the ranks last synchronized
+
+
+def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=5, warmup=1):
+    """The :class:`Synchronization` of the ranks: the data-parallel plan trains at ``batch`` on all ranks for a
+    few iterations, and the small collectives every rank waits in on the critical path (the loss's sum, batch
+    norm's gathers and sums) take longer than the allreduce model of ``machine`` (a machine YAML path; None: the
+    built-in local machine) gives a message of their size. Ranks drift apart between two such points (uneven
+    cores, the operating system, ranks sharing a core take turns) and the first to arrive waits for the last, so
+    the excess grows with the work done since the ranks last met: ``drift`` is the excess over that work (each
+    point's time since the step began or the previous point ended), ``wait`` the mean excess per point; both the
+    median rank's. Large allreduces are left out: their time is the model's bandwidth, not drift."""
     from ..cost.machine import default_machine, load_machine
     from ..tiling.plan import named
     plan = named("data", graph, batch, world.size)
     step, sync = training_step(graph, batch, xp, dtype, world, plan), synchronizer(xp)
+    starts = []
     for index in range(warmup + steps):
         if index == warmup:
             world.reset()
         world.barrier()
+        if index >= warmup:
+            starts.append(time.perf_counter())
         step(index)
         sync()
-    small = [end - start for start, end, what in world.counters.intervals if what in ("loss", "batchnorm")]
+    small = sorted((start, end) for start, end, what in world.counters.intervals if what in ("loss", "batchnorm"))
     world.reset()
     machine = load_machine(machine) if machine else default_machine()
     modelled = machine.allreduce_time(tuple(range(world.size)), 2 * 8)
-    excess = statistics.fmean(small) - modelled if small else 0.0
-    return max(statistics.median(world.allgather(excess)), 0.0)
+    excess = [end - start - modelled for start, end in small]
+    gaps, met = [], 0.0
+    for start, end in small:
+        met = max([met] + [s for s in starts if s <= start])
+        gaps.append(max(start - met, 0.0))
+        met = end
+    mine = (statistics.fmean(excess) if excess else 0.0, sum(excess) / sum(gaps) if sum(gaps) > 0 else 0.0)
+    ranks = world.allgather(mine)
+    return Synchronization(max(statistics.median(r[0] for r in ranks), 0.0),
+                           max(statistics.median(r[1] for r in ranks), 0.0))
 
 
 def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=False):

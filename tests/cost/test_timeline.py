@@ -62,7 +62,7 @@ def test_overlap_hides_allreduces_behind_backward_and_never_costs_more(name, bat
     # buckets already summed, which run while the next are
     updates = sum(cost.compute.update_seconds(sum(prod(shape) for shape in layer.params.values()))
                   for layer in graph.layers if layer.params)
-    exposed, allreduce = off.timeline.exposed_s, off.timeline.allreduce_s + cost.compute.wait * len(off.timeline.buckets)
+    exposed, allreduce = off.timeline.exposed_s, off.timeline.allreduce_s
     assert allreduce - updates - 1e-12 <= exposed <= allreduce + 1e-12
     assert on.timeline.exposed_s < off.timeline.exposed_s
     # the surrogate charges every layer's allreduce on the critical path: never below the timeline with overlap
@@ -86,7 +86,7 @@ def test_a_slow_network_leaves_the_last_buckets_exposed():
     p = cost.simulate(plan)
     t = p.timeline
     first = t.buckets[0]
-    lane = sum(b.seconds + cost.compute.wait for b in t.buckets)
+    lane = sum(b.seconds + b.wait_s for b in t.buckets)
     assert t.buckets[-1].end_s >= first.start_s + lane * (1 - 1e-12)
     assert t.iteration_s >= t.buckets[-1].end_s
     assert t.exposed_s > 0.5 * t.allreduce_s
@@ -144,3 +144,50 @@ def test_a_layer_split_over_two_buckets_is_updated_once():
     end = device_end([first, second], 0.0, {"fc": 1.0, "conv": 2.0})
     assert end == pytest.approx(2.0 + 1.0)          # conv's update first (unbucketed), then fc's once
     assert first.exposed_s == 0.0 and second.exposed_s == 0.0
+
+
+class _Layer:
+    def __init__(self, name):
+        self.name = name
+
+
+def test_a_synchronization_point_waits_for_the_drift_since_the_last_one():
+    """``waited``: each point (an exchange that moves data, batch norm's gather and sum, the loss's sum) loses
+    ``wait(gap)``, the gap the compute lane's time since the previous point ended; parts without a point keep
+    their seconds."""
+    from spmdcnn.cost.timeline import Lane, waited
+    a, b = _Layer("a"), _Layer("b")
+    lanes = [(a, Lane(0.0, 1.0, 2.0, 0.0)), (b, Lane(0.5, 1.0, 2.0, 0.5, (True, False, False, True)))]
+    found, overhead, met = waited(lanes, 0.1, lambda gap: 0.1 * gap)
+    # forward: a 1.0, b's exchange at 1.5 waits 0.15; b 1.0; the loss's sum 0.1 after a gap of 1.1 waits 0.11;
+    # backward: b 2.0, its exchange 0.5 after a gap of 2.5 waits 0.25; a 2.0, no point
+    assert found[0][1] == Lane(0.0, 1.0, 2.0, 0.0)
+    assert found[1][1][:4] == pytest.approx((0.65, 1.0, 2.0, 0.75))
+    assert overhead == pytest.approx(0.21)
+    assert met == pytest.approx([1.65, 2.86, 5.61])
+
+
+@pytest.mark.parametrize("name,batch", [("alexnet", 16), ("small_resnet", 8)])
+def test_the_drift_lost_on_the_compute_lane_is_at_most_the_drift_of_its_compute(name, batch):
+    """However many points a plan synchronizes at, the gaps between them never add up to more than the lane's
+    own time: the waits on it are at most ``drift`` times the iteration without them, and a plan whose exchanges
+    follow one another closely loses less per exchange than the first after a stretch of compute."""
+    graph, cost = cost_model(name, batch)
+    cost.compute.drift = 0.0
+    still = [cost.simulate(random_plan(graph, batch, 4, seed)) for seed in range(4)]
+    cost.compute.drift = 0.05
+    drifting = [cost.simulate(random_plan(graph, batch, 4, seed)) for seed in range(4)]
+    for before, after in zip(still, drifting):
+        lane = before.timeline.backward_end_s
+        assert before.timeline.backward_end_s < after.timeline.backward_end_s <= lane * 1.05 * (1 + 1e-12)
+
+
+def test_a_profile_without_drift_is_charged_its_wait_per_point():
+    from spmdcnn.cost.compute import Profile
+    graph, cost = cost_model("alexnet", 16)
+    m = cost.machine
+    old = Profile("test", in_situ={"x": {"measured": 1.0, "isolated": 1.0, "wait": 2e-3}})
+    new = Profile("test", in_situ={"x": {"measured": 1.0, "isolated": 1.0, "wait": 2e-3, "drift": 0.1}})
+    assert old.drift is None and new.drift == 0.1
+    charged = [CostModel(graph, 16, m, ComputeModel(m.device, p)).point_wait(0.5) for p in (old, new)]
+    assert charged == pytest.approx([2e-3, 0.05])

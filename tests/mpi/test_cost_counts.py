@@ -91,13 +91,14 @@ def test_predicted_bytes_under_ghost_batch_norm(world, model_name, group):
 
 
 def test_the_wait_per_synchronization_is_measured_on_a_data_parallel_run(world):
-    """``spmdcnn profile``'s wait: a finite share of a real data-parallel run's allreduce time, the same on every
-    rank, and the run leaves the counters clean."""
+    """``spmdcnn profile``'s wait per point and drift: finite, non-negative shares of a real data-parallel run,
+    the same on every rank, and the run leaves the counters clean."""
     from spmdcnn.runtime.profile import synchronization_wait
     graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
-    wait = synchronization_wait(graph, 2 * world.size, world, np, np.float32, steps=2)
-    waits = world.allgather(wait)
-    problems = [f"wait {wait!r} s"] if not 0.0 <= wait < 1.0 else []
-    problems += [f"ranks disagree: {waits}"] if len(set(waits)) != 1 else []
+    found = synchronization_wait(graph, 2 * world.size, world, np, np.float32, steps=2)
+    every = world.allgather(tuple(found))
+    problems = [f"wait {found.wait!r} s"] if not 0.0 <= found.wait < 1.0 else []
+    problems += [f"drift {found.drift!r}"] if not 0.0 <= found.drift < 10.0 else []
+    problems += [f"ranks disagree: {every}"] if len(set(every)) != 1 else []
     problems += ["counters left"] if world.counters.sync_s or world.counters.bytes_synced else []
     agree(world, problems)
