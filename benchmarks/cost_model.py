@@ -5,13 +5,14 @@ optimal plan (``spmdcnn plan``), then for the data, owt and optimal plans compar
 predicted iteration with the median iteration ``spmdcnn bench`` measures under ``mpiexec -n K``. Every pair of
 numbers is printed, then the median and largest absolute error.
 
-With ``--rounds R`` the whole set is measured R times in turn. Each round but the first starts each model and rank
-count by measuring its reference iteration and wait again (the tile times stay cached), so each prediction rests
-on a profile taken shortly before the runs it predicts (a shared machine drifts by more than the model's error
-within minutes). The optimal plans are found once, from the first profiles, so every round predicts and measures
-the same plans; when the planner's plan equals one of the named plans layer for layer, it is measured once, as
-both (two measurements of one plan differ by this VM's noise, not by the planner's choice). A pair's error is the median over the rounds of predicted / measured - 1; the table after the
-rounds shows it next to the median predicted and the median measured time (which need not give that error).
+With ``--rounds R`` the whole set is measured R times in turn, the plans in reverse order every other round. Each
+round but the first starts each model and rank count by measuring its reference iteration and wait again (the tile
+times stay cached), so each prediction rests on a profile taken shortly before the runs it predicts (a shared
+machine drifts by more than the model's error within minutes). The optimal plans are found once, from the first
+profiles, so every round predicts and measures the same plans; when the planner's plan equals one of the named
+plans layer for layer, it is measured once, as both (two measurements of one plan differ by this VM's noise, not by
+the planner's choice). A pair's error is the median over the rounds of predicted / measured - 1; the table after
+the rounds shows it next to the median predicted and the median measured time (which need not give that error).
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cost_model.py \\
         --models models/cifar_cnn.yaml:64 benchmarks/models/alexnet_reduced.yaml:32 --ranks 1 2 4
@@ -78,7 +79,10 @@ def main():
                 _forget_reference(profile)
                 run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile, "--machine",
                  args.machine], ranks)
-            for plan, overlap in [(p, o) for p in (args.plans if ranks > 1 else ["data"]) for o in args.overlap]:
+            runs = [(p, o) for p in (args.plans if ranks > 1 else ["data"]) for o in args.overlap]
+            if round_ % 2:      # the machine's speed drifts within a round: the plans alternate their turns
+                runs = runs[::-1]
+            for plan, overlap in sorted(runs, key=lambda r: r[0] == "optimal" and bool(same)):
                 if plan == "optimal" and same:
                     copy = same if len(args.overlap) == 1 else f"{same}/{overlap}"
                     label = plan if len(args.overlap) == 1 else f"{plan}/{overlap}"

@@ -222,9 +222,11 @@ def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=N
     return step
 
 
-def reference_iteration(graph, batch, xp, dtype, world, repeats=3, warmup=1):
+def reference_iteration(graph, batch, xp, dtype, world, repeats=5, warmup=2):
     """Median seconds of a training iteration of the whole model at ``batch`` on this rank alone (every rank at
-    once: the contention of training, without its communication)."""
+    once: the contention of training, without its communication). A fresh process's first iterations run slower
+    (its heap grows, pages fault in) and one iteration can differ from the next by a fifth on a shared machine:
+    two warm-up iterations and the median of five."""
     run = training_step(graph, batch, xp, dtype)
     world.barrier()
     return median_seconds(run, repeats, warmup, sync=synchronizer(xp))
