@@ -38,7 +38,7 @@ class LayerCost:
 @dataclass
 class Prediction:
     layers: list = field(default_factory=list)
-    overhead_s: float = 0.0         # per iteration, whatever the plan: the loss and accuracy allreduce
+    overhead_s: float = 0.0         # per iteration: the loss and accuracy allreduce, with its wait
     timeline: object = None         # the Timeline it comes from (None: the additive surrogate)
 
     def _sum(self, key):

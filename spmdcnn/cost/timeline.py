@@ -122,31 +122,34 @@ def device_buckets(graph, plan, rank, options, itemsize, machine, ghost=None):
 
 class Lane(NamedTuple):
     """One layer on the compute lane: its forward exchange, forward (batch norm's gather included), backward
-    (batch norm's sum included) and backward exchange, in seconds, parameter updates left out; ``points``: which
-    of the four end where the devices synchronize (an exchange that moves bytes, batch norm's gather and sum)."""
+    (batch norm's sum included) and backward exchange, in seconds, parameter updates left out; ``points``: for
+    each of the four, the seconds of communication in it where the devices synchronize (an exchange that moves
+    bytes, batch norm's gather and sum), None where they do not."""
 
     forward_x: float
     forward: float
     backward: float
     backward_x: float
-    points: tuple = (False, False, False, False)
+    points: tuple = (None, None, None, None)
 
 
 def waited(layers, loss_s, wait):
     """``(layers, overhead_s, met)``: ``layers`` (``[(layer, Lane)]`` in model order) with the wait of each of
-    their synchronization points added to the part it ends, the loss's sum ``loss_s`` (a point when positive)
+    their synchronization points added to the part it is in, the loss's sum ``loss_s`` (a point when positive)
     with its own, and the times the points end, in order. A point waits ``wait(gap)``, ``gap`` the compute lane's
-    seconds since the previous point ended (the ranks drift apart in between; the first to arrive waits)."""
+    seconds from the end of the previous point to its start (the ranks drift apart in between; the first to
+    arrive waits); its own communication is not part of the gap."""
     now = last = 0.0
     met = []
 
-    def point(seconds, synchronizes):
+    def point(seconds, communication):
         nonlocal now, last
-        now += seconds
-        if not synchronizes:
+        if communication is None:
+            now += seconds
             return seconds
+        now += seconds - communication
         extra = wait(now - last)
-        now += extra
+        now += communication + extra
         last = now
         met.append(now)
         return seconds + extra
@@ -154,7 +157,7 @@ def waited(layers, loss_s, wait):
     parts = {}
     for layer, lane in layers:
         parts[layer.name] = [point(lane.forward_x, lane.points[0]), point(lane.forward, lane.points[1])]
-    overhead = point(loss_s, loss_s > 0)
+    overhead = point(loss_s, loss_s if loss_s > 0 else None)
     for layer, lane in reversed(layers):
         parts[layer.name] += [point(lane.backward, lane.points[2]), point(lane.backward_x, lane.points[3])]
     return [(layer, Lane(*parts[layer.name])) for layer, _ in layers], overhead, met
@@ -289,7 +292,9 @@ def layer_lanes(cost, plan):
             gather, batchnorm = sync.forward, sync.seconds - sync.gradient
         share = forward_share(layer, layer.needs_grad)
         work = t_c - update
-        points = (crosses, gather > 0, batchnorm > gather, crosses and backward_x > 0)
+        points = (forward_x if crosses else None, gather if gather > 0 else None,
+                  batchnorm - gather if batchnorm > gather else None,
+                  backward_x if crosses and backward_x > 0 else None)
         lanes.append((layer, Lane(forward_x, share * work + gather, (1 - share) * work + batchnorm - gather,
                                   backward_x, points)))
         rows[layer.name] = (t_c, forward_x + backward_x, batchnorm, moved, synced)

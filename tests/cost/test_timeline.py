@@ -153,18 +153,19 @@ class _Layer:
 
 def test_a_synchronization_point_waits_for_the_drift_since_the_last_one():
     """``waited``: each point (an exchange that moves data, batch norm's gather and sum, the loss's sum) loses
-    ``wait(gap)``, the gap the compute lane's time since the previous point ended; parts without a point keep
-    their seconds."""
+    ``wait(gap)``, the gap the compute lane's time from the end of the previous point to its start (its own
+    communication left out); parts without a point keep their seconds."""
     from spmdcnn.cost.timeline import Lane, waited
     a, b = _Layer("a"), _Layer("b")
-    lanes = [(a, Lane(0.0, 1.0, 2.0, 0.0)), (b, Lane(0.5, 1.0, 2.0, 0.5, (True, False, False, True)))]
+    lanes = [(a, Lane(0.0, 1.0, 2.0, 0.0)), (b, Lane(0.5, 1.2, 2.0, 0.5, (0.5, 0.2, None, 0.5)))]
     found, overhead, met = waited(lanes, 0.1, lambda gap: 0.1 * gap)
-    # forward: a 1.0, b's exchange at 1.5 waits 0.15; b 1.0; the loss's sum 0.1 after a gap of 1.1 waits 0.11;
-    # backward: b 2.0, its exchange 0.5 after a gap of 2.5 waits 0.25; a 2.0, no point
+    # forward: a 1.0; b's exchange starts at 1.0, waits 0.1, ends at 1.6; b's 1.0 of compute, then its gather at
+    # 2.6 waits 0.1, ends at 2.9; the loss's sum starts at once and waits nothing, ends at 3.0; backward: b 2.0,
+    # its exchange starts at 5.0, waits 0.2, ends at 5.7; a 2.0, no point
     assert found[0][1] == Lane(0.0, 1.0, 2.0, 0.0)
-    assert found[1][1][:4] == pytest.approx((0.65, 1.0, 2.0, 0.75))
-    assert overhead == pytest.approx(0.21)
-    assert met == pytest.approx([1.65, 2.86, 5.61])
+    assert found[1][1][:4] == pytest.approx((0.6, 1.3, 2.0, 0.7))
+    assert overhead == pytest.approx(0.1)
+    assert met == pytest.approx([1.6, 2.9, 3.0, 5.7])
 
 
 @pytest.mark.parametrize("name,batch", [("alexnet", 16), ("small_resnet", 8)])
