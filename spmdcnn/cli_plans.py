@@ -8,7 +8,6 @@ import json
 import os
 
 from .cli_files import positive_float
-from .cost.compute import TIE_SOURCE
 from .cost.memory import format_against, format_bytes
 
 
@@ -116,14 +115,13 @@ def print_prediction(title, prediction, plan):
 
 
 def _tie(args, cost):
-    """``(fraction, source)``: the band within which plans are ties, ``--tie``, else the noise of the profile's
-    predictions (:meth:`~spmdcnn.cost.compute.Profile.tie_band`; 0 for the analytic model, which has none)."""
+    """``(fraction, source)``: the band within which plans are ties, ``--tie``, else the profile's spread (0 for
+    the analytic model, which has no noise)."""
     if args.tie is not None:
         if args.tie < 0:
             raise ValueError(f"--tie must be zero or positive (a fraction of the fastest plan's time), got {args.tie}")
         return args.tie, "--tie"
-    profile = cost.compute.profile
-    return (profile.tie_band(len(cost.graph.layers)) if profile is not None else 0.0), TIE_SOURCE
+    return (cost.compute.profile.spread if cost.compute.profile is not None else 0.0), "the profile's spread"
 
 
 def cmd_plan(args):
@@ -330,8 +328,7 @@ def add_plan_commands(sub, common):
                    "memory model of docs/architecture.md): the optimal search keeps to it")
     p.add_argument("--tie", type=float, metavar="FRACTION",
                    help="plans predicted within this fraction of the fastest are ties, and the one with the fewest "
-                        "exchanges wins (default: the profile's spread over the square root of the layers; 0 with "
-                        "the analytic model)")
+                        "exchanges wins (default: the profile's spread; 0 with the analytic model)")
     p.add_argument("-o", "--output", help="write the plan YAML (with 'predicted') here")
     cost_options(p)
     p.set_defaults(run=cmd_plan)

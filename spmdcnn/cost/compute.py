@@ -15,7 +15,7 @@ import os
 import statistics
 from dataclasses import replace
 from itertools import product
-from math import prod, sqrt
+from math import prod
 
 import numpy as np
 
@@ -96,8 +96,6 @@ def update_work(params, itemsize=4):
     return 1, 4 * params, itemsize * 5 * params
 
 
-TIE_SOURCE = "the profile's spread over the square root of the layers"     # Profile.tie_band, for logs
-
 class Profile:
     """Measured tile times for one device: ``{TileShape.key: seconds}``, kept in a JSON file.
 
@@ -118,12 +116,6 @@ class Profile:
         differ by less than this fraction as ties."""
         values = [value for key, value in self.spreads.items() if key in self.entries]
         return statistics.median(values) if values else 0.0
-
-    def tie_band(self, layers):
-        """The noise of a predicted iteration that sums the times of ``layers`` layers: :attr:`spread` over the
-        square root of their number (independent timings' errors partly cancel in a sum). The planner takes plans
-        predicted within this fraction of the fastest as ties."""
-        return self.spread / sqrt(max(layers, 1))
 
     @property
     def factor(self):

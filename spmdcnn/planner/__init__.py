@@ -20,7 +20,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..cost.compute import TIE_SOURCE
 from ..graph.blocks import DATA
 from ..tiling.config import dims_of, output_shape
 from ..tiling.plan import NAMED, Plan, named
@@ -42,7 +41,7 @@ class Ties:
     exchanges: int
     fastest_exchanges: int
     candidates: int
-    source: str = TIE_SOURCE                  # where the band came from
+    source: str = "the profile's spread"      # where the band came from
 
     @property
     def changed(self):
@@ -142,12 +141,12 @@ class Problem:
 
 
 def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None, tie=0.0,
-              tie_source=TIE_SOURCE):
+              tie_source="the profile's spread"):
     """The :class:`Result` of ``strategy`` for ``graph`` on ``devices`` devices under ``cost``; with ``memory``
     (bytes), the optimum among the plans that keep at most that much on every device (:func:`_within_memory`).
     ``optimal`` returns the fastest on the timeline of the candidates it scores (:func:`_candidates`). With
-    ``tie`` (a fraction: the noise of the profile's predictions), it takes candidates predicted within that much
-    of the fastest as equal, adds the surrogate's optima with fewer exchanges (:func:`_fewest_exchanges`), and returns the one with
+    ``tie`` (a fraction: the profile's spread), it takes candidates predicted within that much of the fastest as
+    equal, adds the surrogate's optima with fewer exchanges (:func:`_fewest_exchanges`), and returns the one with
     the fewest exchanges among those; ``tie_source`` says where the band came from, for the log."""
     start = time.perf_counter()
     if strategy in NAMED:

@@ -3,7 +3,7 @@ and give every rank the plan it found."""
 
 import time
 
-from ..cost.compute import TIE_SOURCE, Profile
+from ..cost.compute import Profile
 from ..planner import make_plan
 from ..planner.service import cost_model
 from ..tiling.plan import named, parse_plan_text
@@ -45,8 +45,7 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         if world.rank != 0:
             return None
         cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize, sync=sync, batchnorm=batchnorm)
-        best = make_plan(graph, world.size, cost, "optimal", tie=store.tie_band(len(graph.layers)),
-                         tie_source=TIE_SOURCE)
+        best = make_plan(graph, world.size, cost, "optimal", tie=store.spread)
         data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
         predicted = best.prediction.iteration_s
         log(f"plan auto: searched {best.configurations} configurations of {best.nodes} layers in "
