@@ -133,47 +133,51 @@ class Lane(NamedTuple):
     points: tuple = (None, None, None, None)
 
 
-def waited(layers, loss_s, wait):
-    """``(layers, overhead_s, met)``: ``layers`` (``[(layer, Lane)]`` in model order) with the wait of each of
-    their synchronization points added to the part it is in, the loss's sum ``loss_s`` (a point when positive)
-    with its own, and the times the points end, in order. A point waits ``wait(gap)``, ``gap`` the compute lane's
-    seconds from the end of the previous point to its start (the ranks drift apart in between; the first to
-    arrive waits); its own communication is not part of the gap."""
-    now = last = 0.0
-    met = []
+class Walk(NamedTuple):
+    """The compute lane of one iteration (:func:`walk`)."""
 
-    def point(seconds, communication):
+    layers: list        # [(layer, Lane)] in model order, each part with the wait of its synchronization point
+    overhead_s: float   # the loss's sum, with its wait
+    met: list           # when each synchronization point ends, in order
+    ready: dict         # {layer: when its backward is done}: its buckets are ready then, before its exchange
+    end: float          # when backward ends
+    spans: list         # (name, kind, start, end) of each exchange, forward, the loss's sum and backward
+
+
+def walk(layers, loss_s, wait):
+    """The :class:`Walk` of ``layers`` (``[(layer, Lane)]`` in model order, no waits) and the loss's sum
+    ``loss_s`` (a point when positive): forward in model order, the loss's sum, backward in reverse. A point
+    waits ``wait(gap)``, ``gap`` the compute lane's seconds from the end of the previous point to its start (the
+    ranks drift apart in between; the first to arrive waits); its own communication is not part of the gap."""
+    now = last = 0.0
+    met, spans, ready = [], [], {}
+
+    def part(name, kind, seconds, communication, shown=True):
         nonlocal now, last
+        start = now
         if communication is None:
             now += seconds
-            return seconds
-        now += seconds - communication
-        extra = wait(now - last)
-        now += communication + extra
-        last = now
-        met.append(now)
-        return seconds + extra
+        else:
+            now += seconds - communication
+            extra = wait(now - last)
+            now += communication + extra
+            last = now
+            met.append(now)
+            seconds += extra
+        if shown:
+            spans.append((name, kind, start, now))
+        return seconds
 
     parts = {}
     for layer, lane in layers:
-        parts[layer.name] = [point(lane.forward_x, lane.points[0]), point(lane.forward, lane.points[1])]
-    overhead = point(loss_s, loss_s if loss_s > 0 else None)
+        parts[layer.name] = [part(layer.name, "exchange", lane.forward_x, lane.points[0], lane.forward_x > 0),
+                             part(layer.name, "forward", lane.forward, lane.points[1])]
+    overhead = part("loss", "loss", loss_s, loss_s if loss_s > 0 else None, loss_s > 0)
     for layer, lane in reversed(layers):
-        parts[layer.name] += [point(lane.backward, lane.points[2]), point(lane.backward_x, lane.points[3])]
-    return [(layer, Lane(*parts[layer.name])) for layer, _ in layers], overhead, met
-
-
-def compute_lane(layers, overhead_s):
-    """``(ready, end)``: when each layer's backward is done (``{layer: s}``, its buckets are ready then, before
-    its adjoint exchange) and when backward ends, for ``layers`` ``[(layer, Lane)]`` in model order and the
-    loss's sum ``overhead_s`` after forward."""
-    now = sum(lane.forward_x + lane.forward for _, lane in layers) + overhead_s
-    ready = {}
-    for layer, lane in reversed(layers):
-        now += lane.backward
+        parts[layer.name].append(part(layer.name, "backward", lane.backward, lane.points[2], layer.needs_grad))
         ready[layer.name] = now
-        now += lane.backward_x
-    return ready, now
+        parts[layer.name].append(part(layer.name, "exchange", lane.backward_x, lane.points[3], lane.backward_x > 0))
+    return Walk([(layer, Lane(*parts[layer.name])) for layer, _ in layers], overhead, met, ready, now, spans)
 
 
 def schedule(per_device, ready, end, options, wait, met=()):
@@ -245,20 +249,19 @@ def bucket_update(bucket, total, updates):
     return sum(updates[name] * nbytes / total[name] for name, nbytes in bucket.layers.items())
 
 
-def run_timeline(layers, plan, machine, options, itemsize, wait, overhead_s, met, updates, ghost=None):
-    """The :class:`Timeline` of ``layers`` (``[(layer, Lane)]`` in model order, their waits added: :func:`waited`,
-    which gives ``overhead_s``, the loss's sum, and ``met``), ``updates`` ``{layer: seconds}``, ``wait(gap)`` the
-    seconds a bucket's group loses after ``gap`` seconds since it last met."""
-    ready, end = compute_lane(layers, overhead_s)
-    per_device = all_buckets(plan.graph, plan, options, itemsize, machine, ghost)
-    schedule(per_device, ready, end, options, wait, met)
-    ends = [device_end(buckets, end, updates) for buckets in per_device]
-    rank = max(range(len(ends)), key=ends.__getitem__)
-    return Timeline(ends[rank], end, rank, per_device[rank], ends, overhead_s)
+def _laid_out(cost, plan, options):
+    """``(rows, lanes, Walk, per_device, updates)`` of ``plan``: :func:`layer_lanes`, the compute lane walked and
+    every device's buckets scheduled on its communication lane."""
+    options = SyncOptions.of(options if options is not None else cost.sync)
+    rows, lanes, updates = layer_lanes(cost, plan)
+    walked = walk(lanes, cost.loss_sum(plan.devices), cost.point_wait)
+    per_device = all_buckets(plan.graph, plan, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
+    schedule(per_device, walked.ready, walked.end, options, cost.point_wait, walked.met)
+    return rows, lanes, walked, per_device, updates
 
 
 def layer_lanes(cost, plan):
-    """``(rows, layers, updates)`` for :func:`run_timeline` from a :class:`~spmdcnn.cost.model.CostModel`:
+    """``(rows, layers, updates)`` for :func:`walk` and the buckets from a :class:`~spmdcnn.cost.model.CostModel`:
     ``rows`` ``{layer: (compute_s, transfer_s, batchnorm_sync_s, bytes_transferred, bytes_synced)}`` (the
     transfer and batch norm's sums without their waits), ``layers`` ``[(layer, Lane)]``."""
     rows, lanes, updates = {}, [], {}
@@ -303,18 +306,17 @@ def layer_lanes(cost, plan):
 
 def timeline(cost, plan, options=None):
     """``(rows, Timeline)`` of ``plan`` under ``cost`` (a CostModel) with the sync ``options``; ``rows`` as
-    :func:`layer_lanes` gives them, with the waits of their synchronization points."""
-    options = SyncOptions.of(options if options is not None else cost.sync)
-    rows, lanes, updates = layer_lanes(cost, plan)
-    waits, overhead, met = waited(lanes, cost.loss_sum(plan.devices), cost.point_wait)
-    found = run_timeline(waits, plan, cost.machine, options, max(cost.itemsize, 4), cost.point_wait, overhead,
-                         met, updates, cost.ghost)
-    for (layer, lane), (_, with_wait) in zip(lanes, waits):
+    :func:`layer_lanes` gives them, with the waits of their synchronization points. The iteration ends when the
+    slowest device has updated its last bucket."""
+    rows, lanes, walked, per_device, updates = _laid_out(cost, plan, options)
+    for (layer, lane), (_, with_wait) in zip(lanes, walked.layers):
         t_c, _, batchnorm, moved, synced = rows[layer.name]
         rows[layer.name] = (t_c, with_wait.forward_x + with_wait.backward_x,
                             batchnorm + (with_wait.forward - lane.forward) + (with_wait.backward - lane.backward),
                             moved, synced)
-    return rows, found
+    ends = [device_end(buckets, walked.end, updates) for buckets in per_device]
+    rank = max(range(len(ends)), key=ends.__getitem__)
+    return rows, Timeline(ends[rank], walked.end, rank, per_device[rank], ends, walked.overhead_s)
 
 
 def timeline_events(cost, plan, options=None):
@@ -322,36 +324,14 @@ def timeline_events(cost, plan, options=None):
     --trace``): the shared compute lane (exchanges, forward, the loss's sum, backward, updates) and each device's
     bucket allreduces."""
     from ..io.trace import Event
-    options = SyncOptions.of(options if options is not None else cost.sync)
-    _, lanes, updates = layer_lanes(cost, plan)
-    lanes, overhead, met = waited(lanes, cost.loss_sum(plan.devices), cost.point_wait)
-    shared, now = [], 0.0
-    for layer, lane in lanes:
-        if lane.forward_x > 0:
-            shared.append((layer.name, "exchange", now, now + lane.forward_x))
-        now += lane.forward_x
-        shared.append((layer.name, "forward", now, now + lane.forward))
-        now += lane.forward
-    if overhead > 0:
-        shared.append(("loss", "loss", now, now + overhead))
-        now += overhead
-    for layer, lane in reversed(lanes):
-        if layer.needs_grad:
-            shared.append((layer.name, "backward", now, now + lane.backward))
-        now += lane.backward
-        if lane.backward_x > 0:
-            shared.append((layer.name, "exchange", now, now + lane.backward_x))
-        now += lane.backward_x
-    ready, end = compute_lane(lanes, overhead)
-    per_device = all_buckets(plan.graph, plan, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
-    schedule(per_device, ready, end, options, cost.point_wait, met)
+    _, _, walked, per_device, updates = _laid_out(cost, plan, options)
     events = []
     for rank, buckets in enumerate(per_device):
-        events += [Event(name, kind, rank, "compute", a, b) for name, kind, a, b in shared]
+        events += [Event(name, kind, rank, "compute", a, b) for name, kind, a, b in walked.spans]
         events += [Event(f"gradients of {', '.join(b.layers)}", "allreduce", rank, "communication", b.start_s,
                          b.end_s) for b in buckets]
         spans = []
-        device_end(buckets, end, updates, spans)
+        device_end(buckets, walked.end, updates, spans)
         events += [Event("update" if bucket is None else f"update of {', '.join(bucket.layers)}", "update", rank,
                          "compute", a, b) for bucket, a, b in spans]
     return events

@@ -148,17 +148,18 @@ def test_a_layer_split_over_two_buckets_is_updated_once():
 
 class _Layer:
     def __init__(self, name):
-        self.name = name
+        self.name, self.needs_grad = name, True
 
 
 def test_a_synchronization_point_waits_for_the_drift_since_the_last_one():
-    """``waited``: each point (an exchange that moves data, batch norm's gather and sum, the loss's sum) loses
+    """``walk``: each point (an exchange that moves data, batch norm's gather and sum, the loss's sum) loses
     ``wait(gap)``, the gap the compute lane's time from the end of the previous point to its start (its own
     communication left out); parts without a point keep their seconds."""
-    from spmdcnn.cost.timeline import Lane, waited
+    from spmdcnn.cost.timeline import Lane, walk
     a, b = _Layer("a"), _Layer("b")
     lanes = [(a, Lane(0.0, 1.0, 2.0, 0.0)), (b, Lane(0.5, 1.2, 2.0, 0.5, (0.5, 0.2, None, 0.5)))]
-    found, overhead, met = waited(lanes, 0.1, lambda gap: 0.1 * gap)
+    walked = walk(lanes, 0.1, lambda gap: 0.1 * gap)
+    found, overhead, met = walked.layers, walked.overhead_s, walked.met
     # forward: a 1.0; b's exchange starts at 1.0, waits 0.1, ends at 1.6; b's 1.0 of compute, then its gather at
     # 2.6 waits 0.1, ends at 2.9; the loss's sum starts at once and waits nothing, ends at 3.0; backward: b 2.0,
     # its exchange starts at 5.0, waits 0.2, ends at 5.7; a 2.0, no point
@@ -166,6 +167,9 @@ def test_a_synchronization_point_waits_for_the_drift_since_the_last_one():
     assert found[1][1][:4] == pytest.approx((0.6, 1.3, 2.0, 0.7))
     assert overhead == pytest.approx(0.1)
     assert met == pytest.approx([1.6, 2.9, 3.0, 5.7])
+    assert walked.ready == pytest.approx({"b": 5.0, "a": 7.7}) and walked.end == pytest.approx(7.7)
+    assert [kind for _, kind, _, _ in walked.spans] == ["forward", "exchange", "forward", "loss", "backward",
+                                                         "exchange", "backward"]
 
 
 @pytest.mark.parametrize("name,batch", [("alexnet", 16), ("small_resnet", 8)])
