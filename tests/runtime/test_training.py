@@ -281,6 +281,43 @@ def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint(tmp_path, monke
     assert result["losses"] + rest["losses"] == whole and rest["stopped"] is None
 
 
+def test_one_stop_request_delivered_twice_at_once_still_checkpoints(tmp_path, monkeypatch):
+    """A scheduler that signals every process of a step, and the launcher it signalled too, which passes the
+    signal on: the rank gets it twice within milliseconds, and that is one request."""
+    import signal
+    trainer = Trainer(make_job(tmp_path), log=quiet)
+    step = trainer._step
+
+    def signalled(index):
+        if index == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return step(index)
+    monkeypatch.setattr(trainer, "_step", signalled)
+    result = trainer.run()
+    assert result["stopped"] == "SIGTERM" and result["steps"] == 3
+    assert load_checkpoint(tmp_path / "run.h5").step == 3
+
+
+def test_a_second_request_later_ends_the_process_as_the_signal_would(monkeypatch):
+    import signal
+    import time
+    from spmdcnn.runtime import train
+    sent = []
+    monkeypatch.setattr(train.os, "kill", lambda pid, number: sent.append(number))
+    before = signal.getsignal(signal.SIGUSR1)
+    signals = train._Signals()
+    try:
+        signals._note(signal.SIGUSR1, None)
+        signals._note(signal.SIGUSR1, None)             # at once: the same request
+        assert sent == [] and signals.got == signal.SIGUSR1
+        signals.first_at = time.monotonic() - train._Signals.DUPLICATE_S
+        signals._note(signal.SIGUSR1, None)             # later: the run did not stop in time
+        assert sent == [signal.SIGUSR1] and signal.getsignal(signal.SIGUSR1) is before
+    finally:
+        signals.restore()
+
+
 def test_keep_must_be_positive(tmp_path):
     with pytest.raises(ValueError, match="'checkpoint.keep' must be positive"):
         make_job(tmp_path, checkpoint={"keep": 0})
