@@ -60,3 +60,9 @@ def test_collectives_times_blocking_and_nonblocking_allreduces():
     rows = [line.split() for line in done.stdout.splitlines()[2:]]
     assert [int(row[0]) for row in rows] == [8, 1 << 10, 64 << 10, 1 << 20, 16 << 20, 64 << 20]
     assert all(float(row[1]) > 0 and float(row[2]) > 0 for row in rows)
+
+
+def test_kernels_vs_torch_lists_each_shape_and_the_totals():
+    out = run("benchmarks/kernels_vs_torch.py", "models/small_resnet.yaml", "--batch", "2", "--repeats", "1")
+    assert "conv " in out and "batchnorm " in out
+    assert "  conv  ours" in out and "  bn    ours" in out and "its matrix products at this BLAS's rate" in out

@@ -1,0 +1,135 @@
+"""spmdcnn's convolution and batch-norm kernels against PyTorch's on the same shapes, one thread each: where a
+network's per-process gap to PyTorch comes from, kernel by kernel.
+
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/kernels_vs_torch.py models/resnet50.yaml --batch 8
+
+For every distinct convolution (input shape, output channels, kernel, stride, padding) and batch-norm shape of the
+model at the given batch: forward and backward of spmdcnn's NumPy kernel (``ops/conv.py``, ``ops/batchnorm.py``)
+and of ``torch.nn.functional`` (oneDNN's direct convolutions, or its im2col path, whichever PyTorch picks), each
+the best of ``--repeats`` after a warm-up, alternating the two; then the totals over the network's layers (each
+shape times its count), and the time the convolutions' matrix products would take at this machine's single-thread
+SGEMM rate on those shapes (``numpy.matmul`` of the im2col product, measured). One BLAS thread, one PyTorch thread.
+"""
+
+import argparse
+import os
+import time
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+os.environ.setdefault("SPMDCNN_NUM_THREADS", "1")
+
+import spmdcnn  # noqa: E402,F401  (first: it tunes OpenBLAS before NumPy loads it)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from spmdcnn.graph import load_model  # noqa: E402
+from spmdcnn.ops import batchnorm, conv  # noqa: E402
+from spmdcnn.ops.window import pair  # noqa: E402
+from spmdcnn.runtime.bench import blas_info  # noqa: E402
+
+
+def best(function, repeats):
+    function()
+    fastest = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        function()
+        fastest = min(fastest, time.perf_counter() - start)
+    return fastest
+
+
+def shapes(graph, batch):
+    """``{("conv", x_shape, K, kernel, stride, padding) or ("bn", x_shape): count}`` in network order."""
+    found = {}
+    for layer in graph.layers:
+        x_shape = (batch,) + tuple(layer.in_shapes[0])
+        if layer.op == "conv2d":
+            a = layer.attrs
+            key = ("conv", x_shape, a["out_channels"], pair(a["kernel"]), pair(a["stride"]), pair(a["padding"]))
+        elif layer.op == "batchnorm2d":
+            key = ("bn", x_shape)
+        else:
+            continue
+        found[key] = found.get(key, 0) + 1
+    return found
+
+
+def time_conv(x_shape, K, kernel, stride, padding, repeats, rng):
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal((K, x_shape[1]) + kernel, dtype=np.float32) * 0.01
+    geometry = conv.ConvGeometry(stride, padding)
+    y, saved = conv.conv2d_forward(x, w, None, geometry, True)
+    gy = rng.standard_normal(y.shape, dtype=np.float32)
+    tx, tw, tgy = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_(), torch.from_numpy(gy)
+
+    def torch_forward():
+        return torch.nn.functional.conv2d(tx, tw, None, stride, padding)
+
+    def torch_both():
+        torch.autograd.grad(torch_forward(), (tx, tw), tgy)
+    ours = (best(lambda: conv.conv2d_forward(x, w, None, geometry, True), repeats),
+            best(lambda: conv.conv2d_backward(gy, saved), repeats))
+    forward = best(torch_forward, repeats)
+    theirs = (forward, max(best(torch_both, repeats) - forward, 0.0))
+    columns = rng.standard_normal((w[0].size, y.shape[0] * y.shape[2] * y.shape[3]), dtype=np.float32)
+    w2 = w.reshape(K, -1)
+    gemm = best(lambda: w2 @ columns, repeats)          # forward's product; backward has two of the same size
+    return ours, theirs, 3 * gemm
+
+
+def time_batchnorm(x_shape, repeats, rng):
+    C = x_shape[1]
+    x = rng.standard_normal(x_shape, dtype=np.float32) + 3.0
+    gamma, beta = np.ones(C, np.float32), np.zeros(C, np.float32)
+    mean, var = np.zeros(C, np.float32), np.ones(C, np.float32)
+    y, saved = batchnorm.batchnorm2d_forward(x, gamma, beta, mean, var)
+    gy = rng.standard_normal(y.shape, dtype=np.float32)
+    tx = torch.from_numpy(x).requires_grad_()
+    tgamma, tbeta = torch.ones(C, requires_grad=True), torch.zeros(C, requires_grad=True)
+    tmean, tvar, tgy = torch.zeros(C), torch.ones(C), torch.from_numpy(gy)
+
+    def torch_forward():
+        return torch.nn.functional.batch_norm(tx, tmean, tvar, tgamma, tbeta, training=True)
+
+    def torch_both():
+        torch.autograd.grad(torch_forward(), (tx, tgamma, tbeta), tgy)
+    ours = (best(lambda: batchnorm.batchnorm2d_forward(x, gamma, beta, mean, var), repeats),
+            best(lambda: batchnorm.batchnorm2d_backward(gy, saved), repeats))
+    forward = best(torch_forward, repeats)
+    return ours, (forward, max(best(torch_both, repeats) - forward, 0.0)), 0.0
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("model")
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    graph = load_model(args.model)
+    rng = np.random.default_rng(0)
+    print(f"{graph.name}, batch {args.batch}, one thread; BLAS {blas_info()}; PyTorch {torch.__version__}")
+    print(f"{'count':>5}  {'kernel':<44} {'ours fwd':>9} {'bwd':>8}  {'torch fwd':>9} {'bwd':>8}  {'GEMMs':>7}  (ms)")
+    totals = {}
+    for key, count in shapes(graph, args.batch).items():
+        if key[0] == "conv":
+            _, x_shape, K, kernel, stride, padding = key
+            ours, theirs, gemm = time_conv(x_shape, K, kernel, stride, padding, args.repeats, rng)
+            name = f"conv {x_shape[1]}x{x_shape[2]}x{x_shape[3]} -> {K}, k{kernel[0]} s{stride[0]} p{padding[0]}"
+        else:
+            ours, theirs, gemm = time_batchnorm(key[1], args.repeats, rng)
+            name = f"batchnorm {key[1][1]}x{key[1][2]}x{key[1][3]}"
+        print(f"{count:>5}  {name:<44} {ours[0] * 1e3:9.1f} {ours[1] * 1e3:8.1f}  {theirs[0] * 1e3:9.1f} "
+              f"{theirs[1] * 1e3:8.1f}  {gemm * 1e3:7.1f}")
+        row = totals.setdefault(key[0], np.zeros(5))
+        row += count * np.array([*ours, *theirs, gemm])
+    print("\nover the network's layers (ms per iteration):")
+    for kind, row in totals.items():
+        ours, theirs = row[0] + row[1], row[2] + row[3]
+        gemm = f"; its matrix products at this BLAS's rate {row[4] * 1e3:.0f}" if kind == "conv" else ""
+        print(f"  {kind:<5} ours {row[0] * 1e3:6.0f} + {row[1] * 1e3:6.0f} = {ours * 1e3:6.0f}   PyTorch "
+              f"{row[2] * 1e3:6.0f} + {row[3] * 1e3:6.0f} = {theirs * 1e3:6.0f}   ratio {theirs / ours:.2f}x{gemm}")
+
+
+if __name__ == "__main__":
+    main()
