@@ -65,6 +65,19 @@ def test_inception_v3_uses_torchvision_parameter_names():
     assert graph.by_name["Mixed_5b.branch1x1.bn"].attrs["eps"] == 0.001
 
 
+def test_inception_v3_without_batch_norm_is_torchvisions_with_a_bias_for_each_batch_norm():
+    """The paper's Inception-v3 (no batch norm): the same layers and shapes, every convolution with a bias, no
+    batchnorm layer; the parameters are torchvision's less each batch norm's gamma (its beta becomes the bias)."""
+    with_bn, without = load("inception_v3"), load("inception_v3_nobn")
+    assert not any(layer.op == "batchnorm2d" for layer in without.layers)
+    batchnorm = [layer for layer in with_bn.layers if layer.op == "batchnorm2d"]
+    assert without.num_params == with_bn.num_params - sum(layer.out_shape[0] for layer in batchnorm) == 23_817_352
+    convs = {layer.name: layer.out_shape for layer in with_bn.layers if layer.op == "conv2d"}
+    assert {layer.name: layer.out_shape for layer in without.layers if layer.op == "conv2d"} == convs
+    assert all("bias" in without.by_name[name].params for name in convs)
+    assert without.by_name["Mixed_7c.concat"].out_shape == (2048, 8, 8)
+
+
 def test_groups_name_the_top_level_entries():
     graph = load("resnet50")
     assert graph.by_name["layer2.0.conv2"].group == "layer2.0"
