@@ -31,6 +31,22 @@ def test_the_shipped_machines_load():
     assert (paper.nodes, paper.devices_per_node) == (4, 4)
     assert paper.link(0, 3) == paper.intra_node and paper.link(3, 4) == paper.inter_node
     assert paper.inter_node.bandwidth < paper.intra_node.bandwidth
+    assert local.sync == paper.sync == "allreduce"
+
+
+def test_the_papers_own_machine_syncs_through_servers_at_its_simulators_bandwidths():
+    served = load_machine(os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4-ps.yaml"))
+    assert served.sync == "parameter-server"
+    assert served.intra_node.bandwidth == 15 * 2 ** 20 * 1e3 and served.inter_node.bandwidth == 4.5 * 2 ** 20 * 1e3
+    assert served.intra_node.latency == served.inter_node.latency == 0
+    assert "sync: parameter-server" in served.to_yaml()
+    result = run("plan", "models/alexnet.yaml", "--devices", 16, "--batch", 512, "--machine",
+                 os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4-ps.yaml"), "--strategy", "data", "--json")
+    assert result.returncode == 0, result.stderr
+    predicted = json.loads(result.stdout)["plans"]["data"]["predicted"]
+    # AlexNet's 244 MB of gradients to a server and back, 3 transfers in its node and 3 between nodes each way
+    nbytes = 61_100_840 * 4
+    assert predicted["sync_s"] >= 2 * (3 * nbytes / served.intra_node.bandwidth + 3 * nbytes / served.inter_node.bandwidth)
 
 
 @pytest.mark.parametrize("change,message", [
@@ -39,6 +55,7 @@ def test_the_shipped_machines_load():
     ({"intra_node": {"bandwidth": -1, "latency": 0}}, "'bandwidth' must be a positive number"),
     ({"intra_node": {"bandwidth": 1e9}}, "missing key 'latency'"),
     ({"format": "other/1"}, "format must be"),
+    ({"sync": "ring"}, "'sync' must be 'allreduce' or 'parameter-server', got 'ring'"),
 ])
 def test_a_bad_machine_file_names_the_file_and_the_key(tmp_path, change, message):
     data = yaml.safe_load(open(LOCAL, encoding="utf-8"))

@@ -254,7 +254,7 @@ def synchronization_ablation(models, factors, devices=16):
         prediction = cost.surrogate(plan)
         layers = {layer.name: layer for layer in graph.layers}
         config = plan[next(layer.name for layer in graph.layers if layer.params)]
-        (_, size, regimes, _), = cost._sync.groups(config, 1)[1]         # the allreduce over every device
+        (_, size, regimes, _, _), = cost._sync.groups(config, 1)[1]      # the allreduce over every device
         batchnorm = [row for row in prediction.layers if layers[row.name].op == "batchnorm2d"]
         weights = [row for row in prediction.layers if layers[row.name].op != "batchnorm2d"]
         bn_params = sum(2 * layers[row.name].out_shape[0] for row in batchnorm) * cost.itemsize

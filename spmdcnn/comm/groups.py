@@ -62,6 +62,17 @@ class ReplicaGroups:
         comm, world = self.world.lanecomms[ranks], self.world
         return lambda array: world.start_allreduce(array, comm)
 
+    def server(self, ranks, nodes):
+        """A function summing a contiguous array over the group ``ranks`` (which holds this rank, with at least one
+        other) through its parameter server, on the critical path (:mod:`.server`; ``nodes``: the node of every
+        rank of the world, :meth:`~spmdcnn.comm.world.World.node_ids`): it returns a completed
+        :class:`~spmdcnn.comm.world.Served`."""
+        ranks = tuple(sorted(ranks))
+        if ranks not in self.comms:
+            raise ValueError(f"rank {self.world.rank} is not in the replica group {list(ranks)}")
+        comm, world, members = self.comms[ranks], self.world, [nodes[rank] for rank in ranks]
+        return lambda array: world.serve(array, comm, members)
+
     def allreduce(self, ranks, array):
         """Sum the contiguous ``array`` over the group ``ranks`` in place."""
         return self.reducer(ranks)(array)

@@ -11,6 +11,8 @@ from ..backend import array_module
 from .errors import CollectiveError
 from .transport import HostTransport, mpi
 
+_HOST = HostTransport()         # the parameter server's transfers: MPI on host memory, whatever the job's transport
+
 # what MPI launchers (mpiexec of MPICH, Open MPI, MVAPICH, Intel MPI; srun with PMI or PMIx) put in the environment
 LAUNCHER_VARIABLES = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
                       "MPI_LOCALNRANKS")
@@ -108,6 +110,19 @@ class InFlight:
         self.counters.busy(self.started, self.finished, "gradients")
 
 
+class Served:
+    """A sum through a parameter server, complete when it is returned (:meth:`World.serve`): an :class:`InFlight`
+    with nothing left to wait for."""
+
+    finished = True
+
+    def test(self):
+        return True
+
+    def wait(self):
+        pass
+
+
 class World:
     """``rank``, ``size`` and collective helpers over an mpi4py communicator.
 
@@ -169,6 +184,34 @@ class World:
             self.counters.sync_exposed_s += end - start
             self.counters.bytes_synced += array.nbytes
         return array
+
+    def node_ids(self):
+        """The node of every rank (the lowest rank on it), in rank order: a shared-memory split of the world, as
+        :meth:`node_ranks`; collective the first time."""
+        if self.comm is None:
+            return [0]
+        if getattr(self, "_node_ids", None) is None:
+            node = self.comm.Split_type(mpi().COMM_TYPE_SHARED)
+            lowest = node.allreduce(self.rank, op=mpi().MIN)
+            node.Free()
+            self._node_ids = self.comm.allgather(lowest)
+        return self._node_ids
+
+    def serve(self, array, comm, nodes):
+        """Sum the contiguous ``array`` over ``comm`` in place through the group's parameter server
+        (:mod:`.server`; ``nodes``: each member's node), on host memory (a device array is staged), waiting for
+        it: counted as sync this rank waited for whole. Returns a completed :class:`Served`."""
+        from .server import serve
+        start = time.perf_counter()
+        host = array if isinstance(array, np.ndarray) else array.get()
+        serve(host, comm, nodes, _HOST)
+        if host is not array:
+            array.set(host)
+        end = time.perf_counter()
+        self.counters.busy(start, end, "gradients")
+        self.counters.sync_exposed_s += end - start
+        self.counters.bytes_synced += array.nbytes
+        return Served()
 
     def allgather_array(self, array, comm):
         """The ``array`` of every rank of ``comm``, stacked in rank order: ``(size,) + array.shape``, on the host

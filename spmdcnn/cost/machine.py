@@ -22,7 +22,9 @@ Allreduces run the algorithm an MPI library or NCCL picks for the size (:class:`
 messages by recursive doubling (``ceil(log2 p)`` steps of the whole message), bandwidth-bound large ones by a
 ring (``2(p-1)`` steps of ``1/p`` of it); the model takes the faster, so the crossover follows from the two fits.
 Each regime is a ``{bandwidth, latency}`` per level (a group within one node uses ``intra_node``'s, one that
-spans nodes ``inter_node``'s); without ``allreduce``, both regimes of a level are its link.
+spans nodes ``inter_node``'s); without ``allreduce``, both regimes of a level are its link. ``sync:
+parameter-server`` sums parameter gradients through a server per replica group instead, as the paper's runtime
+did (:class:`ParameterServer`); batch norm's statistics and the loss still use the allreduce regimes.
 """
 
 import math
@@ -35,7 +37,8 @@ from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml
 
 FORMAT = "spmdcnn-machine/1"
 _KEYS = {"format", "name", "nodes", "devices_per_node", "intra_node", "inter_node", "device", "description",
-         "measured", "allreduce"}
+         "measured", "allreduce", "sync"}
+SYNC_MODES = ("allreduce", "parameter-server")
 _LEVELS = ("intra_node", "inter_node")
 _REGIME_KEYS = {"small", "large"}
 _LINK_KEYS = {"bandwidth", "latency"}
@@ -78,6 +81,30 @@ class Regimes:
 
 
 @dataclass(frozen=True)
+class ParameterServer:
+    """How a replica group sums its gradients under ``sync: parameter-server`` (Jia et al., section 5.1): every
+    member sends its gradients to the group's first device, the server, which sums them and sends the sum back.
+    On their way the members of each node send to the node's first member, which sends the node's sum on: one way
+    takes ``within - 1`` transfers over an ``intra`` link and ``across - 1`` over an ``inter`` link, one after the
+    other where they arrive (``within``: the group's most devices on one node; ``across``: the nodes it spans).
+    That is the paper's simulator's ``t_s = W (g - 1) / B_intra + W (n - 1) / B_inter``; the sum comes back the
+    same way (the paper's text: gradients pushed, parameters pulled), so it is charged twice."""
+
+    within: int
+    across: int
+    intra: Link
+    inter: Link
+
+    def allreduce(self, size, nbytes):
+        """Seconds of summing ``nbytes`` over the ``size`` devices of the group through the server."""
+        if size < 2:
+            return 0.0
+        one_way = ((self.within - 1) * (nbytes / self.intra.bandwidth + self.intra.latency)
+                   + (self.across - 1) * (nbytes / self.inter.bandwidth + self.inter.latency))
+        return 2 * one_way
+
+
+@dataclass(frozen=True)
 class Device:
     name: str = "cpu"
     flops: float = 5.0e10               # floating-point operations per second (analytic compute model)
@@ -96,6 +123,7 @@ class Machine:
     source: str = "<machine>"
     measured: dict = field(default_factory=dict, compare=False)
     allreduce: dict = field(default_factory=dict, hash=False)     # level -> Regimes, where the file gives them
+    sync: str = "allreduce"         # how replica groups sum gradients: "allreduce" or "parameter-server"
 
     def regimes(self, group):
         """The :class:`Regimes` of allreduces over the devices ``group``: of ``inter_node`` when it spans nodes.
@@ -108,6 +136,19 @@ class Machine:
             link = getattr(self, level)
             found = Regimes(link, link)
         return found
+
+    def gradient_sum(self, group):
+        """How the devices ``group`` sum their parameter gradients: the allreduce :class:`Regimes` of the group's
+        level, or a :class:`ParameterServer` under ``sync: parameter-server``; either's ``allreduce(size, nbytes)``
+        gives the seconds. None for fewer than two devices."""
+        if len(group) < 2:
+            return None
+        if self.sync == "allreduce":
+            return self.regimes(group)
+        per_node = {}
+        for device in group:
+            per_node[self.node_of(device)] = per_node.get(self.node_of(device), 0) + 1
+        return ParameterServer(max(per_node.values()), len(per_node), self.intra_node, self.inter_node)
 
     @property
     def max_devices(self):
@@ -166,6 +207,8 @@ class Machine:
                  f"inter_node: {link(self.inter_node)}",
                  f"device: {{name: {d.name!r}, flops: {d.flops:.4g}, memory_bandwidth: {d.memory_bandwidth:.4g}, "
                  f"overhead: {d.overhead:.4g}}}"]
+        if self.sync != "allreduce":
+            lines.append(f"sync: {self.sync}")
         if self.allreduce:
             lines.append("allreduce:    # the library's algorithms: small by recursive doubling, large by a ring")
             lines += [f"  {level}: {{small: {link(r.small)}, large: {link(r.large)}}}"
@@ -229,12 +272,15 @@ def from_mapping(data, source="<machine>"):
                               for key in ("flops", "memory_bandwidth")),
                             _positive(spec.get("overhead", device.overhead), f"{source}: device", "overhead"))
         allreduce = _regimes(data.get("allreduce"), f"{source}: allreduce")
+        sync = data.get("sync", "allreduce")
+        if sync not in SYNC_MODES:
+            raise MachineError(f"{source}: 'sync' must be 'allreduce' or 'parameter-server', got {sync!r}")
     except MachineError:
         raise
     except FormatError as error:
         raise MachineError(str(error)) from None
     return Machine(str(data.get("name", "machine")), nodes, per_node, intra, inter, device, source,
-                   data.get("measured") or {}, allreduce)
+                   data.get("measured") or {}, allreduce, sync)
 
 
 def _regimes(data, where):

@@ -1,7 +1,8 @@
 """``t_s``: the allreduces a layer's configuration costs.
 
 Devices holding the same channel part of a layer hold the same parameter shard: each such replica group sums its
-gradients with one allreduce (the library's algorithm for the size over the group's level: :class:`Regimes`). Batchnorm
+gradients with one allreduce (the library's algorithm for the size over the group's level: :class:`Regimes`), or
+on a machine of ``sync: parameter-server`` through the group's server (:class:`ParameterServer`). Batchnorm
 combines its statistics over the group: forward gathers every tile's count, mean and M2 per channel (three
 float64 each), backward sums two float64 per channel. The groups of a layer run at once; the layer waits for the
 slowest.
@@ -68,7 +69,7 @@ class SyncModel:
     def _sync(self, batchnorm, per_row, groups):
         itemsize = self.itemsize
         seconds, nbytes, forward = 0.0, 0, 0.0
-        for rows, size, regimes, count in groups:
+        for rows, size, regimes, summer, count in groups:
             if size < 2:
                 continue
             if batchnorm:
@@ -79,7 +80,7 @@ class SyncModel:
                 contributed = 5 * rows * STAT_BYTES
             else:
                 contributed = rows * per_row * itemsize
-                time = regimes.allreduce(size, contributed)
+                time = summer.allreduce(size, contributed)
             seconds = max(seconds, time)
             nbytes += count * size * contributed
         points = (2 if batchnorm else 1) if nbytes else 0
@@ -117,32 +118,34 @@ class SyncModel:
             if not site.whole:
                 replicas = next(g for g in config.replicas().values() if device in g)
                 params = 2 * rows * max(self.itemsize, 4)      # float32 master gradients under bfloat16
-                gradient = max(gradient, self.machine.regimes(replicas).allreduce(len(replicas), params))
+                gradient = max(gradient, self.machine.gradient_sum(replicas).allreduce(len(replicas), params))
                 nbytes += params + 2 * rows * STAT_BYTES      # gamma and beta's gradients; running statistics
         found = self._syncs[key] = Sync(seconds + gradient, float(nbytes), points, forward, gradient)
         return found
 
     def groups(self, config, channels):
         """``config``'s replica groups for a layer with ``channels`` output channels, alike ones once, and a
-        number for that set of groups: ``(number, ((rows, size, regimes, count), ...))``, ``count`` groups of
-        ``size`` devices that hold ``rows`` channels each and allreduce as ``regimes`` (the machine's
-        :class:`~spmdcnn.cost.machine.Regimes` of the group's level)."""
+        number for that set of groups: ``(number, ((rows, size, regimes, summer, count), ...))``, ``count`` groups
+        of ``size`` devices that hold ``rows`` channels each, allreduce as ``regimes`` (the machine's
+        :class:`~spmdcnn.cost.machine.Regimes` of the group's level) and sum gradients as ``summer``
+        (:meth:`~spmdcnn.cost.machine.Machine.gradient_sum`)."""
         key = (config.degrees, config.devices, channels)
         found = self._groups.get(key)
         if found is None:
             c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
             alike = {}
-            for index, size, regimes in self._replicas(config):
+            for index, size, regimes, summer in self._replicas(config):
                 lo, hi = part(channels, c_degree, index)
-                alike[hi - lo, size, regimes] = alike.get((hi - lo, size, regimes), 0) + 1
+                kind = (hi - lo, size, regimes, summer)
+                alike[kind] = alike.get(kind, 0) + 1
             groups = tuple(kind + (count,) for kind, count in alike.items())
             found = self._groups[key] = self._distinct.setdefault(groups, (len(self._distinct), groups))
         return found
 
     def _replicas(self, config):
-        """``(channel part, size, regimes)`` of each replica group of ``config``."""
+        """``(channel part, size, regimes, summer)`` of each replica group of ``config``."""
         key = (config.degrees, config.devices)
         if key not in self._rings:
-            self._rings[key] = [(index, len(group), self.machine.regimes(group))
+            self._rings[key] = [(index, len(group), self.machine.regimes(group), self.machine.gradient_sum(group))
                                 for index, group in config.replicas().items()]
         return self._rings[key]

@@ -10,6 +10,10 @@ what the machine's allreduce regimes give its bytes over its group. After backwa
 parameters no bucket sums, then each bucket's once its sum is done; the iteration ends when the slowest device
 has updated its last bucket.
 
+On a machine of ``sync: parameter-server`` there are no buckets: each layer's replica groups sum its gradients
+through their servers right after its backward, on the compute lane (the paper's runtime), and the iteration is
+the additive ``sum (t_c + t_s) + sum t_x`` of Jia et al.'s section 5.1 plus the updates.
+
 Backward is taken as twice forward for a layer with parameters whose input needs a gradient (three products of
 the size of forward's), as long as forward for the others with a backward; a tile whose backward never runs is
 all forward.
@@ -99,7 +103,10 @@ def gradient_tensors(graph, plan, itemsize, ghost=None):
 
 
 def all_buckets(graph, plan, options, itemsize, machine, ghost=None):
-    """Every device's :class:`BucketCost` list, each in the order its allreduces start."""
+    """Every device's :class:`BucketCost` list, each in the order its allreduces start (none under ``sync:
+    parameter-server``, whose sums are on the compute lane: :func:`layer_lanes`)."""
+    if machine.sync == "parameter-server":
+        return [[] for _ in range(plan.devices)]
     order = {layer.name: index for index, layer in enumerate(graph.layers)}
     found = []
     for tensors in gradient_tensors(graph, plan, itemsize, ghost):
@@ -110,7 +117,7 @@ def all_buckets(graph, plan, options, itemsize, machine, ghost=None):
                 layers[name] = layers.get(name, 0) + nbytes
             nbytes = sum(layers.values())
             mine.append(BucketCost(group, nbytes, layers, ready,
-                                   machine.regimes(group).allreduce(len(group), nbytes)))
+                                   machine.gradient_sum(group).allreduce(len(group), nbytes)))
         found.append(mine)
     return found
 
@@ -263,9 +270,11 @@ def _laid_out(cost, plan, options):
 def layer_lanes(cost, plan):
     """``(rows, layers, updates)`` for :func:`walk` and the buckets from a :class:`~spmdcnn.cost.model.CostModel`:
     ``rows`` ``{layer: (compute_s, transfer_s, batchnorm_sync_s, bytes_transferred, bytes_synced)}`` (the
-    transfer and batch norm's sums without their waits), ``layers`` ``[(layer, Lane)]``."""
+    transfer and the sync on the compute lane without their waits: batch norm's sums, and under ``sync:
+    parameter-server`` every layer's gradients through the servers), ``layers`` ``[(layer, Lane)]``."""
     rows, lanes, updates = {}, [], {}
     compute = cost.compute
+    served = cost.machine.sync == "parameter-server"
     factor = compute.profile.factor if compute.profile is not None else 1.0
     for layer in cost.graph.layers:
         config = plan[layer.name]
@@ -290,9 +299,14 @@ def layer_lanes(cost, plan):
                 moved += traffic.bytes
             moved += traffic.bytes
         sync = cost.node_sync(layer, config)
-        gather = batchnorm = 0.0
-        if layer.spec.reduced_in_layer and sync.points:
-            gather, batchnorm = sync.forward, sync.seconds - sync.gradient
+        gather = batchnorm = 0.0                # batchnorm: the sync on the compute lane
+        if layer.spec.reduced_in_layer:
+            if sync.points:
+                gather, batchnorm = sync.forward, sync.seconds - sync.gradient
+            if served:
+                batchnorm += sync.gradient
+        elif served:
+            batchnorm = sync.seconds            # the layer's gradients through the servers, after its backward
         share = forward_share(layer, layer.needs_grad)
         work = t_c - update
         points = (forward_x if crosses else None, gather if gather > 0 else None,

@@ -7,6 +7,8 @@ import time
 
 from .. import backend
 from ..comm import World, choose_transport
+from ..cost.buckets import SyncOptions
+from ..cost.machine import load_machine
 from ..graph import load_model
 from ..io.augment import Augment
 from ..io.dataset import open_checked
@@ -99,7 +101,8 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     ``transfer_s`` (redistribution between layers, including waiting for the peer), ``sync_s`` (gradient
     allreduces from start to completion, batchnorm statistics, loss), ``sync_exposed_s`` (the part of it the rank
     waited for: not hidden behind backward), ``compute_s`` (the rest); bytes are totals over all ranks per
-    iteration. ``sync``: the job's ``sync`` mapping (bucket size, overlap); ``batchnorm``: the job's key.
+    iteration. ``sync``: the job's ``sync`` mapping (bucket size, overlap), the ``machine`` file's ``sync`` its
+    mode; ``batchnorm``: the job's key.
     ``trace``: a path to write the last timed iteration to, every rank's, as Chrome trace-event JSON.
     The iterations train on one fixed synthetic batch, or with ``data`` (an HDF5 dataset path) on its shuffled
     batches as training reads them (``augment``: a ``data.augment`` mapping; ``workers``, ``prefetch``: as the job
@@ -114,8 +117,9 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
         xp = backend.rank_module(backend_name, node_ranks, share_gpus, tf32)
         source = None if data is None else open_checked(data, graph, seed, augment=Augment.from_spec(
             augment, "--augment"), batch=batch, crop_key="--augment '{{crop: {crop}}}'")
-        return graph, chosen, xp, backend.resolve_dtype(dtype, xp), source
-    graph, plan_spec, xp, dtype, source = world.agree(load)
+        options = SyncOptions.of(sync, load_machine(machine).sync if machine else None)
+        return graph, chosen, xp, backend.resolve_dtype(dtype, xp), source, options
+    graph, plan_spec, xp, dtype, source, sync = world.agree(load)
     world.use(choose_transport(world, xp, transport, print if world.rank == 0 and verbose else None))
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
                                   print if world.rank == 0 and verbose else (lambda line: None), sync, batchnorm)
@@ -154,7 +158,7 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "bytes_synced": sum(r["bytes_synced"] for r in per_rank),
             "peak_memory_bytes": max(r["peak_memory_bytes"] for r in per_rank), "per_rank": per_rank,
             "predicted_s": plan.predicted_s, "params": graph.num_params, "batchnorm": batchnorm or "global",
-            "sync": sync, "trace": trace,
+            "sync": vars(sync), "trace": trace,
             "data": data, "augment": augment,
             "data_wait_s": max(r["data_wait_s"] for r in per_rank) if data else None,
             "workers": per_rank[0]["workers"] if data else None,

@@ -6,7 +6,8 @@ Backward runs the layers in reverse: the tile's backward, then the exchange's ad
 gradients into the producer tiles. Each replica group sums its parameter gradients in buckets: a bucket's
 allreduce starts as soon as backward has made its last gradient (with ``sync.overlap``; otherwise after
 backward) and runs while backward goes on, MPI driven between layers; the update of a bucket's parameters
-waits for that bucket only.
+waits for that bucket only. On a machine of ``sync: parameter-server`` each layer's gradients are summed through
+their group's server right after its backward, before backward goes on.
 
 Activations are dropped as soon as the last consumer's exchange has run (backward keeps only what each op
 saved); layers whose inputs need no gradient (the first convolution) skip computing it; relu, dropout and add
@@ -69,7 +70,8 @@ class Executor:
     ``plan=None`` runs the whole model in this process (batch size free); otherwise ``plan`` and ``world``
     (a :class:`~spmdcnn.comm.World`) fix the tiles of this rank. ``overwrite=False`` keeps every layer from
     writing over its inputs (the results are the same; tests compare the two). ``sync``: the job's ``sync``
-    mapping or a :class:`~spmdcnn.cost.buckets.SyncOptions` (bucket size, overlap). ``batchnorm``: the job's
+    mapping or a :class:`~spmdcnn.cost.buckets.SyncOptions` (bucket size, overlap, and the machine's mode:
+    gradients through parameter servers, layer by layer on the critical path). ``batchnorm``: the job's
     ``batchnorm`` key (``global`` or None, or ``{group: G}``: ghost batch norm over groups of G samples).
     """
 
@@ -214,7 +216,7 @@ class Executor:
         of those parameters). Returns ``{name: gradient of this rank's tile}`` for the outputs named in ``keep``."""
         graph, program = self.graph, self.program
         flat = self.grads.flat
-        overlap = self.sync.overlap
+        overlap, served = self.sync.overlap, self.sync.served
         pending, kept, inflight = {}, {}, []
         if program.sites[graph.loss.name].box is not None:
             pending[graph.loss.name] = 1.0
@@ -233,7 +235,7 @@ class Executor:
                 gxs = dict(enumerate(site.kernel.backward(gy, saved)))
                 if self.trace is not None:
                     self.trace.span(layer.name, "backward", started)
-                if overlap:
+                if overlap or served:   # a server's sum is done when it returns: on the critical path
                     inflight += [(b, b.start_sum(flat[b.start:b.stop])) for b in program.ready.get(layer.name, ())]
             for _, sum_ in inflight:
                 sum_.test()             # lets MPI progress them between layers
@@ -247,7 +249,7 @@ class Executor:
                 ref = layer.inputs[slot]
                 pending[ref] = gx if ref not in pending else pending[ref] + gx
         self._saved = {}
-        if not overlap:
+        if not (overlap or served):
             inflight = [(b, b.start_sum(flat[b.start:b.stop])) for b in program.buckets]
         if update is not None and self.trace is not None:
             update = self.trace.timed(update, "update")

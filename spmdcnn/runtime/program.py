@@ -187,7 +187,8 @@ class Program:
 
     def _buckets(self):
         """Each replica group's allreduced shards (batchnorm's, summed in the layer, left out) packed into buckets
-        in reverse layer order, in the order they become ready (:func:`~spmdcnn.cost.buckets.assign`)."""
+        in reverse layer order, in the order they become ready (:func:`~spmdcnn.cost.buckets.assign`); under
+        ``sync.served``, a bucket per layer summed through the group's parameter server."""
         by_group = {}
         for shard in self.layout.values():
             layer = self.graph.by_name[shard.layer]
@@ -196,10 +197,12 @@ class Program:
         order = {layer.name: index for index, layer in enumerate(self.graph.layers)}
         tensors = {group: [(s.layer, (s.stop - s.start) * self.grad_itemsize) for s in shards]
                    for group, shards in by_group.items()}
+        nodes = self.world.node_ids() if self.sync.served else None      # collective: every rank builds one
         buckets = []
         for group, first, stop, ready in assign(tensors, order, self.sync):
             members = by_group[group][first:stop]
-            buckets.append(Bucket(group, self.groups.starter(group), members[0].start, members[-1].stop, ready))
+            start = self.groups.server(group, nodes) if nodes is not None else self.groups.starter(group)
+            buckets.append(Bucket(group, start, members[0].start, members[-1].stop, ready))
         return buckets
 
     def _local(self):

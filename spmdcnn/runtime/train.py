@@ -20,6 +20,7 @@ from ..io.dataset import DataError, SyntheticData, held_out_problems, open_check
 from ..io.prefetch import AUTO_MIN_READ_S, Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
+from ..cost.buckets import SyncOptions
 from ..cost.machine import load_machine
 from ..cost.memory import format_bytes
 from ..tiling.plan import load_plan, named
@@ -111,7 +112,7 @@ class Trainer:
                 self.plan.source = "plan data (to evaluate a complete run)"
             elif self.plan is None:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
-                                      self.log, job["sync"], job["batchnorm"])
+                                      self.log, self.sync, job["batchnorm"])
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
                                    "job": json.dumps(job, sort_keys=True, default=str),
                                    "data (sample count, shape, labels)": json.dumps(
@@ -119,7 +120,7 @@ class Trainer:
                                         "val": None if self.val is None else self.val.identity()},
                                        sort_keys=True)})
             self.executor = Executor(self.graph, self.xp, self.dtype, seed=job["seed"], plan=self.plan,
-                                     world=self.world, sync=job["sync"], batchnorm=job["batchnorm"])
+                                     world=self.world, sync=self.sync, batchnorm=job["batchnorm"])
             self.optimizer = make_optimizer(job, self.executor)
             self.start_step = self._restore(share_checkpoint(self.world, ckpt))
         except BaseException:
@@ -153,8 +154,11 @@ class Trainer:
         self.batch = job["batch_size"]
         self.plan = None if job["plan"] in (None, "auto") else load_plan(job["plan"], self.graph, self.batch,
                                                                            self.world.size)
-        if job.get("machine") and job["plan"] in (None, "auto"):
-            load_machine(job["machine"]).check_devices(self.world.size)
+        machine = load_machine(job["machine"]) if job.get("machine") else None
+        if machine is not None and job["plan"] in (None, "auto"):
+            machine.check_devices(self.world.size)
+        # the machine says how replica groups sum gradients (sync: allreduce or parameter-server)
+        self.sync = SyncOptions.of(job["sync"], machine.sync if machine is not None else None)
         if self.rank == 0:
             check_outputs(job)
         if not data_to_make(job):

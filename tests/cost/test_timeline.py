@@ -196,3 +196,45 @@ def test_a_profile_without_drift_is_charged_its_wait_per_point():
     assert old.drift is None and new.drift == 0.1
     charged = [CostModel(graph, 16, m, ComputeModel(m.device, p)).point_wait(0.5) for p in (old, new)]
     assert charged == pytest.approx([2e-3, 0.05])
+
+
+def served(bandwidth=1e9, latency=1e-5):
+    text = machine(bandwidth, latency).to_yaml().replace("name: machine", "name: served") + "sync: parameter-server\n"
+    return parse_machine_text(text)
+
+
+@pytest.mark.parametrize("name,batch", [("alexnet", 16), ("small_resnet", 8), ("small_inception", 8)])
+def test_through_parameter_servers_the_timeline_is_the_papers_additive_cost(name, batch):
+    """sync: parameter-server: every layer's gradients through its groups' servers right after its backward, on the
+    critical path, so the iteration is sum (t_c + t_s) + sum t_x (the surrogate) whatever the overlap option, and
+    the servers' sums are each layer's sync: twice (to the server and back) the transfers in and between nodes."""
+    graph = load_model(os.path.join(MODELS, f"{name}.yaml"))
+    m = served()
+    cost = CostModel(graph, batch, m, ComputeModel(m.device))
+    for seed in range(4):
+        plan = random_plan(graph, batch, 4, seed)
+        for overlap in (True, False):
+            p = cost.simulate(plan, {"overlap": overlap})
+            assert not p.timeline.buckets
+            assert p.iteration_s == pytest.approx(cost.surrogate(plan).iteration_s, rel=1e-9)
+            assert p.compute_s + p.transfer_s + p.sync_s == pytest.approx(p.iteration_s, rel=1e-12)
+    plan = named("data", graph, batch, 4)           # one group of 4 devices on 2 nodes of 2: g = 2, n = 2
+    p = cost.simulate(plan)
+    for layer, row in zip(graph.layers, p.layers):
+        if layer.params and not layer.spec.reduced_in_layer:
+            nbytes = sum(prod(shape) for shape in layer.params.values()) * 4
+            one_way = (nbytes / m.intra_node.bandwidth + m.intra_node.latency
+                       + nbytes / m.inter_node.bandwidth + m.inter_node.latency)
+            assert row.sync_s == pytest.approx(2 * one_way, rel=1e-9), layer.name
+
+
+def test_a_parameter_server_costs_more_than_a_ring_as_groups_grow():
+    """The paper's point against 2018's data parallelism: a server's link carries every replica's gradients (linear
+    in the replicas), a ring's carries about twice the gradients whatever the group."""
+    graph = load_model(os.path.join(MODELS, "alexnet.yaml"))
+    ring, server = machine(1e9, 0.0), served(1e9, 0.0)
+    for devices in (2, 4):
+        plan = named("data", graph, 8 * devices, devices)
+        rings = CostModel(graph, 8 * devices, ring, ComputeModel(ring.device)).simulate(plan, {"overlap": False})
+        servers = CostModel(graph, 8 * devices, server, ComputeModel(server.device)).simulate(plan)
+        assert servers.sync_s > rings.sync_s

@@ -1,0 +1,122 @@
+"""Sums through a parameter server (comm/server.py) in one process: every member of a group runs :func:`serve` in
+a thread of its own over a mailbox that stands in for MPI, for groups laid out over nodes in many ways. Every
+member ends with the same bits, summed in the documented order, and the transfers are those the cost model's
+ParameterServer charges (within a node: the most members on one node less one; between nodes: the nodes less
+one; each way). tests/mpi/test_parameter_server.py runs it on real ranks."""
+
+import collections
+import queue
+import random
+import threading
+
+import numpy as np
+import pytest
+
+from spmdcnn.comm.server import TAGS, routes, serve
+from spmdcnn.cost.machine import Link, Machine
+
+
+class Member:
+    def __init__(self, rank):
+        self.rank = rank
+
+    def Get_rank(self):
+        return self.rank
+
+
+class Post:
+    """The transport's ``exchange`` over in-process queues; notes every transfer ``(source, dest, tag)``."""
+
+    def __init__(self):
+        self.boxes = collections.defaultdict(queue.Queue)
+        self.sent = []
+        self.lock = threading.Lock()
+
+    def exchange(self, comm, recvs, sends):
+        for array, dest, tag in sends:
+            with self.lock:
+                self.sent.append((comm.rank, dest, tag))
+            self.boxes[comm.rank, dest, tag].put(array.copy())
+        for array, source, tag in recvs:
+            array[...] = self.boxes[source, comm.rank, tag].get(timeout=10)
+
+
+def run_group(nodes, arrays):
+    post = Post()
+    errors = []
+
+    def member(rank):
+        try:
+            serve(arrays[rank], Member(rank), nodes, post)
+        except BaseException as error:     # noqa: BLE001 -- reported below
+            errors.append(error)
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in range(len(nodes))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors and not any(thread.is_alive() for thread in threads)
+    return post.sent
+
+
+def expected_sum(nodes, arrays):
+    """The documented order: each node's leader adds its members in order; the server adds the other nodes'
+    sums in leader order to its own node's."""
+    order = list(dict.fromkeys(nodes))
+    sums = {}
+    for node in order:
+        members = [m for m, n in enumerate(nodes) if n == node]
+        total = arrays[members[0]].copy()
+        for m in members[1:]:
+            total += arrays[m]
+        sums[node] = total
+    total = sums[nodes[0]].copy()
+    for node in sorted(order[1:], key=lambda n: nodes.index(n)):
+        total += sums[node]
+    return total
+
+
+LAYOUTS = [[0, 0], [0, 1], [0, 0, 0, 0], [0, 0, 1, 1], [0, 1, 2, 3], [0, 0, 0, 1, 1, 2], [3, 3, 1, 1, 1, 7],
+           [0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3]]
+
+
+@pytest.mark.parametrize("nodes", LAYOUTS, ids=lambda nodes: "-".join(map(str, nodes)))
+def test_every_member_ends_with_the_same_sum_in_the_documented_order(nodes):
+    rng = np.random.default_rng(len(nodes))
+    # magnitudes far apart, so that another order of the sums would give other bits
+    arrays = [(rng.standard_normal(257) * 10.0 ** rng.integers(-6, 6, 257)).astype(np.float32) for _ in nodes]
+    want = expected_sum(nodes, [a.copy() for a in arrays])
+    run_group(nodes, arrays)
+    for rank, array in enumerate(arrays):
+        assert np.array_equal(array, want), f"member {rank}"
+
+
+@pytest.mark.parametrize("nodes", LAYOUTS, ids=lambda nodes: "-".join(map(str, nodes)))
+def test_the_transfers_are_those_the_cost_model_charges(nodes):
+    """Each way, the busiest leader receives (g - 1) arrays from its node and the server (n - 1) from the other
+    nodes, as ParameterServer(within=g, across=n) charges them; out, the same transfers reversed."""
+    sent = run_group(nodes, [np.ones(3, np.float32) for _ in nodes])
+    devices_per_node = 100
+    machine = Machine("m", 8, devices_per_node, Link(1e9, 0.0), Link(1e8, 0.0), sync="parameter-server")
+    group = [node * devices_per_node + member for member, node in enumerate(nodes)]     # the same layout
+    server = machine.gradient_sum(group)
+    into = collections.Counter((dest, tag) for _, dest, tag in sent)
+    assert max((n for (_, tag), n in into.items() if tag == TAGS[0]), default=0) == server.within - 1
+    assert into[0, TAGS[1]] == server.across - 1
+    inward = sorted((a, b) for a, b, tag in sent if tag in TAGS[:2])
+    outward = sorted((b, a) for a, b, tag in sent if tag in TAGS[2:])
+    assert inward == outward and len(inward) == len(nodes) - 1
+    nbytes = 1e6
+    one_way = (server.within - 1) * nbytes / 1e9 + (server.across - 1) * nbytes / 1e8
+    assert server.allreduce(len(nodes), nbytes) == pytest.approx(2 * one_way)
+
+
+def test_routes_of_random_layouts_pair_every_send_with_a_receive():
+    rng = random.Random(4)
+    for _ in range(200):
+        nodes = [rng.randrange(4) for _ in range(rng.randrange(2, 12))]
+        steps = [routes(nodes, me) for me in range(len(nodes))]
+        for index in range(4):
+            sends = sorted((me, dest) for me, mine in enumerate(steps) for dest in mine[index].send)
+            receives = sorted((source, me) for me, mine in enumerate(steps) for source in mine[index].receive)
+            assert sends == receives

@@ -1,0 +1,104 @@
+"""``sync: parameter-server`` on real ranks: each layer's replica groups sum its gradients through their server
+right after its backward (comm/server.py), and training under random plans still equals one process, within one
+node and over a layout of several nodes; the ranks count the bytes and the waiting the cost model charges."""
+
+import os
+
+import numpy as np
+import pytest
+
+from conftest import agree
+from plans import random_plan
+from spmdcnn.cost.buckets import SyncOptions
+from spmdcnn.cost.compute import ComputeModel
+from spmdcnn.cost.machine import Link, Machine
+from spmdcnn.cost.model import CostModel
+from spmdcnn.graph import load_model
+from spmdcnn.runtime.executor import Executor
+from spmdcnn.runtime.optimizer import SGD
+from spmdcnn.tiling.plan import named
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+SERVED = SyncOptions(mode="parameter-server")
+BATCH = 4
+
+
+def train(graph, plan, world, sync, steps=3):
+    """Three SGD steps, each slice updated as backward makes it final; the executor and the slices updated."""
+    executor = Executor(graph, np, np.float64, seed=5, plan=plan, world=world, sync=sync)
+    optimizer = SGD(executor.params.shapes, np.float64, np, lr=0.05, momentum=0.9, weight_decay=1e-3)
+    rng = np.random.default_rng(3)
+    calls = []
+
+    def update(start, stop):
+        calls.append((start, stop))
+        optimizer.step(executor.params.flat, executor.grads.flat, None, start, stop)
+    for step in range(steps):
+        executor.forward(rng.standard_normal((BATCH,) + graph.input_shape),
+                         rng.integers(0, graph.num_classes, BATCH), step=step)
+        calls.clear()
+        executor.backward(update=update)
+    return executor, calls
+
+
+@pytest.fixture(params=["one node", "nodes of two"])
+def layout(request, world, monkeypatch):
+    """The ranks on one node, as here, or as if on nodes of two ranks (the servers' sums then cross nodes)."""
+    if request.param == "nodes of two":
+        monkeypatch.setattr(world, "_node_ids", [rank - rank % 2 for rank in range(world.size)], raising=False)
+    return request.param
+
+
+@pytest.mark.parametrize("name", ["small_resnet", "small_inception"])
+def test_training_through_servers_equals_one_process(world, layout, name):
+    graph = load_model(os.path.join(MODELS, f"{name}.yaml"))
+    reference, _ = train(graph, None, None, SyncOptions())
+    problems = []
+    for seed in range(2):
+        plan = random_plan(graph, BATCH, world.size, 170 + seed)
+        executor, calls = train(graph, plan, world, SERVED)
+        program = executor.program
+        layers = [b.ready for b in program.buckets]
+        if len(set(zip(layers, (b.ranks for b in program.buckets)))) != len(program.buckets):
+            problems.append(f"seed {seed}: a layer has two buckets for one group: {layers}")
+        expected = program.local + [(b.start, b.stop) for b in program.buckets]
+        if calls != expected:
+            problems.append(f"seed {seed}: updated {calls}, expected the local slices then the buckets {expected}")
+        for tensor, (c0, c1) in executor.shards.items():
+            if tensor not in executor.params:
+                continue
+            want = reference.params[tensor][c0:c1]
+            error = np.max(np.abs(executor.params[tensor] - want))
+            if error > 1e-10 * max(np.max(np.abs(want)), 1e-6):
+                problems.append(f"{layout}, seed {seed}: {tensor} off one process by {error:.3g}")
+    agree(world, problems)
+
+
+def test_the_ranks_count_what_the_model_charges_and_wait_for_all_of_it(world):
+    """Bytes summed per iteration are the model's (each member's contribution, as for an allreduce), every second
+    of the servers' sums is waited for, and the model puts them all on the critical path (no buckets)."""
+    graph = load_model(os.path.join(MODELS, "small_resnet.yaml"))
+    machine = Machine("served", 1, 16, Link(1e10, 1e-6), Link(1e10, 1e-6), sync="parameter-server")
+    cost = CostModel(graph, BATCH, machine, ComputeModel(machine.device), itemsize=8, sync=SERVED)
+    problems = []
+    for plan in [random_plan(graph, BATCH, world.size, 180), named("data", graph, BATCH, world.size)]:
+        executor = Executor(graph, np, np.float64, seed=0, plan=plan, world=world, sync=SERVED)
+        rng = np.random.default_rng(0)
+        world.reset()
+        executor.forward(rng.standard_normal((BATCH,) + graph.input_shape),
+                         rng.integers(0, graph.num_classes, BATCH), step=0)
+        executor.backward()
+        counters = world.counters
+        gradients = sum(end - start for start, end, what in counters.intervals if what == "gradients")
+        if counters.sync_exposed_s < gradients - 1e-9:
+            problems.append(f"{plan.source}: {counters.sync_exposed_s} s exposed, less than the servers' "
+                            f"{gradients} s")
+        synced = sum(world.allgather(counters.bytes_synced))
+        overhead = 16 * world.size if world.size > 1 else 0
+        predicted = cost.simulate(plan)
+        if predicted.summary()["bytes_synced"] + overhead != synced:
+            problems.append(f"{plan.source}: predicted {predicted.summary()['bytes_synced']} + {overhead} bytes "
+                            f"summed, the ranks {synced}")
+        if predicted.timeline.buckets:
+            problems.append(f"{plan.source}: the model laid buckets on a communication lane")
+    agree(world, problems)
