@@ -64,9 +64,9 @@ class ReplicaGroups:
 
     def server(self, ranks, nodes):
         """A function summing a contiguous array over the group ``ranks`` (which holds this rank, with at least one
-        other) through its parameter server, on the critical path (:mod:`.server`; ``nodes``: the node of every
-        rank of the world, :meth:`~spmdcnn.comm.world.World.node_ids`): it returns a completed
-        :class:`~spmdcnn.comm.world.Served`."""
+        other) through its parameter server (:mod:`.server`; ``nodes``: the node of every rank of the world,
+        :meth:`~spmdcnn.comm.world.World.node_ids`): it pushes the array, waiting, and returns the pull of the sum
+        as a :class:`~spmdcnn.comm.world.Served` to test and wait on."""
         ranks = tuple(sorted(ranks))
         if ranks not in self.comms:
             raise ValueError(f"rank {self.world.rank} is not in the replica group {list(ranks)}")

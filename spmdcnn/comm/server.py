@@ -1,18 +1,21 @@
 """A replica group's gradients summed through a parameter server (machine files' ``sync: parameter-server``), as
-Jia et al.'s runtime synchronized parameters: every member's gradients go to the group's server, which sums them
-and sends the sum back, layer by layer, on the critical path.
+Jia et al.'s runtime synchronized parameters: after a layer's backward every member pushes its gradients to the
+group's server, which sums them, and the sum is pulled back before the layer's update.
 
 On the way in, the members of each node send to the node's first member (its leader), which adds them to its own
 and sends the node's sum to the server (the group's first member, the leader of its node); on the way out the
 server sends the sum to the other leaders and each leader to its node's members. One way thus takes ``g - 1``
 transfers within a node and ``n - 1`` between nodes (``g`` the most members on a node, ``n`` the nodes), the
-paper's simulator's ``t_s``, which :class:`~spmdcnn.cost.machine.ParameterServer` charges each way. Sums are
-taken in member order (a leader: its own, then its node's members'; the server: its node's sum, then the other
-nodes' in leader order), so every member ends with the same bits.
+paper's simulator's ``t_s``, which :class:`~spmdcnn.cost.machine.ParameterServer` charges. The push is done when
+:func:`push` returns (backward goes on after it, as the paper's cost model has it); the pull (:class:`Pull`) is
+posted then and completed before the update, so it overlaps the rest of backward. Sums are taken in member order
+(a leader: its own, then its node's members'; the server: its node's sum, then the other nodes' in leader order),
+so every member ends with the same bits.
 
-:func:`routes` is the schedule (pure: who receives from and sends to whom at each of the four steps);
-:func:`serve` runs it over an MPI communicator through the transport's exchange (all receives posted, then the
-sends, then a wait: deadlock-free).
+:func:`routes` is the schedule (pure: who receives from and sends to whom at each of the four steps). Every step
+posts its receives, then its sends, then waits (a leader's part of the pull: the receive from the server is posted
+with the pull, its sends once that receive is complete): no rank waits on a message not yet posted by a rank that
+waits on it.
 """
 
 from typing import NamedTuple
@@ -23,8 +26,8 @@ TAGS = (7101, 7102, 7103, 7104)     # in to the leaders, in to the server, out t
 
 
 class Step(NamedTuple):
-    """One member's part of one step: the members it receives from (whose arrays it adds to its own, in this
-    order, on the way in; the one whose array replaces its own, on the way out) and those it sends to."""
+    """One member's part of one step: the members it receives from (whose arrays it adds to its own, on the way
+    in; whose array becomes its own, on the way out) and those it sends to."""
 
     receive: tuple
     send: tuple
@@ -47,16 +50,48 @@ def routes(nodes, me):
     return (Step(mates, ()), Step(others, ()), Step((), others), Step((), mates))
 
 
-def serve(array, comm, nodes, transport):
-    """Sum the contiguous host ``array`` over ``comm``'s members in place through the server (``nodes``: the node
-    of each member, in rank order); ``transport``'s exchange moves the bytes."""
-    me = comm.Get_rank()
-    for step, tag in zip(routes(nodes, me), TAGS):
-        inbound = tag in TAGS[:2]
-        buffers = [np.empty_like(array) for _ in step.receive] if inbound else [array] * len(step.receive)
+def push(array, comm, nodes, transport):
+    """Push the contiguous host ``array`` of every member of ``comm`` to the server (``nodes``: the node of each
+    member, in rank order), through ``transport``'s exchange; on the server (and a leader) ``array`` then holds the
+    sum (of its node's). Returns the member's four steps, for :class:`Pull`."""
+    steps = routes(nodes, comm.Get_rank())
+    for step, tag in zip(steps[:2], TAGS[:2]):
+        buffers = [np.empty_like(array) for _ in step.receive]
         transport.exchange(comm, [(buffer, source, tag) for buffer, source in zip(buffers, step.receive)],
                            [(array, dest, tag) for dest in step.send])
-        if inbound:
-            for buffer in buffers:
-                array += buffer
-    return array
+        for buffer in buffers:
+            array += buffer
+    return steps
+
+
+class Pull:
+    """The sum on its way back from the server into ``array`` (after :func:`push`, which gave ``steps``):
+    :meth:`test` says whether it has arrived (and moves it on), :meth:`wait` waits for it."""
+
+    finished_at = None          # no clock of its own: the caller sees when it completed
+
+    def __init__(self, array, comm, steps, mpi):
+        self.array, self.comm, self.mpi = array, comm, mpi
+        self.relay = steps[3].send          # a leader's members, once its part has come
+        self.requests = [comm.Isend(array, dest=dest, tag=TAGS[2]) for dest in steps[2].send]
+        self.incoming = [comm.Irecv(array, source=source, tag=TAGS[2 + bool(steps[3].receive)])
+                         for source in steps[2].receive + steps[3].receive]
+        if not self.incoming:               # the server: its own members too at once
+            self._relay()
+
+    def _relay(self):
+        self.requests += [self.comm.Isend(self.array, dest=dest, tag=TAGS[3]) for dest in self.relay]
+        self.relay = ()
+
+    def test(self):
+        if self.incoming and self.mpi.Request.Testall(self.incoming):
+            self.incoming = []
+            self._relay()
+        return not self.incoming and self.mpi.Request.Testall(self.requests)
+
+    def wait(self):
+        if self.incoming:
+            self.mpi.Request.Waitall(self.incoming)
+            self.incoming = []
+            self._relay()
+        self.mpi.Request.Waitall(self.requests)

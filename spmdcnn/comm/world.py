@@ -110,17 +110,19 @@ class InFlight:
         self.counters.busy(self.started, self.finished, "gradients")
 
 
-class Served:
-    """A sum through a parameter server, complete when it is returned (:meth:`World.serve`): an :class:`InFlight`
-    with nothing left to wait for."""
+class Served(InFlight):
+    """A sum through a parameter server whose push is done (:meth:`World.serve`) and whose pull is on its way:
+    counted as an :class:`InFlight` from the push's start, the pull's waits exposed."""
 
-    finished = True
+    def __init__(self, world, pull, started, array=None):
+        self.counters = world.counters
+        self.started, self.pending, self.finished = started, pull, None
+        self.array = array          # a device array the host copy goes back to
 
-    def test(self):
-        return True
-
-    def wait(self):
-        pass
+    def _finish(self, now):
+        if self.array is not None:
+            self.array.set(self.pending.array)
+        super()._finish(now)
 
 
 class World:
@@ -198,20 +200,17 @@ class World:
         return self._node_ids
 
     def serve(self, array, comm, nodes):
-        """Sum the contiguous ``array`` over ``comm`` in place through the group's parameter server
-        (:mod:`.server`; ``nodes``: each member's node), on host memory (a device array is staged), waiting for
-        it: counted as sync this rank waited for whole. Returns a completed :class:`Served`."""
-        from .server import serve
+        """Push the contiguous ``array`` to the group's parameter server over ``comm`` and start pulling the sum
+        back into it (:mod:`.server`; ``nodes``: each member's node), on host memory (a device array is staged):
+        the push is waited for here (exposed), the pull is the returned :class:`Served` to test and wait on."""
+        from .server import Pull, push
         start = time.perf_counter()
         host = array if isinstance(array, np.ndarray) else array.get()
-        serve(host, comm, nodes, _HOST)
-        if host is not array:
-            array.set(host)
-        end = time.perf_counter()
-        self.counters.busy(start, end, "gradients")
-        self.counters.sync_exposed_s += end - start
+        steps = push(host, comm, nodes, _HOST)
+        pull = Pull(host, comm, steps, mpi())
+        self.counters.sync_exposed_s += time.perf_counter() - start
         self.counters.bytes_synced += array.nbytes
-        return Served()
+        return Served(self, pull, start, None if host is array else array)
 
     def allgather_array(self, array, comm):
         """The ``array`` of every rank of ``comm``, stacked in rank order: ``(size,) + array.shape``, on the host

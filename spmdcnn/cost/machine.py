@@ -83,12 +83,13 @@ class Regimes:
 @dataclass(frozen=True)
 class ParameterServer:
     """How a replica group sums its gradients under ``sync: parameter-server`` (Jia et al., section 5.1): every
-    member sends its gradients to the group's first device, the server, which sums them and sends the sum back.
-    On their way the members of each node send to the node's first member, which sends the node's sum on: one way
-    takes ``within - 1`` transfers over an ``intra`` link and ``across - 1`` over an ``inter`` link, one after the
-    other where they arrive (``within``: the group's most devices on one node; ``across``: the nodes it spans).
-    That is the paper's simulator's ``t_s = W (g - 1) / B_intra + W (n - 1) / B_inter``; the sum comes back the
-    same way (the paper's text: gradients pushed, parameters pulled), so it is charged twice."""
+    member pushes its gradients to the group's first device, the server, which sums them, and the sum is pulled
+    back. On their way the members of each node send to the node's first member, which sends the node's sum on:
+    one way takes ``within - 1`` transfers over an ``intra`` link and ``across - 1`` over an ``inter`` link, one
+    after the other where they arrive (``within``: the group's most devices on one node; ``across``: the nodes it
+    spans): the paper's simulator's ``t_s = W (g - 1) / B_intra + W (n - 1) / B_inter``. The push is on the
+    critical path (backward goes on once the server has the sum); the pull goes the other way over the same links
+    while backward goes on, and takes as long."""
 
     within: int
     across: int
@@ -96,12 +97,11 @@ class ParameterServer:
     inter: Link
 
     def allreduce(self, size, nbytes):
-        """Seconds of summing ``nbytes`` over the ``size`` devices of the group through the server."""
+        """Seconds of one way of ``nbytes`` between the ``size`` devices of the group and their server."""
         if size < 2:
             return 0.0
-        one_way = ((self.within - 1) * (nbytes / self.intra.bandwidth + self.intra.latency)
-                   + (self.across - 1) * (nbytes / self.inter.bandwidth + self.inter.latency))
-        return 2 * one_way
+        return ((self.within - 1) * (nbytes / self.intra.bandwidth + self.intra.latency)
+                + (self.across - 1) * (nbytes / self.inter.bandwidth + self.inter.latency))
 
 
 @dataclass(frozen=True)
@@ -140,7 +140,7 @@ class Machine:
     def gradient_sum(self, group):
         """How the devices ``group`` sum their parameter gradients: the allreduce :class:`Regimes` of the group's
         level, or a :class:`ParameterServer` under ``sync: parameter-server``; either's ``allreduce(size, nbytes)``
-        gives the seconds. None for fewer than two devices."""
+        gives the seconds (of one way, for a server). None for fewer than two devices."""
         if len(group) < 2:
             return None
         if self.sync == "allreduce":

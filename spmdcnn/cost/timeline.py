@@ -10,9 +10,10 @@ what the machine's allreduce regimes give its bytes over its group. After backwa
 parameters no bucket sums, then each bucket's once its sum is done; the iteration ends when the slowest device
 has updated its last bucket.
 
-On a machine of ``sync: parameter-server`` there are no buckets: each layer's replica groups sum its gradients
-through their servers right after its backward, on the compute lane (the paper's runtime), and the iteration is
-the additive ``sum (t_c + t_s) + sum t_x`` of Jia et al.'s section 5.1 plus the updates.
+On a machine of ``sync: parameter-server`` each layer's replica groups push its gradients to their servers
+right after its backward, on the compute lane (the paper's runtime: Jia et al.'s ``t_s``), and each layer's pull
+of the sum is a bucket of its own on the communication lane, started when the push is in; the compute lane is the
+additive ``sum (t_c + t_s) + sum t_x`` of their section 5.1.
 
 Backward is taken as twice forward for a layer with parameters whose input needs a gradient (three products of
 the size of forward's), as long as forward for the others with a backward; a tile whose backward never runs is
@@ -20,7 +21,7 @@ all forward.
 """
 
 from bisect import bisect_right
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import prod
 from typing import NamedTuple
 
@@ -103,10 +104,10 @@ def gradient_tensors(graph, plan, itemsize, ghost=None):
 
 
 def all_buckets(graph, plan, options, itemsize, machine, ghost=None):
-    """Every device's :class:`BucketCost` list, each in the order its allreduces start (none under ``sync:
-    parameter-server``, whose sums are on the compute lane: :func:`layer_lanes`)."""
-    if machine.sync == "parameter-server":
-        return [[] for _ in range(plan.devices)]
+    """Every device's :class:`BucketCost` list, each in the order its allreduces start. Under ``sync:
+    parameter-server`` a bucket is one layer's gradients of one group and its seconds are the pull of their sum
+    from the server (the push is on the compute lane: :func:`layer_lanes`)."""
+    options = replace(options, mode=machine.sync)
     order = {layer.name: index for index, layer in enumerate(graph.layers)}
     found = []
     for tensors in gradient_tensors(graph, plan, itemsize, ghost):
@@ -259,7 +260,9 @@ def bucket_update(bucket, total, updates):
 def _laid_out(cost, plan, options):
     """``(rows, lanes, Walk, per_device, updates)`` of ``plan``: :func:`layer_lanes`, the compute lane walked and
     every device's buckets scheduled on its communication lane."""
-    options = SyncOptions.of(options if options is not None else cost.sync)
+    options = SyncOptions.of(options if options is not None else cost.sync, cost.machine.sync)
+    if options.served:      # a pull leaves its server as soon as the push is in, whatever ``overlap`` says
+        options = replace(options, overlap=True)
     rows, lanes, updates = layer_lanes(cost, plan)
     walked = walk(lanes, cost.loss_sum(plan.devices), cost.point_wait)
     per_device = all_buckets(plan.graph, plan, options, max(cost.itemsize, 4), cost.machine, cost.ghost)
@@ -306,7 +309,7 @@ def layer_lanes(cost, plan):
             if served:
                 batchnorm += sync.gradient
         elif served:
-            batchnorm = sync.seconds            # the layer's gradients through the servers, after its backward
+            batchnorm = sync.seconds            # the layer's gradients pushed to the servers, after its backward
         share = forward_share(layer, layer.needs_grad)
         work = t_c - update
         points = (forward_x if crosses else None, gather if gather > 0 else None,
