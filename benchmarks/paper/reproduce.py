@@ -1,220 +1,96 @@
-"""The paper's evaluation (Jia et al., ICML 2018, section 6) under spmdcnn's cost model.
+"""The paper's evaluation (Jia et al., ICML 2018, section 6) under spmdcnn's cost model: under the paper's own
+assumptions and under today's, side by side (:mod:`settings` says what each set assumes).
 
-The machine is the paper's (``jobs/machines/paper-p100-4x4.yaml``: nodes of 4 P100 on NVLink, 100 Gb/s EDR
-InfiniBand between nodes; more nodes of the same kind beyond 16 devices). Compute times come from the analytic
-model, scaled per network by one factor so that one device at batch 32 runs at the paper's single-GPU throughput
-(AlexNet 745, VGG-16 184, Inception-v3 157 images/s; ResNet-50, which the paper does not run, takes the median of
-the three factors, which is Inception-v3's: the closest kind of network, batch norm and 1x1 convolutions). Every
-device holds a batch of 32. For each network and device count the data, model and owt
-plans are simulated and the layer-wise optimum is searched; the predicted throughput and the bytes moved per step
-(between layers, and allreduced) are written as a table (Markdown), JSON and two plots (PNG, with matplotlib), next
-to the paper's results.
+    python benchmarks/paper/reproduce.py [--assumptions paper|modern|both] [--models alexnet vgg16 inception_v3
+        resnet50] [--devices 1 2 4 8 16 64] [--out DIR]
 
-    python benchmarks/paper/reproduce.py [--models alexnet vgg16 inception_v3 resnet50] [--devices 1 2 4 8 16 64]
-        [--out DIR]
-
-The results go to ``paper-results/`` in the current folder, so that a run never overwrites the committed ones in
-``benchmarks/paper/results/`` unless asked (``--out benchmarks/paper/results``).
+For each set of assumptions, each network and device count (32 images per device on the paper's machine: nodes of
+4 P100; the paper's networks on the paper's 1-16 GPUs under its assumptions, ResNet-50 and 64 devices too under
+today's), the data, model, owt and layer-wise plans are predicted, their throughput next to the paper's Figure 7,
+the layer-wise gain and scaling at 16 GPUs against the paper's, the search time on 4 GPUs against its Table 3, the
+VGG-16 plan on 4 GPUs against its Table 5, the data moved per step as its Figure 8 counts it, the gain and scaling
+with one of the paper's assumptions switched to today's at a time, and under today's assumptions the layers where
+layer-wise parallelism still wins. Written as ``table.md``, ``results.json``, ``throughput.png``,
+``communication.png`` and the VGG-16 plans, in a new folder (``paper-results``, or ``paper-results-2``, ... if that
+exists) unless ``--out`` names one; ``--out benchmarks/paper/results`` updates the committed copy.
 """
 
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, ROOT)
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(1, os.path.dirname(os.path.dirname(HERE)))
 
-from spmdcnn.graph import load_model  # noqa: E402
+import paper_data  # noqa: E402
+import report  # noqa: E402
+import settings  # noqa: E402
+from settings import MODERN, PAPER, PER_DEVICE, SETTINGS, SWITCHES  # noqa: E402
 from spmdcnn.planner import make_plan  # noqa: E402
-from spmdcnn.planner.service import cost_model  # noqa: E402
 from spmdcnn.tiling.plan import named  # noqa: E402
 
-MACHINE = os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4.yaml")
-PER_DEVICE = 32
-STRATEGIES = ("data", "model", "owt", "optimal")
-# the paper's measurements (Figures 7 and 8, section 6.2): one GPU at batch 32, images/s; layer-wise over the best
-# other strategy on 16 GPUs; layer-wise on 16 GPUs over one GPU
-PAPER_SINGLE = {"alexnet": 745.0, "vgg16": 184.0, "inception_v3": 157.0}
-PAPER_OVER_BEST = {"alexnet": 2.12, "vgg16": 1.36, "inception_v3": 1.39}
-PAPER_SCALING = {"alexnet": 12.1, "vgg16": 14.8, "inception_v3": 15.5}
-# the paper's VGG-16 plan on 4 GPUs of one node (Figure 6)
-PAPER_VGG16_4 = [("conv blocks 1-4", "{n: 4}"), ("conv block 5", "{h: 2, w: 2}"), ("fc6, fc7", "{c: 4}"),
-                 ("fc8", "{c: 2}"), ("softmax", "unsplit")]
+
+def new_folder(base="paper-results"):
+    """``base``, or the first of ``base-2``, ``base-3``, ... that does not exist yet."""
+    candidate, number = base, 1
+    while os.path.exists(candidate):
+        number += 1
+        candidate = f"{base}-{number}"
+    return candidate
 
 
-def calibrated_cost(graph, devices, factor, sync=None):
-    """The cost model of ``graph`` on ``devices`` devices of the paper's machine, compute scaled by ``factor``;
-    ``sync``: the job's ``sync`` keys (default: buckets overlapped with backward, as spmdcnn runs them)."""
-    from spmdcnn.cost.machine import load_machine
-    machine = load_machine(MACHINE)
-    nodes = max(machine.nodes, -(-devices // machine.devices_per_node))
-    cost = cost_model(graph, PER_DEVICE * devices, devices, machine, None, 4, nodes, sync)
-    cost.compute.scale = {None: factor, "sgd": factor}
-    return cost
+def scope(setting, models, devices):
+    """The networks and device counts a setting covers: the paper's assumptions only the paper's networks and
+    GPU counts; today's any."""
+    if setting is PAPER:
+        return [m for m in models if m in paper_data.MODELS], [d for d in devices if d in paper_data.DEVICES]
+    return list(models), list(devices)
 
 
-def calibration(graph, name):
-    """The factor that makes one device run at the paper's throughput (None for a network the paper lacks)."""
-    if name not in PAPER_SINGLE:
-        return None
-    modelled = calibrated_cost(graph, 1, 1.0).simulate(named("data", graph, PER_DEVICE, 1)).iteration_s
-    return (PER_DEVICE / PAPER_SINGLE[name]) / modelled
+def table5_section(chosen, factors):
+    """Table 5 against the VGG-16 plan found on 4 GPUs under each setting: Markdown, and the plans found."""
+    graph = PAPER.graph("vgg16")
+    searched = [layer.name for layer in graph.layers if layer.op not in ("relu", "dropout")]
+    found, lines = {}, []
+    for name in chosen:
+        paper_plan, paper_cost, result = settings.table5(SETTINGS[name], factors[name]["vgg16"])
+        found[name] = result
+        same = all(paper_plan[layer] == result.plan[layer] for layer in searched if layer != "flat")
+        excess = paper_cost.iteration_s / result.prediction.iteration_s - 1
+        lines.append(f"- {name} assumptions: the paper's plan {paper_cost.iteration_s * 1e3:.1f} ms, the plan found "
+                     f"{result.prediction.iteration_s * 1e3:.1f} ms: "
+                     + ("the same plan." if same else f"another plan; the paper's costs {excess * 100:+.1f} % "
+                        f"under the model ({'within' if excess <= 0.02 else '**not within**'} 2 %)."))
+    head = ["| layer | " + " | ".join(f"found, {name} assumptions" for name in chosen) + " |",
+            "|---|" + "---|" * len(chosen)]
+    body = [f"| {layer} | " + " | ".join(report.config(found[name].plan[layer].describe(short=True))
+                                         for name in chosen) + " |" for layer in searched]
+    paper = ["| layers | Table 5 |", "|---|---|"] + [f"| {what} | {config} |" for what, config in paper_data.VGG16_4]
+    return "\n".join(paper + [""] + head + body + [""] + lines) + "\n", found
 
 
-def paper_factors():
-    """The calibration factor of each network the paper runs, whichever networks this run covers."""
-    return {name: calibration(load_model(os.path.join(ROOT, "models", f"{name}.yaml")), name)
-            for name in PAPER_SINGLE}
-
-
-def run(models, device_counts):
-    graphs = {name: load_model(os.path.join(ROOT, "models", f"{name}.yaml")) for name in models}
-    factors = paper_factors()
-    default = statistics.median(factors.values())       # a network the paper does not run (Inception-v3's)
-    rows = []
-    for name, graph in graphs.items():
-        factor = factors.get(name, default)
-        for devices in device_counts:
-            cost = calibrated_cost(graph, devices, factor)
-            for strategy in STRATEGIES:
-                start = time.perf_counter()
-                result = make_plan(graph, devices, cost, strategy)
-                summary = result.prediction.summary()
-                rows.append({"model": name, "devices": devices, "strategy": strategy, "factor": factor,
-                             "iteration_s": summary["iteration_s"],
-                             "images_per_s": PER_DEVICE * devices / summary["iteration_s"],
-                             "bytes_transferred": summary["bytes_transferred"],
-                             "bytes_synced": summary["bytes_synced"], "compute_s": summary["compute_s"],
-                             "transfer_s": summary["transfer_s"], "sync_s": summary["sync_s"],
-                             "seconds": time.perf_counter() - start,
-                             "plan": result.plan.text if strategy == "optimal" else None})
-                print(f"{name:<13} {devices:>3} {strategy:<8} {rows[-1]['images_per_s']:>9.1f} images/s "
-                      f"{(summary['bytes_transferred'] + summary['bytes_synced']) / 2 ** 20:>10.1f} MiB/step",
-                      flush=True)
-    return rows
-
-
-def summarize(rows):
-    """Per network: throughput of each strategy per device count, layer-wise over the best other, scaling."""
-    table = {}
-    for row in rows:
-        table.setdefault(row["model"], {}).setdefault(row["devices"], {})[row["strategy"]] = row
-    out = {}
-    for name, by_devices in table.items():
-        first = min(by_devices)
-        one = by_devices[first]["optimal"]["images_per_s"]
-        out[name] = {devices: {"over_best": s["optimal"]["images_per_s"] / max(s[k]["images_per_s"]
-                                                                             for k in ("data", "model", "owt")),
-                               "scaling": s["optimal"]["images_per_s"] / one if first == 1 else None}
-                     for devices, s in by_devices.items()}
-    return table, out
-
-
-def markdown(rows):
-    table, derived = summarize(rows)
-    lines = ["| model | devices | data | model | owt | layer-wise | layer-wise / best other | scaling from 1 | "
-             "moved per step: data / owt / layer-wise (MiB) |", "|---|---:|---:|---:|---:|---:|---:|---:|---|"]
-    for name, by_devices in table.items():
-        for devices, s in sorted(by_devices.items()):
-            d = derived[name][devices]
-            moved = " / ".join(f"{(s[k]['bytes_transferred'] + s[k]['bytes_synced']) / 2 ** 20:.0f}"
-                               for k in ("data", "owt", "optimal"))
-            scaling = "" if d["scaling"] is None else f"{d['scaling']:.1f}x"
-            lines.append(f"| {name} | {devices} | " + " | ".join(f"{s[k]['images_per_s']:.0f}" for k in STRATEGIES)
-                         + f" | {d['over_best']:.2f}x | {scaling} | {moved} |")
-    lines += ["", "The paper at 16 GPUs (layer-wise over the best other strategy; layer-wise scaling from 1 GPU) "
-              "against these predictions:", "", "| model | paper: over best | here | paper: scaling | here |",
-              "|---|---:|---:|---:|---:|"]
-    for name in PAPER_OVER_BEST:
-        if name in derived and 16 in derived[name]:
-            d = derived[name][16]
-            scaling = "" if d["scaling"] is None else f"{d['scaling']:.1f}x"
-            lines.append(f"| {name} | {PAPER_OVER_BEST[name]:.2f}x | {d['over_best']:.2f}x | "
-                         f"{PAPER_SCALING[name]:.1f}x | {scaling} |")
-    return "\n".join(lines) + "\n"
-
-
-def plots(rows, out):
-    """Throughput against devices (the paper's Figure 7) and bytes moved per step (its Figure 8)."""
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib is not installed: no plots (pip install matplotlib)")
-        return []
-    table, _ = summarize(rows)
-    names = list(table)
-    colors = {"data": "#4878a8", "model": "#d08040", "owt": "#60a060", "optimal": "#c03030"}
-    labels = {"data": "data", "model": "model", "owt": "owt", "optimal": "layer-wise"}
-    figure, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.6), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        devices = sorted(table[name])
-        for strategy in STRATEGIES:
-            ax.plot(devices, [table[name][d][strategy]["images_per_s"] for d in devices], "o-", ms=4,
-                    color=colors[strategy], label=labels[strategy])
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xticks(devices, [str(d) for d in devices])
-        ax.set_title(name)
-        ax.set_xlabel("devices (P100, 4 per node)")
-        ax.grid(True, which="both", alpha=0.3)
-    throughput = _finish(plt, figure, axes, "images/s (predicted)", os.path.join(out, "throughput.png"))
-    count = 16 if all(16 in table[name] for name in names) else max(min(table[name]) for name in names)
-    figure, axes = plt.subplots(1, len(names), figsize=(4.2 * len(names), 3.4), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        s = table[name][count]
-        moved = [s[k]["bytes_transferred"] / 2 ** 20 for k in STRATEGIES]
-        synced = [s[k]["bytes_synced"] / 2 ** 20 for k in STRATEGIES]
-        x = range(len(STRATEGIES))
-        ax.bar(x, synced, color="#888888", label="allreduced")
-        ax.bar(x, moved, bottom=synced, color="#c03030", label="moved between layers")
-        ax.set_xticks(list(x), [labels[k] for k in STRATEGIES])
-        ax.set_yscale("log")
-        ax.set_title(f"{name}, {count} devices")
-        ax.grid(True, axis="y", which="both", alpha=0.3)
-    communication = _finish(plt, figure, axes, "MiB per step (predicted)", os.path.join(out, "communication.png"))
-    return [throughput, communication]
-
-
-def _finish(plt, figure, axes, label, path):
-    """Label the first panel, add its legend, write ``path``; returns it."""
-    axes[0][0].set_ylabel(label)
-    axes[0][0].legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
-    return path
-
-
-def vgg16_plan_on_one_node(factor):
-    """Our VGG-16 plans for 4 devices (one node) next to the paper's, as Markdown: with the gradients summed after
-    backward (``sync.overlap: false``, as the paper's runtime did), and overlapped with it (as spmdcnn runs them).
-    Returns the Markdown and the first plan's result."""
-    graph = load_model(os.path.join(ROOT, "models", "vgg16.yaml"))
-    results = [make_plan(graph, 4, calibrated_cost(graph, 4, factor, {"overlap": overlap}), "optimal")
-               for overlap in (False, True)]
-    lines = ["| layer | spmdcnn, sync after backward | spmdcnn, sync overlapped |", "|---|---|---|"]
-    searched = [layer for layer in graph.layers if layer.op not in ("relu", "dropout")]
-    for layer in searched:
-        configs = [result.plan[layer.name].describe().split(", devices")[0] + "}" for result in results]
-        lines.append(f"| {layer.name} | {configs[0]} | {configs[1]} |")
-    lines.append(f"| predicted iteration | {results[0].prediction.iteration_s * 1e3:.1f} ms | "
-                 f"{results[1].prediction.iteration_s * 1e3:.1f} ms |")
-    paper = ["| layers | the paper |", "|---|---|"] + [f"| {what} | {config} |" for what, config in PAPER_VGG16_4]
-    return "\n".join(paper) + "\n\n" + "\n".join(lines) + "\n", results[0]
+def switch_study(models):
+    """The gain and scaling at 16 GPUs under the paper's assumptions, with each switched alone, and today's."""
+    studied = [(PAPER.name, None)] + [(what, setting) for what, setting in SWITCHES] + [(MODERN.name, None)]
+    rows_by_setting = []
+    for what, setting in studied:
+        setting = setting or SETTINGS[what]
+        rows = settings.run(setting, [m for m in models if m in paper_data.MODELS], [1, 16], log=lambda line: None)
+        for row in rows:
+            row["setting"] = what
+        rows_by_setting.append((what, rows))
+    return report.switches(rows_by_setting)
 
 
 def memory_example(factor, devices=16):
-    """Beyond the paper: VGG-16 on ``devices`` devices with a per-device memory limit halfway between the lightest
-    plan and the unlimited optimum (spmdcnn/cost/memory.py's model): both plans and what changed, as Markdown."""
+    """Beyond the paper (today's assumptions): VGG-16 on ``devices`` devices with a per-device memory limit halfway
+    between the lightest plan and the unlimited optimum (spmdcnn/cost/memory.py), as Markdown."""
     from spmdcnn.cost.memory import plan_memory
     from spmdcnn.planner import Problem
-    graph = load_model(os.path.join(ROOT, "models", "vgg16.yaml"))
-    cost = calibrated_cost(graph, devices, factor)
+    graph = MODERN.graph("vgg16")
+    cost = settings.calibrated_cost(MODERN, graph, devices, factor)
     free = make_plan(graph, devices, cost, "optimal")
     lightest = sum(m.min() for m in Problem(graph, devices, cost).memory(4))
     used = plan_memory(graph, free.plan)
@@ -230,26 +106,23 @@ def memory_example(factor, devices=16):
     for layer in graph.layers:
         a, b = free.plan[layer.name], limited.plan[layer.name]
         if a != b and layer.op not in ("relu", "dropout"):
-            lines.append(f"| {layer.name} | {a.describe().split(', devices')[0]}}} | "
-                         f"{b.describe().split(', devices')[0]}}} |")
+            lines.append(f"| {layer.name} | {report.config(a.describe(short=True))} | "
+                         f"{report.config(b.describe(short=True))} |")
     return "\n".join(lines) + "\n"
 
 
 def synchronization_ablation(models, factors, devices=16):
-    """Data parallelism on ``devices`` devices under the additive model (the search's surrogate: global-batch
-    batch norm, one allreduce per layer's gradients, all on the critical path), then as data-parallel frameworks
-    of 2018 did it: batch-norm statistics per device (only gamma and beta allreduced), then all gradients fused
-    into one allreduce; last, as spmdcnn runs it (the timeline: buckets overlapped with backward). Rows of
-    ``(model, variant, iteration_s, images_per_s, scaling from one device)`` as Markdown: how much of the gap to
-    the paper's scaling each choice makes, under the same calibrated model."""
+    """Data parallelism on ``devices`` devices under today's assumptions, as the additive model (the search's
+    surrogate) charges it, as data-parallel frameworks of 2018 synchronized (batch-norm statistics per device, then
+    all gradients fused into one allreduce), and as spmdcnn runs it (the timeline: buckets overlapped with
+    backward), as Markdown."""
     lines = ["| model | data parallelism on 16 devices | sync (ms) | iteration (ms) | images/s | scaling from 1 |",
              "|---|---|---:|---:|---:|---:|"]
-    default = statistics.median(factors.values())
     for name in models:
-        graph = load_model(os.path.join(ROOT, "models", f"{name}.yaml"))
-        factor = factors.get(name, default)
-        one = calibrated_cost(graph, 1, factor).simulate(named("data", graph, PER_DEVICE, 1)).iteration_s
-        cost = calibrated_cost(graph, devices, factor)
+        graph = MODERN.graph(name)
+        one = settings.calibrated_cost(MODERN, graph, 1, factors[name]).simulate(
+            named("data", graph, PER_DEVICE, 1)).iteration_s
+        cost = settings.calibrated_cost(MODERN, graph, devices, factors[name])
         plan = named("data", graph, PER_DEVICE * devices, devices)
         prediction = cost.surrogate(plan)
         layers = {layer.name: layer for layer in graph.layers}
@@ -266,8 +139,7 @@ def synchronization_ablation(models, factors, devices=16):
                     ("batch norm per device, gradients fused", regimes.allreduce(size, all_params))]
         if not batchnorm:
             variants = [variants[0], ("gradients fused", variants[2][1])]
-        timeline = cost.simulate(plan)
-        variants.append(("as spmdcnn runs it: buckets overlapped", timeline.iteration_s - rest))
+        variants.append(("as spmdcnn runs it: buckets overlapped", cost.simulate(plan).iteration_s - rest))
         for label, sync in variants:
             iteration = rest + sync
             lines.append(f"| {name} | {label} | {sync * 1e3:.1f} | {iteration * 1e3:.1f} | "
@@ -275,41 +147,73 @@ def synchronization_ablation(models, factors, devices=16):
     return "\n".join(lines) + "\n"
 
 
+def write_plans(found, out, written):
+    """The VGG-16 plans found on 4 GPUs, as plan files and (with matplotlib) pictures."""
+    for name, result in found.items():
+        with open(os.path.join(out, f"vgg16-4-{name}.yaml"), "w", encoding="utf-8") as f:
+            f.write(result.plan.text)
+        if written:                 # matplotlib is there
+            from spmdcnn.planner.plot import draw_plan
+            picture = os.path.join(out, f"vgg16-4-{name}.png")
+            draw_plan(result.plan.graph, result.plan, result.prediction, picture,
+                      f"VGG-16, 4 P100 of one node, batch 128: the layer-wise optimum, {name} assumptions")
+            written.append(picture)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--assumptions", choices=("paper", "modern", "both"), default="both")
     parser.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3", "resnet50"])
     parser.add_argument("--devices", nargs="+", type=int, default=[1, 2, 4, 8, 16, 64])
-    parser.add_argument("--out", default="paper-results",
-                        help="folder to write (default paper-results; the committed results are in "
-                             "benchmarks/paper/results: --out benchmarks/paper/results updates them)")
+    parser.add_argument("--out", help="folder to write (default: a new one, paper-results or paper-results-N; "
+                                      "--out benchmarks/paper/results updates the committed results)")
     args = parser.parse_args()
-    os.makedirs(args.out, exist_ok=True)
-    rows = run(args.models, args.devices)
-    text = markdown(rows)
-    with open(os.path.join(args.out, "results.json"), "w", encoding="utf-8") as f:
+    chosen = ["paper", "modern"] if args.assumptions == "both" else [args.assumptions]
+    out = args.out or new_folder()
+    os.makedirs(out, exist_ok=True)
+    rows, factors = [], {}
+    for name in chosen:
+        networks, devices = scope(SETTINGS[name], args.models, args.devices)
+        factors[name] = settings.factors(SETTINGS[name], networks)
+        rows += settings.run(SETTINGS[name], networks, devices)
+    with open(os.path.join(out, "results.json"), "w", encoding="utf-8") as f:
         json.dump(rows, f, indent=1)
-    written = plots(rows, args.out)
-    factor = next((r["factor"] for r in rows if r["model"] == "vgg16"), None)
-    if factor is not None:
-        vgg, result = vgg16_plan_on_one_node(factor)
-        text += "\nVGG-16 on 4 devices of one node: the paper's plan, then the one found here:\n\n" + vgg
-        with open(os.path.join(args.out, "vgg16-4.yaml"), "w", encoding="utf-8") as f:
-            f.write(result.plan.text)
-        if written:                      # matplotlib is there
-            from spmdcnn.planner.plot import draw_plan
-            picture = os.path.join(args.out, "vgg16-4.png")
-            draw_plan(result.plan.graph, result.plan, result.prediction, picture,
-                      "VGG-16, 4 P100 of one node, batch 128: the layer-wise optimum (calibrated analytic model)")
-            written.append(picture)
-        if 16 in args.devices:
-            text += "\nBeyond the paper, a memory limit per device:\n\n" + memory_example(factor)
-    if 16 in args.devices:
-        text += ("\nData parallelism's synchronization on 16 devices, as spmdcnn does it and as 2018's frameworks "
-                 "did:\n\n" + synchronization_ablation(args.models, paper_factors()))
-    with open(os.path.join(args.out, "table.md"), "w", encoding="utf-8") as f:
+    table = report.grid(rows)
+    sections = [("The assumptions", "\n".join(f"- **{name}**: {SETTINGS[name].what}." for name in chosen) + "\n"),
+                ("Figure 7: images/s", report.figure7(table, chosen)),
+                ("At 16 GPUs: layer-wise over the best other strategy, and its scaling from 1 GPU",
+                 report.at_sixteen(table, chosen)),
+                ("Predicted over measured, every Figure 7 cell from 2 GPUs", report.cell_ratios(table, chosen)),
+                ("Table 3: time to find the layer-wise plan on 4 GPUs", report.search_times(table, chosen)),
+                ("Figure 8: data moved per step at 16 GPUs, as the paper counts it (activations forward, every "
+                 "replica's gradients pushed and parameters pulled)", report.figure8(table, chosen))]
+    found = {}
+    if "vgg16" in args.models and 4 in args.devices:
+        text, found = table5_section(chosen, factors)
+        sections.append(("Table 5: VGG-16 on 4 GPUs of one node", text))
+    if args.assumptions == "both" and 1 in args.devices and 16 in args.devices:
+        sections.append(("One of the paper's assumptions switched to today's at a time (16 GPUs)",
+                         switch_study(args.models)))
+    if "modern" in chosen:
+        networks = [m for m in args.models if m in paper_data.MODELS + ("resnet50",)]
+        top = 16 if 16 in args.devices else max(args.devices)
+        sections.append((f"Today's assumptions: where layer-wise parallelism still wins ({top} GPUs)",
+                         report.layerwise_wins([(m, top, settings.where_layerwise_wins(MODERN, m, top,
+                                                                                       factors["modern"][m]))
+                                                for m in networks])))
+    if "modern" in chosen and 16 in args.devices:
+        if "vgg16" in args.models:
+            sections.append(("Beyond the paper: a memory limit per device (today's assumptions)",
+                             memory_example(factors["modern"]["vgg16"])))
+        sections.append(("Data parallelism's synchronization on 16 devices, as spmdcnn runs it and as 2018's "
+                         "frameworks did (today's assumptions)", synchronization_ablation(networks, factors["modern"])))
+    written = report.plots(table, chosen, out)
+    write_plans(found, out, written)
+    text = "\n".join(f"## {title}\n\n{body}" for title, body in sections)
+    with open(os.path.join(out, "table.md"), "w", encoding="utf-8") as f:
         f.write(text)
     print(text)
-    print("wrote", ", ".join([os.path.join(args.out, name) for name in ("table.md", "results.json")] + written))
+    print("wrote", ", ".join([os.path.join(out, name) for name in ("table.md", "results.json")] + written))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,193 @@
+"""The assumptions reproduce.py predicts the paper's evaluation under, the switches from one set to the other, and
+the predictions: spmdcnn's cost model on the paper's machine, its compute calibrated per network so that one device
+at 32 images runs at the paper's single-GPU throughput.
+
+- **paper**: what the paper's cost model and runtime assumed (its section 5.1 and the authors' 2018 simulator):
+  each layer's gradients pushed to a parameter server per layer on the critical path (``sync: parameter-server``,
+  the push charged as the simulator's ``t_s = W (g - 1) / B_intra + W (n - 1) / B_inter``), tensors moved at the
+  simulator's bandwidths with no latency (15 and 4.5 MiB/ms), nothing overlapped, and Inception-v3 without batch
+  norm (``models/inception_v3_nobn.yaml``): ``jobs/machines/paper-p100-4x4-ps.yaml``.
+- **modern**: spmdcnn's runtime as it runs today: gradients allreduced in buckets overlapped with backward, by the
+  algorithm NCCL and MPI libraries take for the size (published NCCL 2 measurements on P100s and EDR InfiniBand),
+  links with their latency, and torchvision's Inception-v3 with batch norm over the global batch:
+  ``jobs/machines/paper-p100-4x4.yaml``.
+
+:data:`SWITCHES` change one assumption of the paper's at a time, to measure which accounts for a difference.
+"""
+
+import os
+import time
+from dataclasses import dataclass, replace
+from math import prod
+
+from spmdcnn.cost.machine import load_machine
+from spmdcnn.graph import load_model
+from spmdcnn.graph.blocks import DATA
+from spmdcnn.planner import make_plan
+from spmdcnn.planner.service import cost_model
+from spmdcnn.tiling.boxes import part
+from spmdcnn.tiling.plan import named, parse_plan_text
+
+import paper_data
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PER_DEVICE = 32
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One set of assumptions: the machine file, how gradients are summed (the machine's ``sync``, and whether
+    allreduces overlap backward) and the model file of each network."""
+
+    name: str
+    machine: str
+    sync: str
+    overlap: bool
+    files: tuple = ()           # (network, model file) where the file is not the network's own name
+    what: str = ""
+
+    def model_file(self, network):
+        return dict(self.files).get(network, network)
+
+    def graph(self, network):
+        return load_model(os.path.join(ROOT, "models", f"{self.model_file(network)}.yaml"))
+
+    def load_machine(self):
+        return replace(load_machine(os.path.join(ROOT, "jobs", "machines", self.machine)), sync=self.sync)
+
+
+PAPER = Setting("paper", "paper-p100-4x4-ps.yaml", "parameter-server", False, (("inception_v3", "inception_v3_nobn"),),
+                "a parameter server per layer on the critical path, the simulator's bandwidths without latency, "
+                "nothing overlapped, Inception-v3 without batch norm")
+MODERN = Setting("modern", "paper-p100-4x4.yaml", "allreduce", True, (),
+                 "allreduces in buckets overlapped with backward (NCCL 2's measured algorithms), links with latency, "
+                 "Inception-v3 with batch norm over the global batch")
+SETTINGS = {"paper": PAPER, "modern": MODERN}
+
+# one assumption of the paper's switched to today's at a time
+SWITCHES = (
+    ("allreduce after backward instead of the parameter servers",
+     replace(PAPER, name="paper, allreduce after backward", sync="allreduce")),
+    ("allreduce overlapped with backward instead of the parameter servers",
+     replace(PAPER, name="paper, allreduce overlapped", sync="allreduce", overlap=True)),
+    ("today's links and allreduce regimes (paper-p100-4x4.yaml), parameter servers kept",
+     replace(PAPER, name="paper, today's links", machine="paper-p100-4x4.yaml")),
+    ("Inception-v3 with batch norm", replace(PAPER, name="paper, batch norm", files=())),
+)
+
+
+def calibrated_cost(setting, graph, devices, factor):
+    """The cost model of ``graph`` on ``devices`` devices of ``setting``'s machine (more nodes of it past 16
+    devices), compute scaled by ``factor``."""
+    machine = setting.load_machine()
+    nodes = max(machine.nodes, -(-devices // machine.devices_per_node))
+    cost = cost_model(graph, PER_DEVICE * devices, devices, machine, None, 4, nodes, {"overlap": setting.overlap})
+    cost.compute.scale = {None: factor, "sgd": factor}
+    return cost
+
+
+def calibration(setting, graph, single):
+    """The factor that makes one device run at ``single`` images/s under ``setting``."""
+    modelled = calibrated_cost(setting, graph, 1, 1.0).simulate(named("data", graph, PER_DEVICE, 1)).iteration_s
+    return (PER_DEVICE / single) / modelled
+
+
+def factors(setting, networks):
+    """The calibration factor of each network: to the paper's single-GPU throughput, and for a network the paper
+    does not run (ResNet-50) the median of the paper's networks' factors (Inception-v3's: the closest kind)."""
+    known = {name: calibration(setting, setting.graph(name), paper_data.single(name)) for name in paper_data.MODELS}
+    default = sorted(known.values())[len(known) // 2]
+    return {name: known.get(name, default) for name in networks}
+
+
+def bytes_as_the_paper_counts(cost, plan):
+    """``(input, activations, parameters)`` bytes of one step as the paper's Figure 8 counts them: the global
+    batch's images loaded, the activations moved between devices forward, and every replica's gradients pushed
+    and parameters pulled (2 x the shard's bytes x the replicas of each group of two or more)."""
+    graph = cost.graph
+    images = plan.batch * prod(graph.input_shape) * cost.itemsize
+    forward = parameters = 0.0
+    for layer in graph.layers:
+        config = plan[layer.name]
+        for slot, ref in enumerate(layer.inputs):
+            if ref != DATA:
+                forward += cost.edge(layer, slot).forward(plan[ref], config).bytes
+        if layer.params:
+            c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
+            per_row = sum(prod(shape[1:]) for shape in layer.params.values()) * cost.itemsize
+            for index, group in config.replicas().items():
+                if len(group) > 1:
+                    lo, hi = part(layer.out_shape[0], c_degree, index)
+                    parameters += 2 * (hi - lo) * per_row * len(group)
+    return images, forward, parameters
+
+
+def run(setting, networks, device_counts, log=print):
+    """Every network under every strategy on every device count: a row each (JSON-ready)."""
+    scale = factors(setting, networks)
+    rows = []
+    for name in networks:
+        graph = setting.graph(name)
+        for devices in device_counts:
+            cost = calibrated_cost(setting, graph, devices, scale[name])
+            for strategy in paper_data.STRATEGIES:
+                start = time.perf_counter()
+                result = make_plan(graph, devices, cost, strategy)
+                seconds = time.perf_counter() - start
+                summary = result.prediction.summary()
+                images, forward, parameters = bytes_as_the_paper_counts(cost, result.plan)
+                rows.append({"setting": setting.name, "model": name, "model_file": setting.model_file(name),
+                             "devices": devices, "strategy": strategy, "factor": scale[name],
+                             "iteration_s": summary["iteration_s"],
+                             "images_per_s": PER_DEVICE * devices / summary["iteration_s"],
+                             "compute_s": summary["compute_s"], "transfer_s": summary["transfer_s"],
+                             "sync_s": summary["sync_s"], "bytes_transferred": summary["bytes_transferred"],
+                             "bytes_synced": summary["bytes_synced"],
+                             "paper_bytes": {"images": images, "activations": forward, "parameters": parameters},
+                             "search_s": seconds, "plan": result.plan.text if strategy == "optimal" else None})
+                log(f"{setting.name:<7} {name:<13} {devices:>3} {strategy:<8} {rows[-1]['images_per_s']:>9.1f} "
+                    f"images/s  search {seconds:.3f} s")
+    return rows
+
+
+def table5_plan(graph, flat_degree):
+    """Table 5's VGG-16 plan on 4 devices (batch 128), with ``flatten`` (a layer the paper's graph lacks: pool5
+    feeds fc6 there) split over ``flat_degree`` devices."""
+    block5 = "".join(f"  {name}: {{h: 2, w: 2}}\n" for name in ("conv5_1.conv", "conv5_2.conv", "conv5_3.conv",
+                                                                  "pool5"))
+    text = ("format: spmdcnn-plan/1\nmodel: vgg16\nbatch_size: 128\ndevices: 4\ndefault: {n: 4}\nlayers:\n" + block5
+            + f"  flat: {{n: {flat_degree}}}\n  fc6: {{c: 4}}\n  fc7: {{c: 4}}\n  fc8: {{c: 2}}\n  loss: {{n: 1}}\n")
+    return parse_plan_text(text, graph, 128, 4, "Table 5 of the paper")
+
+
+def table5(setting, factor):
+    """``(paper's plan, its prediction, found plan's Result)`` for VGG-16 on 4 devices under ``setting``: the
+    paper's plan with the cheapest split of ``flatten``."""
+    graph = setting.graph("vgg16")
+    cost = calibrated_cost(setting, graph, 4, factor)
+    paper = min((table5_plan(graph, degree) for degree in (1, 2, 4)),
+                key=lambda plan: cost.simulate(plan).iteration_s)
+    return paper, cost.simulate(paper), make_plan(graph, 4, cost, "optimal")
+
+
+def where_layerwise_wins(setting, name, devices, factor):
+    """The layers whose configuration the layer-wise optimum changes from the best other strategy at ``devices``,
+    with each one's time in both: ``(best other strategy, gain, [(layer, other config, optimal config,
+    (compute, transfer, exposed sync, allreduce time) difference in s)])``."""
+    graph = setting.graph(name)
+    cost = calibrated_cost(setting, graph, devices, factor)
+    results = {s: make_plan(graph, devices, cost, s) for s in paper_data.STRATEGIES}
+    other = min(("data", "model", "owt"), key=lambda s: results[s].prediction.iteration_s)
+    best, mine = results[other], results["optimal"]
+    rows = {row.name: row for row in best.prediction.layers}
+    changed = []
+    for row in mine.prediction.layers:
+        layer = graph.by_name[row.name]
+        if layer.op in ("relu", "dropout") or best.plan[row.name] == mine.plan[row.name]:
+            continue
+        was = rows[row.name]
+        changed.append((row.name, best.plan[row.name].describe(short=True), mine.plan[row.name].describe(short=True),
+                        (row.compute_s - was.compute_s, row.transfer_s - was.transfer_s, row.sync_s - was.sync_s,
+                         row.allreduce_s - was.allreduce_s)))
+    gain = best.prediction.iteration_s / mine.prediction.iteration_s
+    return other, gain, changed
