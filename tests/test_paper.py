@@ -50,7 +50,7 @@ def test_the_paper_assumptions_are_its_own():
     assert MODERN.load_machine().sync == "allreduce" and MODERN.overlap
     assert any(layer.op == "batchnorm2d" for layer in MODERN.graph("inception_v3").layers)
     for what, switched in settings.SWITCHES:        # each switch changes one assumption of the paper's
-        changed = [key for key in ("machine", "sync", "overlap", "files")
+        changed = [key for key in ("machine", "sync", "overlap", "files", "inputs")
                    if getattr(switched, key) != getattr(PAPER, key)]
         assert len(changed) == 1 or changed == ["sync", "overlap"], what
 

@@ -146,6 +146,17 @@ def config(text):
     return re.sub(r", devices: \[[^]]*\]", "", text)
 
 
+def transfer_readings(found, devices=16):
+    """``found`` from settings.transfer_readings, against the paper's Figure 7."""
+    index = paper_data.DEVICES.index(devices)
+    lines = ["| model | strategy | the paper | the busiest device's exchanges (the model) | every transfer one after "
+             "another |", "|---|---|---:|---:|---:|"]
+    for name, strategy, parallel, serial in found:
+        lines.append(f"| {name} | {LABELS[strategy]} | {paper_data.THROUGHPUT[name][strategy][index]} | "
+                     f"{parallel:.0f} | {serial:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
 def layerwise_wins(found):
     """``found``: ``[(model, devices, (other, gain, changed))]`` from settings.where_layerwise_wins."""
     lines = []

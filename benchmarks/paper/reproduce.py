@@ -194,6 +194,10 @@ def main():
     if args.assumptions == "both" and 1 in args.devices and 16 in args.devices:
         sections.append(("One of the paper's assumptions switched to today's at a time (16 GPUs)",
                          switch_study(args.models)))
+    if "paper" in chosen and 16 in args.devices:
+        networks = [m for m in args.models if m in paper_data.MODELS]
+        sections.append(("Under the paper's assumptions, two readings of t_x at 16 GPUs (images/s)",
+                         report.transfer_readings(settings.transfer_readings(PAPER, networks, 16, factors["paper"]))))
     if "modern" in chosen:
         networks = [m for m in args.models if m in paper_data.MODELS + ("resnet50",)]
         top = 16 if 16 in args.devices else max(args.devices)
