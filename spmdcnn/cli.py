@@ -279,7 +279,8 @@ def build_parser():
     p.add_argument("--plan", default="data",
                    help="data, model, owt, auto (the planner) or a plan YAML file (default data; one process runs "
                         "the whole model)")
-    p.add_argument("--machine", help="machine YAML for --plan auto (default: the built-in local machine)")
+    p.add_argument("--machine", help="machine YAML for --plan auto, whose sync (allreduce or parameter-server) "
+                   "the ranks run (default: the built-in local machine)")
     p.add_argument("--data", metavar="FILE", help="train on this HDF5 dataset's shuffled batches, read as training "
                    "reads them, instead of one fixed synthetic batch; the time a step waits for its batch is printed")
     p.add_argument("--augment", type=augment_arg, metavar="YAML", help="with --data: data.augment as YAML, e.g. "

@@ -3,6 +3,7 @@
 with one clear message instead of hanging. Every launch has a timeout, so a deadlock fails instead of hanging CI.
 """
 
+import json
 import os
 import shutil
 import signal
@@ -97,6 +98,26 @@ def test_a_checkpoint_from_4_ranks_resumes_on_2_ranks_under_another_plan(tmp_pat
             for name in names:
                 np.testing.assert_allclose(b[group][name][()], a[group][name][()], rtol=1e-10, atol=1e-14,
                                            err_msg=f"{group}/{name}")
+
+
+def test_a_job_on_a_parameter_server_machine_trains_as_one_process(tmp_path):
+    """The job's machine file says how gradients are summed: on one of ``sync: parameter-server`` (any plan, not
+    only plan auto) the ranks push and pull through servers, and the run equals one process; bench says so."""
+    machine = os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4-ps.yaml")
+    whole = write_job(tmp_path, "whole")
+    result = subprocess.run(spmdcnn("train", whole, "--set", "plan=data"), cwd=ROOT, env=ENV, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    served = write_job(tmp_path, "served", machine=machine)
+    run = mpiexec(3, *spmdcnn("train", served, "--set", f"plan={write_plan(tmp_path, 'p', 3, 5)}"))
+    assert run.returncode == 0, run.stdout + run.stderr
+    np.testing.assert_allclose(losses(tmp_path / "served.jsonl"), losses(tmp_path / "whole.jsonl"), rtol=1e-10)
+    bench = mpiexec(2, *spmdcnn("bench", "models/tiny_cnn.yaml", "--batch", 8, "--steps", 2, "--warmup", 1,
+                                "--plan", "data", "--machine", machine, "--json"))
+    assert bench.returncode == 0, bench.stderr
+    report = json.loads(bench.stdout[bench.stdout.index("{"):])
+    assert report["sync"]["mode"] == "parameter-server" and report["images_per_s"] > 0
+
 
 
 @pytest.mark.parametrize("exception", ["RuntimeError", "KeyError"])

@@ -9,10 +9,10 @@ import pytest
 
 from conftest import agree
 from plans import random_plan
+from stepping import train
 from spmdcnn.cost.buckets import FIRST_BUCKET_BYTES, SyncOptions
 from spmdcnn.graph import load_model
 from spmdcnn.runtime.executor import Executor
-from spmdcnn.runtime.optimizer import SGD
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 TINY = SyncOptions(bucket_mb=2e-3)          # about 2 KiB: many buckets even for small_resnet
@@ -80,36 +80,17 @@ def test_the_first_bucket_is_capped_at_one_mib():
     assert SyncOptions(bucket_mb=0.5).first_bytes == 1 << 19
 
 
-def _train(graph, plan, world, options, steps=3):
-    """Three SGD steps updating each bucket as its sum completes; the executor and the slices updated."""
-    executor = Executor(graph, np, np.float64, seed=5, plan=plan, world=world, sync=options)
-    optimizer = SGD(executor.params.shapes, np.float64, np, lr=0.05, momentum=0.9, weight_decay=1e-3)
-    rng = np.random.default_rng(3)
-    calls = []
-
-    def update(start, stop):
-        calls.append((start, stop))
-        optimizer.step(executor.params.flat, executor.grads.flat, None, start, stop)
-    for step in range(steps):
-        images = rng.standard_normal((BATCH,) + graph.input_shape)
-        labels = rng.integers(0, graph.num_classes, BATCH)
-        executor.forward(images, labels, step=step)
-        calls.clear()
-        executor.backward(update=update)
-    return executor, calls
-
-
 @pytest.mark.parametrize("name", ["small_resnet", "small_inception"])
 def test_overlap_on_and_off_give_the_same_bits_and_one_process_numbers(world, name):
     graph = load_model(os.path.join(MODELS, f"{name}.yaml"))
-    reference, _ = _train(graph, None, None, SyncOptions())
+    reference, _ = train(graph, None, None, SyncOptions())
     problems = []
     for seed in range(2):
         plan = random_plan(graph, BATCH, world.size, 70 + seed)
         runs = {}
         for label, options in (("overlap", TINY), ("after", SyncOptions(bucket_mb=TINY.bucket_mb, overlap=False)),
                                ("default", SyncOptions())):
-            executor, calls = _train(graph, plan, world, options)
+            executor, calls = train(graph, plan, world, options)
             runs[label] = executor
             program = executor.program
             expected = program.local + [(b.start, b.stop) for b in program.buckets]
@@ -133,7 +114,7 @@ def test_exposed_sync_is_part_of_the_sync_time(world):
     graph = load_model(os.path.join(MODELS, "small_resnet.yaml"))
     plan = random_plan(graph, BATCH, world.size, 90)
     world.reset()
-    _train(graph, plan, world, TINY, steps=2)
+    train(graph, plan, world, TINY, steps=2)
     counters = world.counters
     problems = [] if counters.sync_exposed_s <= counters.sync_s + 1e-9 else \
         [f"exposed {counters.sync_exposed_s} > sync {counters.sync_s}"]
@@ -175,7 +156,7 @@ def test_the_thread_and_nonblocking_collectives_train_the_same_weights(world, mo
     runs = {}
     for mode in ("thread", "test"):
         monkeypatch.setenv("SPMDCNN_SYNC_PROGRESS", mode)
-        runs[progress()] = _train(graph, plan, world, TINY)[0]
+        runs[progress()] = train(graph, plan, world, TINY)[0]
     problems = [] if len(runs) == 2 else [f"only the modes {sorted(runs)} ran"]
     first, *others = runs.values()
     for other in others:

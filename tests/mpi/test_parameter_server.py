@@ -10,6 +10,7 @@ import pytest
 
 from conftest import agree
 from plans import random_plan
+from stepping import train
 from spmdcnn.cost.buckets import SyncOptions
 from spmdcnn.cost.compute import ComputeModel
 from spmdcnn.cost.machine import Link, Machine
@@ -17,30 +18,11 @@ from spmdcnn.cost.model import CostModel
 from spmdcnn.cost.timeline import device_buckets
 from spmdcnn.graph import load_model
 from spmdcnn.runtime.executor import Executor
-from spmdcnn.runtime.optimizer import SGD
 from spmdcnn.tiling.plan import named
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 SERVED = SyncOptions(mode="parameter-server")
 BATCH = 4
-
-
-def train(graph, plan, world, sync, steps=3):
-    """Three SGD steps, each slice updated as backward makes it final; the executor and the slices updated."""
-    executor = Executor(graph, np, np.float64, seed=5, plan=plan, world=world, sync=sync)
-    optimizer = SGD(executor.params.shapes, np.float64, np, lr=0.05, momentum=0.9, weight_decay=1e-3)
-    rng = np.random.default_rng(3)
-    calls = []
-
-    def update(start, stop):
-        calls.append((start, stop))
-        optimizer.step(executor.params.flat, executor.grads.flat, None, start, stop)
-    for step in range(steps):
-        executor.forward(rng.standard_normal((BATCH,) + graph.input_shape),
-                         rng.integers(0, graph.num_classes, BATCH), step=step)
-        calls.clear()
-        executor.backward(update=update)
-    return executor, calls
 
 
 @pytest.fixture(params=["one node", "nodes of two"])
