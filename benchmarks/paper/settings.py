@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, replace
 from math import prod
 
-from spmdcnn.cost.machine import load_machine
+from spmdcnn.cost.machine import Machine, ParameterServer, load_machine
 from spmdcnn.io.yamlfile import read_yaml
 from spmdcnn.graph import load_model, parse_model
 from spmdcnn.graph.blocks import DATA
@@ -38,6 +38,28 @@ PER_DEVICE = 32
 
 
 @dataclass(frozen=True)
+class PushAndPull:
+    """A parameter server's push and pull as one sum on the communication lane (:class:`ServersOverlapped`)."""
+
+    server: ParameterServer
+
+    def allreduce(self, size, nbytes):
+        return 2 * self.server.allreduce(size, nbytes)
+
+
+@dataclass(frozen=True)
+class ServersOverlapped(Machine):
+    """A what-if for the switch study, not a mode spmdcnn runs: parameter servers whose push and pull both go on
+    while backward goes on, as an asynchronous runtime (the paper's Legion) may run them; the timeline lays them
+    as buckets of one tensor on the communication lane, each its push and its pull."""
+
+    def gradient_sum(self, group):
+        if len(group) < 2:
+            return None
+        return PushAndPull(Machine.gradient_sum(replace(self, sync="parameter-server"), group))
+
+
+@dataclass(frozen=True)
 class Setting:
     """One set of assumptions: the machine file, how gradients are summed (the machine's ``sync``, and whether
     allreduces overlap backward) and the model file of each network."""
@@ -49,6 +71,7 @@ class Setting:
     files: tuple = ()           # (network, model file) where the file is not the network's own name
     what: str = ""
     inputs: tuple = ()          # (network, [C, H, W]) where the network reads images of another size
+    servers_overlapped: bool = False    # the what-if of ServersOverlapped (with sync "parameter-server")
 
     def model_file(self, network):
         return dict(self.files).get(network, network)
@@ -61,7 +84,15 @@ class Setting:
         return parse_model({**data, "input": list(dict(self.inputs)[network])}, path, text)
 
     def load_machine(self):
-        return replace(load_machine(os.path.join(ROOT, "jobs", "machines", self.machine)), sync=self.sync)
+        machine = replace(load_machine(os.path.join(ROOT, "jobs", "machines", self.machine)), sync=self.sync)
+        if self.servers_overlapped:
+            return ServersOverlapped(**{key: getattr(machine, key) for key in machine.__dataclass_fields__
+                                        if key != "sync"})
+        return machine
+
+    def sync_options(self):
+        """The job's ``sync``: a bucket per tensor for overlapped servers (one layer's push and pull each)."""
+        return {"overlap": self.overlap, "bucket_mb": 1e-6} if self.servers_overlapped else {"overlap": self.overlap}
 
 
 PAPER = Setting("paper", "paper-p100-4x4-ps.yaml", "parameter-server", False, (("inception_v3", "inception_v3_nobn"),),
@@ -80,6 +111,9 @@ SWITCHES = (
      replace(PAPER, name="paper, allreduce overlapped", sync="allreduce", overlap=True)),
     ("today's links and allreduce regimes (paper-p100-4x4.yaml), parameter servers kept",
      replace(PAPER, name="paper, today's links", machine="paper-p100-4x4.yaml")),
+    ("parameter servers overlapped with backward (a what-if: an asynchronous runtime such as the paper's Legion; "
+     "spmdcnn's push on the critical path)",
+     replace(PAPER, name="paper, servers overlapped", overlap=True, servers_overlapped=True)),
     ("Inception-v3 with batch norm", replace(PAPER, name="paper, batch norm", files=())),
     ("not a switch to today's: AlexNet of 74.7 M parameters (torchvision's at 256x256: pool5 7x7, fc6 over 12,544 "
      "inputs), the size Figure 8's data-parallel bytes imply",
@@ -92,7 +126,7 @@ def calibrated_cost(setting, graph, devices, factor):
     devices), compute scaled by ``factor``."""
     machine = setting.load_machine()
     nodes = max(machine.nodes, -(-devices // machine.devices_per_node))
-    cost = cost_model(graph, PER_DEVICE * devices, devices, machine, None, 4, nodes, {"overlap": setting.overlap})
+    cost = cost_model(graph, PER_DEVICE * devices, devices, machine, None, 4, nodes, setting.sync_options())
     cost.compute.scale = {None: factor, "sgd": factor}
     return cost
 
