@@ -108,7 +108,12 @@ def print_prediction(title, prediction, plan):
           f"images/s; moves {format_bytes(s['bytes_transferred'])} between layers and allreduces "
           f"{format_bytes(s['bytes_synced'])} per iteration")
     timeline = prediction.timeline
-    if timeline is not None and timeline.buckets:
+    if timeline is not None and timeline.buckets and timeline.served:
+        print(f"gradients through parameter servers: each layer's push after its backward (in sync), and "
+              f"{len(timeline.buckets)} pulls on the slowest device, {_ms(timeline.allreduce_s)} ms, "
+              f"{_ms(timeline.allreduce_s - timeline.exposed_s)} ms hidden behind backward")
+        print("  (sync: what a layer exposes, its push included; hidden: its pull overlapped)")
+    elif timeline is not None and timeline.buckets:
         print(f"gradients: {len(timeline.buckets)} buckets on the slowest device, {_ms(timeline.allreduce_s)} ms of "
               f"allreduces, {_ms(timeline.allreduce_s - timeline.exposed_s)} ms hidden behind backward")
         print("  (sync: what a layer exposes, batch norm's sums included; hidden: its allreduces overlapped)")

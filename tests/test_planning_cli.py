@@ -49,6 +49,9 @@ def test_the_papers_own_machine_syncs_through_servers_at_its_simulators_bandwidt
     nbytes = 61_100_840 * 4
     one_way = 3 * nbytes / served.intra_node.bandwidth + 3 * nbytes / served.inter_node.bandwidth
     assert predicted["sync_s"] >= one_way and predicted["allreduce_s"] == pytest.approx(2 * one_way, rel=1e-6)
+    shown = run("plan", "models/alexnet.yaml", "--devices", 16, "--batch", 512, "--machine",
+                os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4-ps.yaml"), "--strategy", "data")
+    assert "gradients through parameter servers: each layer's push after its backward" in shown.stdout, shown.stdout
 
 
 @pytest.mark.parametrize("change,message", [

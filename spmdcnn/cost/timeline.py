@@ -57,6 +57,7 @@ class Timeline:
     buckets: list = field(default_factory=list)     # the slowest device's BucketCosts
     ends: list = field(default_factory=list)        # every device's end
     overhead_s: float = 0.0                         # the loss's sum after forward, its wait included
+    served: bool = False                            # buckets are parameter servers' pulls (their pushes: sync)
 
     @property
     def allreduce_s(self):
@@ -333,7 +334,8 @@ def timeline(cost, plan, options=None):
                             moved, synced)
     ends = [device_end(buckets, walked.end, updates) for buckets in per_device]
     rank = max(range(len(ends)), key=ends.__getitem__)
-    return rows, Timeline(ends[rank], walked.end, rank, per_device[rank], ends, walked.overhead_s)
+    return rows, Timeline(ends[rank], walked.end, rank, per_device[rank], ends, walked.overhead_s,
+                          cost.machine.sync == "parameter-server")
 
 
 def timeline_events(cost, plan, options=None):
