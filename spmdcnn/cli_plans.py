@@ -103,11 +103,12 @@ def print_prediction(title, prediction, plan):
               f"{_ms(r.sync_s):>7} {_ms(hidden):>7} {format_bytes(r.bytes_transferred):>9} "
               f"{format_bytes(r.bytes_synced):>10}")
     s = prediction.summary()
+    timeline = prediction.timeline
+    sums = "sums through parameter servers" if timeline is not None and timeline.served else "allreduces"
     print(f"predicted iteration {_ms(s['iteration_s'])} ms = compute {_ms(s['compute_s'])} + transfer "
           f"{_ms(s['transfer_s'])} + exposed sync {_ms(s['sync_s'])} ms; {plan.batch / s['iteration_s']:.1f} "
-          f"images/s; moves {format_bytes(s['bytes_transferred'])} between layers and allreduces "
+          f"images/s; moves {format_bytes(s['bytes_transferred'])} between layers and {sums} "
           f"{format_bytes(s['bytes_synced'])} per iteration")
-    timeline = prediction.timeline
     if timeline is not None and timeline.buckets and timeline.served:
         print(f"gradients through parameter servers: each layer's push after its backward (in sync), and "
               f"{len(timeline.buckets)} pulls on the slowest device, {_ms(timeline.allreduce_s)} ms, "

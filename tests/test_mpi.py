@@ -119,7 +119,6 @@ def test_a_job_on_a_parameter_server_machine_trains_as_one_process(tmp_path):
     assert report["sync"]["mode"] == "parameter-server" and report["images_per_s"] > 0
 
 
-
 @pytest.mark.parametrize("exception", ["RuntimeError", "KeyError"])
 def test_a_failing_rank_ends_the_job_with_its_message(tmp_path, exception):
     job = write_job(tmp_path, "fail", steps=50)

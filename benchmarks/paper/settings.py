@@ -5,7 +5,8 @@ at 32 images runs at the paper's single-GPU throughput.
 - **paper**: what the paper's cost model and runtime assumed (its section 5.1 and the authors' 2018 simulator):
   each layer's gradients pushed to a parameter server per layer on the critical path (``sync: parameter-server``,
   the push charged as the simulator's ``t_s = W (g - 1) / B_intra + W (n - 1) / B_inter``), tensors moved at the
-  simulator's bandwidths with no latency (15 and 4.5 MiB/ms), nothing overlapped, and Inception-v3 without batch
+  simulator's bandwidths with no latency (15 and 4.5 MiB/ms), nothing overlapped on the critical path (the pull
+  of each sum back from its server goes on while backward does), and Inception-v3 without batch
   norm (``models/inception_v3_nobn.yaml``): ``jobs/machines/paper-p100-4x4-ps.yaml``.
 - **modern**: spmdcnn's runtime as it runs today: gradients allreduced in buckets overlapped with backward, by the
   algorithm NCCL and MPI libraries take for the size (published NCCL 2 measurements on P100s and EDR InfiniBand),
@@ -44,6 +45,7 @@ class PushAndPull:
     server: ParameterServer
 
     def allreduce(self, size, nbytes):
+        """Seconds of the push and the pull of ``nbytes`` over the ``size`` devices of the group."""
         return 2 * self.server.allreduce(size, nbytes)
 
 
@@ -74,9 +76,11 @@ class Setting:
     servers_overlapped: bool = False    # the what-if of ServersOverlapped (with sync "parameter-server")
 
     def model_file(self, network):
+        """The model file's name (in models/, without .yaml) of the network under this setting."""
         return dict(self.files).get(network, network)
 
     def graph(self, network):
+        """The network's Graph under this setting: its model file, at its input size."""
         path = os.path.join(ROOT, "models", f"{self.model_file(network)}.yaml")
         if network not in dict(self.inputs):
             return load_model(path)
@@ -84,6 +88,7 @@ class Setting:
         return parse_model({**data, "input": list(dict(self.inputs)[network])}, path, text)
 
     def load_machine(self):
+        """The setting's Machine: its file with its ``sync`` (a :class:`ServersOverlapped` for that what-if)."""
         machine = replace(load_machine(os.path.join(ROOT, "jobs", "machines", self.machine)), sync=self.sync)
         if self.servers_overlapped:
             return ServersOverlapped(**{key: getattr(machine, key) for key in machine.__dataclass_fields__
@@ -96,8 +101,9 @@ class Setting:
 
 
 PAPER = Setting("paper", "paper-p100-4x4-ps.yaml", "parameter-server", False, (("inception_v3", "inception_v3_nobn"),),
-                "a parameter server per layer on the critical path, the simulator's bandwidths without latency, "
-                "nothing overlapped, Inception-v3 without batch norm")
+                "a parameter server per layer, its push on the critical path (the pull back of the sum overlaps the "
+                "rest of backward), the simulator's bandwidths without latency, nothing else overlapped, "
+                "Inception-v3 without batch norm")
 MODERN = Setting("modern", "paper-p100-4x4.yaml", "allreduce", True, (),
                  "allreduces in buckets overlapped with backward (NCCL 2's measured algorithms), links with latency, "
                  "Inception-v3 with batch norm over the global batch")

@@ -62,16 +62,17 @@ class ReplicaGroups:
         comm, world = self.world.lanecomms[ranks], self.world
         return lambda array: world.start_allreduce(array, comm)
 
-    def server(self, ranks, nodes):
+    def server(self, ranks, nodes, index):
         """A function summing a contiguous array over the group ``ranks`` (which holds this rank, with at least one
         other) through its parameter server (:mod:`.server`; ``nodes``: the node of every rank of the world,
-        :meth:`~spmdcnn.comm.world.World.node_ids`): it pushes the array, waiting, and returns the pull of the sum
-        as a :class:`~spmdcnn.comm.world.Served` to test and wait on."""
+        :meth:`~spmdcnn.comm.world.World.node_ids`; ``index``: this sum's place among the group's, the same on
+        every member): it pushes the array, waiting, and returns the pull of the sum as a
+        :class:`~spmdcnn.comm.world.Served` to test and wait on."""
         ranks = tuple(sorted(ranks))
         if ranks not in self.comms:
             raise ValueError(f"rank {self.world.rank} is not in the replica group {list(ranks)}")
         comm, world, members = self.comms[ranks], self.world, [nodes[rank] for rank in ranks]
-        return lambda array: world.serve(array, comm, members)
+        return lambda array: world.serve(array, comm, members, index)
 
     def allreduce(self, ranks, array):
         """Sum the contiguous ``array`` over the group ``ranks`` in place."""

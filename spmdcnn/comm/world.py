@@ -9,6 +9,7 @@ import numpy as np
 
 from ..backend import array_module
 from .errors import CollectiveError
+from .server import Pull, push
 from .transport import HostTransport, mpi
 
 _HOST = HostTransport()         # the parameter server's transfers: MPI on host memory, whatever the job's transport
@@ -73,17 +74,14 @@ def _union(ordered):
 
 
 class InFlight:
-    """One allreduce in flight, counted: ``sync_s`` gets the time from its start until it was seen complete,
-    ``sync_exposed_s`` only the time this rank spent starting it and blocked in :meth:`wait`."""
+    """One sum in flight (``pending``: a transport's Pending, or a server's Pull), counted: ``sync_s`` gets the time
+    from its start (``started``) until it was seen complete, ``sync_exposed_s`` only the time this rank spent
+    starting it (until now) and blocked in :meth:`wait`; ``bytes_synced`` this rank's ``nbytes``."""
 
-    def __init__(self, world, array, comm):
-        self.counters = world.counters
-        self.started = time.perf_counter()
-        self.pending = world.transport.iallreduce(array, comm)
-        now = time.perf_counter()
-        self.counters.sync_exposed_s += now - self.started
-        self.counters.bytes_synced += array.nbytes
-        self.finished = None
+    def __init__(self, counters, pending, started, nbytes):
+        self.counters, self.pending, self.started, self.finished = counters, pending, started, None
+        self.counters.sync_exposed_s += time.perf_counter() - started
+        self.counters.bytes_synced += nbytes
 
     def test(self):
         """Whether it has completed (each call lets MPI progress it: that time is exposed too)."""
@@ -111,13 +109,12 @@ class InFlight:
 
 
 class Served(InFlight):
-    """A sum through a parameter server whose push is done (:meth:`World.serve`) and whose pull is on its way:
-    counted as an :class:`InFlight` from the push's start, the pull's waits exposed."""
+    """A sum through a parameter server whose push is done (:meth:`World.serve`: exposed) and whose pull is on its
+    way: an :class:`InFlight` from the push's start; ``array``, a device array the host copy goes back to."""
 
-    def __init__(self, world, pull, started, array=None):
-        self.counters = world.counters
-        self.started, self.pending, self.finished = started, pull, None
-        self.array = array          # a device array the host copy goes back to
+    def __init__(self, counters, pull, started, nbytes, array=None):
+        super().__init__(counters, pull, started, nbytes)
+        self.array = array
 
     def _finish(self, now):
         if self.array is not None:
@@ -168,11 +165,16 @@ class World:
         if self.comm is None:
             from ..backend import local_rank
             return local_rank(), 1
-        if getattr(self, "_node_ranks", None) is None:
+        return self._node()[:2]
+
+    def _node(self):
+        """``(index on its node, ranks on its node, the node's lowest rank)``: one shared-memory split of the world,
+        which holds whatever the launcher set; collective the first time."""
+        if getattr(self, "_node_info", None) is None:
             node = self.comm.Split_type(mpi().COMM_TYPE_SHARED)
-            self._node_ranks = node.Get_rank(), node.Get_size()
+            self._node_info = node.Get_rank(), node.Get_size(), node.allreduce(self.rank, op=mpi().MIN)
             node.Free()
-        return self._node_ranks
+        return self._node_info
 
     def allreduce(self, array, comm=None, what="sum"):
         """Sum the contiguous ``array`` over ``comm`` (the world by default) in place, through the transport;
@@ -188,29 +190,24 @@ class World:
         return array
 
     def node_ids(self):
-        """The node of every rank (the lowest rank on it), in rank order: a shared-memory split of the world, as
-        :meth:`node_ranks`; collective the first time."""
+        """The node of every rank (the lowest rank on it), in rank order (:meth:`_node`); collective the first
+        time."""
         if self.comm is None:
             return [0]
         if getattr(self, "_node_ids", None) is None:
-            node = self.comm.Split_type(mpi().COMM_TYPE_SHARED)
-            lowest = node.allreduce(self.rank, op=mpi().MIN)
-            node.Free()
-            self._node_ids = self.comm.allgather(lowest)
+            self._node_ids = self.comm.allgather(self._node()[2])
         return self._node_ids
 
-    def serve(self, array, comm, nodes):
+    def serve(self, array, comm, nodes, index):
         """Push the contiguous ``array`` to the group's parameter server over ``comm`` and start pulling the sum
-        back into it (:mod:`.server`; ``nodes``: each member's node), on host memory (a device array is staged):
-        the push is waited for here (exposed), the pull is the returned :class:`Served` to test and wait on."""
-        from .server import Pull, push
+        back into it (:mod:`.server`; ``nodes``: each member's node; ``index``: the sum's place among the group's,
+        the same on every member), on host memory (a device array is staged): the push is waited for here
+        (exposed), the pull is the returned :class:`Served` to test and wait on."""
         start = time.perf_counter()
         host = array if isinstance(array, np.ndarray) else array.get()
-        steps = push(host, comm, nodes, _HOST)
-        pull = Pull(host, comm, steps, mpi())
-        self.counters.sync_exposed_s += time.perf_counter() - start
-        self.counters.bytes_synced += array.nbytes
-        return Served(self, pull, start, None if host is array else array)
+        steps = push(host, comm, nodes, _HOST, index)
+        return Served(self.counters, Pull(host, comm, steps, mpi(), index), start, array.nbytes,
+                      None if host is array else array)
 
     def allgather_array(self, array, comm):
         """The ``array`` of every rank of ``comm``, stacked in rank order: ``(size,) + array.shape``, on the host
@@ -228,7 +225,8 @@ class World:
     def start_allreduce(self, array, comm):
         """Start summing the contiguous ``array`` over ``comm`` in place without waiting: an :class:`InFlight`
         to :meth:`~InFlight.test` and :meth:`~InFlight.wait` on (``array`` is not to be touched before)."""
-        return InFlight(self, array, comm)
+        started = time.perf_counter()
+        return InFlight(self.counters, self.transport.iallreduce(array, comm), started, array.nbytes)
 
     def use(self, transport):
         """Move bytes with ``transport`` from now on (collective: it attaches to the world and the replica

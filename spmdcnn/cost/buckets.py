@@ -10,6 +10,8 @@ earliest layer it holds has run; with ``overlap`` its allreduce starts then and 
 
 from dataclasses import dataclass, replace
 
+from .machine import SYNC_MODES
+
 MIB = 1 << 20
 FIRST_BUCKET_BYTES = MIB        # DDP's dist._DEFAULT_FIRST_BUCKET_BYTES
 
@@ -28,8 +30,8 @@ class SyncOptions:
     def __post_init__(self):
         if isinstance(self.bucket_mb, bool) or not isinstance(self.bucket_mb, (int, float)) or not self.bucket_mb > 0:
             raise ValueError(f"sync.bucket_mb must be a positive number of MiB, got {self.bucket_mb!r}")
-        if self.mode not in ("allreduce", "parameter-server"):
-            raise ValueError(f"sync mode must be 'allreduce' or 'parameter-server', got {self.mode!r}")
+        if self.mode not in SYNC_MODES:
+            raise ValueError(f"the machine's sync must be 'allreduce' or 'parameter-server', got {self.mode!r}")
 
     @classmethod
     def of(cls, spec, mode=None):

@@ -125,6 +125,15 @@ class Machine:
     allreduce: dict = field(default_factory=dict, hash=False)     # level -> Regimes, where the file gives them
     sync: str = "allreduce"         # how replica groups sum gradients: "allreduce" or "parameter-server"
 
+    def __post_init__(self):
+        if self.sync not in SYNC_MODES:
+            raise MachineError(f"{self.source}: 'sync' must be 'allreduce' or 'parameter-server', got {self.sync!r}")
+
+    @property
+    def served(self):
+        """Whether replica groups sum their gradients through parameter servers (``sync: parameter-server``)."""
+        return self.sync == "parameter-server"
+
     def regimes(self, group):
         """The :class:`Regimes` of allreduces over the devices ``group``: of ``inter_node`` when it spans nodes.
         None for fewer than two devices."""
@@ -143,7 +152,7 @@ class Machine:
         gives the seconds (of one way, for a server). None for fewer than two devices."""
         if len(group) < 2:
             return None
-        if self.sync == "allreduce":
+        if not self.served:
             return self.regimes(group)
         per_node = {}
         for device in group:

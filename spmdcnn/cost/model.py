@@ -113,10 +113,14 @@ class CostModel:
         ghost = self.ghost is not None and layer.spec.normalization
         syncs = [self._sync.ghost(layer, config, self.batch, self.ghost) for config in configs] if ghost \
             else self._sync.layers(layer, configs)
-        served = self.machine.sync == "parameter-server"      # every sum on the critical path
         for config, compute, sync in zip(configs, computes, syncs):
             seconds = sync.seconds + sync.points * wait
-            gradient = 0.0 if served else sync.gradient if ghost else 0.0 if layer.spec.reduced_in_layer else seconds
+            if self.machine.served:         # a server's push is on the critical path: none to weight
+                gradient = 0.0
+            elif ghost:
+                gradient = sync.gradient
+            else:
+                gradient = 0.0 if layer.spec.reduced_in_layer else seconds
             nodes[config.degrees, config.devices] = (compute, seconds, sync.bytes,
                                                      sync.forward + wait * (sync.points > 0) * (sync.forward > 0),
                                                      gradient, sync)

@@ -278,7 +278,7 @@ def layer_lanes(cost, plan):
     parameter-server`` every layer's gradients through the servers), ``layers`` ``[(layer, Lane)]``."""
     rows, lanes, updates = {}, [], {}
     compute = cost.compute
-    served = cost.machine.sync == "parameter-server"
+    served = cost.machine.served
     factor = compute.profile.factor if compute.profile is not None else 1.0
     for layer in cost.graph.layers:
         config = plan[layer.name]
@@ -335,7 +335,7 @@ def timeline(cost, plan, options=None):
     ends = [device_end(buckets, walked.end, updates) for buckets in per_device]
     rank = max(range(len(ends)), key=ends.__getitem__)
     return rows, Timeline(ends[rank], walked.end, rank, per_device[rank], ends, walked.overhead_s,
-                          cost.machine.sync == "parameter-server")
+                          cost.machine.served)
 
 
 def timeline_events(cost, plan, options=None):

@@ -235,7 +235,7 @@ class Executor:
                 gxs = dict(enumerate(site.kernel.backward(gy, saved)))
                 if self.trace is not None:
                     self.trace.span(layer.name, "backward", started)
-                if overlap or served:   # a server's sum is done when it returns: on the critical path
+                if overlap or served:   # a server's push is done when it returns (critical), its pull in flight
                     inflight += [(b, b.start_sum(flat[b.start:b.stop])) for b in program.ready.get(layer.name, ())]
             for _, sum_ in inflight:
                 sum_.test()             # lets MPI progress them between layers

@@ -198,10 +198,12 @@ class Program:
         tensors = {group: [(s.layer, (s.stop - s.start) * self.grad_itemsize) for s in shards]
                    for group, shards in by_group.items()}
         nodes = self.world.node_ids() if self.sync.served else None      # collective: every rank builds one
-        buckets = []
+        buckets, counts = [], {}
         for group, first, stop, ready in assign(tensors, order, self.sync):
             members = by_group[group][first:stop]
-            start = self.groups.server(group, nodes) if nodes is not None else self.groups.starter(group)
+            counts[group] = counts.get(group, -1) + 1           # the bucket's place among its group's
+            start = self.groups.server(group, nodes, counts[group]) if nodes is not None else \
+                self.groups.starter(group)
             buckets.append(Bucket(group, start, members[0].start, members[-1].stop, ready))
         return buckets
 

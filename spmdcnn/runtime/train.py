@@ -13,6 +13,9 @@ import numpy as np
 from .. import backend, cores_per_rank
 from ..comm import World, choose_transport
 from ..comm.transport import check as check_transport
+from ..cost.buckets import SyncOptions
+from ..cost.machine import load_machine
+from ..cost.memory import format_bytes
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.augment import Augment
@@ -20,9 +23,6 @@ from ..io.dataset import DataError, SyntheticData, held_out_problems, open_check
 from ..io.prefetch import AUTO_MIN_READ_S, Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
-from ..cost.buckets import SyncOptions
-from ..cost.machine import load_machine
-from ..cost.memory import format_bytes
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
 from .evaluate import evaluate, evaluation_loader

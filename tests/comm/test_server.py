@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from spmdcnn.comm.server import TAGS, Pull, push, routes
+from spmdcnn.comm.server import Pull, push, routes, tags
 from spmdcnn.cost.machine import Link, Machine
 
 
@@ -149,10 +149,10 @@ def test_the_transfers_are_those_the_cost_model_charges(nodes):
     group = [node * devices_per_node + member for member, node in enumerate(nodes)]     # the same layout
     server = machine.gradient_sum(group)
     into = collections.Counter((dest, tag) for _, dest, tag in sent)
-    assert max((n for (_, tag), n in into.items() if tag == TAGS[0]), default=0) == server.within - 1
-    assert into[0, TAGS[1]] == server.across - 1
-    inward = sorted((a, b) for a, b, tag in sent if tag in TAGS[:2])
-    outward = sorted((b, a) for a, b, tag in sent if tag in TAGS[2:])
+    assert max((n for (_, tag), n in into.items() if tag == tags(0)[0]), default=0) == server.within - 1
+    assert into[0, tags(0)[1]] == server.across - 1
+    inward = sorted((a, b) for a, b, tag in sent if tag in tags(0)[:2])
+    outward = sorted((b, a) for a, b, tag in sent if tag in tags(0)[2:])
     assert inward == outward and len(inward) == len(nodes) - 1
     nbytes = 1e6
     one_way = (server.within - 1) * nbytes / 1e9 + (server.across - 1) * nbytes / 1e8
@@ -168,3 +168,37 @@ def test_routes_of_random_layouts_pair_every_send_with_a_receive():
             sends = sorted((me, dest) for me, mine in enumerate(steps) for dest in mine[index].send)
             receives = sorted((source, me) for me, mine in enumerate(steps) for source in mine[index].receive)
             assert sends == receives
+
+
+def test_pulls_in_flight_together_keep_their_own_sums_whatever_order_they_complete_in():
+    """Two sums of one group in flight at once (layers A then B): a node leader whose pull of B completes first
+    sends B on first; with a tag pair per sum the members still receive A's sum as A and B's as B."""
+    nodes = [0, 0, 1, 1]
+    post = Post()
+    sums = {name: [np.full(4, (10 ** k) * (rank + 1), np.float32) for rank in range(4)]
+            for k, name in enumerate(("A", "B"))}
+    want = {name: expected_sum(nodes, [a.copy() for a in arrays]) for name, arrays in sums.items()}
+    errors = []
+
+    def member(rank):
+        try:
+            comm = Member(rank, post)
+            pulls = {name: Pull(sums[name][rank], comm, push(sums[name][rank], comm, nodes, post, index), MPI, index)
+                     for index, name in enumerate(("A", "B"))}
+            if rank == 2:                   # the leader of node 1: B is through before A
+                pulls["B"].wait()
+            for name in ("A", "B"):
+                pulls[name].wait()
+        except BaseException as error:     # noqa: BLE001 -- reported below
+            errors.append(error)
+    threads = [threading.Thread(target=member, args=(rank,)) for rank in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not errors and not any(thread.is_alive() for thread in threads), errors
+    for name, arrays in sums.items():
+        for rank, array in enumerate(arrays):
+            assert np.array_equal(array, want[name]), (name, rank)
+    relayed = [(tag, dest) for source, dest, tag in post.sent if source == 2 and dest == 3]
+    assert relayed[0][0] == tags(1)[3] and relayed[1][0] == tags(0)[3]       # B went on first, under B's tag

@@ -246,3 +246,13 @@ def test_a_parameter_server_grows_with_its_group_where_a_ring_does_not():
             sync[m.sync, devices] = CostModel(graph, 8 * devices, m, ComputeModel(m.device)).surrogate(plan).sync_s
     assert sync["parameter-server", 8] > 5 * sync["parameter-server", 2]
     assert sync["allreduce", 8] < 2 * sync["allreduce", 2]
+
+
+def test_a_sync_mode_other_than_the_two_is_refused_where_it_is_made():
+    from spmdcnn.cost.machine import Link, Machine, MachineError
+    with pytest.raises(ValueError, match="the machine's sync must be 'allreduce' or 'parameter-server', got 'ring'"):
+        SyncOptions(mode="ring")
+    with pytest.raises(MachineError, match="'sync' must be 'allreduce' or 'parameter-server', got 'ps'"):
+        Machine("m", 1, 2, Link(1e9, 0.0), Link(1e9, 0.0), sync="ps")
+    assert SyncOptions.of({"bucket_mb": 2}, "parameter-server").served
+    assert not SyncOptions.of(SyncOptions(mode="parameter-server"), "allreduce").served
