@@ -25,7 +25,7 @@ class Request:
     def test(self, block=False):
         if not self.done:
             try:
-                self.buffer[...] = self.post.boxes[self.key].get(block=block, timeout=10 if block else None)
+                self.buffer[...] = self.post.box(self.key).get(block=block, timeout=10 if block else None)
                 self.done = True
             except queue.Empty:
                 if block:
@@ -63,23 +63,28 @@ class Member:
 
 
 class Post:
-    """The transport's ``exchange`` over in-process queues; notes every transfer ``(source, dest, tag)``."""
+    """The transport's ``exchange`` over in-process queues, one per ``(source, dest, tag)``, made under a lock
+    (two threads must not each make one); notes every transfer ``(source, dest, tag)``."""
 
     def __init__(self):
-        self.boxes = collections.defaultdict(queue.Queue)
+        self.boxes = {}
         self.sent = []
         self.lock = threading.Lock()
+
+    def box(self, key):
+        with self.lock:
+            return self.boxes.setdefault(key, queue.Queue())
 
     def send(self, source, dest, tag, array):
         with self.lock:
             self.sent.append((source, dest, tag))
-        self.boxes[source, dest, tag].put(array.copy())
+        self.box((source, dest, tag)).put(array.copy())
 
     def exchange(self, comm, recvs, sends):
         for array, dest, tag in sends:
             self.send(comm.rank, dest, tag, array)
         for array, source, tag in recvs:
-            array[...] = self.boxes[source, comm.rank, tag].get(timeout=10)
+            array[...] = self.box((source, comm.rank, tag)).get(timeout=10)
 
 
 def run_group(nodes, arrays, tested=False):
