@@ -204,7 +204,7 @@ class World:
         the same on every member), on host memory (a device array is staged): the push is waited for here
         (exposed), the pull is the returned :class:`Served` to test and wait on."""
         start = time.perf_counter()
-        host = array if isinstance(array, np.ndarray) else array.get()
+        host = _HOST.send_buffer(array)             # the array itself when it is a contiguous host one
         steps = push(host, comm, nodes, _HOST, index)
         return Served(self.counters, Pull(host, comm, steps, mpi(), index), start, array.nbytes,
                       None if host is array else array)

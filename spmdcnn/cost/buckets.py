@@ -49,6 +49,12 @@ class SyncOptions:
         return self.mode == "parameter-server"
 
     @property
+    def overlapping(self):
+        """Whether a bucket's sum starts when backward has made it, not after backward: with ``overlap``, and
+        always for a server's pull (which leaves as soon as the push is in)."""
+        return self.overlap or self.served
+
+    @property
     def cap_bytes(self):
         return int(self.bucket_mb * MIB)
 

@@ -28,6 +28,7 @@ did (:class:`ParameterServer`); batch norm's statistics and the loss still use t
 """
 
 import math
+from collections import Counter
 
 from dataclasses import dataclass, field, replace
 
@@ -154,9 +155,7 @@ class Machine:
             return None
         if not self.served:
             return self.regimes(group)
-        per_node = {}
-        for device in group:
-            per_node[self.node_of(device)] = per_node.get(self.node_of(device), 0) + 1
+        per_node = Counter(self.node_of(device) for device in group)
         return ParameterServer(max(per_node.values()), len(per_node), self.intra_node, self.inter_node)
 
     @property
@@ -281,15 +280,12 @@ def from_mapping(data, source="<machine>"):
                               for key in ("flops", "memory_bandwidth")),
                             _positive(spec.get("overhead", device.overhead), f"{source}: device", "overhead"))
         allreduce = _regimes(data.get("allreduce"), f"{source}: allreduce")
-        sync = data.get("sync", "allreduce")
-        if sync not in SYNC_MODES:
-            raise MachineError(f"{source}: 'sync' must be 'allreduce' or 'parameter-server', got {sync!r}")
     except MachineError:
         raise
     except FormatError as error:
         raise MachineError(str(error)) from None
     return Machine(str(data.get("name", "machine")), nodes, per_node, intra, inter, device, source,
-                   data.get("measured") or {}, allreduce, sync)
+                   data.get("measured") or {}, allreduce, data.get("sync", "allreduce"))   # sync: checked there
 
 
 def _regimes(data, where):

@@ -214,7 +214,7 @@ def schedule(per_device, ready, end, options, wait, met=()):
             members = key[0]
             if all(heads[m] < len(keys[m]) and keys[m][heads[m]] == key for m in members):
                 bucket = buckets[heads[device]]
-                start = max([ready[bucket.ready] if options.overlap else end] + [free[m] for m in members])
+                start = max([ready[bucket.ready] if options.overlapping else end] + [free[m] for m in members])
                 lost = wait
                 if callable(wait):
                     before = bisect_right(met, start)
@@ -262,8 +262,6 @@ def _laid_out(cost, plan, options):
     """``(rows, lanes, Walk, per_device, updates)`` of ``plan``: :func:`layer_lanes`, the compute lane walked and
     every device's buckets scheduled on its communication lane."""
     options = SyncOptions.of(options if options is not None else cost.sync, cost.machine.sync)
-    if options.served:      # a pull leaves its server as soon as the push is in, whatever ``overlap`` says
-        options = replace(options, overlap=True)
     rows, lanes, updates = layer_lanes(cost, plan)
     walked = walk(lanes, cost.loss_sum(plan.devices), cost.point_wait)
     per_device = all_buckets(plan.graph, plan, options, max(cost.itemsize, 4), cost.machine, cost.ghost)

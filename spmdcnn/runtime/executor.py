@@ -216,7 +216,7 @@ class Executor:
         of those parameters). Returns ``{name: gradient of this rank's tile}`` for the outputs named in ``keep``."""
         graph, program = self.graph, self.program
         flat = self.grads.flat
-        overlap, served = self.sync.overlap, self.sync.served
+        overlapping = self.sync.overlapping
         pending, kept, inflight = {}, {}, []
         if program.sites[graph.loss.name].box is not None:
             pending[graph.loss.name] = 1.0
@@ -235,7 +235,7 @@ class Executor:
                 gxs = dict(enumerate(site.kernel.backward(gy, saved)))
                 if self.trace is not None:
                     self.trace.span(layer.name, "backward", started)
-                if overlap or served:   # a server's push is done when it returns (critical), its pull in flight
+                if overlapping:     # a server's push is done when it returns (critical), its pull in flight
                     inflight += [(b, b.start_sum(flat[b.start:b.stop])) for b in program.ready.get(layer.name, ())]
             for _, sum_ in inflight:
                 sum_.test()             # lets MPI progress them between layers
@@ -249,7 +249,7 @@ class Executor:
                 ref = layer.inputs[slot]
                 pending[ref] = gx if ref not in pending else pending[ref] + gx
         self._saved = {}
-        if not (overlap or served):
+        if not overlapping:
             inflight = [(b, b.start_sum(flat[b.start:b.stop])) for b in program.buckets]
         if update is not None and self.trace is not None:
             update = self.trace.timed(update, "update")
