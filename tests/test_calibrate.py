@@ -19,7 +19,8 @@ from spmdcnn.cost.machine import load_machine
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MPIEXEC = shutil.which("mpiexec")
 # one BLAS thread per rank: the ranks share two cores
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "SPMDCNN_NUM_THREADS": "1",
+ENV = {**{key: value for key, value in os.environ.items() if not key.startswith("SLURM_TOPOLOGY")},
+       "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "SPMDCNN_NUM_THREADS": "1",
        "PYTHONUNBUFFERED": "1"}
 
 
@@ -113,6 +114,7 @@ def test_two_ranks_measure_the_link_within_the_node(tmp_path):
     assert raw["bytes"][0] == 8 and all(t > 0 for t in raw["seconds"])
     assert len(machine.measured["device"]["flops_per_rank"]) == 2 and machine.device.flops > 1e8
     assert machine.measured["placement"] == "block" and "warnings" not in machine.measured
+    assert machine.switches == () and "topology variables" in machine.measured["switches"]
     allreduce = machine.measured["allreduce"]["intra_node"]
     assert allreduce["groups"] == [2] and allreduce["bytes"][0] == 8 and len(allreduce["seconds"][0]) >= 2
     regimes = machine.allreduce["intra_node"]
@@ -174,3 +176,118 @@ def test_the_links_are_measured_through_the_worlds_transport():
     machine = calibrate(world, "t", quick=True)
     assert machine.measured["transport"] == "counting"
     assert "links measured through the counting transport" in "\n".join(summary(machine))
+
+
+# --- switch levels from Slurm's topology variables ----------------------------------------------------------------
+
+def test_switch_path_reads_slurm_addresses():
+    from spmdcnn.comm.topology import switch_path
+    assert switch_path("s0.s3.node17", "switch.switch.node") == ("s0", "s3")
+    assert switch_path("node17", "node") == ()
+    assert switch_path("s0.n1.cluster.org", "switch.node") == ("s0",)       # a node name with dots
+    with pytest.raises(ValueError, match="does not follow SLURM_TOPOLOGY_ADDR_PATTERN='switch.node'"):
+        switch_path("n1", "switch.node")             # no switch where the pattern has one
+    with pytest.raises(ValueError, match="does not follow"):
+        switch_path("s0.n1", "node.switch")
+
+
+def fake(paths, per_node=1):
+    """``(node_of, addresses)`` of nodes with the switch ``paths`` (outermost first), ``per_node`` ranks each."""
+    node_of = tuple(n for n in range(len(paths)) for _ in range(per_node))
+    return node_of, tuple((".".join([*paths[n], f"node{n}"]), ".".join(["switch"] * len(paths[n]) + ["node"]))
+                          for n in node_of)
+
+
+def test_topology_groups_nodes_by_switch_innermost_first():
+    from spmdcnn.comm.topology import find_topology
+    # 8 nodes: leaves a, b, c, d of 2 nodes; pods p (a, b) and q (c, d); one spine
+    paths = [("top", pod, leaf) for pod, leaves in (("p", "ab"), ("q", "cd")) for leaf in leaves for _ in range(2)]
+    found = find_topology(*fake(paths, per_node=2))
+    assert found.levels == ((0, 0, 1, 1, 2, 2, 3, 3), (0, 0, 0, 0, 1, 1, 1, 1), (0,) * 8)
+    assert found.sizes == (2, 4, 8) and found.block and not found.note
+    # a level that groups no further (one pod over everything, under the spine) is dropped
+    found = find_topology(*fake([("top", "p", leaf) for leaf in "aabb"]))
+    assert found.levels == ((0, 0, 1, 1), (0, 0, 0, 0)) and found.sizes == (2, 4)
+    # uneven leaves: sizes round up to multiples; nodes not numbered switch by switch
+    found = find_topology(*fake([("t", "a"), ("t", "b"), ("t", "a"), ("t", "a")]))
+    assert found.levels == ((0, 1, 0, 0), (0, 0, 0, 0)) and found.sizes == (3, 6) and not found.block
+    found = find_topology(*fake([("t", "a"), ("t", "a"), ("t", "a"), ("t", "b")]))
+    assert found.sizes == (3, 6) and found.block
+
+
+def test_topology_says_why_it_has_no_levels():
+    from spmdcnn.comm.topology import ABSENT, find_topology
+    node_of, addresses = fake([("t", "a"), ("t", "b")])
+    assert find_topology(node_of, (addresses[0], None)).note == ABSENT
+    assert find_topology(node_of, ()).note == ABSENT and "docs/formats.md#machine-files" in ABSENT
+    assert "one node" in find_topology(*fake([("t", "a")], per_node=2)).note
+    assert "no common switch" in find_topology(*fake([("t", "a"), ("u", "b")])).note
+    assert "different depths" in find_topology(*fake([("t", "a"), ("t",)])).note
+    assert "rank 1: SLURM_TOPOLOGY_ADDR='x'" in find_topology(node_of, (addresses[0], ("x", "switch.node"))).note
+    both = find_topology((0, 0), (("t.a.n0", "switch.switch.node"), ("t.b.n0", "switch.switch.node")))
+    assert "ranks of node 0 disagree" in both.note
+
+
+def test_pairs_across_each_switch_level():
+    from spmdcnn.comm.topology import find_topology, level_node_pairs, loaded_node_pairs, rank_partners
+    paths = [("top", pod, leaf) for pod, leaves in (("p", "ab"), ("q", "cd")) for leaf in leaves for _ in range(2)]
+    node_of, addresses = fake(paths, per_node=2)
+    found = find_topology(node_of, addresses)
+    assert level_node_pairs(found, 0) == [(0, 1), (2, 3), (4, 5), (6, 7)]       # within each leaf
+    assert level_node_pairs(found, 1) == [(0, 2), (1, 3), (4, 6), (5, 7)]       # leaf to leaf within a pod
+    assert level_node_pairs(found, 2) == [(0, 4), (1, 5), (2, 6), (3, 7)]       # pod to pod
+    assert loaded_node_pairs(found, 1) == [(0, 2), (1, 3)]                      # both nodes of leaf a to leaf b
+    assert loaded_node_pairs(found, 2) == [(0, 4), (1, 5), (2, 6), (3, 7)]
+    assert rank_partners(node_of, [(0, 4)]) == [8, 9] + [None] * 6 + [0, 1] + [None] * 6
+    lonely = find_topology(*fake([("t", "a"), ("t", "a"), ("t", "b")]))         # one node under leaf b
+    assert level_node_pairs(lonely, 1) == [(0, 2)] and loaded_node_pairs(lonely, 1) == []
+    from spmdcnn.comm.calibrate import allreduce_groups
+    assert allreduce_groups((0, 1, 2, 3), (0, 0, 1, 1)) == {"inter_node": [(0, 1)]}   # nodes under node 0's leaf
+
+
+def test_measured_switch_levels_become_the_machines_switches():
+    from spmdcnn.comm.calibrate import LinkMeasurement
+    from spmdcnn.comm.topology import find_topology
+    from spmdcnn.cost.calibrate import _switches
+    from spmdcnn.cost.machine import Link, Machine, Switch, parse_machine_text
+    found = find_topology(*fake([("top", pod, leaf) for pod, leaves in (("p", "ab"), ("q", "cd"))
+                                 for leaf in leaves for _ in range(2)]))
+    sizes = (8, 1 << 20)
+
+    def measured(latency, bandwidth):
+        return LinkMeasurement("x", 1, sizes, tuple(latency + s / bandwidth for s in sizes), latency, bandwidth)
+    links = {"switches": [(measured(3e-6, 1e10), measured(3e-6, 5e9)), (measured(4e-6, 4e9), None)]}
+    switches, record = _switches(found, links, Link(1e10, 2e-6))
+    assert switches == (Switch("switch1", 2, Link(1e10, 2e-6)), Switch("switch2", 4, Link(5e9, 3e-6), 2.0),
+                        Switch("switch3", 8, Link(4e9, 4e-6), 1.25))
+    assert record[1]["loaded"]["fit"] == {"bandwidth": 5e9, "latency": 3e-6}
+    assert "not measured" in record[2]["loaded"]
+    machine = Machine("m", 8, 1, Link(2e10, 1e-6), Link(1e10, 2e-6), switches=switches)
+    assert parse_machine_text(machine.to_yaml(), machine.source) == machine
+    assert _switches(find_topology((0,), ()), {}, Link(1, 0)) == ((), find_topology((0,), ()).note)
+
+
+def test_four_fake_nodes_under_two_switches_measure_both_levels(tmp_path):
+    """Each rank a node of its own (the script renames the hosts), Slurm's variables set per rank: nodes 0 and 1
+    under leaf s1, 2 and 3 under leaf s2, both leaves under s0."""
+    path = tmp_path / "fat.yaml"
+    script = os.path.join(ROOT, "tests", "mpi_scripts", "calibrate_fake_nodes.py")
+    assert MPIEXEC, "this test needs mpiexec on PATH: pip install mpich (or load the system's MPI)"
+    command = []
+    for rank in range(4):
+        command += [":"] * bool(command) + [
+            "-n", "1", "env", f"SLURM_TOPOLOGY_ADDR=s0.s{1 + rank // 2}.node{rank}",
+            "SLURM_TOPOLOGY_ADDR_PATTERN=switch.switch.node", sys.executable, script, "calibrate", "-o", str(path),
+            "--quick"]
+    result = subprocess.run([MPIEXEC, *command], cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    machine = load_machine(path)
+    assert (machine.nodes, machine.devices_per_node) == (4, 1)
+    assert [(s.name, s.nodes) for s in machine.switches] == [("switch1", 2), ("switch2", 4)]
+    top = machine.switches[1]
+    assert top.link.bandwidth > 1e6 and top.oversubscription >= 1 and machine.level(0, 2) == 2
+    record = machine.measured["switches"]
+    assert record[1]["pair"]["pairs_at_once"] == 1 and record[1]["loaded"]["pairs_at_once"] == 2
+    assert machine.measured["inter_node"]["pairs_at_once"] == 2             # nodes 0-1 and 2-3, within leaves
+    assert machine.measured["allreduce"]["inter_node"]["groups"] == [2]     # the nodes under node 0's leaf
+    assert "switch level switch2 (4 nodes under one switch)" in result.stdout

@@ -11,6 +11,7 @@ same pairs; every rank runs the same barriers and collectives in the same order,
 round only joining the barriers; and a pair's two ranks post the same number of exchanges.
 """
 
+import os
 import platform
 import statistics
 import time
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..backend import array_module
+from .topology import ADDRESS, PATTERN, find_topology, level_node_pairs, loaded_node_pairs, rank_partners
 from .world import mpi
 
 SIZES = (8, 1 << 10, 1 << 16, 1 << 20, 1 << 22, 1 << 24)     # bytes per message: 8 B, 1 KiB, ... 16 MiB
@@ -31,11 +33,18 @@ TAG = 1
 @dataclass(frozen=True)
 class Placement:
     """Where the ranks run: ``hosts[r]`` is rank r's processor name, ``node_of[r]`` its node (nodes numbered in
-    rank order of first appearance), ``per_node`` the most ranks on one node."""
+    rank order of first appearance), ``per_node`` the most ranks on one node, ``addresses[r]`` its Slurm
+    topology ``(address, pattern)`` or None (:mod:`spmdcnn.comm.topology`)."""
 
     hosts: tuple
     node_of: tuple
     per_node: int
+    addresses: tuple = ()
+
+    @property
+    def topology(self):
+        """The :class:`~spmdcnn.comm.topology.Topology` of the nodes under their switches."""
+        return find_topology(self.node_of, self.addresses)
 
     @property
     def nodes(self):
@@ -61,11 +70,13 @@ class Placement:
 def placement(world):
     """The :class:`Placement` of ``world``'s ranks (a collective: every rank calls it)."""
     name = mpi().Get_processor_name() if world.comm is not None else platform.node()
-    hosts = world.allgather(name)
+    address, pattern = os.environ.get(ADDRESS), os.environ.get(PATTERN)
+    found = world.allgather((name, (address, pattern) if address and pattern else None))
+    hosts = [host for host, _ in found]
     numbers = {}
     node_of = tuple(numbers.setdefault(host, len(numbers)) for host in hosts)
     per_node = max(node_of.count(node) for node in range(len(numbers)))
-    return Placement(tuple(hosts), node_of, per_node)
+    return Placement(tuple(hosts), node_of, per_node, tuple(where for _, where in found))
 
 
 def intra_node_partners(node_of):
@@ -163,18 +174,34 @@ def measure_link(world, kind, partner, sizes, repeats, warmup, max_batch, xp=np)
 
 
 def measure_links(world, quick=False, xp=np):
-    """``(placement, {"intra_node": LinkMeasurement, "inter_node": ...})``; a level with no pair to measure (one
-    rank per node; one node) is missing. A collective: every rank calls it. One process measures nothing."""
+    """``(placement, {"intra_node": LinkMeasurement, "inter_node": ..., "switches": [(pair, loaded), ...]})``; a
+    level with no pair to measure (one rank per node; one node) is missing. With Slurm's topology
+    (:attr:`Placement.topology`), ``inter_node`` pairs nodes under one switch of the first level, and for each
+    switch level above, ``pair`` is one pair of nodes whose lowest common switch is of that level (all their
+    ranks, i-th with i-th) and ``loaded`` (or None) every node of two children of one such switch across it at
+    once. A collective: every rank calls it. One process measures nothing."""
     where = placement(world)
     links = {}
     if world.size == 1:
         return where, links
     sizes = QUICK_SIZES if quick else SIZES
     repeats, warmup, max_batch = (3, 1, 8) if quick else (15, 3, 64)
-    for kind, partner in (("intra_node", intra_node_partners(where.node_of)),
-                          ("inter_node", inter_node_partners(where.node_of))):
+    topology = where.topology
+    across = (rank_partners(where.node_of, level_node_pairs(topology, 0)) if topology.levels
+              else inter_node_partners(where.node_of))
+    for kind, partner in (("intra_node", intra_node_partners(where.node_of)), ("inter_node", across)):
         if any(p is not None for p in partner):
             links[kind] = measure_link(world, kind, partner, sizes, repeats, warmup, max_batch, xp)
+    if len(topology.levels) > 1:
+        links["switches"] = []
+        for level in range(1, len(topology.levels)):
+            kind = f"switch{level + 1}"
+            one = rank_partners(where.node_of, level_node_pairs(topology, level)[:1])
+            loaded = loaded_node_pairs(topology, level)
+            links["switches"].append((
+                measure_link(world, kind, one, sizes, repeats, warmup, max_batch, xp),
+                measure_link(world, kind, rank_partners(where.node_of, loaded), sizes, repeats, warmup, max_batch,
+                             xp) if loaded else None))
     return where, links
 
 
@@ -199,11 +226,14 @@ class AllreduceMeasurement:
     large: tuple
 
 
-def allreduce_groups(node_of):
+def allreduce_groups(node_of, first_switch=None):
     """``{level: [ranks, ...]}``: the groups whose allreduces calibrate times, the same on every rank. Within a
     node: the first 2, 4, 8, ... ranks of node 0 and all of them; across nodes: the first rank of the first 2, 4,
-    ... nodes and of all. A level with fewer than two ranks has none."""
+    ... nodes and of all (``first_switch[n]``, node n's switch of the first level where known: of the nodes under
+    node 0's). A level with fewer than two ranks has none."""
     nodes = sorted(set(node_of))
+    if first_switch:
+        nodes = [node for node in nodes if first_switch[node] == first_switch[nodes[0]]]
     first = [r for r, n in enumerate(node_of) if n == nodes[0]]
     leaders = [min(r for r, n in enumerate(node_of) if n == node) for node in nodes]
 
@@ -265,7 +295,8 @@ def measure_allreduces(world, quick=False, xp=np):
     repeats, warmup, max_batch = (3, 1, 4) if quick else (7, 2, 32)
     buffer = xp.ones(max(sizes) // 4, dtype=np.float32)
     found, kept = {}, []        # the groups' communicators live on: a transport may key its own by them
-    for level, groups in allreduce_groups(where.node_of).items():
+    topology = where.topology
+    for level, groups in allreduce_groups(where.node_of, topology.levels[0] if topology.levels else None).items():
         seconds = []
         for ranks in groups:
             member = world.rank in ranks

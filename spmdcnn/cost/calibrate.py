@@ -12,6 +12,13 @@
   on every rank at once, so that ranks sharing cores or memory see the contention they will see in training,
   and averaged over the ranks. The device is the CPU with NumPy (named by the CPU model and BLAS threads per
   rank), or with ``--backend cupy`` each rank's GPU (named by the GPU).
+- switches: where every rank has Slurm's topology variables (:mod:`spmdcnn.comm.topology`), the levels of
+  switches the job's nodes span, innermost first, named ``switch1``, ``switch2``, ...: ``inter_node`` is measured
+  between nodes under one first-level switch, and each level above between one pair of nodes whose lowest common
+  switch is of it (its latency, and its bandwidth unless the next is measured) and with every node of two children of one such switch
+  across it at once (its bandwidth, where each child has two or more nodes); ``oversubscription`` is the level
+  below's bandwidth over it (at least 1). A level's ``nodes`` is the most job nodes under one of its switches:
+  the real switches may hold more. Without the variables no switch level is written.
 
 The machine's ``measured`` key keeps the raw points, so the file documents what was measured.
 """
@@ -26,7 +33,7 @@ import numpy as np
 
 from ..backend import synchronizer
 from ..comm.calibrate import measure_allreduces, measure_links
-from .machine import Device, Link, Machine, Regimes
+from .machine import Device, Link, Machine, Regimes, Switch
 
 DEFAULT_LINK = Link(bandwidth=5.0e9, latency=5.0e-6)
 # (M, K, N) of the im2col GEMM of a 3x3 convolution: 128 -> 256 channels on a 32x32 tile; 64 -> 64 channels
@@ -158,13 +165,37 @@ def calibrate(world, name="local", quick=False, xp=np):
         "add_bytes": 3 * STREAM_BYTES,
         "memory_bandwidth_per_rank": [_round(r["memory_bandwidth"]) for r in rates],
         "overhead_per_rank": [_round(r["overhead"]) for r in rates]}
+    across = _link(inter)
+    switches, measured["switches"] = _switches(where.topology, links,
+                                               Link(_round(across.bandwidth), _round(across.latency)))
     warnings = [w for w in (where.warning(),) if w]
+    if switches and not where.topology.block:
+        warnings.append("the nodes are not numbered switch by switch (node n under switch n // nodes at each level), "
+                        "as the machine model numbers them; its switch levels are approximate for this job")
     if warnings:
         measured["warnings"] = warnings
     measured["quick"] = bool(quick)
     measured["seconds"] = _round(world.bcast(time.perf_counter() - start))
     return Machine(name, where.nodes, where.per_node, _link(intra), _link(inter), device, source="calibrate",
-                   measured=measured, allreduce=regimes)
+                   measured=measured, allreduce=regimes, switches=switches)
+
+
+def _switches(topology, links, inter):
+    """``(switches, measured)``: the :class:`Switch` levels of ``topology`` with their measured links (the first
+    level's is ``inter_node``) and what ``measured`` records of them (a sentence where none)."""
+    if not topology.levels:
+        return (), topology.note or "not measured: the job's nodes share no switch level"
+    found = [Switch("switch1", topology.sizes[0], inter)]
+    record = [{"name": "switch1", "nodes": topology.sizes[0], "link": "inter_node"}]
+    for (pair, loaded), nodes in zip(links.get("switches", ()), topology.sizes[1:]):
+        below = found[-1].link
+        bandwidth = (loaded or pair).bandwidth
+        link = Link(_round(bandwidth), _round(pair.latency))
+        found.append(Switch(f"switch{len(found) + 1}", nodes, link, _round(max(1.0, below.bandwidth / bandwidth))))
+        record.append({"name": found[-1].name, "nodes": nodes, "pair": _measured_link(pair),
+                       "loaded": _measured_link(loaded) if loaded else
+                       "not measured: no switch of this level has two children of two or more nodes"})
+    return tuple(found), record
 
 
 def _link(m):
@@ -211,6 +242,12 @@ def summary(machine, path=None):
     if ranks == 1:
         lines.append("note: link numbers need mpiexec -n 2 or more (mpiexec -n K spmdcnn calibrate -o FILE); "
                      "wrote conservative shared-memory defaults")
+    for switch in machine.switches[1:]:
+        lines.append(f"  switch level {switch.name} ({switch.nodes} nodes under one switch): "
+                     f"{switch.link.bandwidth / 1e9:.2f} GB/s, {switch.link.latency * 1e6:.1f} us latency, "
+                     f"{switch.oversubscription:g}:1 oversubscribed")
+    if isinstance(measured.get("switches"), str):
+        lines.append(f"  switch levels: {measured['switches']}")
     lines += [f"warning: {w}" for w in measured.get("warnings", ())]
     if path:
         lines.append(f"wrote {path}")
@@ -222,6 +259,8 @@ def to_json(machine, path=None):
     d = machine.device
     return {"path": path, "name": machine.name, "nodes": machine.nodes, "devices_per_node": machine.devices_per_node,
             "intra_node": vars(machine.intra_node), "inter_node": vars(machine.inter_node),
+            "switches": [{"name": s.name, "nodes": s.nodes, "oversubscription": s.oversubscription, **vars(s.link)}
+                         for s in machine.switches],
             "device": {"name": d.name, "flops": d.flops, "memory_bandwidth": d.memory_bandwidth,
                        "overhead": d.overhead}, "measured": machine.measured}
 

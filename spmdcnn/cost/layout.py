@@ -15,57 +15,88 @@ import numpy as np
 
 CHUNK = 1 << 14          # devices times configuration pairs per step of EdgeTraffic.table
 KEPT = 1 << 20           # the most of them whose lookups a layout keeps
+PAIR_ENTRIES = 1 << 22   # the most entries of a pair of dimensions' table (:func:`_groups_of_axes`)
+SAMPLED_PAIR_ENTRIES = 1 << 20   # the same when a few devices are looked at (their lookups are few)
 
 
-def _pairs_of_axes(rank):
-    """The dimensions in groups of two consecutive ones (the last alone when ``rank`` is odd)."""
-    return [tuple(range(k, min(k + 2, rank))) for k in range(0, rank, 2)]
+def _groups_of_axes(rows, cols, limit):
+    """The dimensions in groups of two consecutive ones (the last alone when the rank is odd), a pair split in
+    two where its table (every tile of every degree combination of either side) would hold more than
+    ``limit`` entries: on many devices the pairs' tables grow as the square of the tile count, the lookups only
+    twice."""
+    rank, groups = rows.shape[1], []
+    for k in range(0, rank, 2):
+        axes = tuple(range(k, min(k + 2, rank)))
+        tiles = [np.unique(side[:, axes], axis=0).prod(axis=1).sum() for side in (rows, cols)]
+        groups += [axes] if len(axes) == 1 or tiles[0] * tiles[1] <= limit else [(k,), (k + 1,)]
+    return groups
 
 
 @functools.lru_cache(maxsize=16)
-def layout_of(rows, cols, per_node):
-    """The :class:`_Layout` of producer degrees ``rows`` and consumer degrees ``cols`` (tuples), kept."""
+def layout_of(rows, cols, blocks, sample=None):
+    """The :class:`_Layout` of producer degrees ``rows`` and consumer degrees ``cols`` (tuples) on a machine whose
+    levels group ``blocks`` devices (a tuple, innermost first: a node's, then a switch's), kept; with ``sample``
+    (a tuple of device numbers), only those devices are looked at."""
     return _Layout(np.array(rows, dtype=np.int64).reshape(len(rows), -1),
-                   np.array(cols, dtype=np.int64).reshape(len(cols), -1), per_node)
+                   np.array(cols, dtype=np.int64).reshape(len(cols), -1), blocks, sample)
 
 
 class _Layout:
     """What :meth:`EdgeTraffic.table` needs of the configuration lists alone (degrees ``rows`` of the producers,
-    ``cols`` of the consumers, padded to the tensor's rank) and the node size: the groups of dimensions, and for
-    each side (0: producers, 1: consumers) its configurations in chunks and how many boxes of the other side's
-    tiles a node holds at most. ``per_node`` None: every configuration fits on one node."""
+    ``cols`` of the consumers, padded to the tensor's rank) and the machine's levels: the groups of dimensions,
+    and for each side (0: producers, 1: consumers) its configurations in chunks and, per level, how many boxes of
+    the other side's tiles one block of it holds at most (``boxes[level][side]``). ``blocks``: the devices of one
+    block of each level that the configurations span, innermost first (a node's, then a switch's; the levels
+    whose one block holds every tile are left out: empty when every configuration fits on one node).
+    ``sample``: the devices looked at (None: all), in :meth:`devices`."""
 
-    def __init__(self, rows, cols, per_node):
+    def __init__(self, rows, cols, blocks, sample=None):
         count = int(max(rows.prod(axis=1).max(), cols.prod(axis=1).max()))
-        self.per_node = per_node if count > per_node else None
-        node = self.per_node or count
+        self.blocks = tuple(size for size in blocks if size < count)
+        node = self.blocks[0] if self.blocks else count
         pad = -(-count // node) * node                  # devices, in whole nodes
-        boxes = [_node_boxes(d, node, pad) if self.per_node else None for d in (rows, cols)]
-        self.groups = [_Group(axes, rows, cols, pad, self.per_node, boxes)
-                       for axes in _pairs_of_axes(rows.shape[1])]
-        self.chunks = [_chunks(rows, node, pad, len(cols)), _chunks(cols, node, pad, len(rows))]
-        self.boxes = [0 if b is None else b.shape[2] for b in reversed(boxes)]
-        self._indices = {} if len(rows) * pad * len(cols) <= KEPT else None
+        sample = None if sample is None else np.unique(np.array(sample, dtype=np.int64))
+        self.sample = None if sample is None else sample[sample < pad]
+        looked = np.arange(pad) if self.sample is None else self.sample      # the devices looked at
+        levels = []                     # per level: (boxes of each side per block looked at, each device's block)
+        for size in self.blocks:
+            found = np.unique(looked // size)                                # the blocks looked at
+            levels.append(([_node_boxes(d, size, pad, found) for d in (rows, cols)],
+                           np.searchsorted(found, looked // size)))
+        self.groups = [_Group(axes, rows, cols, looked, levels)
+                       for axes in _groups_of_axes(rows, cols, PAIR_ENTRIES if sample is None else SAMPLED_PAIR_ENTRIES)]
+        self.chunks = [_chunks(rows, node, pad, len(cols), self.devices), _chunks(cols, node, pad, len(rows),
+                                                                                self.devices)]
+        self.boxes = [[b.shape[2] for b in reversed(boxes)] for boxes, _ in levels]
+        self._indices = {} if len(rows) * len(looked) * len(cols) <= KEPT else None
 
     def indices(self, side, number):
         """Per group, the lookups of chunk ``number`` of ``side`` (:meth:`_Side.indices`), kept when small."""
         key = (side, number)
         if self._indices is not None and key in self._indices:
             return self._indices[key]
-        found = [group.sides[side].indices(*self.chunks[side][number]) for group in self.groups]
+        chunk, reach = self.chunks[side][number]
+        found = [group.sides[side].indices(chunk, self.devices(reach)) for group in self.groups]
         if self._indices is not None:
             self._indices[key] = found
         return found
 
+    def devices(self, reach):
+        """Where the devices looked at below ``reach`` are among those looked at: all (a slice), or those of the
+        sample (an index array)."""
+        return slice(0, reach) if self.sample is None else np.flatnonzero(self.sample < reach)
 
-def _chunks(degrees, node, pad, others):
-    """The configurations (rows of ``degrees``) in chunks of about ``CHUNK`` devices times ``others``, each chunk
-    of configurations whose tiles end below one node boundary ``reach``: ``[(indices, reach)]``."""
+
+def _chunks(degrees, node, pad, others, devices):
+    """The configurations (rows of ``degrees``) in chunks of about ``CHUNK`` devices looked at (``devices(reach)``)
+    times ``others``, each chunk of configurations whose tiles end below one node boundary ``reach``:
+    ``[(indices, reach)]``."""
     reaches = np.minimum(-(-degrees.prod(axis=1) // node) * node, pad)
     chunks = []
     for reach in np.unique(reaches).tolist():
         members = np.flatnonzero(reaches == reach)
-        step = max(1, CHUNK // (others * reach))
+        looked = len(range(reach)[devices(reach)]) if isinstance(devices(reach), slice) else devices(reach).size
+        step = max(1, CHUNK // (others * max(1, looked)))
         chunks += [(members[i:i + step], reach) for i in range(0, len(members), step)]
     return chunks
 
@@ -74,12 +105,13 @@ class _Group:
     """A group of consecutive dimensions ``axes``. Its table's rows are the producer tiles of each degree
     combination in turn (a row of ``rows[j]`` per dimension: the row of the dimension's overlap table, degree by
     degree, then its zero row), its columns likewise the consumer tiles (``cols[j]``), and ``entries[j]`` is
-    where each of its entries sits in the dimension's table, flat. With several nodes, the windows of consumer
-    tiles (``send_lo``, ``send_hi``: per dimension, where each window's ends sit in the running sums along the
-    dimension's rows) and of producer tiles (``recv_lo``, ``recv_hi``: along its columns). ``sides``: the
-    producers' :class:`_Side`, the consumers'."""
+    where each of its entries sits in the dimension's table, flat. Per level of blocks (nodes, switches), the
+    windows of consumer tiles (``send_ends[level]``: per dimension, ``(lo, hi)`` of each window in the running
+    sums along the dimension's rows; ``send_lo``, ``send_hi``: the same with the row) and of producer tiles
+    (``recv_ends``, ``recv_lo``, ``recv_hi``: along its columns). ``sides``: the producers' :class:`_Side`, the
+    consumers'."""
 
-    def __init__(self, axes, rows, cols, pad, per_node, boxes):
+    def __init__(self, axes, rows, cols, looked, levels):
         self.axes = axes
         self.degrees = [np.unique(rows[:, k]) for k in axes]
         self.parts = [np.unique(cols[:, k]) for k in axes]
@@ -94,50 +126,56 @@ class _Group:
                      for j, e in enumerate(self.parts)]
         widths = [e.sum() + 1 for e in self.parts]           # of the dimensions' overlap tables
         self.entries = [r[:, None] * w + c for r, c, w in zip(self.rows, self.cols, widths)]
-        row_pos = _positions(rows, axes, row_starts[row_kind.reshape(-1)], len(self.rows[0]) - 1, pad)
-        col_pos = _positions(cols, axes, col_starts[col_kind.reshape(-1)], len(self.cols[0]) - 1, pad)
-        self.send_lo = self.recv_lo = None
-        windows = [None, None]
-        if per_node:            # running sums: a zero column (row) first, so tile i's ends are i and i + 1
-            lo, hi, windows[0] = _windows(boxes[1], cols, axes, self.parts)
-            self.send_lo, self.send_hi = ([r[:, None] * (w + 1) + e for r, e, w in zip(self.rows, ends, widths)]
-                                          for ends in (lo, hi))
-            lo, hi, windows[1] = _windows(boxes[0], rows, axes, self.degrees)
-            self.recv_lo, self.recv_hi = ([e[:, None] * w + c for c, e, w in zip(self.cols, ends, widths)]
-                                          for ends in (lo, hi))
-        node = np.arange(pad) // (per_node or pad)
-        self.sides = (_Side(row_pos, col_kind.reshape(-1), len(col_kinds), col_pos, len(self.cols[0]), windows[0],
-                            node),
-                      _Side(col_pos, row_kind.reshape(-1), len(row_kinds), row_pos, len(self.rows[0]), windows[1],
-                            node))
+        row_pos = _positions(rows, axes, row_starts[row_kind.reshape(-1)], len(self.rows[0]) - 1, looked)
+        col_pos = _positions(cols, axes, col_starts[col_kind.reshape(-1)], len(self.cols[0]) - 1, looked)
+        self.send_ends, self.send_lo, self.send_hi = [], [], []
+        self.recv_ends, self.recv_lo, self.recv_hi = [], [], []
+        windows = [[], []]      # per side, per level: (windows of each box, each device's block)
+        for boxes, place in levels:     # running sums: a zero column (row) first, so tile i's ends are i and i + 1
+            lo, hi, found = _windows(boxes[1], cols, axes, self.parts)
+            self.send_ends.append((lo, hi))
+            self.send_lo.append([r[:, None] * (w + 1) + e for r, e, w in zip(self.rows, lo, widths)])
+            self.send_hi.append([r[:, None] * (w + 1) + e for r, e, w in zip(self.rows, hi, widths)])
+            windows[0].append((found, place))
+            lo, hi, found = _windows(boxes[0], rows, axes, self.degrees)
+            self.recv_ends.append((lo, hi))
+            self.recv_lo.append([e[:, None] * w + c for c, e, w in zip(self.cols, lo, widths)])
+            self.recv_hi.append([e[:, None] * w + c for c, e, w in zip(self.cols, hi, widths)])
+            windows[1].append((found, place))
+        self.sides = (_Side(row_pos, col_kind.reshape(-1), len(col_kinds), col_pos, len(self.cols[0]), windows[0]),
+                      _Side(col_pos, row_kind.reshape(-1), len(row_kinds), row_pos, len(self.rows[0]), windows[1]))
 
 
 class _Side:
-    """A group's table seen from one side: ``pos`` (n, pad) the rows of this side's tiles (the zero row past a
-    configuration's tiles), ``kind`` each configuration of the other side's degree combination, ``other`` (pad,
-    m) the columns of the other side's tiles (of ``width``), and with several nodes ``windows[k]`` (pad, m) the
-    window holding box ``k`` of the other side's tiles on the node of device ``t``."""
+    """A group's table seen from one side, at the devices looked at (all, or a sample): ``pos`` (n, looked) the
+    rows of this side's tiles (the zero row past a configuration's tiles), ``kind`` each configuration of the
+    other side's degree combination, ``other`` (looked, m) the columns of the other side's tiles (of ``width``),
+    and per level ``windows[level][k]`` (looked, m) the window holding box ``k`` of the other side's tiles in the
+    device's block of that level (``levels``: per level, each box's window per block looked at, and each
+    device's place among those blocks), of ``counts[level]`` windows."""
 
-    def __init__(self, pos, kind, kinds, other, width, windows, node):
+    def __init__(self, pos, kind, kinds, other, width, levels):
         self.pos, self.kind, self.kinds, self.width = pos, kind, kinds, width
         self.other = np.ascontiguousarray(other.T)
-        self.windows = [] if windows is None else [np.ascontiguousarray(windows[:, node, k].T)
-                                                  for k in range(windows.shape[2])]
-        self.count = 0 if windows is None else int(windows.max()) + 1
+        self.windows = [[np.ascontiguousarray(found[:, place, k].T) for k in range(found.shape[2])]
+                        for found, place in levels]
+        self.counts = [int(found.max()) + 1 for found, _ in levels]
 
-    def indices(self, chunk, reach):
-        """Where the configurations ``chunk`` and their devices below ``reach`` look up, against every
-        configuration of the other side: in the row sums, the table, the windows (one per box)."""
-        rows = self.pos[chunk, :reach, None]                   # (n, reach, 1)
-        return _Index(rows * self.kinds + self.kind, rows * self.width + self.other[:reach],
-                      [rows * self.count + w[:reach] for w in self.windows])
+    def indices(self, chunk, devices):
+        """Where the configurations ``chunk`` and their ``devices`` (a slice or an index array) look up, against
+        every configuration of the other side: in the row sums, the table, the windows (per level, one per
+        box)."""
+        rows = self.pos[chunk][:, devices, None]               # (n, devices, 1)
+        return _Index(rows * self.kinds + self.kind, rows * self.width + self.other[devices],
+                      [[rows * count + w[devices] for w in windows]
+                       for count, windows in zip(self.counts, self.windows)])
 
 
 @dataclass(frozen=True)
 class _Index:
     sums: np.ndarray        # (n, reach, m)
     table: np.ndarray       # (n, reach, m)
-    windows: list           # of (n, reach, m)
+    windows: list           # per level, of (n, reach, m)
 
 
 def _first(values, degrees):
@@ -151,18 +189,31 @@ def _windows(boxes, degrees, axes, values):
     ``hi`` among the rows (or columns) of the dimension's overlap table (degree values ``values``), and each
     box's window ``(n, nodes, M)``."""
     ends = [_first(v, degrees[:, k])[:, None, None, None] + boxes[:, :, :, k] for k, v in zip(axes, values)]
-    found, ids = np.unique(np.concatenate(ends, axis=3).reshape(-1, 2 * len(axes)), axis=0, return_inverse=True)
+    found, ids = _unique_rows(np.concatenate(ends, axis=3).reshape(-1, 2 * len(axes)))
     return list(found[:, 0::2].T), list(found[:, 1::2].T), ids.reshape(boxes.shape[:3])
 
 
-def _node_boxes(degrees, per_node, pad):
-    """``(n, nodes, M, r, 2)``: each configuration's tiles on each node of ``per_node`` devices (devices
-    ``0 .. pad-1``) as ``M`` boxes of tile indices, ``(lo, hi)`` per dimension; empty boxes fill in."""
+def _unique_rows(rows):
+    """``np.unique(rows, axis=0, return_inverse=True)`` of small non-negative integers, each row read as one
+    number (sorting numbers is many times quicker than sorting rows)."""
+    radix = rows.max(axis=0) + 1
+    if float(np.prod(radix.astype(float))) >= 2.0 ** 62:
+        found, ids = np.unique(rows, axis=0, return_inverse=True)
+        return found, ids.reshape(-1)
+    weights = np.cumprod(np.append(radix[1:], 1)[::-1])[::-1]
+    keys, ids = np.unique(rows @ weights, return_inverse=True)
+    return keys[:, None] // weights % radix, ids.reshape(-1)
+
+
+def _node_boxes(degrees, per_node, pad, nodes):
+    """``(n, len(nodes), M, r, 2)``: each configuration's tiles on each of the blocks ``nodes`` (of ``per_node``
+    devices: a node, or a switch's nodes; devices ``0 .. pad-1``) as ``M`` boxes of tile indices, ``(lo, hi)`` per
+    dimension; empty boxes fill in."""
     counts = degrees.prod(axis=1).tolist()
-    found = [[tile_boxes(tuple(d), min(b * per_node, c), min((b + 1) * per_node, c)) for b in range(pad // per_node)]
+    found = [[tile_boxes(tuple(d), min(b * per_node, c), min((b + 1) * per_node, c)) for b in nodes.tolist()]
              for d, c in zip(degrees.tolist(), counts)]
     most = max(1, max(len(boxes) for nodes in found for boxes in nodes))
-    result = np.zeros((len(degrees), pad // per_node, most, degrees.shape[1], 2), dtype=np.int64)
+    result = np.zeros((len(degrees), len(nodes), most, degrees.shape[1], 2), dtype=np.int64)
     for i, nodes in enumerate(found):
         for b, boxes in enumerate(nodes):
             if boxes:
@@ -201,12 +252,12 @@ def _tiles_of(kinds):
     return np.vstack([kind, tile[None, :] // strides[kind].T % kinds[kind].T]), starts
 
 
-def _positions(degrees, axes, starts, zero, pad):
-    """``(n, pad)``: for each configuration (a row of ``degrees``) and tile ``t`` (row-major), ``starts`` of the
-    configuration plus the tile's row-major index over the consecutive dimensions ``axes``; ``zero`` for ``t``
-    past its tile count."""
+def _positions(degrees, axes, starts, zero, looked):
+    """``(n, len(looked))``: for each configuration (a row of ``degrees``) and tile ``t`` among ``looked``
+    (row-major), ``starts`` of the configuration plus the tile's row-major index over the consecutive dimensions
+    ``axes``; ``zero`` for ``t`` past its tile count."""
     count = degrees.prod(axis=1)
     stride = degrees[:, axes[-1] + 1:].prod(axis=1)
-    tile = np.arange(pad)[None, :]
+    tile = looked[None, :]
     index = starts[:, None] + tile // stride[:, None] % degrees[:, axes].prod(axis=1)[:, None]
     return np.where(tile < count[:, None], index, zero)

@@ -25,9 +25,29 @@ Each regime is a ``{bandwidth, latency}`` per level (a group within one node use
 spans nodes ``inter_node``'s); without ``allreduce``, both regimes of a level are its link. ``sync:
 parameter-server`` sums parameter gradients through a server per replica group instead, as the paper's runtime
 did (:class:`ParameterServer`); batch norm's statistics and the loss still use the allreduce regimes.
+
+Big clusters have switches above the nodes: ``switches`` lists their levels, innermost first::
+
+    switches:
+      - {name: leaf, nodes: 32}                       # 32 nodes under one leaf switch: inter_node is their link
+      - {name: spine, nodes: 256, oversubscription: 2, latency: 3.0e-6}   # 8 leaves under the spine, 2:1
+
+Each level's ``nodes`` is how many nodes one switch of the level has under it (node ``n`` is under switch ``n //
+nodes`` of the level), a multiple of the level below's and greater; the last level's must cover all of the
+machine's ``nodes``. Devices are then at one of these **levels** (:meth:`Machine.level`): 0 on one node
+(``intra_node``), 1 on different nodes under one switch of the first level (``inter_node``; without ``switches``,
+any two nodes), ``k + 1`` when their lowest common switch is of level ``k`` (0-based, ``k >= 1``). A level's
+:class:`Switch` ``link`` is the link of the level below (``inter_node`` for the first level) with its bandwidth
+divided by the level's ``oversubscription`` (default 1: how many times more the nodes under one switch of the level
+below can send up than the level carries) and its latency, unless the file gives ``bandwidth`` or ``latency``.
+``allreduce`` may name the levels above the first by their switch's name; a switch level without them takes the
+regimes of the level below, their bandwidths divided by the ratio of the two levels' link bandwidths and their
+latencies increased by the difference of the links' latencies (not below zero). :meth:`Machine.tiers` lists the
+levels a job of ``count`` devices spans, as blocks of devices, for tables that price transfers per level.
 """
 
 import math
+import re
 from collections import Counter
 
 from dataclasses import dataclass, field, replace
@@ -38,12 +58,14 @@ from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml
 
 FORMAT = "spmdcnn-machine/1"
 _KEYS = {"format", "name", "nodes", "devices_per_node", "intra_node", "inter_node", "device", "description",
-         "measured", "allreduce", "sync"}
+         "measured", "allreduce", "sync", "switches"}
 SYNC_MODES = ("allreduce", "parameter-server")
 _LEVELS = ("intra_node", "inter_node")
 _REGIME_KEYS = {"small", "large"}
 _LINK_KEYS = {"bandwidth", "latency"}
 _DEVICE_KEYS = {"name", "flops", "memory_bandwidth", "overhead"}
+_SWITCH_KEYS = {"name", "nodes", "oversubscription", "latency", "bandwidth"}
+_NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 
 
 class MachineError(FormatError):
@@ -106,6 +128,19 @@ class ParameterServer:
 
 
 @dataclass(frozen=True)
+class Switch:
+    """One level of switches above the nodes: each switch of the level has ``nodes`` nodes under it (node ``n``
+    under switch ``n // nodes``), and ``link`` is between devices whose lowest common switch is of this level,
+    derived from the level below's (see the module's docstring) or as the file gives it. ``oversubscription``
+    records the file's ratio to the level below's bandwidth (written back by :meth:`Machine.to_yaml`)."""
+
+    name: str
+    nodes: int
+    link: Link
+    oversubscription: float = 1.0
+
+
+@dataclass(frozen=True)
 class Device:
     name: str = "cpu"
     flops: float = 5.0e10               # floating-point operations per second (analytic compute model)
@@ -125,38 +160,85 @@ class Machine:
     measured: dict = field(default_factory=dict, compare=False)
     allreduce: dict = field(default_factory=dict, hash=False)     # level -> Regimes, where the file gives them
     sync: str = "allreduce"         # how replica groups sum gradients: "allreduce" or "parameter-server"
+    switches: tuple = ()            # Switch levels above the nodes, innermost first
 
     def __post_init__(self):
         if self.sync not in SYNC_MODES:
             raise MachineError(f"{self.source}: 'sync' must be 'allreduce' or 'parameter-server', got {self.sync!r}")
+        top = self.switches[-1] if self.switches else None
+        if top is not None and top.nodes < self.nodes:
+            raise MachineError(f"{self.source}: switches: the last level, {top.name!r}, has {top.nodes} nodes under one "
+                               f"switch but the machine has {self.nodes} nodes ('nodes', or --nodes): every node must "
+                               f"be under one switch of the last level; add a level above {top.name!r} or use fewer "
+                               "nodes")
+        # per level: its link and its allreduce regimes, looked up by the cost model tens of thousands of times
+        links = (self.intra_node, self.switches[0].link if self.switches else self.inter_node,
+                 *(switch.link for switch in self.switches[1:]))
+        object.__setattr__(self, "_links", links)
+        object.__setattr__(self, "_blocks", tuple(switch.nodes for switch in self.switches))
+        object.__setattr__(self, "_regimes", self._level_regimes())
 
     @property
     def served(self):
         """Whether replica groups sum their gradients through parameter servers (``sync: parameter-server``)."""
         return self.sync == "parameter-server"
 
+    @property
+    def level_names(self):
+        """The levels' names, innermost first: ``intra_node``, ``inter_node``, then the switch levels' above the
+        first (the keys of ``allreduce``)."""
+        return ("intra_node", "inter_node", *(switch.name for switch in self.switches[1:]))
+
+    def level(self, a, b):
+        """The level of devices ``a`` and ``b``: 0 on one node (or ``a == b``), 1 on different nodes under one
+        switch of the first level (without switches: any two nodes), ``k + 1`` when their lowest common switch is
+        of level ``k`` (``switches[k]``, ``k >= 1``)."""
+        node_a, node_b = a // self.devices_per_node, b // self.devices_per_node
+        if node_a == node_b:
+            return 0
+        for index, nodes in enumerate(self._blocks):
+            if node_a // nodes == node_b // nodes:
+                return index + 1
+        return len(self._links) - 1
+
+    def level_link(self, level):
+        """The :class:`Link` between devices of ``level``."""
+        return self._links[level]
+
+    def _level_regimes(self):
+        found = []
+        for level, name in enumerate(self.level_names):
+            regimes = self.allreduce.get(name)
+            if regimes is None and level < 2:
+                regimes = Regimes(self._links[level], self._links[level])
+            elif regimes is None:
+                below, link = self._links[level - 1], self._links[level]
+                ratio, extra = below.bandwidth / link.bandwidth, link.latency - below.latency
+                regimes = Regimes(*(Link(fit.bandwidth / ratio, max(0.0, fit.latency + extra))
+                                    for fit in (found[-1].small, found[-1].large)))
+            found.append(regimes)
+        return tuple(found)
+
     def regimes(self, group):
-        """The :class:`Regimes` of allreduces over the devices ``group``: of ``inter_node`` when it spans nodes.
-        None for fewer than two devices."""
+        """The :class:`Regimes` of allreduces over the devices ``group``: of the highest level it spans (levels
+        are blocks of consecutive devices, so that of its first and last device). None for fewer than two
+        devices."""
         if len(group) < 2:
             return None
-        level = "intra_node" if len({self.node_of(d) for d in group}) == 1 else "inter_node"
-        found = self.allreduce.get(level)
-        if found is None:
-            link = getattr(self, level)
-            found = Regimes(link, link)
-        return found
+        return self._regimes[self.level(min(group), max(group))]
 
     def gradient_sum(self, group):
         """How the devices ``group`` sum their parameter gradients: the allreduce :class:`Regimes` of the group's
-        level, or a :class:`ParameterServer` under ``sync: parameter-server``; either's ``allreduce(size, nbytes)``
-        gives the seconds (of one way, for a server). None for fewer than two devices."""
+        level, or a :class:`ParameterServer` under ``sync: parameter-server`` (its ``inter`` the link of the
+        highest level the group spans, ``inter_node`` within one first switch); either's ``allreduce(size,
+        nbytes)`` gives the seconds (of one way, for a server). None for fewer than two devices."""
         if len(group) < 2:
             return None
         if not self.served:
             return self.regimes(group)
         per_node = Counter(self.node_of(device) for device in group)
-        return ParameterServer(max(per_node.values()), len(per_node), self.intra_node, self.inter_node)
+        inter = self._links[max(1, self.level(min(group), max(group)))]
+        return ParameterServer(max(per_node.values()), len(per_node), self.intra_node, inter)
 
     @property
     def max_devices(self):
@@ -166,7 +248,27 @@ class Machine:
         return device // self.devices_per_node
 
     def link(self, a, b):
-        return self.intra_node if self.node_of(a) == self.node_of(b) else self.inter_node
+        """The :class:`Link` between devices ``a`` and ``b``: that of their :meth:`level`."""
+        return self._links[self.level(a, b)]
+
+    def tiers(self, count):
+        """The levels a job on devices ``0..count-1`` spans beyond the device itself, innermost first: ``[(devices
+        per block, Link), ...]``, a block being the devices of one node, then of one switch of each level:
+        ``(devices_per_node, intra_node)``, ``(devices_per_node * switches[0].nodes, inter_node)`` (the first
+        level's link), ``(devices_per_node * switches[1].nodes, switches[1].link)``, ..., ending with the first
+        level whose block holds all ``count`` devices (the last block is made at least ``count``). Within one node:
+        ``[(devices_per_node, intra_node)]``; without switches: that and ``(max(max_devices, count),
+        inter_node)``."""
+        per = self.devices_per_node
+        tiers = [(per, self.intra_node)]
+        if count <= per:
+            return tiers
+        sizes = [per * nodes for nodes in self._blocks] or [self.max_devices]
+        for level, size in enumerate(sizes, start=1):
+            tiers.append((max(size, count) if level == len(sizes) else size, self._links[level]))
+            if size >= count:
+                break
+        return tiers
 
     def check_devices(self, devices):
         """Reject a job with more devices than the machine has."""
@@ -182,11 +284,13 @@ class Machine:
     def matrices(self, count):
         """``(seconds per byte, latency)`` between devices ``0..count-1``: two ``(count, count)`` arrays, zero on
         the diagonal (a device does not send to itself)."""
-        inverse, latency = np.zeros((count, count)), np.zeros((count, count))
         node = np.arange(count) // self.devices_per_node
-        same = node[:, None] == node[None, :]
-        inverse[...] = np.where(same, 1 / self.intra_node.bandwidth, 1 / self.inter_node.bandwidth)
-        latency[...] = np.where(same, self.intra_node.latency, self.inter_node.latency)
+        level = np.where(node[:, None] == node[None, :], 0, len(self._links) - 1)
+        for index in range(len(self._blocks) - 2, -1, -1):     # outermost first: a lower common switch overrides
+            block = node // self._blocks[index]
+            level = np.where((level > 0) & (block[:, None] == block[None, :]), index + 1, level)
+        inverse = np.array([1 / link.bandwidth for link in self._links])[level]
+        latency = np.array([link.latency for link in self._links])[level]
         np.fill_diagonal(inverse, 0)
         np.fill_diagonal(latency, 0)
         return inverse, latency
@@ -217,6 +321,12 @@ class Machine:
                  f"overhead: {d.overhead:.4g}}}"]
         if self.sync != "allreduce":
             lines.append(f"sync: {self.sync}")
+        if self.switches:
+            lines.append("switches:    # innermost first: nodes under one switch, and the link across it")
+            lines += [f"  - {{name: {s.name}, nodes: {s.nodes}, "
+                      + (f"oversubscription: {_exact(s.oversubscription)}, " if s.oversubscription != 1 else "")
+                      + f"bandwidth: {_exact(s.link.bandwidth)}, latency: {_exact(s.link.latency)}}}"
+                      for s in self.switches]
         if self.allreduce:
             lines.append("allreduce:    # the library's algorithms: small by recursive doubling, large by a ring")
             lines += [f"  {level}: {{small: {link(r.small)}, large: {link(r.large)}}}"
@@ -226,6 +336,12 @@ class Machine:
             lines.append(yaml.safe_dump({"measured": self.measured}, default_flow_style=None, sort_keys=False)
                          .rstrip())
         return "\n".join(lines) + "\n"
+
+
+def _exact(value):
+    """``value`` with 4 significant digits where that reads back as the same float, else in full."""
+    short = f"{value:.4g}"
+    return short if float(short) == value else repr(float(value))
 
 
 def _number(value):
@@ -245,12 +361,16 @@ def _positive(value, where, key):
     return float(value)
 
 
+def _latency(value, where):
+    latency = _number(value)
+    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or not 0 <= latency < float("inf"):
+        raise MachineError(f"{where}: 'latency' must be a number >= 0 (seconds), got {latency!r}")
+    return float(latency)
+
+
 def _link(data, where):
     check_keys(data, _LINK_KEYS, where, required=("bandwidth", "latency"))
-    latency = _number(data["latency"])
-    if isinstance(latency, bool) or not isinstance(latency, (int, float)) or latency < 0:
-        raise MachineError(f"{where}: 'latency' must be a number >= 0 (seconds), got {latency!r}")
-    return Link(_positive(data["bandwidth"], where, "bandwidth"), float(latency))
+    return Link(_positive(data["bandwidth"], where, "bandwidth"), _latency(data["latency"], where))
 
 
 def _count(value, where, key):
@@ -279,22 +399,66 @@ def from_mapping(data, source="<machine>"):
                             *(_positive(spec.get(key, getattr(device, key)), f"{source}: device", key)
                               for key in ("flops", "memory_bandwidth")),
                             _positive(spec.get("overhead", device.overhead), f"{source}: device", "overhead"))
-        allreduce = _regimes(data.get("allreduce"), f"{source}: allreduce")
+        switches = _switches(data.get("switches"), f"{source}: switches", inter)
+        allreduce = _regimes(data.get("allreduce"), f"{source}: allreduce", switches)
     except MachineError:
         raise
     except FormatError as error:
         raise MachineError(str(error)) from None
     return Machine(str(data.get("name", "machine")), nodes, per_node, intra, inter, device, source,
-                   data.get("measured") or {}, allreduce, data.get("sync", "allreduce"))   # sync: checked there
+                   data.get("measured") or {}, allreduce, data.get("sync", "allreduce"),     # sync: checked there
+                   switches)    # that the last level covers the nodes: checked there
 
 
-def _regimes(data, where):
-    """``{level: Regimes}`` of the ``allreduce`` mapping (None: none given)."""
+def _switches(data, where, inter):
+    """The :class:`Switch` levels of the ``switches`` list (None: none), each link derived from the one below."""
+    if data is None:
+        return ()
+    if not isinstance(data, list):
+        raise MachineError(f"{where}: must be a list of switch levels, innermost first, each {{name, nodes, "
+                           f"oversubscription, latency, bandwidth}}, got {data!r}")
+    found, below = [], inter
+    for index, spec in enumerate(data):
+        at = f"{where}[{index}]"
+        check_keys(spec, _SWITCH_KEYS, at, required=("name", "nodes"))
+        name = spec["name"]
+        if not isinstance(name, str) or not _NAME.fullmatch(name):
+            raise MachineError(f"{at}: 'name' must be a word of letters, digits and _ . + -, got {name!r}")
+        if name in _LEVELS or any(name == switch.name for switch in found):
+            taken = "a level of its own" if name in _LEVELS else "an earlier switch level"
+            raise MachineError(f"{at}: 'name' {name!r} is taken (by {taken}); the levels' names must differ from "
+                               "each other and from intra_node and inter_node")
+        nodes = _count(spec["nodes"], at, "nodes")
+        if not found and nodes < 2:
+            raise MachineError(f"{at}: 'nodes' must be at least 2 (the nodes under one switch of the first level), "
+                               f"got {nodes}")
+        if found and (nodes <= found[-1].nodes or nodes % found[-1].nodes):
+            raise MachineError(f"{at}: 'nodes' must be a multiple of the level below's ({found[-1].name!r}: "
+                               f"{found[-1].nodes} nodes) greater than it, got {nodes}")
+        over = _number(spec.get("oversubscription", 1))
+        if isinstance(over, bool) or not isinstance(over, (int, float)) or not 1 <= over < float("inf"):
+            raise MachineError(f"{at}: 'oversubscription' must be a number >= 1 (the level below's bandwidth over "
+                               f"this level's), got {over!r}")
+        bandwidth = (_positive(spec["bandwidth"], at, "bandwidth") if "bandwidth" in spec
+                     else below.bandwidth / over)
+        latency = _latency(spec["latency"], at) if "latency" in spec else below.latency
+        below = Link(bandwidth, latency)
+        found.append(Switch(name, nodes, below, float(over)))
+    return tuple(found)
+
+
+def _regimes(data, where, switches=()):
+    """``{level: Regimes}`` of the ``allreduce`` mapping (None: none given); its levels are ``intra_node``,
+    ``inter_node`` and the names of the switch levels above the first."""
     if data is None:
         return {}
+    levels = [*_LEVELS, *(switch.name for switch in switches[1:])]
     if not isinstance(data, dict):
-        raise MachineError(f"{where}: must be a mapping of levels (intra_node, inter_node), got {data!r}")
-    check_keys(data, set(_LEVELS), where)
+        raise MachineError(f"{where}: must be a mapping of levels ({', '.join(levels)}), got {data!r}")
+    if switches and switches[0].name in data:
+        raise MachineError(f"{where}: {switches[0].name!r} is the first switch level, whose allreduces (between "
+                           "the nodes under one such switch) are the 'inter_node' level's: give them there")
+    check_keys(data, set(levels), where)
     found = {}
     for level, spec in data.items():
         if not isinstance(spec, dict):

@@ -126,26 +126,36 @@ class EdgeTraffic:
 
     # The table of every pair of configurations (the planner's edge costs).
 
-    def table(self, producers, consumers):
+    def table(self, producers, consumers, sample=None):
         """``(seconds, nbytes)``: two ``(len(producers), len(consumers))`` arrays holding :meth:`forward`'s
         ``seconds`` and ``bytes`` for every pair, computed for all pairs at once (module docstring). Lists with a
         configuration on other devices than ``0 .. count-1``, or a consumer whose reads do not go dimension by
-        dimension, are done pair by pair."""
+        dimension, are done pair by pair.
+
+        With ``sample`` (device numbers; device 0 is always added), only those devices are looked at: ``seconds``
+        is then the busiest of them, at most the exchange's (a lower bound, for the planner's screening), and
+        ``nbytes`` what they send."""
         producers, consumers = list(producers), list(consumers)
         rank = len(self.shape)
         if not (producers and consumers and _contiguous(producers, rank)
                 and _contiguous(consumers, len(output_shape(self.consumer, self.batch))) and self._separable()):
             return self._table_by_pairs(producers, consumers)
+        count = max(len(c.devices) for c in producers + consumers)
+        tiers = self.machine.tiers(count)
         layout = layout_of(tuple(p.degrees for p in producers),
-                         tuple(q.degrees + (1,) * (rank - len(q.degrees)) for q in consumers),
-                         self.machine.devices_per_node)
-        numbers = [self._group_numbers(group) for group in layout.groups]
+                           tuple(q.degrees + (1,) * (rank - len(q.degrees)) for q in consumers),
+                           tuple(size for size, _ in tiers[:-1]),
+                           None if sample is None else tuple(sorted({0, *map(int, sample)})))
+        prices = [np.array([self.itemsize / link.bandwidth, link.latency]) for _, link in tiers]
+        numbers = [self._group_numbers(group) if layout.sample is None else self._sampled_numbers(group)
+                   for group in layout.groups]
         seconds, nbytes = np.empty((2, len(producers), len(consumers)))
         for number, (chunk, _) in enumerate(layout.chunks[0]):          # the producers' devices send
-            seconds[chunk], nbytes[chunk] = self._busiest(layout, [n[0] for n in numbers], 0, number)
+            seconds[chunk], nbytes[chunk] = self._busiest(layout, [n[0] for n in numbers], 0, number, prices)
         for number, (chunk, _) in enumerate(layout.chunks[1]):          # the consumers' devices receive
-            received, _ = self._busiest(layout, [n[1] for n in numbers], 1, number)
+            received, _ = self._busiest(layout, [n[1] for n in numbers], 1, number, prices)
             seconds[:, chunk] = np.maximum(seconds[:, chunk], received.T)
+        self._overlap_tables.clear()        # large on many devices, and the next lists are others
         return seconds, nbytes
 
     def reads_key(self, consumers):
@@ -166,60 +176,123 @@ class EdgeTraffic:
         return (np.array([[t.seconds for t in row] for row in traffic]).reshape(shape),
                 np.array([[t.bytes for t in row] for row in traffic]).reshape(shape))
 
-    def _busiest(self, layout, numbers, side, number):
+    def _busiest(self, layout, numbers, side, number, prices):
         """``(seconds, nbytes)`` of the configurations of chunk ``number`` on ``side`` (0: the producers, whose
         devices send; 1: the consumers, whose devices receive) against every configuration of the other side:
         the time of their busiest device in that direction, and the bytes they send (side 0). Per device below
         ``reach``, arrays ``(n, device, other, 2)`` of elements and messages (nonzero entries), each a product
-        over the groups of dimensions of one lookup: all it sends (receives), what of that stays on its node (a
-        sum over the node's boxes of the other side's tiles) and what stays on the device (with its own tile)."""
-        total, kept, on_node = [], [], [[] for _ in range(layout.boxes[side])]
+        over the groups of dimensions of one lookup: all it sends (receives), what of that stays in its block of
+        each level (a sum over the block's boxes of the other side's tiles: its node, then its switches) and what
+        stays on the device (with its own tile). What crosses a level's block but not the next one's goes at that
+        level's ``prices`` (seconds per element and per message: the machine's tiers)."""
+        levels = [[[] for _ in range(boxes[side])] for boxes in layout.boxes]
+        total, kept = [], []
         for (table, sums, windows), index in zip(numbers, layout.indices(side, number)):
             total.append(np.take(sums, index.sums, axis=0))
             kept.append(np.take(table, index.table, axis=0))
-            for factors, box in zip(on_node, index.windows):
-                factors.append(np.take(windows, box, axis=0))
+            for boxes, level_windows, level_index in zip(levels, windows, index.windows):
+                for factors, box in zip(boxes, level_index):
+                    factors.append(np.take(level_windows, box, axis=0))
         total, kept = _product(total), _product(kept)
-        intra, inter = self.machine.intra_node, self.machine.inter_node
-        near = np.array([self.itemsize / intra.bandwidth, intra.latency])      # per element, per message
-        far = np.array([self.itemsize / inter.bandwidth, inter.latency])
         moved = (total[..., 0].sum(axis=1) - kept[..., 0].sum(axis=1)) * self.itemsize if side == 0 else None
-        if layout.per_node:         # seconds from exact differences of integers, in place
-            on_node = _product(map(_product, on_node), operator.iadd)
-            total -= on_node
-            total *= far
-            on_node -= kept
-            on_node *= near
-            total += on_node
-        else:
-            total -= kept
-            total *= near
-        return (total[..., 0] + total[..., 1]).max(axis=1), moved
+        within = [kept] + [_product(map(_product, boxes), operator.iadd) for boxes in levels] + [total]
+        seconds = None          # from exact differences of integers, in place, the outermost level first
+        for level in reversed(range(len(within) - 1)):
+            crossing = within[level + 1]
+            crossing -= within[level]
+            crossing *= prices[level]
+            seconds = crossing if seconds is None else _product([seconds, crossing], operator.iadd)
+        return (seconds[..., 0] + seconds[..., 1]).max(axis=1), moved
 
     def _group_numbers(self, group):
         """The tables of one group of dimensions (:class:`_Group`), for the producers' side and for the
         consumers' (rows and columns swapped): ``(table, sums, windows)``, each flat with ``[elements, nonzero
         entries]`` along its last axis: the overlaps; their row sums per degree combination of the other side;
-        their sums over the other side's windows (None on one node)."""
-        sends, receives = [], []            # window sums, a factor per dimension
+        their sums over the other side's windows, a list with one per level of blocks (none on one node)."""
+        levels = len(group.send_lo)
+        sends, receives = [[] for _ in range(levels)], [[] for _ in range(levels)]     # a factor per dimension
         for j, axis in enumerate(group.axes):
             overlaps = self._overlap_table(axis, group.degrees[j], group.parts[j])
-            if group.send_lo:               # a window [lo, hi) sums to the running sums' hi - lo
+            if levels:                      # a window [lo, hi) sums to the running sums' hi - lo
                 both = np.stack([overlaps, overlaps > 0], axis=-1)                  # (R + 1, C + 1, 2)
                 across = np.cumsum(np.concatenate([np.zeros_like(both[:, :1]), both], axis=1), axis=1)
                 down = np.cumsum(np.concatenate([np.zeros_like(both[:1]), both], axis=0), axis=0)
                 across, down = across.reshape(-1, 2), down.reshape(-1, 2)
-                sends.append(np.take(across, group.send_hi[j], axis=0) - np.take(across, group.send_lo[j], axis=0))
-                receives.append(np.take(down, group.recv_hi[j], axis=0) - np.take(down, group.recv_lo[j], axis=0))
+            for level in range(levels):
+                sends[level].append(np.take(across, group.send_hi[level][j], axis=0)
+                                    - np.take(across, group.send_lo[level][j], axis=0))
+                receives[level].append(np.take(down, group.recv_hi[level][j], axis=0)
+                                       - np.take(down, group.recv_lo[level][j], axis=0))
         both = self._group_table(group)                                             # (rows, cols, 2)
         row_sums = np.add.reduceat(both[:, :-1], group.col_starts, axis=1)          # (rows, col kinds, 2)
         col_sums = np.add.reduceat(both[:-1], group.row_starts, axis=0)             # (row kinds, cols, 2)
-        sends = _product(sends) if sends else None                                  # (rows, windows, 2)
-        receives = _product(receives) if receives else None                         # (windows, cols, 2)
-        return [tuple(None if x is None else np.ascontiguousarray(x).reshape(-1, 2) for x in numbers)
-                for numbers in ((both, row_sums, sends),
-                                (both.transpose(1, 0, 2), col_sums.transpose(1, 0, 2),
-                                 None if receives is None else receives.transpose(1, 0, 2)))]
+        sends = [_product(factors) for factors in sends]                            # (rows, windows, 2)
+        receives = [_product(factors).transpose(1, 0, 2) for factors in receives]   # (cols, windows, 2)
+        return [(_flat(table), _flat(sums), [_flat(x) for x in windows])
+                for table, sums, windows in ((both, row_sums, sends),
+                                             (both.transpose(1, 0, 2), col_sums.transpose(1, 0, 2), receives))]
+
+    def _sampled_numbers(self, group):
+        """:meth:`_group_numbers` where only a sample of devices is looked at: of the group's table, only the
+        rows of the producer tiles those devices hold (``rows``, from the producers' side) and the columns of the
+        consumer tiles they hold (``cols``) are filled; every lookup of :meth:`_busiest` lands there. Each
+        dimension's overlaps are worked out for those rows and columns alone, so the work grows with the tile
+        count, not its square."""
+        rows, cols = (np.unique(side.pos) for side in group.sides)
+        size = (len(group.rows[0]), len(group.cols[0]))
+        levels = len(group.send_ends)
+        by_rows, by_cols = [], []
+        sends, receives = [[] for _ in range(levels)], [[] for _ in range(levels)]
+        for j, axis in enumerate(group.axes):
+            lines = self._overlap_lines(axis, group.degrees[j], group.parts[j], group.rows[j][rows], None)
+            columns = self._overlap_lines(axis, group.degrees[j], group.parts[j], None, group.cols[j][cols])
+            by_rows.append(lines[:, group.cols[j][cols]])                       # (rows, cols)
+            if levels:
+                both = np.stack([lines, lines > 0], axis=-1)                    # (rows, C + 1, 2)
+                across = np.cumsum(np.concatenate([np.zeros_like(both[:, :1]), both], axis=1), axis=1)
+                both = np.stack([columns, columns > 0], axis=-1)                # (R + 1, cols, 2)
+                down = np.cumsum(np.concatenate([np.zeros_like(both[:1]), both], axis=0), axis=0)
+            for level in range(levels):
+                lo, hi = group.send_ends[level]
+                sends[level].append(across[:, hi[j]] - across[:, lo[j]])        # (rows, windows, 2)
+                lo, hi = group.recv_ends[level]
+                receives[level].append(down[hi[j]] - down[lo[j]])               # (windows, cols, 2)
+            by_cols.append(columns[group.rows[j]])                              # (all rows, cols)
+            lines = lines[:, group.cols[j]]                                     # (rows, all cols)
+            by_rows[-1] = (by_rows[-1], lines)
+        block = _product([b for b, _ in by_rows])                                # (rows, cols): the kept
+        every_col = _product([whole for _, whole in by_rows])                   # (rows, all cols)
+        every_row = _product(by_cols)                                           # (all rows, cols)
+        table, flipped = np.zeros(size + (2,)), np.zeros(size[::-1] + (2,))    # untouched pages cost nothing
+        table[rows[:, None], cols] = np.stack([block, block > 0], axis=-1)
+        flipped[cols[:, None], rows] = np.stack([block.T, block.T > 0], axis=-1)
+        row_sums = np.zeros((size[0], len(group.col_starts), 2))
+        row_sums[rows] = np.add.reduceat(np.stack([every_col, every_col > 0], axis=-1)[:, :-1], group.col_starts,
+                                         axis=1)
+        col_sums = np.zeros((len(group.row_starts), size[1], 2))
+        col_sums[:, cols] = np.add.reduceat(np.stack([every_row, every_row > 0], axis=-1)[:-1], group.row_starts,
+                                            axis=0)
+        send, receive = [], []
+        for factors in sends:
+            send.append(np.zeros((size[0],) + factors[0].shape[1:]))
+            send[-1][rows] = _product(factors)
+        for factors in receives:
+            receive.append(np.zeros((size[1],) + factors[0].shape[:1] + (2,)))
+            receive[-1][cols] = _product(factors).transpose(1, 0, 2)
+        return [(_flat(table), _flat(sums), [_flat(x) for x in windows])
+                for table, sums, windows in ((table, row_sums, send), (flipped, col_sums.transpose(1, 0, 2), receive))]
+
+    def _overlap_lines(self, axis, degrees, splits, rows, cols):
+        """Rows ``rows`` (or columns ``cols``) of :meth:`_overlap_table`, worked out alone."""
+        extent = self.shape[axis]
+        degree = np.repeat(degrees, degrees)
+        index = np.arange(len(degree)) - np.repeat(np.cumsum(degrees) - degrees, degrees)
+        start, stop, step = (np.concatenate(a) for a in zip(*(self._axis_range(axis, e) for e in splits)))
+        lo, hi = np.append(index * extent // degree, 0), np.append((index + 1) * extent // degree, 0)  # zero last
+        start, stop, step = np.append(start, 0), np.append(stop, 0), np.append(step, 1)
+        if rows is not None:
+            return _inside(lo[rows], hi[rows], start, stop, step)
+        return _inside(lo, hi, start[cols], stop[cols], step[cols])
 
     def _group_table(self, group):
         """``(rows, cols, 2)``: the elements of the overlaps of one group of dimensions, and whether nonzero."""
@@ -291,6 +364,11 @@ def _inside(lo, hi, start, stop, step):
     def below(x):
         return np.clip(-(-(x[:, None] - start[None, :]) // step[None, :]), 0, count[None, :])
     return below(np.asarray(hi)) - below(np.asarray(lo))
+
+
+def _flat(numbers):
+    """``numbers`` with ``[elements, nonzero entries]`` along the last axis, as rows of two."""
+    return np.ascontiguousarray(numbers).reshape(-1, 2)
 
 
 def _contiguous(configs, rank):

@@ -27,6 +27,7 @@ from ..tiling.plan import NAMED, Plan, named
 from .configs import configurations, searched
 
 STRATEGIES = ("optimal",) + NAMED + ("exhaustive",)
+SCREEN_WORK = 2e8       # table entries times devices above which the configurations are screened first
 SYNC_WEIGHTS = (1.0, 0.5, 0.25, 0.0)      # of the surrogate's gradient allreduce, in the candidates searched
 
 
@@ -76,16 +77,24 @@ class Problem:
 
     Edges whose tables are equal (the same producer list, consumers that read alike) share one, and the distinct
     tables are built on every core this process may run on (:func:`workers`): NumPy releases the interpreter lock
-    inside the large array operations that building a table is made of."""
+    inside the large array operations that building a table is made of.
 
-    def __init__(self, graph, devices, cost):
+    On many devices the tables would take long to build (more than ``SCREEN_WORK`` entries times devices), so the
+    configurations are screened first (:mod:`.screen`): those that no optimum under any of the candidates'
+    objectives can use are dropped, proven by lower bounds, and the tables are built over the rest. ``screen``:
+    True or False forces it; ``memory`` (bytes) keeps the screen exact for the search within that memory.
+    ``screening`` describes what the screen did (None: it did not run)."""
+
+    def __init__(self, graph, devices, cost, screen=None, memory=None, progress=None):
         self.graph, self.devices, self.cost = graph, devices, cost
+        self.progress = progress or (lambda stage, done=None, total=None: None)
         batch = cost.batch
         self.root = searched(graph)
         self.nodes = [layer.name for layer in graph.layers if self.root[layer.name] == layer.name]
         self.index = {name: i for i, name in enumerate(self.nodes)}
         lists = {}
         self.choices = []
+        self.progress("configurations")
         for name in self.nodes:
             layer = graph.by_name[name]
             key = (dims_of(layer), output_shape(layer, batch))
@@ -100,25 +109,57 @@ class Problem:
             critical, gradient = cost.node_split(layer, self.choices[i])
             self.critical[i] += critical
             self.gradient[i] += gradient
+        self.screening = None
+        jobs, edges = self.jobs()
+        if screen is None:
+            screen = sum(len(job[1]) * len(job[2]) for job in jobs.values()) * devices > SCREEN_WORK
+        if screen:
+            from .screen import screen as run_screen
+            self.screening = run_screen(self, jobs, edges, memory)
+            self._restrict(self.screening.keep)
+            jobs, edges = self.jobs()
         self.node_costs = self.weighted(1.0)
+        self.progress("tables", 0, len(jobs))
+        done = iter(range(1, len(jobs) + 1))
+
+        def build(job):
+            table = cost.exchange_seconds(*job[0].table(job[1], job[2]), backward=job[3])
+            self.progress("tables", next(done), len(jobs))
+            return table
+        with ThreadPoolExecutor(workers()) as pool:
+            tables = dict(zip(jobs, pool.map(build, jobs.values())))
+        self.edges = [(u, v, tables[key]) for u, v, key in edges]
+
+    def jobs(self):
+        """``(jobs, edges)``: the distinct edge tables to build, ``{key: (EdgeTraffic, producer configurations,
+        consumer configurations, backward)}``, and every edge as ``(u, v, key)``."""
         jobs, edges = {}, []
-        for layer in graph.layers:
+        for layer in self.graph.layers:
             v = self.index[self.root[layer.name]]
             for slot, ref in enumerate(layer.inputs):
                 if ref == DATA or self.root[layer.name] != layer.name:     # relu, dropout: inside a node
                     continue
                 u = self.index[self.root[ref]]
-                traffic = cost.edge(layer, slot)
+                traffic = self.cost.edge(layer, slot)
                 reads = traffic.reads_key(self.choices[v])      # consumers that read alike share a table
                 backward = layer.input_grads[slot]              # its adjoint exchange runs
                 key = (id(self.choices[u]), backward) + \
                     ((id(traffic), id(self.choices[v])) if reads is None else (reads,))
                 jobs.setdefault(key, (traffic, self.choices[u], self.choices[v], backward))
                 edges.append((u, v, key))
-        with ThreadPoolExecutor(workers()) as pool:
-            tables = dict(zip(jobs, pool.map(
-                lambda job: cost.exchange_seconds(*job[0].table(job[1], job[2]), backward=job[3]), jobs.values())))
-        self.edges = [(u, v, tables[key]) for u, v, key in edges]
+        return jobs, edges
+
+    def _restrict(self, keep):
+        """Keep the configurations ``keep[v]`` (indices) of each node; nodes that shared a list share the new one
+        (their kept indices are the same: :mod:`.screen` keeps a union per list)."""
+        made, old = {}, list(self.choices)      # the old lists stay alive: their ids stay theirs
+        for v, indices in enumerate(keep):
+            key = (id(old[v]), indices.tobytes())
+            if key not in made:
+                made[key] = [old[v][i] for i in indices]
+            self.choices[v] = made[key]
+            self.critical[v] = self.critical[v][indices]
+            self.gradient[v] = self.gradient[v][indices]
 
     def weighted(self, weight):
         """The node costs with the gradient allreduces weighted by ``weight`` (1: the surrogate itself)."""

@@ -17,10 +17,11 @@ _LOSS_SAMPLES = 1024        # entries of T - r - s (a grid) that the quantile is
 _FINITE = np.finfo(np.float64).max     # stands for an inf row or column minimum: inf - _FINITE is inf, not nan
 
 
-def relaxed_bounds(costs, tables):
+def relaxed_bounds(costs, tables, splits=None):
     """``bounds[v][a] <= min {objective(x) : x[v] = a}``: the min-marginals of the relaxation in the module
-    docstring; ``tables`` has one table per pair."""
-    splits = {}                     # by id: a table shared by pairs (one object) is split once
+    docstring; ``tables`` has one table per pair. ``splits`` (a dict, by table id) keeps the tables' splits for
+    the next call on the same tables (with other costs): they depend on the tables alone."""
+    splits = {} if splits is None else splits       # by id: a table shared by pairs (one object) is split once
     for table in tables.values():
         if id(table) not in splits:
             splits[id(table)] = _split(table)
