@@ -1,58 +1,111 @@
-"""How long the planner takes: building the cost tables and running Algorithm 1, per model and device count.
+"""How long the planner takes, and how much memory, per model and device count: the whole ``spmdcnn plan``
+command (a fresh process: its wall time and peak resident memory) and the search alone (the planner's own time:
+node costs, screening, tables, Algorithm 1 and the scoring of the candidates on the timeline), and the command's
+start-up (its wall time on a one-layer-per-node plan of one device, less that plan's search).
 
-The paper's search took 0.02 s (AlexNet), 0.1 s (VGG-16) and 0.4 s (Inception-v3) on 4 GPUs. Machine: the paper's
-4 x 4 P100 (nodes added for 64 devices), compute from the analytic model, batch 32 per device.
+Machine: the paper's 4 x 4 P100 with nodes added beyond 16 devices (``--machine`` for another, such as
+``jobs/machines/cluster-4x256-fat-tree.yaml``), compute from the analytic model, batch 32 per device.
+``--reference REV`` also runs the same commands with the planner of git revision REV (checked out in a temporary
+folder) and reports both predicted iterations: the plan is never worse than that revision's where it finishes
+(within ``--timeout`` seconds).
 
-    python benchmarks/search_time.py [--devices 4 16 64] [--models alexnet vgg16 inception_v3 resnet50]
+    python benchmarks/search_time.py [--devices 16 64 256 1024] [--models alexnet vgg16 inception_v3 resnet50]
+                                     [--rounds 1] [--reference a765257]
 """
 
 import argparse
+import json
 import os
+import shutil
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
-from spmdcnn.graph import load_model
-from spmdcnn.planner import Problem, search
-from spmdcnn.planner.service import cost_model
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PAPER = os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4.yaml")
+RUN = """import json, resource, sys
+from spmdcnn.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), file=sys.stderr)
+sys.exit(code)
+"""
+
+
+def plan(model, devices, machine, path=None, timeout=None):
+    """``(wall s, peak bytes, the plan JSON)`` of one ``spmdcnn plan`` in a fresh process (``path``: the package's
+    folder, for another revision), or None past ``timeout``."""
+    nodes = max(4, -(-devices // 4)) if machine == PAPER else None
+    argv = ["plan", os.path.join(ROOT, "models", f"{model}.yaml"), "--devices", str(devices),
+            "--batch", str(32 * devices), "--machine", machine, "--profile", "none", "--json"]
+    argv += ["--nodes", str(nodes)] if nodes else []
+    env = dict(os.environ, PYTHONPATH=path) if path else None
+    start = time.perf_counter()
+    try:
+        done = subprocess.run([sys.executable, "-c", RUN, *argv], capture_output=True, text=True, env=env,
+                              timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None
+    wall = time.perf_counter() - start
+    if done.returncode:
+        raise SystemExit(f"spmdcnn plan {model} on {devices} devices failed:\n{done.stderr[-2000:]}")
+    peak = json.loads(done.stderr.strip().splitlines()[-1])["peak"]
+    return wall, peak, json.loads(done.stdout)["plans"]["optimal"]
+
+
+def startup(rounds):
+    """The command's start-up: the median over ``rounds`` of a one-device plan's wall time less its search."""
+    found = []
+    for _ in range(rounds):
+        wall, _, result = plan("tiny_cnn", 1, PAPER)
+        found.append(wall - result["search_s"])
+    return statistics.median(found)
+
+
+def checkout(revision):
+    """A temporary folder holding the package of git ``revision``."""
+    folder = tempfile.mkdtemp(prefix="spmdcnn-reference-")
+    archive = subprocess.run(["git", "-C", ROOT, "archive", revision, "spmdcnn"], capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", folder], input=archive.stdout, check=True)
+    return folder
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["alexnet", "vgg16", "inception_v3", "resnet50"])
-    parser.add_argument("--devices", nargs="+", type=int, default=[4, 16, 64])
-    parser.add_argument("--machine", default=os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4.yaml"))
-    parser.add_argument("--rounds", type=int, default=3, help="runs per cell (the median is reported)")
+    parser.add_argument("--devices", nargs="+", type=int, default=[16, 64, 256, 1024])
+    parser.add_argument("--machine", default=PAPER)
+    parser.add_argument("--rounds", type=int, default=1, help="runs per cell (the median is reported)")
+    parser.add_argument("--reference", metavar="REV", help="also run the planner of this git revision")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds a reference command may take")
     args = parser.parse_args()
-    print(f"{'model':<13} {'devices':>7} {'layers':>6} {'configs':>7} {'kept':>6} {'tables s':>8} {'search s':>8} "
-          f"{'total s':>8}  method")
-    for name in args.models:
-        graph = load_model(os.path.join(ROOT, "models", f"{name}.yaml"))
-        for devices in args.devices:
-            times = []
-            for _ in range(args.rounds):
-                # a fresh cost model each round: nothing cached from the previous one
-                from spmdcnn.cost import layout
-                from spmdcnn.cost.machine import load_machine
-                from spmdcnn.cost.tiles import clear_caches
-                clear_caches()
-                layout.layout_of.cache_clear()
-                layout.tile_boxes.cache_clear()
-                machine = load_machine(args.machine)
-                nodes = max(machine.nodes, -(-devices // machine.devices_per_node))
-                cost = cost_model(graph, 32 * devices, devices, machine, None, 4, nodes)
-                start = time.perf_counter()
-                problem = Problem(graph, devices, cost)
-                built = time.perf_counter()
-                solution = search.optimize([len(c) for c in problem.choices], problem.node_costs, problem.edges)
-                done = time.perf_counter()
-                times.append((built - start, done - built, done - start))
-            tables, searched, total = (statistics.median(t[i] for t in times) for i in range(3))
-            print(f"{name:<13} {devices:>7} {len(problem.nodes):>6} {problem.considered:>7} "
-                  f"{solution.kept:>6} "
-                  f"{tables:>8.3f} {searched:>8.3f} {total:>8.3f}  {solution.method}"
-                  f"{'' if solution.exact else ' (not exact)'}", flush=True)
+    print(f"start-up (interpreter, imports, files, printing): {startup(max(3, args.rounds)):.3f} s", flush=True)
+    reference = checkout(args.reference) if args.reference else None
+    print(f"{'model':<13} {'devices':>7} {'configs':>7} {'kept':>6} {'search s':>8} {'command s':>9} "
+          f"{'peak GiB':>8} {'iteration ms':>12}" + (f"  {args.reference}: command s, GiB, iteration ms"
+                                                       if reference else ""), flush=True)
+    try:
+        for model in args.models:
+            for devices in args.devices:
+                runs = [plan(model, devices, args.machine) for _ in range(args.rounds)]
+                wall = statistics.median(r[0] for r in runs)
+                peak = max(r[1] for r in runs)
+                result = runs[0][2]
+                screened = result["screening"]
+                kept = screened["after"] if screened else result["configurations"]
+                line = (f"{model:<13} {devices:>7} {result['configurations']:>7} {kept:>6} "
+                        f"{statistics.median(r[2]['search_s'] for r in runs):>8.2f} {wall:>9.2f} "
+                        f"{peak / 2 ** 30:>8.2f} {result['predicted']['iteration_s'] * 1e3:>12.3f}")
+                if reference:
+                    old = plan(model, devices, args.machine, reference, args.timeout)
+                    line += (f"  {old[0]:.2f} s, {old[1] / 2 ** 30:.2f} GiB, "
+                             f"{old[2]['predicted']['iteration_s'] * 1e3:.3f} ms" if old
+                             else f"  over {args.timeout:.0f} s")
+                print(line, flush=True)
+    finally:
+        if reference:
+            shutil.rmtree(reference, ignore_errors=True)
 
 
 if __name__ == "__main__":

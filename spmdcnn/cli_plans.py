@@ -144,9 +144,15 @@ def cmd_plan(args):
     if memory is not None and args.strategy != "optimal":
         raise ValueError(f"--memory applies to the optimal search, not to --strategy {args.strategy}")
     tie, tie_source = _tie(args, cost) if memory is None else (0.0, "")
-    results = {s: make_plan(graph, args.devices, cost, s, limit=args.limit, memory=memory if s == "optimal" else None,
-                            tie=tie, tie_source=tie_source)
-               for s in strategies}
+    from .planning_progress import SearchProgress
+    progress = SearchProgress(setting=False if args.json else "auto")
+    try:
+        results = {s: make_plan(graph, args.devices, cost, s, limit=args.limit,
+                                memory=memory if s == "optimal" else None, tie=tie, tie_source=tie_source,
+                                progress=progress)
+                   for s in strategies}
+    finally:
+        progress.close()
     chosen = results[args.strategy]
     if args.output:
         from .cost.calibrate import prepare_output
@@ -157,6 +163,9 @@ def cmd_plan(args):
         print(json.dumps({"model": graph.name, "devices": args.devices, "batch": args.batch,
                           "machine": cost.machine.name, "output": args.output, "compute": source,
                           "plans": {s: {"search_s": r.search_s, "exact": getattr(r.solution, "exact", True),
+                                        "configurations": r.configurations,
+                                        "screening": r.screening and r.screening.to_json(),
+                                        "lower_bound_s": getattr(r.solution, "lower", None),
                                         "ties": vars(r.ties) if r.ties else None,
                                         "plan": r.plan.text, "predicted": r.prediction.to_json()}
                                     for s, r in results.items()}}, indent=1))
@@ -175,8 +184,10 @@ def cmd_plan(args):
         pruned = f" ({sol.kept} after pruning)" if sol.kept < chosen.configurations else ""
         print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations{pruned}, {sol.method} "
               f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
-              f"left), {'proven optimal under the surrogate' if sol.exact else 'not proven optimal'}; "
+              f"left), {'proven optimal under the surrogate' if sol.exact else _distance(sol)}; "
               f"{chosen.search_s:.3f} s")
+        if chosen.screening is not None:
+            print(f"screen: {chosen.screening.describe()}")
         if chosen.candidates:
             import textwrap
             scored = ", ".join(f"{label} {_ms(seconds)}" for label, seconds in chosen.candidates)
@@ -188,6 +199,14 @@ def cmd_plan(args):
     if args.output:
         print(f"wrote {args.output}")
     return 0
+
+
+def _distance(solution):
+    """How far a search that is not proven optimal may be from the optimum, proven by a lower bound."""
+    if solution.lower is None or solution.cost <= 0:
+        return "not proven optimal"
+    return (f"not proven optimal, at most {100 * (solution.cost - solution.lower) / solution.cost:.2f} % above the "
+            "optimum under the surrogate (a relaxation's lower bound)")
 
 
 def _print_comparison(results, batch):

@@ -66,3 +66,14 @@ def test_kernels_vs_torch_lists_each_shape_and_the_totals():
     out = run("benchmarks/kernels_vs_torch.py", "models/small_resnet.yaml", "--batch", "2", "--repeats", "1")
     assert "conv " in out and "batchnorm " in out
     assert "  conv  ours" in out and "  bn    ours" in out and "its matrix products at this BLAS's rate" in out
+
+
+def test_search_time_reports_the_command_the_search_and_a_reference():
+    out = run("benchmarks/search_time.py", "--models", "small_resnet", "--devices", "4", "--rounds", "1",
+              "--reference", "HEAD")
+    assert out.startswith("start-up (interpreter, imports, files, printing): ")
+    row = [line for line in out.splitlines() if line.startswith("small_resnet")]
+    assert len(row) == 1
+    fields = row[0].split()
+    assert fields[1] == "4" and int(fields[2]) >= int(fields[3]) > 0 and float(fields[5]) >= float(fields[4]) > 0
+    assert "HEAD: command s, GiB, iteration ms" in out and row[0].endswith(" ms")

@@ -33,13 +33,15 @@ from ..tiling.fields import needs as tile_needs
 from .layout import layout_of
 
 
+TABLED = 512      # devices from which one pair is quicker the tables' way (a lookup per device, not per tile pair)
+
+
 @dataclass(frozen=True)
 class Traffic:
     """One exchange (forward) between two configurations: its time and the bytes crossing devices."""
 
     seconds: float
     bytes: float
-    messages: int
 
 
 class EdgeTraffic:
@@ -56,6 +58,7 @@ class EdgeTraffic:
         self._axis_ranges = {}
         self._separable_result = None
         self._reads = {}
+        self._reads_key = None
 
     def ranges(self, config):
         """``(start, stop, step)`` arrays of shape ``(ndim, Q)``: what each consumer tile reads of the tensor."""
@@ -111,7 +114,11 @@ class EdgeTraffic:
         (kept: plans repeat the same pairs along a network)."""
         key = (producer.degrees, producer.devices, consumer.degrees, consumer.devices)
         if key not in self._forward:
-            self._forward[key] = self._exchange(producer, consumer)
+            if max(len(producer.devices), len(consumer.devices)) >= TABLED and self._tabled([producer], [consumer]):
+                seconds, nbytes = self.table([producer], [consumer])
+                self._forward[key] = Traffic(float(seconds[0, 0]), float(nbytes[0, 0]))
+            else:
+                self._forward[key] = self._exchange(producer, consumer)
         return self._forward[key]
 
     def _exchange(self, producer, consumer):
@@ -122,7 +129,7 @@ class EdgeTraffic:
         send, recv = seconds.sum(axis=1), seconds.sum(axis=0)
         # a device holding a producer tile and a consumer tile both sends and receives: its busiest direction
         busiest = max(send.max(initial=0), recv.max(initial=0))
-        return Traffic(float(busiest), float(remote.sum() * self.itemsize), int((remote > 0).sum()))
+        return Traffic(float(busiest), float(remote.sum() * self.itemsize))
 
     # The table of every pair of configurations (the planner's edge costs).
 
@@ -137,8 +144,7 @@ class EdgeTraffic:
         ``nbytes`` what they send."""
         producers, consumers = list(producers), list(consumers)
         rank = len(self.shape)
-        if not (producers and consumers and _contiguous(producers, rank)
-                and _contiguous(consumers, len(output_shape(self.consumer, self.batch))) and self._separable()):
+        if not self._tabled(producers, consumers):
             return self._table_by_pairs(producers, consumers)
         count = max(len(c.devices) for c in producers + consumers)
         tiers = self.machine.tiers(count)
@@ -158,9 +164,22 @@ class EdgeTraffic:
         self._overlap_tables.clear()        # large on many devices, and the next lists are others
         return seconds, nbytes
 
+    def _tabled(self, producers, consumers):
+        """Whether :meth:`table` can do ``producers`` against ``consumers`` all at once (module docstring)."""
+        return bool(producers and consumers and _contiguous(producers, len(self.shape))
+                    and _contiguous(consumers, len(output_shape(self.consumer, self.batch))) and self._separable())
+
     def reads_key(self, consumers):
         """What :meth:`table` depends on besides the producers, or None where it goes pair by pair: edges whose
-        keys are equal have equal tables (a 1x1 convolution reads a tensor the same way whatever its channels)."""
+        keys are equal have equal tables (a 1x1 convolution reads a tensor the same way whatever its channels).
+        Kept for the last list asked about (the planner asks for each list several times)."""
+        if self._reads_key is not None and self._reads_key[0] is consumers:
+            return self._reads_key[1]
+        key = self._new_reads_key(consumers)
+        self._reads_key = (consumers, key)
+        return key
+
+    def _new_reads_key(self, consumers):
         out_shape = output_shape(self.consumer, self.batch)
         if not (consumers and _contiguous(consumers, len(out_shape)) and self._separable()):
             return None

@@ -27,7 +27,7 @@ from ..tiling.plan import NAMED, Plan, named
 from .configs import configurations, searched
 
 STRATEGIES = ("optimal",) + NAMED + ("exhaustive",)
-SCREEN_WORK = 2e8       # table entries times devices above which the configurations are screened first
+SCREEN_WORK = 5e6       # table entries times devices above which the configurations are screened first (measured)
 SYNC_WEIGHTS = (1.0, 0.5, 0.25, 0.0)      # of the surrogate's gradient allreduce, in the candidates searched
 
 
@@ -70,6 +70,7 @@ class Result:
     ties: Ties = None
     candidates: list = None     # (label, timeline seconds) of every plan ``optimal`` scored, the chosen first
     searched: Plan = None       # the surrogate's optimum at weight 1 (the plan ``solution`` describes)
+    screening: object = None    # what screening the configurations did (:class:`.screen.Screening`), if it ran
 
 
 class Problem:
@@ -104,7 +105,8 @@ class Problem:
         self.considered = sum(len(c) for c in self.choices)
         self.critical = [np.zeros(len(c)) for c in self.choices]       # t_c and batchnorm's sums
         self.gradient = [np.zeros(len(c)) for c in self.choices]       # the surrogate's gradient allreduces
-        for layer in graph.layers:
+        for number, layer in enumerate(graph.layers):
+            self.progress("configurations", number, len(graph.layers))
             i = self.index[self.root[layer.name]]
             critical, gradient = cost.node_split(layer, self.choices[i])
             self.critical[i] += critical
@@ -182,22 +184,26 @@ class Problem:
 
 
 def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None, tie=0.0,
-              tie_source="the profile's spread"):
+              tie_source="the profile's spread", progress=None):
     """The :class:`Result` of ``strategy`` for ``graph`` on ``devices`` devices under ``cost``; with ``memory``
     (bytes), the optimum among the plans that keep at most that much on every device (:func:`_within_memory`).
     ``optimal`` returns the fastest on the timeline of the candidates it scores (:func:`_candidates`). With
     ``tie`` (a fraction: the profile's spread), it takes candidates predicted within that much of the fastest as
     equal, adds the surrogate's optima with fewer exchanges (:func:`_fewest_exchanges`), and returns the one with
-    the fewest exchanges among those; ``tie_source`` says where the band came from, for the log."""
+    the fewest exchanges among those; ``tie_source`` says where the band came from, for the log. ``progress``:
+    called as ``progress(stage, done, total)`` while it works (:class:`Problem`; ``"search"``, ``"scoring"``)."""
     start = time.perf_counter()
+    progress = progress or (lambda stage, done=None, total=None: None)
     if strategy in NAMED:
         plan = named(strategy, graph, cost.batch, devices)
         return Result(plan, cost.simulate(plan), strategy, time.perf_counter() - start)
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     from . import search
-    problem = Problem(graph, devices, cost)
+    problem = Problem(graph, devices, cost, screen=False if strategy == "exhaustive" else None,
+                      memory=memory if strategy == "optimal" else None, progress=progress)
     sizes = [len(c) for c in problem.choices]
+    progress("search")
     if strategy == "optimal" and memory is not None:
         solution = _within_memory(problem, sizes, memory, cost.itemsize)
     elif strategy == "optimal":
@@ -208,9 +214,9 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
     if strategy != "optimal":
         elapsed = time.perf_counter() - start
         return Result(searched_plan, cost.simulate(searched_plan), strategy, elapsed, solution, len(sizes),
-                      problem.considered, None, None, searched_plan)
+                      problem.considered, None, None, searched_plan, problem.screening)
     plans = _candidates(problem, sizes, searched_plan, memory)
-    scored = _scored(cost, plans)
+    scored = _scored(cost, plans, progress)
     _, best, best_prediction = scored[0]
     chosen, prediction, ties = best, best_prediction, None
     if tie > 0 and memory is None:
@@ -226,7 +232,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
     elapsed = time.perf_counter() - start
     candidates = [(label, p.iteration_s) for label, _, p in scored]
     return Result(_relabelled(chosen, "plan optimal"), prediction, strategy, elapsed, solution, len(sizes),
-                  problem.considered, ties, candidates, searched_plan)
+                  problem.considered, ties, candidates, searched_plan, problem.screening)
 
 
 def _candidates(problem, sizes, searched, memory):
@@ -251,9 +257,13 @@ def _candidates(problem, sizes, searched, memory):
     return plans
 
 
-def _scored(cost, plans):
+def _scored(cost, plans, progress=None):
     """``(label, plan, prediction)`` of each ``(label, plan)`` on the timeline, fastest first (stable)."""
-    found = [(label, plan, cost.simulate(plan)) for label, plan in plans]
+    found = []
+    for label, plan in plans:
+        if progress:
+            progress("scoring", len(found), len(plans))
+        found.append((label, plan, cost.simulate(plan)))
     return sorted(found, key=lambda entry: entry[2].iteration_s)
 
 

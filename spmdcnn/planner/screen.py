@@ -49,6 +49,10 @@ class Screening:
     bounds: list            # (label, upper)
     keep: list = None
 
+    def to_json(self):
+        return {"before": self.before, "after": self.after, "stages": [list(stage) for stage in self.stages],
+                "seconds": self.seconds, "bounds": [list(bound) for bound in self.bounds]}
+
     def describe(self):
         looked = " then ".join(f"{devices} device{'s' * (devices != 1)} ({left} left)" for devices, left in self.stages)
         return (f"screened {self.before} configurations to {self.after} by lower bounds looking at {looked}, "
@@ -109,9 +113,14 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
         lows = dict(zip(jobs, pool.map(low, jobs.values())))
     # each node's kept configurations among its list's
     where = [np.searchsorted(lists[id(c)], k) for c, k in zip(problem.choices, keep)]
-    tables = {}
+    tables, taken = {}, {}      # taken: the tables over each pair of kept lists, once (edges share them)
     for u, v, key in edges:
-        table = lows[key][where[u][:, None], where[v]]
+        pair = (key, where[u].tobytes(), where[v].tobytes())
+        if pair not in taken:
+            low, rows, cols = lows[key], where[u], where[v]
+            whole = len(rows) == low.shape[0] and len(cols) == low.shape[1]     # kept: all, in order
+            taken[pair] = low if whole else low[rows[:, None], cols]
+        table = taken[pair]
         tables[(u, v)] = tables[(u, v)] + table if (u, v) in tables else table
     costs = [[c[k] for c, k in zip(weighted, keep)] for _, weighted in objectives]
     splits, found, bounds = {}, [], []
@@ -167,7 +176,8 @@ def _survivors(costs, tables, bounds, upper):
 
 
 class _Exact:
-    """The exact objective of single assignments: each edge's pair costed on every device (kept by pair)."""
+    """The exact objective of single assignments: each edge's pair costed on every device (kept by pair, and by
+    the edge's :meth:`~spmdcnn.cost.transfer.EdgeTraffic.forward`, which the timeline reads later)."""
 
     def __init__(self, problem, jobs, edges):
         self.problem, self.jobs, self.edges, self.known = problem, jobs, edges, {}
@@ -178,7 +188,7 @@ class _Exact:
             pair = (key, choices[u], choices[v])
             if pair not in self.known:
                 traffic, producers, consumers, backward = self.jobs[key]
-                table = traffic.table([producers[choices[u]]], [consumers[choices[v]]])
-                self.known[pair] = float(self.problem.cost.exchange_seconds(*table, backward=backward)[0, 0])
+                found = traffic.forward(producers[choices[u]], consumers[choices[v]])
+                self.known[pair] = float(self.problem.cost.exchange_seconds(found.seconds, found.bytes, backward))
             terms.append(self.known[pair])
         return math.fsum(terms)

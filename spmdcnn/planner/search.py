@@ -42,7 +42,9 @@ sizes is at most ``limit``, a depth-first branch-and-bound search solves it exac
 **Fallback: local search** (``"elimination+local-search"``, ``exact=False``). Otherwise the core starts from the
 better of each node's cheapest configuration and the exact optimum over a breadth-first spanning tree (the other
 edges ignored), then iterated conditional modes: sweep the nodes in order, give each the configuration that
-minimizes the objective given its neighbours, until a sweep changes nothing. The result is a local optimum.
+minimizes the objective given its neighbours, until a sweep changes nothing. The result is a local optimum, and
+``Solution.lower`` a lower bound of the optimum (the spanning-forest relaxation's optimum, :mod:`.bounds`): the
+plan is at most ``cost - lower`` from the optimum, proven.
 
 **Baseline** (``exhaustive``): the same depth-first branch-and-bound over all the original nodes, with no
 elimination; it is exact and proves Algorithm 1 on small graphs.
@@ -76,6 +78,8 @@ class Solution:
     remaining_nodes: int    # nodes left after the eliminations
     remaining_edges: int
     kept: int = 0           # configurations searched: all of them, or those left after pruning
+    lower: float = None     # when not exact: a lower bound of the optimum (a relaxation's), so cost - lower bounds
+                            # the distance from it
 
 
 def evaluate(sizes, node_costs, edges, choices):
@@ -102,9 +106,10 @@ def optimize(sizes, node_costs, edges, limit=2_000_000):
         choices = [int(configurations[c]) for configurations, c in zip(keep, choices)]
     cost = _objective(costs, edges, choices)
     assert math.isclose(cost, value, rel_tol=_REL_TOL, abs_tol=_REL_TOL), f"optimize: {cost} != searched {value}"
+    lower = None if exact else min(cost, max(float(b.min()) for b in relaxed_bounds(costs, _pair_tables(edges))))
     return Solution(cost, choices, exact, method, len(reduction.eliminated), reduction.merged,
                     len(sizes) - len(reduction.eliminated), len(reduction.edges),
-                    sum(sizes) if keep is None else sum(map(len, keep)))
+                    sum(sizes) if keep is None else sum(map(len, keep)), lower)
 
 
 def _search(reduction, costs, limit):

@@ -32,6 +32,19 @@ def output_shape(layer, batch):
 SHORT_DEVICES = 6       # device lists longer than this are abbreviated for people (describe(short=True))
 
 
+class Devices(tuple):
+    """A tuple of device numbers that works out its hash once: the cost model and the planner key their tables by
+    configurations of up to thousands of devices, and a tuple hashes all its items every time. Equal to, and
+    hashing as, the plain tuple."""
+
+    def __hash__(self):
+        try:
+            return self._hash
+        except AttributeError:
+            self._hash = tuple.__hash__(self)
+            return self._hash
+
+
 @dataclass(frozen=True)
 class ParallelConfig:
     """``degrees``, one per dimension of the output (1 where the op may not split), and one device per tile."""
