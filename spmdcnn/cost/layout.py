@@ -63,7 +63,7 @@ class _Layout:
             found = np.unique(looked // size)                                # the blocks looked at
             levels.append(([_node_boxes(d, size, pad, found) for d in (rows, cols)],
                            np.searchsorted(found, looked // size)))
-        self.groups = [_Group(axes, rows, cols, looked, levels)
+        self.groups = [_Group(axes, rows, cols, looked, levels, self.sample is not None)
                        for axes in _groups_of_axes(rows, cols, PAIR_ENTRIES if sample is None else SAMPLED_PAIR_ENTRIES)]
         self.chunks = [_chunks(rows, node, pad, len(cols), self.devices), _chunks(cols, node, pad, len(rows),
                                                                                 self.devices)]
@@ -109,9 +109,10 @@ class _Group:
     windows of consumer tiles (``send_ends[level]``: per dimension, ``(lo, hi)`` of each window in the running
     sums along the dimension's rows; ``send_lo``, ``send_hi``: the same with the row) and of producer tiles
     (``recv_ends``, ``recv_lo``, ``recv_hi``: along its columns). ``sides``: the producers' :class:`_Side`, the
-    consumers'."""
+    consumers'. With ``sampled`` (a sample of the devices is looked at), the sides number the rows and columns
+    of the tiles those devices hold anew, in the order of ``sampled_rows`` and ``sampled_cols``."""
 
-    def __init__(self, axes, rows, cols, looked, levels):
+    def __init__(self, axes, rows, cols, looked, levels, sampled=False):
         self.axes = axes
         self.degrees = [np.unique(rows[:, k]) for k in axes]
         self.parts = [np.unique(cols[:, k]) for k in axes]
@@ -125,7 +126,8 @@ class _Group:
         self.cols = [np.append(_first(e, col_kinds[col_tiles[0], j]) + col_tiles[j + 1], e.sum())
                      for j, e in enumerate(self.parts)]
         widths = [e.sum() + 1 for e in self.parts]           # of the dimensions' overlap tables
-        self.entries = [r[:, None] * w + c for r, c, w in zip(self.rows, self.cols, widths)]
+        whole = not sampled     # the lookups into whole tables: not needed for a sample's (transfer's _sampled_numbers)
+        self.entries = [r[:, None] * w + c for r, c, w in zip(self.rows, self.cols, widths)] if whole else None
         row_pos = _positions(rows, axes, row_starts[row_kind.reshape(-1)], len(self.rows[0]) - 1, looked)
         col_pos = _positions(cols, axes, col_starts[col_kind.reshape(-1)], len(self.cols[0]) - 1, looked)
         self.send_ends, self.send_lo, self.send_hi = [], [], []
@@ -134,16 +136,24 @@ class _Group:
         for boxes, place in levels:     # running sums: a zero column (row) first, so tile i's ends are i and i + 1
             lo, hi, found = _windows(boxes[1], cols, axes, self.parts)
             self.send_ends.append((lo, hi))
-            self.send_lo.append([r[:, None] * (w + 1) + e for r, e, w in zip(self.rows, lo, widths)])
-            self.send_hi.append([r[:, None] * (w + 1) + e for r, e, w in zip(self.rows, hi, widths)])
+            if whole:
+                self.send_lo.append([r[:, None] * (w + 1) + e for r, e, w in zip(self.rows, lo, widths)])
+                self.send_hi.append([r[:, None] * (w + 1) + e for r, e, w in zip(self.rows, hi, widths)])
             windows[0].append((found, place))
             lo, hi, found = _windows(boxes[0], rows, axes, self.degrees)
             self.recv_ends.append((lo, hi))
-            self.recv_lo.append([e[:, None] * w + c for c, e, w in zip(self.cols, lo, widths)])
-            self.recv_hi.append([e[:, None] * w + c for c, e, w in zip(self.cols, hi, widths)])
+            if whole:
+                self.recv_lo.append([e[:, None] * w + c for c, e, w in zip(self.cols, lo, widths)])
+                self.recv_hi.append([e[:, None] * w + c for c, e, w in zip(self.cols, hi, widths)])
             windows[1].append((found, place))
-        self.sides = (_Side(row_pos, col_kind.reshape(-1), len(col_kinds), col_pos, len(self.cols[0]), windows[0]),
-                      _Side(col_pos, row_kind.reshape(-1), len(row_kinds), row_pos, len(self.rows[0]), windows[1]))
+        widths = len(self.cols[0]), len(self.rows[0])
+        self.sampled_rows = self.sampled_cols = None
+        if sampled:             # only the tiles the devices looked at hold: their rows and columns, numbered anew
+            self.sampled_rows, row_pos = _renumbered(row_pos)
+            self.sampled_cols, col_pos = _renumbered(col_pos)
+            widths = len(self.sampled_cols), len(self.sampled_rows)
+        self.sides = (_Side(row_pos, col_kind.reshape(-1), len(col_kinds), col_pos, widths[0], windows[0]),
+                      _Side(col_pos, row_kind.reshape(-1), len(row_kinds), row_pos, widths[1], windows[1]))
 
 
 class _Side:
@@ -191,6 +201,12 @@ def _windows(boxes, degrees, axes, values):
     ends = [_first(v, degrees[:, k])[:, None, None, None] + boxes[:, :, :, k] for k, v in zip(axes, values)]
     found, ids = _unique_rows(np.concatenate(ends, axis=3).reshape(-1, 2 * len(axes)))
     return list(found[:, 0::2].T), list(found[:, 1::2].T), ids.reshape(boxes.shape[:3])
+
+
+def _renumbered(positions):
+    """``(found, renumbered)``: the distinct ``positions`` (sorted), and ``positions`` as places among them."""
+    found, places = np.unique(positions, return_inverse=True)
+    return found, places.reshape(positions.shape)
 
 
 def _unique_rows(rows):

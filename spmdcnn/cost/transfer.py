@@ -121,6 +121,28 @@ class EdgeTraffic:
                 self._forward[key] = self._exchange(producer, consumer)
         return self._forward[key]
 
+    def prefetch(self, pairs):
+        """Work out :meth:`forward` of every ``(producer, consumer)`` of ``pairs`` not known yet, those on ``TABLED``
+        devices or more in one :meth:`table` over their distinct producers and consumers (one table's setup for
+        them all, instead of one per pair)."""
+        missing = {}
+        for producer, consumer in pairs:
+            key = (producer.degrees, producer.devices, consumer.degrees, consumer.devices)
+            if key not in self._forward and key not in missing and \
+                    max(len(producer.devices), len(consumer.devices)) >= TABLED:
+                missing[key] = (producer, consumer)
+        if not missing:
+            return
+        producers = list({(p.degrees, p.devices): p for p, _ in missing.values()}.values())
+        consumers = list({(q.degrees, q.devices): q for _, q in missing.values()}.values())
+        if not self._tabled(producers, consumers):
+            return
+        seconds, nbytes = self.table(producers, consumers)
+        for i, p in enumerate(producers):
+            for j, q in enumerate(consumers):
+                self._forward.setdefault((p.degrees, p.devices, q.degrees, q.devices),
+                                         Traffic(float(seconds[i, j]), float(nbytes[i, j])))
+
     def _exchange(self, producer, consumer):
         counts = self.counts(producer, consumer)
         inverse, latency, other = self.links(producer, consumer)
@@ -228,7 +250,7 @@ class EdgeTraffic:
         consumers' (rows and columns swapped): ``(table, sums, windows)``, each flat with ``[elements, nonzero
         entries]`` along its last axis: the overlaps; their row sums per degree combination of the other side;
         their sums over the other side's windows, a list with one per level of blocks (none on one node)."""
-        levels = len(group.send_lo)
+        levels = len(group.send_ends)
         sends, receives = [[] for _ in range(levels)], [[] for _ in range(levels)]     # a factor per dimension
         for j, axis in enumerate(group.axes):
             overlaps = self._overlap_table(axis, group.degrees[j], group.parts[j])
@@ -252,20 +274,21 @@ class EdgeTraffic:
                                              (both.transpose(1, 0, 2), col_sums.transpose(1, 0, 2), receives))]
 
     def _sampled_numbers(self, group):
-        """:meth:`_group_numbers` where only a sample of devices is looked at: of the group's table, only the
-        rows of the producer tiles those devices hold (``rows``, from the producers' side) and the columns of the
-        consumer tiles they hold (``cols``) are filled; every lookup of :meth:`_busiest` lands there. Each
+        """:meth:`_group_numbers` where only a sample of devices is looked at: only the rows of the producer tiles
+        those devices hold (``group.sampled_rows``) and the columns of the consumer tiles they hold
+        (``sampled_cols``), in the sides' new numbering; every lookup of :meth:`_busiest` lands there. Each
         dimension's overlaps are worked out for those rows and columns alone, so the work grows with the tile
         count, not its square."""
-        rows, cols = (np.unique(side.pos) for side in group.sides)
-        size = (len(group.rows[0]), len(group.cols[0]))
+        rows, cols = group.sampled_rows, group.sampled_cols
         levels = len(group.send_ends)
-        by_rows, by_cols = [], []
+        block, every_col, every_row = [], [], []
         sends, receives = [[] for _ in range(levels)], [[] for _ in range(levels)]
         for j, axis in enumerate(group.axes):
             lines = self._overlap_lines(axis, group.degrees[j], group.parts[j], group.rows[j][rows], None)
             columns = self._overlap_lines(axis, group.degrees[j], group.parts[j], None, group.cols[j][cols])
-            by_rows.append(lines[:, group.cols[j][cols]])                       # (rows, cols)
+            block.append(lines[:, group.cols[j][cols]])                         # (rows, cols): the kept
+            every_col.append(lines[:, group.cols[j]])                           # (rows, all cols)
+            every_row.append(columns[group.rows[j]])                            # (all rows, cols)
             if levels:
                 both = np.stack([lines, lines > 0], axis=-1)                    # (rows, C + 1, 2)
                 across = np.cumsum(np.concatenate([np.zeros_like(both[:, :1]), both], axis=1), axis=1)
@@ -276,30 +299,15 @@ class EdgeTraffic:
                 sends[level].append(across[:, hi[j]] - across[:, lo[j]])        # (rows, windows, 2)
                 lo, hi = group.recv_ends[level]
                 receives[level].append(down[hi[j]] - down[lo[j]])               # (windows, cols, 2)
-            by_cols.append(columns[group.rows[j]])                              # (all rows, cols)
-            lines = lines[:, group.cols[j]]                                     # (rows, all cols)
-            by_rows[-1] = (by_rows[-1], lines)
-        block = _product([b for b, _ in by_rows])                                # (rows, cols): the kept
-        every_col = _product([whole for _, whole in by_rows])                   # (rows, all cols)
-        every_row = _product(by_cols)                                           # (all rows, cols)
-        table, flipped = np.zeros(size + (2,)), np.zeros(size[::-1] + (2,))    # untouched pages cost nothing
-        table[rows[:, None], cols] = np.stack([block, block > 0], axis=-1)
-        flipped[cols[:, None], rows] = np.stack([block.T, block.T > 0], axis=-1)
-        row_sums = np.zeros((size[0], len(group.col_starts), 2))
-        row_sums[rows] = np.add.reduceat(np.stack([every_col, every_col > 0], axis=-1)[:, :-1], group.col_starts,
-                                         axis=1)
-        col_sums = np.zeros((len(group.row_starts), size[1], 2))
-        col_sums[:, cols] = np.add.reduceat(np.stack([every_row, every_row > 0], axis=-1)[:-1], group.row_starts,
-                                            axis=0)
-        send, receive = [], []
-        for factors in sends:
-            send.append(np.zeros((size[0],) + factors[0].shape[1:]))
-            send[-1][rows] = _product(factors)
-        for factors in receives:
-            receive.append(np.zeros((size[1],) + factors[0].shape[:1] + (2,)))
-            receive[-1][cols] = _product(factors).transpose(1, 0, 2)
+        block, every_col, every_row = _product(block), _product(every_col), _product(every_row)
+        table = np.stack([block, block > 0], axis=-1)
+        row_sums = np.add.reduceat(np.stack([every_col, every_col > 0], axis=-1)[:, :-1], group.col_starts, axis=1)
+        col_sums = np.add.reduceat(np.stack([every_row, every_row > 0], axis=-1)[:-1], group.row_starts, axis=0)
+        send = [_product(factors) for factors in sends]                         # (rows, windows, 2)
+        receive = [_product(factors).transpose(1, 0, 2) for factors in receives]    # (cols, windows, 2)
         return [(_flat(table), _flat(sums), [_flat(x) for x in windows])
-                for table, sums, windows in ((table, row_sums, send), (flipped, col_sums.transpose(1, 0, 2), receive))]
+                for table, sums, windows in ((table, row_sums, send),
+                                             (table.transpose(1, 0, 2), col_sums.transpose(1, 0, 2), receive))]
 
     def _overlap_lines(self, axis, degrees, splits, rows, cols):
         """Rows ``rows`` (or columns ``cols``) of :meth:`_overlap_table`, worked out alone."""
@@ -310,8 +318,8 @@ class EdgeTraffic:
         lo, hi = np.append(index * extent // degree, 0), np.append((index + 1) * extent // degree, 0)  # zero last
         start, stop, step = np.append(start, 0), np.append(stop, 0), np.append(step, 1)
         if rows is not None:
-            return _inside(lo[rows], hi[rows], start, stop, step)
-        return _inside(lo, hi, start[cols], stop[cols], step[cols])
+            return _inside(lo[rows], hi[rows], start, stop, step).astype(np.float64)
+        return _inside(lo, hi, start[cols], stop[cols], step[cols]).astype(np.float64)
 
     def _group_table(self, group):
         """``(rows, cols, 2)``: the elements of the overlaps of one group of dimensions, and whether nonzero."""
