@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from ..graph.blocks import DATA
 from ..tiling.boxes import part
-from ..tiling.config import output_shape
+from ..tiling.config import Devices, output_shape
 from ..tiling.ghost import components
 from .buckets import SyncOptions, assign
 
@@ -98,7 +98,7 @@ def gradient_tensors(graph, plan, itemsize, ghost=None):
                 continue
             lo, hi = part(layer.out_shape[0], c_degree, index)
             sizes = [(hi - lo) * prod(shape[1:]) * itemsize for shape in layer.params.values()]
-            ranks = tuple(sorted(group))
+            ranks = Devices(sorted(group))      # hashed once per device below: keep its hash
             for rank in group:
                 tensors[rank].setdefault(ranks, []).extend((layer.name, n) for n in sizes if n)
     return tensors

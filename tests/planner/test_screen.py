@@ -12,6 +12,7 @@ import pytest
 from spmdcnn import planner
 from spmdcnn.cost.compute import ComputeModel
 from spmdcnn.cost.machine import load_machine, parse_machine_text
+from spmdcnn.cost.memory import plan_memory
 from spmdcnn.cost.model import CostModel
 from spmdcnn.graph import load_model
 from spmdcnn.planner import SYNC_WEIGHTS, Problem, make_plan, screen, search
@@ -46,8 +47,10 @@ def test_the_screen_keeps_every_optimum(name, devices, machine):
     graph, cost = cost_of(name, devices, machine)
     whole = Problem(graph, devices, cost, screen=False)
     screened = Problem(graph, devices, cost, screen=True)
-    assert screened.screening.after < screened.screening.before == whole.considered
+    assert screened.screening.after <= screened.screening.before == whole.considered
     assert screened.screening.after == sum(map(len, screened.choices))
+    if machine is PAPER:        # compute-bound layers: the bounds keep few (on LEVELS, transfers dominate)
+        assert screened.screening.after < screened.screening.before / 2
     for weight in SYNC_WEIGHTS:
         best = search.optimize([len(c) for c in whole.choices], whole.weighted(weight), whole.edges)
         kept = search.optimize([len(c) for c in screened.choices], screened.weighted(weight), screened.edges)
@@ -73,8 +76,6 @@ def test_screened_plans_are_the_plans(name, devices, machine, monkeypatch):
 def test_the_screen_keeps_the_optimum_within_memory(monkeypatch):
     graph, cost = cost_of("alexnet", 16, PAPER)
     free = make_plan(graph, 16, cost)
-    limit = 0.7 * free.prediction_memory if hasattr(free, "prediction_memory") else None
-    from spmdcnn.cost.memory import plan_memory
     limit = 0.8 * plan_memory(graph, free.plan, cost.itemsize)
     monkeypatch.setattr(planner, "SCREEN_WORK", math.inf)
     plain = make_plan(graph, 16, cost, memory=limit)
