@@ -28,7 +28,9 @@ PAPER = os.path.join(ROOT, "jobs", "machines", "paper-p100-4x4.yaml")
 RUN = """import json, resource, sys
 from spmdcnn.cli import main
 code = main(sys.argv[1:])
-print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}), file=sys.stderr)
+import spmdcnn
+print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "package": spmdcnn.__file__}),
+      file=sys.stderr)
 sys.exit(code)
 """
 
@@ -42,16 +44,17 @@ def plan(model, devices, machine, path=None, timeout=None):
     argv += ["--nodes", str(nodes)] if nodes else []
     env = dict(os.environ, PYTHONPATH=path) if path else None
     start = time.perf_counter()
-    try:
+    try:        # python -c puts its folder first on the path: the reference's folder for the reference's package
         done = subprocess.run([sys.executable, "-c", RUN, *argv], capture_output=True, text=True, env=env,
-                              timeout=timeout)
+                              timeout=timeout, cwd=path or ROOT)
     except subprocess.TimeoutExpired:
         return None
     wall = time.perf_counter() - start
     if done.returncode:
         raise SystemExit(f"spmdcnn plan {model} on {devices} devices failed:\n{done.stderr[-2000:]}")
-    peak = json.loads(done.stderr.strip().splitlines()[-1])["peak"]
-    return wall, peak, json.loads(done.stdout)["plans"]["optimal"]
+    found = json.loads(done.stderr.strip().splitlines()[-1])
+    assert found["package"].startswith(path or ROOT), f"ran {found['package']}, not the package in {path or ROOT}"
+    return wall, found["peak"], json.loads(done.stdout)["plans"]["optimal"]
 
 
 def startup(rounds):
@@ -82,9 +85,12 @@ def main():
     args = parser.parse_args()
     print(f"start-up (interpreter, imports, files, printing): {startup(max(3, args.rounds)):.3f} s", flush=True)
     reference = checkout(args.reference) if args.reference else None
-    print(f"{'model':<13} {'devices':>7} {'configs':>7} {'kept':>6} {'search s':>8} {'command s':>9} "
-          f"{'peak GiB':>8} {'iteration ms':>12}" + (f"  {args.reference}: command s, GiB, iteration ms"
-                                                       if reference else ""), flush=True)
+    print("seconds of the planner (search s) in its stages: costs (every configuration's t_c + t_s), screen (lower-"
+          "bound tables and pruning), tables (exact, of what is left), alg1 (Algorithm 1: the optimum at each "
+          "weighting of the gradient sync), scoring (the candidates on the timeline)")
+    print(f"{'model':<13} {'devices':>7} {'configs':>7} {'kept':>6} {'costs':>6} {'screen':>6} {'tables':>6} "
+          f"{'alg1':>6} {'scoring':>7} {'search s':>8} {'command s':>9} {'peak GiB':>8} {'iteration ms':>12}"
+          + (f"  {args.reference}: command s, GiB, iteration ms" if reference else ""), flush=True)
     try:
         for model in args.models:
             for devices in args.devices:
@@ -94,7 +100,11 @@ def main():
                 result = runs[0][2]
                 screened = result["screening"]
                 kept = screened["after"] if screened else result["configurations"]
-                line = (f"{model:<13} {devices:>7} {result['configurations']:>7} {kept:>6} "
+                phases = {key: statistics.median(r[2]["phases"].get(key, 0.0) for r in runs)
+                          for key in ("costs", "bounds", "screen", "tables", "search", "scoring")}
+                line = (f"{model:<13} {devices:>7} {result['configurations']:>7} {kept:>6} {phases['costs']:>6.2f} "
+                        f"{phases['bounds'] + phases['screen']:>6.2f} {phases['tables']:>6.2f} "
+                        f"{phases['search']:>6.2f} {phases['scoring']:>7.2f} "
                         f"{statistics.median(r[2]['search_s'] for r in runs):>8.2f} {wall:>9.2f} "
                         f"{peak / 2 ** 30:>8.2f} {result['predicted']['iteration_s'] * 1e3:>12.3f}")
                 if reference:

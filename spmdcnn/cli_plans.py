@@ -163,7 +163,7 @@ def cmd_plan(args):
         print(json.dumps({"model": graph.name, "devices": args.devices, "batch": args.batch,
                           "machine": cost.machine.name, "output": args.output, "compute": source,
                           "plans": {s: {"search_s": r.search_s, "exact": getattr(r.solution, "exact", True),
-                                        "configurations": r.configurations,
+                                        "configurations": r.configurations, "phases": r.phases,
                                         "screening": r.screening and r.screening.to_json(),
                                         "lower_bound_s": getattr(r.solution, "lower", None),
                                         "ties": vars(r.ties) if r.ties else None,
@@ -185,7 +185,8 @@ def cmd_plan(args):
         print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations{pruned}, {sol.method} "
               f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
               f"left), {'proven optimal under the surrogate' if sol.exact else _distance(sol)}; "
-              f"{chosen.search_s:.3f} s")
+              f"{chosen.search_s:.3f} s" + (f" ({', '.join(f'{k} {v:.2f}' for k, v in chosen.phases.items())})"
+                                            if chosen.phases else ""))
         if chosen.screening is not None:
             print(f"screen: {chosen.screening.describe()}")
         if chosen.candidates:

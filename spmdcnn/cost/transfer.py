@@ -350,11 +350,22 @@ class EdgeTraffic:
         if (axis, degree) not in self._axis_ranges:
             out_shape = output_shape(self.consumer, self.batch)
             split = [k for k, extent in enumerate(out_shape) if degree <= extent or k == axis]
+            if split == [0] and degree > 1 and self._reads_samples():     # only the batch splits so many ways
+                bounds = np.arange(degree + 1) * out_shape[0] // degree
+                self._axis_ranges[0, degree] = (bounds[:-1], bounds[1:], np.ones(degree, dtype=np.int64))
+                return self._axis_ranges[axis, degree]
             reads = [self._read(tuple(part(extent, degree, t) if k in split else (0, extent)
                                       for k, extent in enumerate(out_shape))) for t in range(degree)]
             for k in split if degree > 1 else range(len(self.shape)):
                 self._axis_ranges.setdefault((k, degree), tuple(np.array(a) for a in zip(*(r[k] for r in reads))))
         return self._axis_ranges[axis, degree]
+
+    def _reads_samples(self):
+        """Whether a consumer tile reads exactly its own samples (every op does, ``tiling.fields.needs``): checked
+        on the second half of the batch, so that :meth:`_axis_range` may skip reading part by part."""
+        out_shape = output_shape(self.consumer, self.batch)
+        lo, hi = part(out_shape[0], 2, 1)
+        return self._read(((lo, hi),) + tuple((0, extent) for extent in out_shape[1:]))[0] == (lo, hi, 1)
 
     def _read(self, box):
         """``[(start, stop, step)]`` per dimension of the tensor: what the consumer's output ``box`` reads."""

@@ -71,6 +71,31 @@ class Result:
     candidates: list = None     # (label, timeline seconds) of every plan ``optimal`` scored, the chosen first
     searched: Plan = None       # the surrogate's optimum at weight 1 (the plan ``solution`` describes)
     screening: object = None    # what screening the configurations did (:class:`.screen.Screening`), if it ran
+    phases: dict = None         # seconds of each stage: costs, bounds, screen, tables, search, scoring
+
+
+class _Phases:
+    """The planner's ``progress``: passes each call on to ``report`` (if any) and keeps when each stage began."""
+
+    NAMES = {"configurations": "costs", "tables": "tables", "search": "search", "scoring": "scoring",
+             "screen": "screen"}
+
+    def __init__(self, report=None):
+        self.report, self.marks = report, []
+
+    def __call__(self, stage, done=None, total=None):
+        name = "bounds" if stage.startswith("bounds") else self.NAMES.get(stage, stage)
+        if not self.marks or self.marks[-1][0] != name:
+            self.marks.append((name, time.perf_counter()))
+        if self.report:
+            self.report(stage, done, total)
+
+    def seconds(self):
+        """``{stage: seconds}`` from the stages' beginnings to now (a stage entered twice counts both times)."""
+        found, ends = {}, [mark for _, mark in self.marks[1:]] + [time.perf_counter()]
+        for (name, begun), end in zip(self.marks, ends):
+            found[name] = found.get(name, 0.0) + end - begun
+        return found
 
 
 class Problem:
@@ -193,7 +218,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
     the fewest exchanges among those; ``tie_source`` says where the band came from, for the log. ``progress``:
     called as ``progress(stage, done, total)`` while it works (:class:`Problem`; ``"search"``, ``"scoring"``)."""
     start = time.perf_counter()
-    progress = progress or (lambda stage, done=None, total=None: None)
+    progress = _Phases(progress)
     if strategy in NAMED:
         plan = named(strategy, graph, cost.batch, devices)
         return Result(plan, cost.simulate(plan), strategy, time.perf_counter() - start)
@@ -214,7 +239,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
     if strategy != "optimal":
         elapsed = time.perf_counter() - start
         return Result(searched_plan, cost.simulate(searched_plan), strategy, elapsed, solution, len(sizes),
-                      problem.considered, None, None, searched_plan, problem.screening)
+                      problem.considered, None, None, searched_plan, problem.screening, progress.seconds())
     plans = _candidates(problem, sizes, searched_plan, memory)
     scored = _scored(cost, plans, progress)
     _, best, best_prediction = scored[0]
@@ -232,7 +257,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
     elapsed = time.perf_counter() - start
     candidates = [(label, p.iteration_s) for label, _, p in scored]
     return Result(_relabelled(chosen, "plan optimal"), prediction, strategy, elapsed, solution, len(sizes),
-                  problem.considered, ties, candidates, searched_plan, problem.screening)
+                  problem.considered, ties, candidates, searched_plan, problem.screening, progress.seconds())
 
 
 def _candidates(problem, sizes, searched, memory):

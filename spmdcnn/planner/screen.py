@@ -64,11 +64,9 @@ def sample_devices(devices, per_node, count):
     spread over the job and away from node boundaries, whose tiles are inside the tensor along the usual
     power-of-two splits (a tile at a tensor's edge reads fewer halo rows)."""
     picked = {0}
-    for k in range(1, count):
-        picked.add(min(devices - 1, int(devices * (2 * k - 1) / (2 * count - 2) if count > 1 else 0)
-                       + per_node // 2 + 1))
-    picked = sorted(d for d in picked if 0 <= d < devices)
-    return tuple(picked)
+    for k in range(1, count):       # the middles of count - 1 equal stretches, a little past a node's start
+        picked.add(min(devices - 1, devices * (2 * k - 1) // (2 * count - 2) + per_node // 2 + 1))
+    return tuple(sorted(picked))
 
 
 def screen(problem, jobs, edges, memory=None):
@@ -159,16 +157,19 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
 
 def _survivors(costs, tables, bounds, upper):
     """Per node, the positions of the configurations whose relaxed min-marginal is at most ``upper``, starting
-    from ``bounds`` (those of ``costs`` over ``tables``), in rounds while they shrink."""
+    from ``bounds`` (those of ``costs`` over ``tables``), in rounds while they shrink. (A node the cut would leave
+    empty, which a true upper bound cannot do, keeps what it had: rounding never loses a configuration.)"""
     cut = upper + MARGIN * abs(upper)
     keep = [np.arange(len(c)) for c in costs]
     best = [np.full(len(c), -np.inf) for c in costs]
     while True:
         bounds = [np.maximum(old, new) for old, new in zip(best, bounds)]
         kept = [np.flatnonzero(b <= cut) for b in bounds]
+        if not all(len(k) for k in kept):
+            return keep
         total = sum(map(len, keep))
         keep = [k[i] for k, i in zip(keep, kept)]
-        if sum(map(len, keep)) > SHRINK * total or not all(len(k) for k in keep):
+        if sum(map(len, keep)) > SHRINK * total:
             return keep
         best = [b[i] for b, i in zip(bounds, kept)]
         costs = [c[i] for c, i in zip(costs, kept)]
