@@ -34,7 +34,7 @@ MARGIN = 1e-9
 SHRINK = 0.8            # rounds stop after one that keeps more than this fraction
 CANDIDATES = 8          # configurations per node (lowest bounds first) searched for an assignment
 SAMPLES = (2, 16)       # devices looked at, stage by stage
-EXACT_WORK = 2e7        # table entries times devices below which the exact tables are built
+EXACT_WORK = 2e6        # table entries times devices below which the exact tables are built (measured)
 
 
 @dataclass
@@ -96,26 +96,32 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
     lists = {}                  # per list of configurations (by id), the indices kept: the union of its nodes'
     for v, c in enumerate(problem.choices):
         lists[id(c)] = np.union1d(lists.get(id(c), keep[v]), keep[v])
+    # Edges share a job when their tables are equal over the whole lists: the same producer list, and consumer
+    # lists (perhaps of other layers) whose configurations read alike, index by index. Each job's table covers
+    # the union of what its edges' lists keep, and each edge takes its own rows and columns from it.
+    rows_of, cols_of = {}, {}
+    for u, v, key in edges:
+        rows_of[key] = np.union1d(rows_of.get(key, lists[id(problem.choices[u])]), lists[id(problem.choices[u])])
+        cols_of[key] = np.union1d(cols_of.get(key, lists[id(problem.choices[v])]), lists[id(problem.choices[v])])
     stage = f"bounds over {len(sample)} devices"
     progress(stage, 0, len(jobs))
     done = iter(range(1, len(jobs) + 1))
 
-    def low(job):
-        traffic, producers, consumers, backward = job
-        rows, cols = lists[id(producers)], lists[id(consumers)]
-        table = cost.exchange_seconds(*traffic.table([producers[i] for i in rows], [consumers[i] for i in cols],
-                                                     sample), backward=backward)
+    def bound_table(key):
+        traffic, producers, consumers, backward = jobs[key]
+        table = cost.exchange_seconds(*traffic.table([producers[i] for i in rows_of[key]],
+                                                     [consumers[i] for i in cols_of[key]], sample),
+                                      backward=backward)
         progress(stage, next(done), len(jobs))
         return table
     with ThreadPoolExecutor(workers()) as pool:
-        lows = dict(zip(jobs, pool.map(low, jobs.values())))
-    # each node's kept configurations among its list's
-    where = [np.searchsorted(lists[id(c)], k) for c, k in zip(problem.choices, keep)]
-    tables, taken = {}, {}      # taken: the tables over each pair of kept lists, once (edges share them)
+        lows = dict(zip(rows_of, pool.map(bound_table, rows_of)))
+    tables, taken = {}, {}      # taken: each job's table over a pair of kept lists, once (edges share them)
     for u, v, key in edges:
-        pair = (key, where[u].tobytes(), where[v].tobytes())
+        rows, cols = np.searchsorted(rows_of[key], keep[u]), np.searchsorted(cols_of[key], keep[v])
+        pair = (key, rows.tobytes(), cols.tobytes())
         if pair not in taken:
-            low, rows, cols = lows[key], where[u], where[v]
+            low = lows[key]
             whole = len(rows) == low.shape[0] and len(cols) == low.shape[1]     # kept: all, in order
             taken[pair] = low if whole else low[rows[:, None], cols]
         table = taken[pair]
