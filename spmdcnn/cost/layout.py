@@ -146,26 +146,28 @@ class _Group:
                 self.recv_lo.append([e[:, None] * w + c for c, e, w in zip(self.cols, lo, widths)])
                 self.recv_hi.append([e[:, None] * w + c for c, e, w in zip(self.cols, hi, widths)])
             windows[1].append((found, place))
-        widths = len(self.cols[0]), len(self.rows[0])
+        width = len(self.cols[0])
         self.sampled_rows = self.sampled_cols = None
         if sampled:             # only the tiles the devices looked at hold: their rows and columns, numbered anew
             self.sampled_rows, row_pos = _renumbered(row_pos)
             self.sampled_cols, col_pos = _renumbered(col_pos)
-            widths = len(self.sampled_cols), len(self.sampled_rows)
-        self.sides = (_Side(row_pos, col_kind.reshape(-1), len(col_kinds), col_pos, widths[0], windows[0]),
-                      _Side(col_pos, row_kind.reshape(-1), len(row_kinds), row_pos, widths[1], windows[1]))
+            width = len(self.sampled_cols)
+        self.sides = (_Side(row_pos, col_kind.reshape(-1), len(col_kinds), col_pos, width, windows[0]),
+                      _Side(col_pos, row_kind.reshape(-1), len(row_kinds), row_pos, width, windows[1], True))
 
 
 class _Side:
     """A group's table seen from one side, at the devices looked at (all, or a sample): ``pos`` (n, looked) the
     rows of this side's tiles (the zero row past a configuration's tiles), ``kind`` each configuration of the
-    other side's degree combination, ``other`` (looked, m) the columns of the other side's tiles (of ``width``),
+    other side's degree combination, ``other`` (looked, m) the columns of the other side's tiles (the table is
+    the producers' rows by ``width`` consumers' columns, read the other way round from the consumers' side,
+    ``flipped``),
     and per level ``windows[level][k]`` (looked, m) the window holding box ``k`` of the other side's tiles in the
     device's block of that level (``levels``: per level, each box's window per block looked at, and each
     device's place among those blocks), of ``counts[level]`` windows."""
 
-    def __init__(self, pos, kind, kinds, other, width, levels):
-        self.pos, self.kind, self.kinds, self.width = pos, kind, kinds, width
+    def __init__(self, pos, kind, kinds, other, width, levels, flipped=False):
+        self.pos, self.kind, self.kinds, self.width, self.flipped = pos, kind, kinds, width, flipped
         self.other = np.ascontiguousarray(other.T)
         self.windows = [[np.ascontiguousarray(found[:, place, k].T) for k in range(found.shape[2])]
                         for found, place in levels]
@@ -176,7 +178,9 @@ class _Side:
         every configuration of the other side: in the row sums, the table, the windows (per level, one per
         box)."""
         rows = self.pos[chunk][:, devices, None]               # (n, devices, 1)
-        return _Index(rows * self.kinds + self.kind, rows * self.width + self.other[devices],
+        other = self.other[devices]
+        return _Index(rows * self.kinds + self.kind,
+                      other * self.width + rows if self.flipped else rows * self.width + other,
                       [[rows * count + w[devices] for w in windows]
                        for count, windows in zip(self.counts, self.windows)])
 

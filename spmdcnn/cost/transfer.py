@@ -235,6 +235,7 @@ class EdgeTraffic:
                 for factors, box in zip(boxes, level_index):
                     factors.append(np.take(level_windows, box, axis=0))
         total, kept = _product(total), _product(kept)
+        kept = np.stack([kept, kept > 0], axis=-1)      # a product of overlaps is nonzero where every one is
         moved = (total[..., 0].sum(axis=1) - kept[..., 0].sum(axis=1)) * self.itemsize if side == 0 else None
         within = [kept] + [_product(map(_product, boxes), operator.iadd) for boxes in levels] + [total]
         seconds = None          # from exact differences of integers, in place, the outermost level first
@@ -255,23 +256,20 @@ class EdgeTraffic:
         for j, axis in enumerate(group.axes):
             overlaps = self._overlap_table(axis, group.degrees[j], group.parts[j])
             if levels:                      # a window [lo, hi) sums to the running sums' hi - lo
-                both = np.stack([overlaps, overlaps > 0], axis=-1)                  # (R + 1, C + 1, 2)
-                across = np.cumsum(np.concatenate([np.zeros_like(both[:, :1]), both], axis=1), axis=1)
-                down = np.cumsum(np.concatenate([np.zeros_like(both[:1]), both], axis=0), axis=0)
-                across, down = across.reshape(-1, 2), down.reshape(-1, 2)
+                across = [_running(x, 1).reshape(-1) for x in (overlaps, overlaps > 0)]
+                down = [_running(x, 0).reshape(-1) for x in (overlaps, overlaps > 0)]
             for level in range(levels):
-                sends[level].append(np.take(across, group.send_hi[level][j], axis=0)
-                                    - np.take(across, group.send_lo[level][j], axis=0))
-                receives[level].append(np.take(down, group.recv_hi[level][j], axis=0)
-                                       - np.take(down, group.recv_lo[level][j], axis=0))
-        both = self._group_table(group)                                             # (rows, cols, 2)
-        row_sums = np.add.reduceat(both[:, :-1], group.col_starts, axis=1)          # (rows, col kinds, 2)
-        col_sums = np.add.reduceat(both[:-1], group.row_starts, axis=0)             # (row kinds, cols, 2)
+                sends[level].append(_window_sums(across, group.send_lo[level][j], group.send_hi[level][j]))
+                receives[level].append(_window_sums(down, group.recv_lo[level][j], group.recv_hi[level][j]))
+        table = self._group_table(group)                                            # (rows, cols)
+        nonzero = table > 0
+        row_sums = np.stack([np.add.reduceat(x[:, :-1], group.col_starts, axis=1) for x in (table, nonzero)], -1)
+        col_sums = np.stack([np.add.reduceat(x[:-1], group.row_starts, axis=0) for x in (table, nonzero)], -1)
         sends = [_product(factors) for factors in sends]                            # (rows, windows, 2)
         receives = [_product(factors).transpose(1, 0, 2) for factors in receives]   # (cols, windows, 2)
-        return [(_flat(table), _flat(sums), [_flat(x) for x in windows])
-                for table, sums, windows in ((both, row_sums, sends),
-                                             (both.transpose(1, 0, 2), col_sums.transpose(1, 0, 2), receives))]
+        table = table.reshape(-1)           # read the other way round from the consumers' side (layout's _Side)
+        return [(table, _flat(sums), [_flat(x) for x in windows])
+                for sums, windows in ((row_sums, sends), (col_sums.transpose(1, 0, 2), receives))]
 
     def _sampled_numbers(self, group):
         """:meth:`_group_numbers` where only a sample of devices is looked at: only the rows of the producer tiles
@@ -300,14 +298,13 @@ class EdgeTraffic:
                 lo, hi = group.recv_ends[level]
                 receives[level].append(down[hi[j]] - down[lo[j]])               # (windows, cols, 2)
         block, every_col, every_row = _product(block), _product(every_col), _product(every_row)
-        table = np.stack([block, block > 0], axis=-1)
+        table = block.reshape(-1)           # read the other way round from the consumers' side (layout's _Side)
         row_sums = np.add.reduceat(np.stack([every_col, every_col > 0], axis=-1)[:, :-1], group.col_starts, axis=1)
         col_sums = np.add.reduceat(np.stack([every_row, every_row > 0], axis=-1)[:-1], group.row_starts, axis=0)
         send = [_product(factors) for factors in sends]                         # (rows, windows, 2)
         receive = [_product(factors).transpose(1, 0, 2) for factors in receives]    # (cols, windows, 2)
-        return [(_flat(table), _flat(sums), [_flat(x) for x in windows])
-                for table, sums, windows in ((table, row_sums, send),
-                                             (table.transpose(1, 0, 2), col_sums.transpose(1, 0, 2), receive))]
+        return [(table, _flat(sums), [_flat(x) for x in windows])
+                for sums, windows in ((row_sums, send), (col_sums.transpose(1, 0, 2), receive))]
 
     def _overlap_lines(self, axis, degrees, splits, rows, cols):
         """Rows ``rows`` (or columns ``cols``) of :meth:`_overlap_table`, worked out alone."""
@@ -322,10 +319,9 @@ class EdgeTraffic:
         return _inside(lo, hi, start[cols], stop[cols], step[cols]).astype(np.float64)
 
     def _group_table(self, group):
-        """``(rows, cols, 2)``: the elements of the overlaps of one group of dimensions, and whether nonzero."""
-        table = _product([np.take(self._overlap_table(axis, group.degrees[j], group.parts[j]), group.entries[j])
-                          for j, axis in enumerate(group.axes)])
-        return np.stack([table, table > 0], axis=-1)
+        """``(rows, cols)``: the elements of the overlaps of one group of dimensions."""
+        return _product([np.take(self._overlap_table(axis, group.degrees[j], group.parts[j]), group.entries[j])
+                         for j, axis in enumerate(group.axes)])
 
     def _overlap_table(self, axis, degrees, splits):
         """``(R + 1, C + 1)`` elements of consumer tile ranges (columns: ``splits[0]`` tiles, then ``splits[1]``,
@@ -402,6 +398,20 @@ def _inside(lo, hi, start, stop, step):
     def below(x):
         return np.clip(-(-(x[:, None] - start[None, :]) // step[None, :]), 0, count[None, :])
     return below(np.asarray(hi)) - below(np.asarray(lo))
+
+
+def _running(values, axis):
+    """Running sums of ``values`` (2-D) along ``axis`` from a zero first: window ``[lo, hi)`` sums to ``hi - lo``."""
+    values = np.asarray(values, dtype=np.float64)
+    padded = np.zeros((values.shape[0] + (axis == 0), values.shape[1] + (axis == 1)))
+    np.cumsum(values, axis=axis, out=padded[1:] if axis == 0 else padded[:, 1:])
+    return padded
+
+
+def _window_sums(running, lo, hi):
+    """``(..., 2)``: the sums of the windows ``[lo, hi)`` (flat places) of the elements' and the nonzero entries'
+    running sums."""
+    return np.stack([np.take(r, hi) - np.take(r, lo) for r in running], axis=-1)
 
 
 def _flat(numbers):
