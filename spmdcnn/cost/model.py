@@ -179,14 +179,6 @@ class CostModel:
         """The loss's sum after forward (two float64), no wait: 0 on one device."""
         return self.machine.allreduce_time(tuple(range(devices)), 2 * 8) if devices > 1 else 0.0
 
-    def prefetch(self, plans):
-        """Cost the exchanges of every edge under each of ``plans`` at once, edge by edge
-        (:meth:`EdgeTraffic.prefetch`): on many devices, scoring several plans then reads them."""
-        for layer in self.graph.layers:
-            for slot, ref in enumerate(layer.inputs):
-                if ref != DATA:
-                    self.edge(layer, slot).prefetch([(plan[ref], plan[layer.name]) for plan in plans])
-
     def surrogate(self, plan):
         """The additive :class:`Prediction` the search's tables give ``plan`` (each layer's gradients one
         allreduce on the critical path): what the planner's dynamic program minimizes at weight 1."""

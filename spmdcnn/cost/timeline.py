@@ -83,6 +83,7 @@ def gradient_tensors(graph, plan, itemsize, ghost=None):
     in layer order (each parameter tensor's shard of the rows its tile holds). Batchnorm sums its own, unless ghost
     batch norm (groups of ``ghost`` samples) splits its replica group into components."""
     tensors = [{} for _ in range(plan.devices)]
+    interned = {}       # one object per group: each device's dict then finds it by identity, not item by item
     for layer in graph.layers:
         if not layer.params:
             continue
@@ -98,7 +99,8 @@ def gradient_tensors(graph, plan, itemsize, ghost=None):
                 continue
             lo, hi = part(layer.out_shape[0], c_degree, index)
             sizes = [(hi - lo) * prod(shape[1:]) * itemsize for shape in layer.params.values()]
-            ranks = Devices(sorted(group))      # hashed once per device below: keep its hash
+            ranks = Devices(sorted(group))      # hashed once, then looked up by each device below
+            ranks = interned.setdefault(ranks, ranks)
             for rank in group:
                 tensors[rank].setdefault(ranks, []).extend((layer.name, n) for n in sizes if n)
     return tensors
@@ -110,7 +112,7 @@ def all_buckets(graph, plan, options, itemsize, machine, ghost=None):
     from the server (the push is on the compute lane: :func:`layer_lanes`)."""
     options = replace(options, mode=machine.sync)
     order = {layer.name: index for index, layer in enumerate(graph.layers)}
-    found = []
+    found, summers = [], {}     # summers: each group's way of summing, once (groups are one object each)
     for tensors in gradient_tensors(graph, plan, itemsize, ghost):
         mine = []
         for group, first, stop, ready in assign(tensors, order, options):
@@ -118,8 +120,10 @@ def all_buckets(graph, plan, options, itemsize, machine, ghost=None):
             for name, nbytes in tensors[group][first:stop]:
                 layers[name] = layers.get(name, 0) + nbytes
             nbytes = sum(layers.values())
-            mine.append(BucketCost(group, nbytes, layers, ready,
-                                   machine.gradient_sum(group).allreduce(len(group), nbytes)))
+            summer = summers.get(group)
+            if summer is None:
+                summer = summers[group] = machine.gradient_sum(group)
+            mine.append(BucketCost(group, nbytes, layers, ready, summer.allreduce(len(group), nbytes)))
         found.append(mine)
     return found
 

@@ -121,28 +121,6 @@ class EdgeTraffic:
                 self._forward[key] = self._exchange(producer, consumer)
         return self._forward[key]
 
-    def prefetch(self, pairs):
-        """Work out :meth:`forward` of every ``(producer, consumer)`` of ``pairs`` not known yet, those on ``TABLED``
-        devices or more in one :meth:`table` over their distinct producers and consumers (one table's setup for
-        them all, instead of one per pair)."""
-        missing = {}
-        for producer, consumer in pairs:
-            key = (producer.degrees, producer.devices, consumer.degrees, consumer.devices)
-            if key not in self._forward and key not in missing and \
-                    max(len(producer.devices), len(consumer.devices)) >= TABLED:
-                missing[key] = (producer, consumer)
-        if not missing:
-            return
-        producers = list({(p.degrees, p.devices): p for p, _ in missing.values()}.values())
-        consumers = list({(q.degrees, q.devices): q for _, q in missing.values()}.values())
-        if not self._tabled(producers, consumers):
-            return
-        seconds, nbytes = self.table(producers, consumers)
-        for i, p in enumerate(producers):
-            for j, q in enumerate(consumers):
-                self._forward.setdefault((p.degrees, p.devices, q.degrees, q.devices),
-                                         Traffic(float(seconds[i, j]), float(nbytes[i, j])))
-
     def _exchange(self, producer, consumer):
         counts = self.counts(producer, consumer)
         inverse, latency, other = self.links(producer, consumer)

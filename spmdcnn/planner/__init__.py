@@ -286,7 +286,6 @@ def _scored(cost, plans, progress=None):
     """``(label, plan, prediction)`` of each ``(label, plan)`` on the timeline, fastest first (stable)."""
     if progress:
         progress("scoring", 0, len(plans))
-    cost.prefetch([plan for _, plan in plans])
     found = []
     for label, plan in plans:
         if progress:

@@ -146,7 +146,6 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
         objectives = objectives + [("within the memory limit", objectives[0][1])]
         costs.append(costs[0])
         bounds.append(bounds[0])
-    exact.prefetch(found)
     kept = [np.zeros(len(k), dtype=bool) for k in keep]
     for (label, weighted), local, bound in zip(objectives, costs, bounds):
         candidates = found[:len(objectives) - (memory is not None)] if label != "within the memory limit" else \
@@ -185,20 +184,12 @@ def _survivors(costs, tables, bounds, upper):
 
 class _Exact:
     """The exact objective of single assignments: each edge's pair costed on every device (kept by pair, and by
-    the edge's :meth:`~spmdcnn.cost.transfer.EdgeTraffic.forward`, which the timeline reads later)."""
+    the edge's :meth:`~spmdcnn.cost.transfer.EdgeTraffic.forward`, which the timeline reads later; batching the
+    pairs of an edge into one table was measured slower on 1,024 devices: its tables grow with the sum of the
+    degrees of all its configurations)."""
 
     def __init__(self, problem, jobs, edges):
         self.problem, self.jobs, self.edges, self.known = problem, jobs, edges, {}
-
-    def prefetch(self, assignments):
-        """Cost the pairs of every edge under each of ``assignments`` at once, edge by edge."""
-        by_traffic = {}
-        for u, v, key in self.edges:
-            traffic, producers, consumers, _ = self.jobs[key]
-            by_traffic.setdefault(id(traffic), (traffic, []))[1].extend(
-                (producers[x[u]], consumers[x[v]]) for x in assignments)
-        for traffic, pairs in by_traffic.values():
-            traffic.prefetch(pairs)
 
     def value(self, costs, choices):
         terms = [c[x] for c, x in zip(costs, choices)]
