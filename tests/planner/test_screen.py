@@ -47,8 +47,7 @@ def cost_of(name, devices, machine, per_device=8):
 def test_the_screen_keeps_every_optimum(name, devices, machine, stages, monkeypatch):
     """With one stage, and with the second always run (over lists that edges sharing a table keep differently:
     Inception's and ResNet's 1x1 convolutions of one input)."""
-    if stages == "two":
-        monkeypatch.setattr(screen, "EXACT_WORK", 0)
+    monkeypatch.setattr(screen, "EXACT_WORK", 0 if stages == "two" else math.inf)
     graph, cost = cost_of(name, devices, machine)
     whole = Problem(graph, devices, cost, screen=False)
     screened = Problem(graph, devices, cost, screen=True)
