@@ -83,7 +83,7 @@ def main():
     parser.add_argument("--reference", metavar="REV", help="also run the planner of this git revision")
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds a reference command may take")
     args = parser.parse_args()
-    print(f"start-up (interpreter, imports, files, printing): {startup(max(3, args.rounds)):.3f} s", flush=True)
+    print(f"start-up (interpreter, imports, files, printing): {startup(max(5, args.rounds)):.3f} s", flush=True)
     reference = checkout(args.reference) if args.reference else None
     print("seconds of the planner (search s) in its stages: costs (every configuration's t_c + t_s), screen (lower-"
           "bound tables and pruning), tables (exact, of what is left), alg1 (Algorithm 1: the optimum at each "
