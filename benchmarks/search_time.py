@@ -6,8 +6,9 @@ start-up (its wall time on a one-layer-per-node plan of one device, less that pl
 Machine: the paper's 4 x 4 P100 with nodes added beyond 16 devices (``--machine`` for another, such as
 ``jobs/machines/cluster-4x256-fat-tree.yaml``), compute from the analytic model, batch 32 per device.
 ``--reference REV`` also runs the same commands with the planner of git revision REV (checked out in a temporary
-folder) and reports both predicted iterations: the plan is never worse than that revision's where it finishes
-(within ``--timeout`` seconds).
+folder) and reports both predicted iterations, marking a plan predicted slower than that revision's ("WORSE");
+a reference command past ``--timeout`` seconds, or one that fails (an older revision may not read a newer machine
+file), is reported as such.
 
     python benchmarks/search_time.py [--devices 16 64 256 1024] [--models alexnet vgg16 inception_v3 resnet50]
                                      [--rounds 1] [--reference a765257]
@@ -29,15 +30,16 @@ RUN = """import json, resource, sys
 from spmdcnn.cli import main
 code = main(sys.argv[1:])
 import spmdcnn
-print(json.dumps({"peak": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "package": spmdcnn.__file__}),
-      file=sys.stderr)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * (1 if sys.platform == "darwin" else 1024)  # B or KiB
+print(json.dumps({"peak": peak, "package": spmdcnn.__file__}), file=sys.stderr)
 sys.exit(code)
 """
 
 
 def plan(model, devices, machine, path=None, timeout=None):
     """``(wall s, peak bytes, the plan JSON)`` of one ``spmdcnn plan`` in a fresh process (``path``: the package's
-    folder, for another revision), or None past ``timeout``."""
+    folder, for another revision), or None past ``timeout``; a failure ends the run, or with ``path``, returns the
+    end of its message."""
     nodes = max(4, -(-devices // 4)) if machine == PAPER else None
     argv = ["plan", os.path.join(ROOT, "models", f"{model}.yaml"), "--devices", str(devices),
             "--batch", str(32 * devices), "--machine", machine, "--profile", "none", "--json"]
@@ -51,6 +53,8 @@ def plan(model, devices, machine, path=None, timeout=None):
         return None
     wall = time.perf_counter() - start
     if done.returncode:
+        if path:
+            return done.stderr.strip().splitlines()[-1][-100:]
         raise SystemExit(f"spmdcnn plan {model} on {devices} devices failed:\n{done.stderr[-2000:]}")
     found = json.loads(done.stderr.strip().splitlines()[-1])
     assert found["package"].startswith(path or ROOT), f"ran {found['package']}, not the package in {path or ROOT}"
@@ -109,9 +113,15 @@ def main():
                         f"{peak / 2 ** 30:>8.2f} {result['predicted']['iteration_s'] * 1e3:>12.3f}")
                 if reference:
                     old = plan(model, devices, args.machine, reference, args.timeout)
-                    line += (f"  {old[0]:.2f} s, {old[1] / 2 ** 30:.2f} GiB, "
-                             f"{old[2]['predicted']['iteration_s'] * 1e3:.3f} ms" if old
-                             else f"  over {args.timeout:.0f} s")
+                    if old is None:
+                        line += f"  over {args.timeout:.0f} s"
+                    elif isinstance(old, str):
+                        line += f"  failed: {old}"
+                    else:
+                        before = old[2]["predicted"]["iteration_s"]
+                        worse = result["predicted"]["iteration_s"] > before * (1 + 1e-9)
+                        line += (f"  {old[0]:.2f} s, {old[1] / 2 ** 30:.2f} GiB, {before * 1e3:.3f} ms"
+                                 + ("  WORSE" if worse else ""))
                 print(line, flush=True)
     finally:
         if reference:

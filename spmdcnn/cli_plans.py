@@ -181,7 +181,8 @@ def cmd_plan(args):
         print(f"memory: {format_bytes(used)} on the busiest device")
     if chosen.solution is not None:
         sol = chosen.solution
-        pruned = f" ({sol.kept} after pruning)" if sol.kept < chosen.configurations else ""
+        pruned = f" ({sol.kept} after {'screening and ' if chosen.screening else ''}pruning)" \
+            if sol.kept < chosen.configurations else ""
         print(f"search: {chosen.nodes} layers to place, {chosen.configurations} configurations{pruned}, {sol.method} "
               f"({sol.eliminated_nodes} nodes and {sol.eliminated_edges} edges eliminated, {sol.remaining_nodes} "
               f"left), {'proven optimal under the surrogate' if sol.exact else _distance(sol)}; "

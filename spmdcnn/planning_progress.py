@@ -11,6 +11,7 @@ A leaf module (standard library only), like :mod:`spmdcnn.progress`, whose helpe
 """
 
 import sys
+import threading
 import time
 
 from .progress import CLEAR, format_duration, is_terminal
@@ -37,8 +38,13 @@ class SearchProgress:
         self.shows = setting is True or (setting == "auto" and is_terminal(self.stream))
         self.clock, self.start = clock, clock()
         self.shown, self.drawn_at, self.last = "", None, None
+        self.lock = threading.Lock()        # the planner's worker threads report too
 
     def __call__(self, stage, done=None, total=None):
+        with self.lock:
+            self._show(stage, done, total)
+
+    def _show(self, stage, done, total):
         if not self.shows:
             return
         now = self.clock()
@@ -66,6 +72,10 @@ class SearchProgress:
 
     def close(self):
         """Erase the line (the plan is printed next)."""
+        with self.lock:
+            self._erase()
+
+    def _erase(self):
         if self.shown:
             self.stream.write(CLEAR)
             self.stream.flush()

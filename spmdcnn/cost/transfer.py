@@ -54,7 +54,6 @@ class EdgeTraffic:
         self._overlaps = {}
         self._links = {}
         self._forward = {}
-        self._overlap_tables = {}
         self._axis_ranges = {}
         self._separable_result = None
         self._reads = {}
@@ -153,7 +152,8 @@ class EdgeTraffic:
                            tuple(size for size, _ in tiers[:-1]),
                            None if sample is None else tuple(sorted({0, *map(int, sample)})))
         prices = [np.array([self.itemsize / link.bandwidth, link.latency]) for _, link in tiers]
-        numbers = [self._group_numbers(group) if layout.sample is None else self._sampled_numbers(group)
+        overlaps = {}       # this call's overlap tables (large on many devices; worker threads share self)
+        numbers = [self._group_numbers(group, overlaps) if layout.sample is None else self._sampled_numbers(group)
                    for group in layout.groups]
         seconds, nbytes = np.empty((2, len(producers), len(consumers)))
         for number, (chunk, _) in enumerate(layout.chunks[0]):          # the producers' devices send
@@ -161,7 +161,6 @@ class EdgeTraffic:
         for number, (chunk, _) in enumerate(layout.chunks[1]):          # the consumers' devices receive
             received, _ = self._busiest(layout, [n[1] for n in numbers], 1, number, prices)
             seconds[:, chunk] = np.maximum(seconds[:, chunk], received.T)
-        self._overlap_tables.clear()        # large on many devices, and the next lists are others
         return seconds, nbytes
 
     def _tabled(self, producers, consumers):
@@ -224,7 +223,7 @@ class EdgeTraffic:
             seconds = crossing if seconds is None else _product([seconds, crossing], operator.iadd)
         return (seconds[..., 0] + seconds[..., 1]).max(axis=1), moved
 
-    def _group_numbers(self, group):
+    def _group_numbers(self, group, overlaps):
         """The tables of one group of dimensions (:class:`_Group`), for the producers' side and for the
         consumers' (rows and columns swapped): ``(table, sums, windows)``, each flat with ``[elements, nonzero
         entries]`` along its last axis: the overlaps; their row sums per degree combination of the other side;
@@ -232,14 +231,14 @@ class EdgeTraffic:
         levels = len(group.send_ends)
         sends, receives = [[] for _ in range(levels)], [[] for _ in range(levels)]     # a factor per dimension
         for j, axis in enumerate(group.axes):
-            overlaps = self._overlap_table(axis, group.degrees[j], group.parts[j])
+            found = self._overlap_table(axis, group.degrees[j], group.parts[j], overlaps)
             if levels:                      # a window [lo, hi) sums to the running sums' hi - lo
-                across = [_running(x, 1).reshape(-1) for x in (overlaps, overlaps > 0)]
-                down = [_running(x, 0).reshape(-1) for x in (overlaps, overlaps > 0)]
+                across = [_running(x, 1).reshape(-1) for x in (found, found > 0)]
+                down = [_running(x, 0).reshape(-1) for x in (found, found > 0)]
             for level in range(levels):
                 sends[level].append(_window_sums(across, group.send_lo[level][j], group.send_hi[level][j]))
                 receives[level].append(_window_sums(down, group.recv_lo[level][j], group.recv_hi[level][j]))
-        table = self._group_table(group)                                            # (rows, cols)
+        table = self._group_table(group, overlaps)                                  # (rows, cols)
         nonzero = table > 0
         row_sums = np.stack([np.add.reduceat(x[:, :-1], group.col_starts, axis=1) for x in (table, nonzero)], -1)
         col_sums = np.stack([np.add.reduceat(x[:-1], group.row_starts, axis=0) for x in (table, nonzero)], -1)
@@ -296,25 +295,25 @@ class EdgeTraffic:
             return _inside(lo[rows], hi[rows], start, stop, step).astype(np.float64)
         return _inside(lo, hi, start[cols], stop[cols], step[cols]).astype(np.float64)
 
-    def _group_table(self, group):
+    def _group_table(self, group, overlaps):
         """``(rows, cols)``: the elements of the overlaps of one group of dimensions."""
-        return _product([np.take(self._overlap_table(axis, group.degrees[j], group.parts[j]), group.entries[j])
-                         for j, axis in enumerate(group.axes)])
+        return _product([np.take(self._overlap_table(axis, group.degrees[j], group.parts[j], overlaps),
+                                 group.entries[j]) for j, axis in enumerate(group.axes)])
 
-    def _overlap_table(self, axis, degrees, splits):
+    def _overlap_table(self, axis, degrees, splits, kept):
         """``(R + 1, C + 1)`` elements of consumer tile ranges (columns: ``splits[0]`` tiles, then ``splits[1]``,
         ...) inside producer parts (rows: the ``degrees[0]`` parts, then ...) along ``axis``; a zero row and
-        column last."""
+        column last. Kept in ``kept`` (one call's dict)."""
         key = (axis, tuple(degrees.tolist()), tuple(splits.tolist()))
-        if key in self._overlap_tables:
-            return self._overlap_tables[key]
+        if key in kept:
+            return kept[key]
         extent = self.shape[axis]
         degree = np.repeat(degrees, degrees)
         index = np.arange(len(degree)) - np.repeat(np.cumsum(degrees) - degrees, degrees)
         start, stop, step = (np.concatenate(a) for a in zip(*(self._axis_range(axis, e) for e in splits)))
         table = np.zeros((len(degree) + 1, len(start) + 1))
         table[:-1, :-1] = _inside(index * extent // degree, (index + 1) * extent // degree, start, stop, step)
-        self._overlap_tables[key] = table
+        kept[key] = table
         return table
 
     def _axis_range(self, axis, degree):

@@ -108,10 +108,11 @@ class Problem:
     On many devices the tables would take long to build (more than ``SCREEN_WORK`` entries times devices), so the
     configurations are screened first (:mod:`.screen`): those that no optimum under any of the candidates'
     objectives can use are dropped, proven by lower bounds, and the tables are built over the rest. ``screen``:
-    True or False forces it; ``memory`` (bytes) keeps the screen exact for the search within that memory.
+    True or False forces it; ``memory`` (bytes) keeps the screen exact for the search within that memory, and
+    ``tie`` (a fraction) for the plans with fewer exchanges that the tie band looks for (:func:`_fewest_exchanges`).
     ``screening`` describes what the screen did (None: it did not run)."""
 
-    def __init__(self, graph, devices, cost, screen=None, memory=None, progress=None):
+    def __init__(self, graph, devices, cost, screen=None, memory=None, progress=None, tie=0.0):
         self.graph, self.devices, self.cost = graph, devices, cost
         self.progress = progress or (lambda stage, done=None, total=None: None)
         batch = cost.batch
@@ -142,7 +143,7 @@ class Problem:
             screen = sum(len(job[1]) * len(job[2]) for job in jobs.values()) * devices > SCREEN_WORK
         if screen:
             from .screen import screen as run_screen
-            self.screening = run_screen(self, jobs, edges, memory)
+            self.screening = run_screen(self, jobs, edges, memory, tie)
             self._restrict(self.screening.keep)
             jobs, edges = self.jobs()
         self.node_costs = self.weighted(1.0)
@@ -226,7 +227,8 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
         raise ValueError(f"unknown strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
     from . import search
     problem = Problem(graph, devices, cost, screen=False if strategy == "exhaustive" else None,
-                      memory=memory if strategy == "optimal" else None, progress=progress)
+                      memory=memory if strategy == "optimal" else None, progress=progress,
+                      tie=tie if strategy == "optimal" and memory is None else 0.0)
     sizes = [len(c) for c in problem.choices]
     progress("search")
     if strategy == "optimal" and memory is not None:
@@ -400,7 +402,7 @@ def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, s
     gap = 0.0 if exact else (value - lower) / abs(value)
     method = best.method + ("+memory limit (Lagrangian branch and bound)" if exact else
                             f"+memory limit (Lagrangian branch and bound, within {100 * gap:.2g} % of optimal)")
-    return replace(best, cost=value, exact=exact, method=method)
+    return replace(best, cost=value, exact=exact, method=method, lower=None if exact else lower)
 
 
 def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, deadline, objective):

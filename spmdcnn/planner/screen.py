@@ -56,7 +56,8 @@ class Screening:
     def describe(self):
         looked = " then ".join(f"{devices} device{'s' * (devices != 1)} ({left} left)" for devices, left in self.stages)
         return (f"screened {self.before} configurations to {self.after} by lower bounds looking at {looked}, "
-                f"in {self.seconds:.2f} s (exact: no optimum loses a configuration)")
+                f"in {self.seconds:.2f} s (exact: no optimum, nor a plan the tie band looks for, loses a "
+                "configuration)")
 
 
 def sample_devices(devices, per_node, count):
@@ -69,10 +70,17 @@ def sample_devices(devices, per_node, count):
     return tuple(sorted(picked))
 
 
-def screen(problem, jobs, edges, memory=None):
-    """The :class:`Screening` of ``problem`` (its node costs; ``jobs`` and ``edges`` as :meth:`Problem.jobs`)."""
-    from . import SYNC_WEIGHTS
+def screen(problem, jobs, edges, memory=None, tie=0.0):
+    """The :class:`Screening` of ``problem`` (its node costs; ``jobs`` and ``edges`` as :meth:`Problem.jobs`),
+    exact for the search within ``memory`` (bytes) too when given, and with ``tie`` (a fraction) for the plans with
+    fewer exchanges the tie band takes: those cost at most ``max(PRICES) * tie * (optimum + overhead)`` more than
+    the optimum at weight 1 (:func:`~spmdcnn.planner._fewest_exchanges`), so that objective's cut is raised so
+    much."""
+    from . import PRICES, SYNC_WEIGHTS
     start = time.perf_counter()
+    overhead = problem.cost.overhead(problem.devices)
+    slack = {f"gradient sync weighted {SYNC_WEIGHTS[0]:g}":
+             (lambda upper: max(PRICES) * tie * (upper + overhead)) if tie > 0 else (lambda upper: 0.0)}
     objectives = [(f"gradient sync weighted {w:g}", problem.weighted(w)) for w in SYNC_WEIGHTS]
     used = problem.memory(problem.cost.itemsize) if memory is not None else None
     exact = _Exact(problem, jobs, edges)
@@ -80,16 +88,25 @@ def screen(problem, jobs, edges, memory=None):
     before, stages, uppers = sum(map(len, keep)), [], {}
     for number, count in enumerate(SAMPLES):
         sample = sample_devices(problem.devices, problem.cost.machine.devices_per_node, count)
-        work = sum(len(set(keep[u].tolist())) * len(keep[v]) for u, v, _ in edges) * problem.devices
+        work = _work(problem, edges, keep)
         if number > 0 and work <= EXACT_WORK:
             break
-        keep = _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, memory, number)
+        keep = _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, memory, slack)
         stages.append((len(sample), sum(map(len, keep))))
     bounds = [(label, uppers[label]) for label in uppers]
     return Screening(before, sum(map(len, keep)), stages, time.perf_counter() - start, bounds, keep)
 
 
-def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, memory, number):
+def _work(problem, edges, keep):
+    """Entries times devices of the exact tables over ``keep``: one table per job, over what its edges keep."""
+    rows, cols = {}, {}
+    for u, v, key in edges:
+        rows.setdefault(key, set()).update(keep[u].tolist())
+        cols.setdefault(key, set()).update(keep[v].tolist())
+    return sum(len(rows[key]) * len(cols[key]) for key in rows) * problem.devices
+
+
+def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, memory, slack):
     """One stage: the lower-bound tables over ``keep`` looking at ``sample``, and what each objective keeps."""
     from . import search, workers
     progress, cost = problem.progress, problem.cost
@@ -141,7 +158,7 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
         from types import SimpleNamespace
         lower = SimpleNamespace(node_costs=costs[0], edges=[(u, v, t) for (u, v), t in tables.items()],
                                 memory=lambda itemsize: [b[k] for b, k in zip(used, keep)])
-        fitting = _within_memory(lower, [len(k) for k in keep], memory, cost.itemsize).choices
+        fitting = _within_memory(lower, [len(k) for k in keep], memory, cost.itemsize, nodes=0).choices  # any fits
         found.append([int(k[c]) for k, c in zip(keep, fitting)])
         objectives = objectives + [("within the memory limit", objectives[0][1])]
         costs.append(costs[0])
@@ -152,7 +169,8 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
             [x for x in found if math.fsum(b[c] for b, c in zip(used, x)) <= memory]
         upper = min([exact.value(weighted, x) for x in candidates] + [uppers.get(label, math.inf)])
         uppers[label] = upper
-        for mask, survivors in zip(kept, _survivors(local, tables, bound, upper)):
+        cut = upper + slack.get(label, lambda _: 0.0)(upper)
+        for mask, survivors in zip(kept, _survivors(local, tables, bound, cut)):
             mask[survivors] = True
     by_list = {}                # nodes that share a list keep the union, so that their edges share tables
     for c, k, mask in zip(problem.choices, keep, kept):
@@ -161,7 +179,8 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
 
 
 def _survivors(costs, tables, bounds, upper):
-    """Per node, the positions of the configurations whose relaxed min-marginal is at most ``upper``, starting
+    """Per node, the positions of the configurations whose relaxed min-marginal is at most ``upper`` (a cost
+    every assignment that must be kept is within), starting
     from ``bounds`` (those of ``costs`` over ``tables``), in rounds while they shrink. (A node the cut would leave
     empty, which a true upper bound cannot do, keeps what it had: rounding never loses a configuration.)"""
     cut = upper + MARGIN * abs(upper)

@@ -157,3 +157,19 @@ def test_the_progress_stays_off_a_pipe():
     progress("tables", 1, 2)
     progress.close()
     assert stream.getvalue() == ""
+
+
+@pytest.mark.parametrize("name,devices,machine,tie", [("alexnet", 8, PAPER, 0.1), ("alexnet", 8, PAPER, 0.3),
+                                                      ("small_resnet", 12, LEVELS, 0.3)])
+def test_the_screen_keeps_the_plans_the_tie_band_looks_for(name, devices, machine, tie, monkeypatch):
+    """With a tie band the planner also scores optima of the cost plus a price per exchange, which cost more than
+    the optimum: the screen keeps what they use (their plans differ from the optimum's here)."""
+    results = []
+    for work in (math.inf, 0):
+        monkeypatch.setattr(planner, "SCREEN_WORK", work)
+        graph, cost = cost_of(name, devices, machine)
+        results.append(make_plan(graph, devices, cost, tie=tie))
+    plain, screened = results
+    assert screened.screening is not None and plain.screening is None
+    assert screened.plan.text == plain.plan.text
+    assert screened.prediction.iteration_s == pytest.approx(plain.prediction.iteration_s, rel=1e-12)
