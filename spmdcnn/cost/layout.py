@@ -63,8 +63,9 @@ class _Layout:
             found = np.unique(looked // size)                                # the blocks looked at
             levels.append(([_node_boxes(d, size, pad, found) for d in (rows, cols)],
                            np.searchsorted(found, looked // size)))
+        limit = PAIR_ENTRIES if sample is None else SAMPLED_PAIR_ENTRIES
         self.groups = [_Group(axes, rows, cols, looked, levels, self.sample is not None)
-                       for axes in _groups_of_axes(rows, cols, PAIR_ENTRIES if sample is None else SAMPLED_PAIR_ENTRIES)]
+                       for axes in _groups_of_axes(rows, cols, limit)]
         self.chunks = [_chunks(rows, node, pad, len(cols), self.devices), _chunks(cols, node, pad, len(rows),
                                                                                 self.devices)]
         self.boxes = [[b.shape[2] for b in reversed(boxes)] for boxes, _ in levels]

@@ -34,6 +34,7 @@ MARGIN = 1e-9
 SHRINK = 0.8            # rounds stop after one that keeps more than this fraction
 CANDIDATES = 8          # configurations per node (lowest bounds first) searched for an assignment
 SAMPLES = (2, 16)       # devices looked at, stage by stage
+MEMORY = "within the memory limit"     # the label of the memory-limited search's objective
 EXACT_WORK = 2e6        # table entries times devices below which the exact tables are built (measured)
 
 
@@ -106,16 +107,17 @@ def _work(problem, edges, keep):
     return sum(len(rows[key]) * len(cols[key]) for key in rows) * problem.devices
 
 
-def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, memory, slack):
-    """One stage: the lower-bound tables over ``keep`` looking at ``sample``, and what each objective keeps."""
-    from . import search, workers
+def _lower_tables(problem, jobs, edges, keep, sample):
+    """``{(u, v): table}``: the lower-bound tables over ``keep`` looking at ``sample``, parallel edges summed.
+
+    Edges share a job when their tables are equal over the whole lists: the same producer list, and consumer lists
+    (perhaps of other layers) whose configurations read alike, index by index. Each job's table covers the union
+    of what its edges' lists keep, and each edge takes its own rows and columns from it."""
+    from . import workers
     progress, cost = problem.progress, problem.cost
     lists = {}                  # per list of configurations (by id), the indices kept: the union of its nodes'
     for v, c in enumerate(problem.choices):
         lists[id(c)] = np.union1d(lists.get(id(c), keep[v]), keep[v])
-    # Edges share a job when their tables are equal over the whole lists: the same producer list, and consumer
-    # lists (perhaps of other layers) whose configurations read alike, index by index. Each job's table covers
-    # the union of what its edges' lists keep, and each edge takes its own rows and columns from it.
     rows_of, cols_of = {}, {}
     for u, v, key in edges:
         rows_of[key] = np.union1d(rows_of.get(key, lists[id(problem.choices[u])]), lists[id(problem.choices[u])])
@@ -143,9 +145,16 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
             taken[pair] = low if whole else low[rows[:, None], cols]
         table = taken[pair]
         tables[(u, v)] = tables[(u, v)] + table if (u, v) in tables else table
+    return tables
+
+
+def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, memory, slack):
+    """One stage: the lower-bound tables over ``keep`` looking at ``sample``, and what each objective keeps."""
+    from . import search
+    tables = _lower_tables(problem, jobs, edges, keep, sample)
     costs = [[c[k] for c, k in zip(weighted, keep)] for _, weighted in objectives]
     splits, found, bounds = {}, [], []
-    progress("screen")
+    problem.progress("screen")
     for weighted in costs:      # an assignment per objective, over its candidates of lowest bound
         bounds.append(relaxed_bounds(weighted, tables, splits))
         candidates = [np.argsort(b, kind="stable")[:CANDIDATES] for b in bounds[-1]]
@@ -158,14 +167,14 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
         from types import SimpleNamespace
         lower = SimpleNamespace(node_costs=costs[0], edges=[(u, v, t) for (u, v), t in tables.items()],
                                 memory=lambda itemsize: [b[k] for b, k in zip(used, keep)])
-        fitting = _within_memory(lower, [len(k) for k in keep], memory, cost.itemsize, nodes=0).choices  # any fits
+        fitting = _within_memory(lower, [len(k) for k in keep], memory, problem.cost.itemsize, nodes=0).choices
         found.append([int(k[c]) for k, c in zip(keep, fitting)])
-        objectives = objectives + [("within the memory limit", objectives[0][1])]
+        objectives = objectives + [(MEMORY, objectives[0][1])]     # any fitting plan bounds its optimum
         costs.append(costs[0])
         bounds.append(bounds[0])
     kept = [np.zeros(len(k), dtype=bool) for k in keep]
     for (label, weighted), local, bound in zip(objectives, costs, bounds):
-        candidates = found[:len(objectives) - (memory is not None)] if label != "within the memory limit" else \
+        candidates = found[:len(objectives) - (memory is not None)] if label != MEMORY else \
             [x for x in found if math.fsum(b[c] for b, c in zip(used, x)) <= memory]
         upper = min([exact.value(weighted, x) for x in candidates] + [uppers.get(label, math.inf)])
         uppers[label] = upper
