@@ -28,7 +28,7 @@ from math import prod
 import numpy as np
 
 from ..tiling.boxes import full, part
-from ..tiling.config import output_shape
+from ..tiling.config import device_range, output_shape
 from ..tiling.fields import needs as tile_needs
 from .layout import layout_of
 
@@ -284,7 +284,7 @@ class EdgeTraffic:
                 for sums, windows in ((row_sums, send), (col_sums.transpose(1, 0, 2), receive))]
 
     def _overlap_lines(self, axis, degrees, splits, rows, cols):
-        """Rows ``rows`` (or columns ``cols``) of :meth:`_overlap_table`, worked out alone."""
+        """Rows ``rows`` (or columns ``cols``) of :meth:`_overlap_table` (which takes them all), worked out alone."""
         extent = self.shape[axis]
         degree = np.repeat(degrees, degrees)
         index = np.arange(len(degree)) - np.repeat(np.cumsum(degrees) - degrees, degrees)
@@ -305,16 +305,9 @@ class EdgeTraffic:
         ...) inside producer parts (rows: the ``degrees[0]`` parts, then ...) along ``axis``; a zero row and
         column last. Kept in ``kept`` (one call's dict)."""
         key = (axis, tuple(degrees.tolist()), tuple(splits.tolist()))
-        if key in kept:
-            return kept[key]
-        extent = self.shape[axis]
-        degree = np.repeat(degrees, degrees)
-        index = np.arange(len(degree)) - np.repeat(np.cumsum(degrees) - degrees, degrees)
-        start, stop, step = (np.concatenate(a) for a in zip(*(self._axis_range(axis, e) for e in splits)))
-        table = np.zeros((len(degree) + 1, len(start) + 1))
-        table[:-1, :-1] = _inside(index * extent // degree, (index + 1) * extent // degree, start, stop, step)
-        kept[key] = table
-        return table
+        if key not in kept:
+            kept[key] = self._overlap_lines(axis, degrees, splits, np.arange(degrees.sum() + 1), None)
+        return kept[key]
 
     def _axis_range(self, axis, degree):
         """``(start, stop, step)``, arrays of length ``degree``: what the consumer tiles read of the tensor along
@@ -397,8 +390,10 @@ def _flat(numbers):
 
 
 def _contiguous(configs, rank):
-    """Whether every configuration has ``rank`` degrees and its tiles on devices ``0 .. count-1``."""
-    return all(len(c.degrees) == rank and c.devices == tuple(range(prod(c.degrees))) for c in configs)
+    """Whether every configuration has ``rank`` degrees and its tiles on devices ``0 .. count-1`` (the planner's
+    share one tuple per count: found by identity, not item by item)."""
+    return all(len(c.degrees) == rank and (c.devices is device_range(len(c.devices)) or
+                                           c.devices == device_range(prod(c.degrees))) for c in configs)
 
 
 def _product(factors, combine=operator.imul):

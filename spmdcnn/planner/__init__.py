@@ -77,8 +77,7 @@ class Result:
 class _Phases:
     """The planner's ``progress``: passes each call on to ``report`` (if any) and keeps when each stage began."""
 
-    NAMES = {"configurations": "costs", "tables": "tables", "search": "search", "scoring": "scoring",
-             "screen": "screen"}
+    NAMES = {"configurations": "costs"}     # the others keep their names; every "bounds over ..." is "bounds"
 
     def __init__(self, report=None):
         self.report, self.marks = report, []

@@ -6,7 +6,7 @@ tiles go to the contiguous devices ``0 .. count-1``: a layer on fewer devices th
 relu and dropout are not searched: they take their input's configuration (docs/formats.md#plan-files).
 """
 
-from ..tiling.config import NAMES, Devices, ParallelConfig, dims_of, output_shape
+from ..tiling.config import NAMES, ParallelConfig, device_range, dims_of, output_shape
 from ..tiling.plan import inherits
 
 
@@ -27,7 +27,7 @@ def configurations(layer, batch, devices):
     allowed = [NAMES.index(d) for d in dims_of(layer)]
     result = []
     for count in divisors(devices):
-        on = Devices(range(count))          # one tuple for every configuration on these devices
+        on = device_range(count)            # one tuple for every configuration on these devices
         for split in factorizations(count, len(allowed)):
             degrees = [1] * len(shape)
             for axis, degree in zip(allowed, split):

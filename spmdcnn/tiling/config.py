@@ -5,6 +5,7 @@ pooling, batchnorm, element-wise, concat, add) ``n, c, h, w``; flatten ``n``; li
 tiles are the per-sample losses). The tile with multi-index ``(i_n, i_c, i_h, i_w)`` lives on ``devices[row-major index]``.
 """
 
+import functools
 from dataclasses import dataclass
 from itertools import product
 
@@ -43,6 +44,12 @@ class Devices(tuple):
         except AttributeError:
             self._hash = tuple.__hash__(self)
             return self._hash
+
+
+@functools.lru_cache(maxsize=64)
+def device_range(count):
+    """Devices ``0 .. count-1``, one :class:`Devices` per count (configurations on them share it)."""
+    return Devices(range(count))
 
 
 @dataclass(frozen=True)
