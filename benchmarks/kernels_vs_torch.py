@@ -24,7 +24,6 @@ import torch  # noqa: E402
 
 from spmdcnn.graph import load_model  # noqa: E402
 from spmdcnn.ops import batchnorm, conv  # noqa: E402
-from spmdcnn.ops.window import pair  # noqa: E402
 from spmdcnn.runtime.bench import blas_info  # noqa: E402
 
 
@@ -43,10 +42,10 @@ def shapes(graph, batch):
     found = {}
     for layer in graph.layers:
         x_shape = (batch,) + tuple(layer.in_shapes[0])
-        if layer.op == "conv2d":
-            a = layer.attrs
-            key = ("conv", x_shape, a["out_channels"], pair(a["kernel"]), pair(a["stride"]), pair(a["padding"]))
-        elif layer.op == "batchnorm2d":
+        if layer.spec.family == "conv":
+            g = layer.window
+            key = ("conv", x_shape, layer.attrs["out_channels"], g.kernel, g.stride, g.padding)
+        elif layer.spec.family == "batchnorm":
             key = ("bn", x_shape)
         else:
             continue
@@ -57,21 +56,26 @@ def shapes(graph, batch):
 def time_conv(x_shape, K, kernel, stride, padding, repeats, rng):
     x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal((K, x_shape[1]) + kernel, dtype=np.float32) * 0.01
-    geometry = conv.ConvGeometry(stride, padding)
-    y, saved = conv.conv2d_forward(x, w, None, geometry, True)
+    geometry = conv.ConvGeometry(stride, padding, rank=len(kernel))
+    y, saved = conv.conv_forward(x, w, None, geometry, True)
     gy = rng.standard_normal(y.shape, dtype=np.float32)
     tx, tw, tgy = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_(), torch.from_numpy(gy)
+    function = getattr(torch.nn.functional, f"conv{len(kernel)}d")
+    symmetric = all(before == after for before, after in padding)
+    pads = tuple(p for pair in reversed(padding) for p in pair)     # F.pad lists the last axis first
 
     def torch_forward():
-        return torch.nn.functional.conv2d(tx, tw, None, stride, padding)
+        if symmetric:
+            return function(tx, tw, None, stride, tuple(before for before, _ in padding))
+        return function(torch.nn.functional.pad(tx, pads), tw, None, stride)
 
     def torch_both():
         torch.autograd.grad(torch_forward(), (tx, tw), tgy)
-    ours = (best(lambda: conv.conv2d_forward(x, w, None, geometry, True), repeats),
-            best(lambda: conv.conv2d_backward(gy, saved), repeats))
+    ours = (best(lambda: conv.conv_forward(x, w, None, geometry, True), repeats),
+            best(lambda: conv.conv_backward(gy, saved), repeats))
     forward = best(torch_forward, repeats)
     theirs = (forward, max(best(torch_both, repeats) - forward, 0.0))
-    columns = rng.standard_normal((w[0].size, y.shape[0] * y.shape[2] * y.shape[3]), dtype=np.float32)
+    columns = rng.standard_normal((w[0].size, y.shape[0] * int(np.prod(y.shape[2:]))), dtype=np.float32)
     w2 = w.reshape(K, -1)
     gemm = best(lambda: w2 @ columns, repeats)          # forward's product; backward has two of the same size
     return ours, theirs, 3 * gemm
@@ -82,7 +86,7 @@ def time_batchnorm(x_shape, repeats, rng):
     x = rng.standard_normal(x_shape, dtype=np.float32) + 3.0
     gamma, beta = np.ones(C, np.float32), np.zeros(C, np.float32)
     mean, var = np.zeros(C, np.float32), np.ones(C, np.float32)
-    y, saved = batchnorm.batchnorm2d_forward(x, gamma, beta, mean, var)
+    y, saved = batchnorm.batchnorm_forward(x, gamma, beta, mean, var)
     gy = rng.standard_normal(y.shape, dtype=np.float32)
     tx = torch.from_numpy(x).requires_grad_()
     tgamma, tbeta = torch.ones(C, requires_grad=True), torch.zeros(C, requires_grad=True)
@@ -93,8 +97,8 @@ def time_batchnorm(x_shape, repeats, rng):
 
     def torch_both():
         torch.autograd.grad(torch_forward(), (tx, tgamma, tbeta), tgy)
-    ours = (best(lambda: batchnorm.batchnorm2d_forward(x, gamma, beta, mean, var), repeats),
-            best(lambda: batchnorm.batchnorm2d_backward(gy, saved), repeats))
+    ours = (best(lambda: batchnorm.batchnorm_forward(x, gamma, beta, mean, var), repeats),
+            best(lambda: batchnorm.batchnorm_backward(gy, saved), repeats))
     forward = best(torch_forward, repeats)
     return ours, (forward, max(best(torch_both, repeats) - forward, 0.0)), 0.0
 
@@ -115,10 +119,10 @@ def main():
         if key[0] == "conv":
             _, x_shape, K, kernel, stride, padding = key
             ours, theirs, gemm = time_conv(x_shape, K, kernel, stride, padding, args.repeats, rng)
-            name = f"conv {x_shape[1]}x{x_shape[2]}x{x_shape[3]} -> {K}, k{kernel[0]} s{stride[0]} p{padding[0]}"
+            name = f"conv {'x'.join(map(str, x_shape[1:]))} -> {K}, k{kernel[0]} s{stride[0]} p{padding[0][0]}"
         else:
             ours, theirs, gemm = time_batchnorm(key[1], args.repeats, rng)
-            name = f"batchnorm {key[1][1]}x{key[1][2]}x{key[1][3]}"
+            name = f"batchnorm {'x'.join(map(str, key[1][1:]))}"
         print(f"{count:>5}  {name:<44} {ours[0] * 1e3:9.1f} {ours[1] * 1e3:8.1f}  {theirs[0] * 1e3:9.1f} "
               f"{theirs[1] * 1e3:8.1f}  {gemm * 1e3:7.1f}")
         row = totals.setdefault(key[0], np.zeros(5))

@@ -22,8 +22,6 @@ floating point errs relative to its magnitude ``M = sum |terms|``:
 
 import math
 
-from spmdcnn.ops.window import pair
-
 UNIT_ROUNDOFF = 2.0 ** -24          # float32: half the distance from 1 to the next float (np.finfo(float32).eps/2)
 
 
@@ -34,15 +32,16 @@ def gamma(K, u=UNIT_ROUNDOFF):
     return K * u / (1 - K * u)
 
 
-def conv2d_lengths(x_shape, w_shape, y_shape):
-    """Terms in the sum behind one element of each result of a convolution (padding's zero terms included):
+def conv_lengths(x_shape, w_shape, y_shape):
+    """Terms in the sum behind one element of each result of a convolution over any spatial rank (padding's zero
+    terms included):
 
-    ``y``: C*kH*kW (channels times kernel positions); ``gx``: K*kH*kW (an input element is read by at most
-    every kernel position of every output channel); ``gw`` and ``gb``: N*oH*oW (every output position)."""
-    N, C, _, _ = x_shape
-    K, _, kH, kW = w_shape
-    _, _, oH, oW = y_shape
-    return {"y": C * kH * kW, "gx": K * kH * kW, "gw": N * oH * oW, "gb": N * oH * oW}
+    ``y``: C*prod(k) (channels times kernel positions); ``gx``: K*prod(k) (an input element is read by at most
+    every kernel position of every output channel); ``gw`` and ``gb``: N*prod(O) (every output position)."""
+    N, C = x_shape[:2]
+    K, taps = w_shape[0], math.prod(w_shape[2:])
+    positions = y_shape[0] * math.prod(y_shape[2:])
+    return {"y": C * taps, "gx": K * taps, "gw": positions, "gb": positions}
 
 
 def linear_lengths(x_shape, w_shape):
@@ -53,45 +52,43 @@ def linear_lengths(x_shape, w_shape):
     return {"y": F_in, "gx": F_out, "gw": N, "gb": N}
 
 
-def _windows_per_input(kernel, stride):
+def _windows_per_input(window):
     """How many pooling windows read one input element at most: ceil(k / s) per dimension."""
-    (kH, kW), (sH, sW) = pair(kernel), pair(stride or kernel)
-    return math.ceil(kH / sH) * math.ceil(kW / sW)
+    return math.prod(math.ceil(k / s) for k, s in zip(window.kernel, window.stride))
 
 
 def layer_sums(layer, batch):
     """``(forward, backward, params)``: the lengths of the sums ``layer`` computes for a batch of ``batch``:
     on the way to its output, on the way to its input gradient, and ``{param: length}`` for its parameters'
     gradients. A bias adds one term to its layer's output sum."""
-    op, a = layer.op, layer.attrs
+    op = layer.spec.family
     bias = int("bias" in layer.params)
-    if op == "conv2d":
-        C, H, W = layer.in_shapes[0]
-        K, oH, oW = layer.out_shape
-        n = conv2d_lengths((batch, C, H, W), layer.params["weight"], (batch, K, oH, oW))
+    if op == "conv":
+        n = conv_lengths((batch,) + tuple(layer.in_shapes[0]), layer.params["weight"],
+                         (batch,) + tuple(layer.out_shape))
         return [n["y"] + bias], [n["gx"]], {"weight": n["gw"], "bias": n["gb"]}
     if op == "linear":
         n = linear_lengths((batch,) + tuple(layer.in_shapes[0]), layer.params["weight"])
         return [n["y"] + bias], [n["gx"]], {"weight": n["gw"], "bias": n["gb"]}
-    if op == "batchnorm2d":
-        _, H, W = layer.in_shapes[0]
-        M = batch * H * W
+    if op == "batchnorm":
+        M = batch * math.prod(layer.in_shapes[0][1:])
         # forward: the mean, then the variance; backward: sum(gy) and sum(gy * xhat), both in gx
         return [M, M], [M, M], {"weight": M, "bias": M}
-    if op == "avgpool2d":
-        kH, kW = pair(a["kernel"])
-        return [kH * kW], [_windows_per_input(a["kernel"], a["stride"])], {}
-    if op == "maxpool2d":
-        return [], [_windows_per_input(a["kernel"], a["stride"])], {}
+    if op == "avgpool":
+        return [math.prod(layer.window.kernel)], [_windows_per_input(layer.window)], {}
+    if op == "maxpool":
+        return [], [_windows_per_input(layer.window)], {}
     if op == "global_avgpool":
-        _, H, W = layer.in_shapes[0]
-        return [H * W], [], {}
+        return [math.prod(layer.in_shapes[0][1:])], [], {}
     if op == "add":
         return [len(layer.inputs)], [], {}
     if op == "softmax_cross_entropy":
         classes, = layer.in_shapes[0]
         return [classes, batch], [], {}     # the sum of exponentials, the mean over the batch
-    return [], [], {}                       # relu, dropout, flatten, concat: no sums
+    if op == "mse_loss":
+        outputs, = layer.in_shapes[0]
+        return [outputs * batch], [], {}    # the sum of squares over the batch and the outputs
+    return [], [], {}                       # element-wise, dropout, flatten, concat: no sums
 
 
 def budget(lengths):

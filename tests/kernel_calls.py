@@ -3,15 +3,13 @@ profiler times, kernel call for kernel call."""
 
 import numpy as np
 
-from spmdcnn.graph.optable import window
 from spmdcnn.runtime import kernels
 
 
 def _padded(kernel, x):
     """The shape of a window op's first input with the padding its tile adds: what the window slides over."""
-    (top, bottom), (left, right) = kernel.tile.padding
-    n, c, h, w = x.shape
-    return n, c, h + top + bottom, w + left + right
+    return x.shape[:2] + tuple(size + before + after for size, (before, after) in zip(x.shape[2:],
+                                                                                       kernel.tile.padding))
 
 
 def recording(monkeypatch):
@@ -25,7 +23,7 @@ def recording(monkeypatch):
             layer = kernel.layer
 
             def run_forward(xs, run):
-                geometry = (_padded(kernel, xs[0]), kernel.tile.stride(window(layer.attrs).stride)) \
+                geometry = (_padded(kernel, xs[0]), kernel.tile.stride(layer.window.stride)) \
                     if layer.spec.window else None
                 y, saved = forward(xs, run)
                 calls.append((layer.op, "forward", tuple(np.shape(y)), kernel.input_grad, geometry))

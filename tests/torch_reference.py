@@ -13,7 +13,7 @@ Two options serve the float32 comparisons (tests/runtime/test_models_vs_torch.py
   float32 implementations (or float32 against float64) then differ by a large amount for no fault of either.
   A float64 network that follows spmdcnn's float32 choices is the exact computation spmdcnn's rounding
   approximates: their difference is continuous in the rounding errors.
-- ``record=True``: ``records[name] = (x, y)`` for every conv2d, linear and batchnorm2d layer, its input and its
+- ``record=True``: ``records[name] = (x, y)`` for every convolution, linear and batch norm layer, its input and its
   output (whose ``.grad`` is retained), from which the magnitudes of the sums behind each value are computed.
 """
 
@@ -21,9 +21,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from spmdcnn.ops.window import pair
-
-RECORDED_OPS = ("conv2d", "linear", "batchnorm2d")
+RECORDED_OPS = ("conv", "linear", "batchnorm")        # families
 
 
 class TorchNet(torch.nn.Module):
@@ -55,7 +53,7 @@ class TorchNet(torch.nn.Module):
         for layer in self.graph.layers:
             xs = [outputs[ref] for ref in layer.inputs]
             outputs[layer.name] = y = self._layer(layer, xs, labels, step)
-            recorded = self.record and layer.op in RECORDED_OPS
+            recorded = self.record and layer.spec.family in RECORDED_OPS
             if layer.name in keep or recorded:
                 y.retain_grad()
             if layer.name in keep:
@@ -67,44 +65,67 @@ class TorchNet(torch.nn.Module):
     def _layer(self, layer, xs, labels, step):
         a, x, name = layer.attrs, xs[0], layer.name
         decision = self.decisions.get(name)
-        if layer.op == "conv2d":
-            return F.conv2d(x, self.param(f"{name}.weight"), self.param(f"{name}.bias"), stride=pair(a["stride"]),
-                            padding=pair(a["padding"]), dilation=pair(a["dilation"]))
-        if layer.op == "maxpool2d":
-            if decision is not None:     # the winners' flat indices into each (H, W) plane
+        family, rank = layer.spec.family, layer.spatial_rank
+        if family == "conv":
+            g = layer.window
+            return getattr(F, f"conv{rank}d")(padded(x, g.padding), self.param(f"{name}.weight"),
+                                              self.param(f"{name}.bias"), stride=g.stride, dilation=g.dilation)
+        if family == "maxpool":
+            g = layer.window
+            x = padded(x, g.padding, -float("inf"))
+            if decision is not None:     # the winners' flat indices into each padded plane (or volume)
                 return x.flatten(2).gather(2, decision.flatten(2)).view(decision.shape)
-            return F.max_pool2d(x, pair(a["kernel"]), pair(a["stride"] or a["kernel"]), pair(a["padding"]))
-        if layer.op == "avgpool2d":
-            return F.avg_pool2d(x, pair(a["kernel"]), pair(a["stride"] or a["kernel"]), pair(a["padding"]),
-                                count_include_pad=True)
-        if layer.op == "global_avgpool":
-            return F.adaptive_avg_pool2d(x, 1)
-        if layer.op == "relu":
+            return getattr(F, f"max_pool{rank}d")(x, g.kernel, g.stride)
+        if family == "avgpool":
+            g = layer.window
+            return getattr(F, f"avg_pool{rank}d")(padded(x, g.padding), g.kernel, g.stride)
+        if family == "global_avgpool":
+            return getattr(F, f"adaptive_avg_pool{rank}d")(x, 1)
+        if family == "relu":
             if decision is not None:     # the units spmdcnn found positive pass, whatever their sign here
                 return x * decision.to(x.dtype)
             return F.relu(x)
-        if layer.op == "batchnorm2d":
+        if family == "leaky_relu":
+            if decision is not None:     # the slope where spmdcnn found the unit not positive
+                return x * torch.where(decision, 1.0, a["negative_slope"]).to(x.dtype)
+            return F.leaky_relu(x, a["negative_slope"])
+        if family == "tanh":
+            return torch.tanh(x)
+        if family == "scale":
+            return x * a["factor"]
+        if family == "batchnorm":
             return F.batch_norm(x, self.state[f"{name}.running_mean"], self.state[f"{name}.running_var"],
                                 self.param(f"{name}.weight"), self.param(f"{name}.bias"), training=self.training,
                                 momentum=a["momentum"], eps=a["eps"])
-        if layer.op == "dropout":
+        if family == "dropout":
             if not self.training:
                 return x
             if self.dropout_masks is None:
                 return F.dropout(x, a["p"], training=True)
             mask = torch.tensor(self.dropout_masks(layer, tuple(x.shape), step), dtype=x.dtype)
             return x * mask / (1.0 - a["p"]) if a["p"] < 1 else x * 0
-        if layer.op == "flatten":
+        if family == "flatten":
             return torch.flatten(x, 1)
-        if layer.op == "linear":
+        if family == "linear":
             return F.linear(x, self.param(f"{name}.weight"), self.param(f"{name}.bias"))
-        if layer.op == "concat":
+        if family == "concat":
             return torch.cat(xs, dim=1)
-        if layer.op == "add":
+        if family == "add":
             return sum(xs[1:], xs[0])
-        if layer.op == "softmax_cross_entropy":
+        if family == "softmax_cross_entropy":
             return F.cross_entropy(x, labels)
+        if family == "mse_loss":
+            return F.mse_loss(x, labels.to(x.dtype))
         raise NotImplementedError(layer.op)
+
+
+def padded(x, padding, value=0.0):
+    """``x`` padded per side along its spatial axes (``padding``: a ``(before, after)`` pair per axis; F.pad
+    lists the last axis first): every window op's padding, PyTorch's symmetric one and spmdcnn's per-side and
+    ``same`` alike, as an explicit pad before an unpadded op."""
+    if not any(before or after for before, after in padding):
+        return x
+    return F.pad(x, tuple(p for pair in reversed(padding) for p in pair), value=value)
 
 
 def spmdcnn_masks(seed):
@@ -118,9 +139,10 @@ def spmdcnn_masks(seed):
 
 
 def decision_inputs(graph):
-    """The tensors spmdcnn's discrete choices are read from: every relu's output and every max pooling's input."""
-    relus = [layer.name for layer in graph.layers if layer.op == "relu"]
-    pooled = [layer.inputs[0] for layer in graph.layers if layer.op == "maxpool2d"]
+    """The tensors spmdcnn's discrete choices are read from: every relu's (and leaky relu's) output and every max
+    pooling's input."""
+    relus = [layer.name for layer in graph.layers if layer.spec.family in ("relu", "leaky_relu")]
+    pooled = [layer.inputs[0] for layer in graph.layers if layer.spec.family == "maxpool"]
     return tuple(dict.fromkeys(relus + pooled))
 
 
@@ -137,11 +159,11 @@ def spmdcnn_decisions(executor, images, labels, step=0):
     kept["data"] = images
     decisions = {}
     for layer in executor.graph.layers:
-        if layer.op == "relu":
+        if layer.spec.family in ("relu", "leaky_relu"):
             decisions[layer.name] = torch.from_numpy(np.asarray(kept[layer.name]) > 0)
-        elif layer.op == "maxpool2d":
-            a = layer.attrs
-            pooled = torch.from_numpy(np.ascontiguousarray(kept[layer.inputs[0]]))
-            _, decisions[layer.name] = F.max_pool2d(pooled, pair(a["kernel"]), pair(a["stride"] or a["kernel"]),
-                                                    pair(a["padding"]), return_indices=True)
+        elif layer.spec.family == "maxpool":
+            g = layer.window
+            pooled = padded(torch.from_numpy(np.ascontiguousarray(kept[layer.inputs[0]])), g.padding, -float("inf"))
+            _, decisions[layer.name] = getattr(F, f"max_pool{layer.spatial_rank}d")(pooled, g.kernel, g.stride,
+                                                                                   return_indices=True)
     return loss, decisions

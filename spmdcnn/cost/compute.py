@@ -19,6 +19,7 @@ from math import prod
 
 import numpy as np
 
+from ..graph.optable import OPS
 from ..io.atomic import written_aside
 from .tiles import TileShape, combine, layer_classes
 
@@ -35,16 +36,17 @@ def work(shape, itemsize=4):
     axis's largest kinds of part; ``tests/cost/test_compute_and_sync.py`` checks it."""
     if not shape.backward:
         return _forward_work(shape, itemsize)
-    return WORK[shape.op](shape, prod(shape.output), sum(prod(s) for s in shape.inputs), itemsize)
+    return WORK[OPS[shape.op].family](shape, prod(shape.output), sum(prod(s) for s in shape.inputs), itemsize)
 
 
 def _conv_work(shape, out, ins, itemsize):
-    kh, kw = dict(shape.attrs)["kernel"]
-    n, k, oh, ow = shape.output
+    taps = prod(dict(shape.attrs)["kernel"])
+    n, k = shape.output[:2]
+    positions = prod(shape.output[2:])
     c = shape.inputs[0][1]
-    gemm = 2 * n * k * c * kh * kw * oh * ow
+    gemm = 2 * n * k * c * taps * positions
     passes = 3 if shape.input_grad else 2
-    cols = n * c * kh * kw * oh * ow           # im2col (and col2im in backward)
+    cols = n * c * taps * positions            # im2col (and col2im in backward)
     return 2 + passes, gemm * passes, itemsize * (cols * passes + 3 * (ins + out) + 2 * _shard(shape))
 
 
@@ -54,8 +56,8 @@ def _linear_work(shape, out, ins, itemsize):
 
 
 def _pool_work(shape, out, ins, itemsize):
-    kh, kw = dict(shape.attrs)["kernel"]
-    return 4, 2 * out * kh * kw, itemsize * (out * kh * kw * 2 + 2 * ins + 3 * out)
+    taps = prod(dict(shape.attrs)["kernel"])
+    return 4, 2 * out * taps, itemsize * (out * taps * 2 + 2 * ins + 3 * out)
 
 
 def _copies(shape, out, ins, itemsize):
@@ -67,16 +69,24 @@ def _shard(shape):
     return sum(prod(s) for _, s in shape.params)
 
 
-# one entry per op of the op table (tests/graph/test_optable.py checks there is one for every op)
+def _elementwise_work(shape, out, ins, itemsize):
+    return 2, out, itemsize * 4 * out
+
+
+# one entry per family of the op table (tests/graph/test_optable.py checks there is one for every op)
 WORK = {
-    "conv2d": _conv_work,
+    "conv": _conv_work,
     "linear": _linear_work,
-    "maxpool2d": _pool_work,
-    "avgpool2d": _pool_work,
-    "batchnorm2d": lambda shape, out, ins, itemsize: (8, 12 * out, itemsize * 9 * out),
-    "relu": lambda shape, out, ins, itemsize: (2, out, itemsize * 4 * out),
-    "dropout": lambda shape, out, ins, itemsize: (2, out, itemsize * 4 * out),
+    "maxpool": _pool_work,
+    "avgpool": _pool_work,
+    "batchnorm": lambda shape, out, ins, itemsize: (8, 12 * out, itemsize * 9 * out),
+    "relu": _elementwise_work,
+    "leaky_relu": _elementwise_work,
+    "tanh": lambda shape, out, ins, itemsize: (2, 10 * out, itemsize * 4 * out),
+    "scale": _elementwise_work,
+    "dropout": _elementwise_work,
     "softmax_cross_entropy": lambda shape, out, ins, itemsize: (4, 10 * ins, itemsize * 6 * ins),
+    "mse_loss": lambda shape, out, ins, itemsize: (4, 4 * ins, itemsize * 6 * ins),
     "concat": _copies,
     "add": _copies,
     "flatten": _copies,

@@ -4,7 +4,8 @@ For a layer under a configuration, the device holding its heaviest tile keeps, f
 layer's kernel saves for backward, and its shard of the layer's parameters three times (weights, gradients,
 momentum) with its batch-norm statistics; parameters are split along ``c`` like the output. What the kernels
 save (``ops/``): a convolution or linear layer its input box (all input channels, whatever its own split), batch
-norm its normalized input, softmax cross-entropy its probabilities, each in the model's dtype; relu and dropout a
+norm its normalized input, softmax cross-entropy its probabilities, tanh its output, each in the model's dtype;
+relu, leaky relu and dropout a
 one-byte mask per output element; max pooling the index of each window's maximum (one byte, four for windows of
 more than 256 positions); pooling by average, add, concat and flatten nothing (the op table's ``keeps``); a layer
 whose backward never runs (a pooling of the data) nothing. The outputs themselves live only
@@ -22,11 +23,10 @@ import math
 from itertools import product
 from math import ceil, prod
 
-from ..ops.window import pair
 from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs
-from ..graph.optable import KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK
+from ..graph.optable import KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_OUTPUT
 from .tiles import candidates
 
 
@@ -54,10 +54,12 @@ def _saved(layer, box, batch, itemsize):
     if keeps == KEEPS_INPUT:
         need = needs(layer, box, [(batch,) + tuple(s) for s in layer.in_shapes])[0]
         return itemsize * prod(shape_of(need.box, need.steps))
+    if keeps == KEEPS_OUTPUT:
+        return itemsize * prod(shape_of(box))
     if keeps == KEEPS_MASK:
         return prod(shape_of(box))
     if keeps == KEEPS_INDICES:
-        return prod(shape_of(box)) * (1 if prod(pair(layer.attrs["kernel"])) <= 256 else 4)
+        return prod(shape_of(box)) * (1 if prod(layer.window.kernel) <= 256 else 4)
     return 0
 
 

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..graph.optable import READS_CHANNEL_PARTS, window as window_of
+from ..graph.optable import READS_CHANNEL_PARTS
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs as tile_needs
@@ -280,11 +280,12 @@ def _assemble(template, values, attrs):
 
 
 def _combined_attrs(kinds):
-    """The attributes of :func:`combine`'s tile: a strided read along h or w changes the stride along it."""
+    """The attributes of :func:`combine`'s tile: a strided read along a spatial axis changes the stride along it,
+    which the kind of part along that axis gives."""
     attrs = kinds[0].attrs
-    if len(kinds) == 4 and not kinds[2].attrs == kinds[3].attrs == attrs:
-        rows, cols = dict(kinds[2].attrs)["stride"][0], dict(kinds[3].attrs)["stride"][1]
-        attrs = tuple((k, (rows, cols) if k == "stride" else v) for k, v in attrs)
+    if len(kinds) > 2 and any(kind.attrs != attrs for kind in kinds[2:]):
+        stride = tuple(dict(kind.attrs)["stride"][axis] for axis, kind in enumerate(kinds[2:]))
+        attrs = tuple((k, stride if k == "stride" else v) for k, v in attrs)
     return attrs
 
 
@@ -314,12 +315,12 @@ def tile_shape(layer, box, needs):
     for need in needs:
         shape = _extents(need.box, need.steps)
         if window:
-            (top, bottom), (left, right) = need.padding
-            shape = shape[:2] + (shape[2] + top + bottom, shape[3] + left + right)
+            shape = shape[:2] + tuple(extent + before + after for extent, (before, after) in zip(shape[2:],
+                                                                                               need.padding))
         inputs.append(shape)
     attrs = ()              # (key, value) pairs sorted by key
     if window:
-        geometry = window_of(a)
+        geometry = layer.window
         attrs = (("dilation", geometry.dilation), ("kernel", geometry.kernel),
                  ("stride", needs[0].stride(geometry.stride)))
     else:

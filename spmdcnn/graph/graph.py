@@ -5,7 +5,7 @@ from functools import cached_property
 
 from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
-from .optable import OPS, needs_gradient
+from .optable import OPS, needs_gradient, window
 from .blocks import DATA, expand_layers
 
 _MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names"}
@@ -32,6 +32,16 @@ class Layer:
         if self.input_grads is None:        # a layer made alone (tests): every input but the data
             self.input_grads = tuple(ref != DATA for ref in self.inputs)
         self.spec = OPS[self.op]            # the op's row of the op table (OpSpec); read per layer and step
+
+    @property
+    def spatial_rank(self):
+        """The spatial axes of its (first) input: 3 for a volume, 2 for an image, 1 for a sequence, 0 for features."""
+        return max(len(self.in_shapes[0]) - 1, 0) if self.in_shapes else 0
+
+    @cached_property
+    def window(self):
+        """A window op's :class:`~spmdcnn.graph.optable.Window` (one value per spatial axis, padding per side)."""
+        return window(self.attrs, self.spatial_rank)
 
     @property
     def input_grad(self):
@@ -78,8 +88,23 @@ class Graph:
         return self.layers[-1]
 
     @property
-    def num_classes(self):
+    def num_outputs(self):
+        """What the loss reads per sample: the classes of softmax cross-entropy, the targets of mse_loss."""
         return self.loss.in_shapes[0][0]
+
+    @property
+    def num_classes(self):
+        return self.num_outputs
+
+    @property
+    def answers(self):
+        """What the loss compares the output with: ``labels`` (a class per sample) or ``targets`` (K values)."""
+        return self.loss.spec.answers
+
+    @property
+    def spatial_rank(self):
+        """The spatial axes of a sample: 3 for volumes, 2 for images, 1 for sequences."""
+        return len(self.input_shape) - 1
 
     @property
     def num_params(self):
@@ -101,9 +126,10 @@ class Graph:
 
 
 def _check_input_shape(shape, source):
-    if (not isinstance(shape, list) or len(shape) != 3
+    if (not isinstance(shape, list) or not 2 <= len(shape) <= 4
             or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in shape)):
-        raise FormatError(f"{source}: 'input' must be [C, H, W] with positive integers, got {shape!r}")
+        raise FormatError(f"{source}: 'input' must be [C, H, W] for images, [C, D, H, W] for volumes or [C, W] for "
+                          f"sequences, with positive integers, got {shape!r}")
     return tuple(shape)
 
 
@@ -157,12 +183,13 @@ def parse_model(data, source="<model>", text=""):
     for entry in flat:
         name, op = entry["name"], entry.get("op")
         where = f"{source}: layer '{name}'"
-        if not isinstance(op, str) or op not in opspec.KEYS:
-            known = ", ".join(sorted(opspec.KEYS))
+        if not isinstance(op, str) or op not in OPS:
+            known = ", ".join(sorted(OPS))
             raise FormatError(f"{where}: unknown op {op!r} (known ops: {known})")
         given = {k: v for k, v in entry.items() if k not in ("name", "op", "inputs")}
-        attrs = opspec.normalise(op, given, where)
         in_shapes = [shapes[ref] for ref in entry["inputs"]]
+        rank = OPS[op].spatial or len(in_shapes[0]) - 1     # how many values kernel, stride, ... may list
+        attrs = opspec.normalise(op, given, where, rank)
         out_shape, params, buffers, flops = opspec.infer(op, attrs, in_shapes, where)
         shapes[name] = tuple(out_shape)
         input_grads = tuple(needs[ref] for ref in entry["inputs"])
@@ -171,8 +198,8 @@ def parse_model(data, source="<model>", text=""):
                             params, buffers, flops, groups[name], input_grads, needs[name]))
     losses = [layer.name for layer in layers if layer.spec.loss]
     if losses != [layers[-1].name]:
-        raise FormatError(f"{source}: the model needs exactly one softmax_cross_entropy layer, and it must be the "
-                          f"last one to run (found: {', '.join(losses) or 'none'})")
+        raise FormatError(f"{source}: the model needs exactly one loss layer (softmax_cross_entropy or mse_loss), "
+                          f"and it must be the last one to run (found: {', '.join(losses) or 'none'})")
     unused = [layer.name for layer in layers[:-1] if not any(layer.name in l.inputs for l in layers)]
     if unused:
         raise FormatError(f"{source}: layer '{unused[0]}': its output is used by no layer "

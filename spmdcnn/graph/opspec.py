@@ -1,37 +1,53 @@
 """What each op accepts, the shape it produces, its parameters and its forward FLOPs.
 
-Shapes here are per sample (no batch dimension): (C, H, W) for images, (F,) for features, () for the loss.
-FLOPs count a multiply-add as two: conv ``2*K*C*kH*kW*oH*oW`` (+ ``K*oH*oW`` for the bias), linear
-``2*F_in*F_out`` (+ ``F_out``), pooling one per window element, batchnorm 4 and the other element-wise ops
-one per output element, the loss 4 per logit; flatten and concat move data and count zero.
+Shapes here are per sample (no batch dimension): (C, S...) for tensors with spatial axes (a sequence (C, W), an
+image (C, H, W), a volume (C, D, H, W)), (F,) for features, () for the loss. FLOPs count a multiply-add as two:
+conv ``2*K*C*prod(k)*prod(O)`` (+ ``K*prod(O)`` for the bias), linear ``2*F_in*F_out`` (+ ``F_out``), pooling one per
+window element, batchnorm 4 and the other element-wise ops one per output element, softmax cross-entropy 4 per
+logit and the mean squared error 3 per output; flatten and concat move data and count zero.
+
+The tables here are keyed by the op table's ``family`` (``conv`` for conv1d, conv2d and conv3d): an op over
+spatial axes is specified once for every spatial rank, and its row's ``spatial`` says which rank it takes.
 """
 
+from math import prod
+
 from ..io.yamlfile import FormatError
-from ..ops.window import output_extent, pair, sides
-from .optable import OPS, window
+from ..ops.window import output_extents
+from .optable import OPS, SPATIAL_NAMES, window
 
 _NO_DEFAULT = object()
+_WINDOW = {"kernel": _NO_DEFAULT, "stride": None, "padding": 0}
 
-# op -> {key: default}; a key whose default is _NO_DEFAULT is required.
+# family -> {key: default}; a key whose default is _NO_DEFAULT is required.
 KEYS = {
-    "conv2d": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0, "dilation": 1,
-               "bias": True},
-    "maxpool2d": {"kernel": _NO_DEFAULT, "stride": None, "padding": 0},
-    "avgpool2d": {"kernel": _NO_DEFAULT, "stride": None, "padding": 0},
+    "conv": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0, "dilation": 1,
+             "bias": True},
+    "maxpool": dict(_WINDOW),
+    "avgpool": dict(_WINDOW),
     "global_avgpool": {},
     "relu": {},
-    "batchnorm2d": {"eps": 1e-5, "momentum": 0.1},
+    "leaky_relu": {"negative_slope": 0.01},
+    "tanh": {},
+    "scale": {"factor": _NO_DEFAULT},
+    "batchnorm": {"eps": 1e-5, "momentum": 0.1},
     "dropout": {"p": 0.5},
     "flatten": {},
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
     "concat": {},
     "add": {},
     "softmax_cross_entropy": {},
+    "mse_loss": {},
 }
 
 
 class LayerError(FormatError):
     pass
+
+
+def keys_of(op):
+    """``{key: default}`` of ``op`` (its family's)."""
+    return KEYS[OPS[op].family]
 
 
 def _positive_int(value, key, where, allow_zero=False):
@@ -41,19 +57,40 @@ def _positive_int(value, key, where, allow_zero=False):
     return value
 
 
-def _int_pair(value, key, where, allow_zero=False):
+def _axes_words(rank):
+    return {1: "[w]", 2: "[h, w]", 3: "[d, h, w]"}[rank]
+
+
+def _per_axis(value, key, where, rank, allow_zero=False):
+    """An int, or one int per spatial axis."""
     if isinstance(value, (list, tuple)):
-        if len(value) != 2:
-            raise LayerError(f"{where}: '{key}' must be an int or [h, w], got {value!r}")
-        for v in value:
-            _positive_int(v, key, where, allow_zero)
-        return [int(value[0]), int(value[1])]
+        if len(value) != rank:
+            raise LayerError(f"{where}: '{key}' must be an int or {_axes_words(rank)} ({rank} value"
+                             f"{'s' * (rank != 1)}, one per spatial axis), got {value!r}")
+        return [_positive_int(v, key, where, allow_zero) for v in value]
     return _positive_int(value, key, where, allow_zero)
 
 
-def normalise(op, given, where):
-    """The layer's attributes with defaults filled in and types checked."""
-    spec = KEYS[op]
+def _padding(value, where, rank, same):
+    """An int, one int per axis, one ``[before, after]`` pair per axis, or (convolutions) ``same``."""
+    if value == "same" and same:
+        return value
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
+        if len(value) != rank or any(len(v) != 2 for v in value):
+            raise LayerError(f"{where}: 'padding' per side must be {rank} [before, after] pair"
+                             f"{'s' * (rank != 1)} (one per spatial axis), got {value!r}")
+        return [[_positive_int(v, "padding", where, True) for v in pair] for pair in value]
+    if isinstance(value, str):
+        allowed = "'same', " if same else ""
+        raise LayerError(f"{where}: 'padding' must be {allowed}an int, one per spatial axis or [before, after] "
+                         f"pairs, got {value!r}")
+    return _per_axis(value, "padding", where, rank, allow_zero=True)
+
+
+def normalise(op, given, where, rank=2):
+    """The layer's attributes with defaults filled in and types checked; ``rank``: the spatial rank of its input
+    (how many values ``kernel``, ``stride``, ``padding`` and ``dilation`` may list)."""
+    spec = keys_of(op)
     unknown = sorted(set(given) - set(spec))
     if unknown:
         allowed = ", ".join(sorted(set(spec) | {"name", "op", "inputs"}))
@@ -69,92 +106,110 @@ def normalise(op, given, where):
     for key in ("out_channels", "out_features"):
         if key in attrs:
             _positive_int(attrs[key], key, where)
+    rank = max(rank, 1)
     for key in ("kernel", "dilation"):
         if key in attrs:
-            attrs[key] = _int_pair(attrs[key], key, where)
+            attrs[key] = _per_axis(attrs[key], key, where, rank)
     if attrs.get("stride") is not None:
-        attrs["stride"] = _int_pair(attrs["stride"], "stride", where)
+        attrs["stride"] = _per_axis(attrs["stride"], "stride", where, rank)
     if "padding" in attrs:
-        attrs["padding"] = _int_pair(attrs["padding"], "padding", where, allow_zero=True)
+        attrs["padding"] = _padding(attrs["padding"], where, rank, same=OPS[op].family == "conv")
+        if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
+            raise LayerError(f"{where}: padding 'same' needs stride 1 (as in PyTorch), got stride {attrs['stride']}")
     for key in ("bias",):
         if key in attrs and not isinstance(attrs[key], bool):
             raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
-    for key in ("eps", "momentum", "p"):
+    for key in ("eps", "momentum", "p", "negative_slope", "factor"):
         if key in attrs:
             value = attrs[key]
-            if isinstance(value, bool) or not isinstance(value, (int, float)):
-                raise LayerError(f"{where}: '{key}' must be a number, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                    or abs(value) == float("inf"):
+                raise LayerError(f"{where}: '{key}' must be a finite number, got {value!r}")
             attrs[key] = float(value)
     if op == "dropout" and not 0.0 <= attrs["p"] <= 1.0:
         raise LayerError(f"{where}: dropout 'p' must lie in [0, 1], got {attrs['p']}")
-    if op == "batchnorm2d" and not 0 < attrs["eps"] < float("inf"):
+    if OPS[op].family == "batchnorm" and not 0 < attrs["eps"] < float("inf"):
         raise LayerError(f"{where}: 'eps' must be a positive number, got {attrs['eps']}")
-    if op == "batchnorm2d" and not 0.0 <= attrs["momentum"] <= 1.0:
+    if OPS[op].family == "batchnorm" and not 0.0 <= attrs["momentum"] <= 1.0:
         raise LayerError(f"{where}: 'momentum' must lie in [0, 1], got {attrs['momentum']}")
     return attrs
 
 
-def _image(shape, op, where):
-    if len(shape) != 3:
-        raise LayerError(f"{where}: op '{op}' needs an image input (C, H, W), got shape {tuple(shape)}")
+def describe_shape(shape):
+    """How people call a per-sample shape: ``a volume (C, D, H, W) (4, 16, 16, 16)``."""
+    spatial = len(shape) - 1
+    kind = SPATIAL_NAMES[spatial] if spatial in SPATIAL_NAMES else ("features (F,)" if len(shape) == 1 else
+                                                                    "a tensor")
+    return f"{kind} {tuple(shape)}"
+
+
+def _spatial(shape, op, where):
+    """``shape`` checked to be what ``op`` takes: the spatial rank of its row, or any tensor with spatial axes."""
+    rank = OPS[op].spatial
+    if rank is not None and len(shape) != rank + 1:
+        hint = ""
+        if len(shape) - 1 in SPATIAL_NAMES:
+            hint = f": use {OPS[op].family}{len(shape) - 1}d"
+        raise LayerError(f"{where}: op '{op}' needs {SPATIAL_NAMES[rank]} input, got {describe_shape(shape)}{hint}")
+    if rank is None and len(shape) - 1 not in SPATIAL_NAMES:
+        raise LayerError(f"{where}: op '{op}' needs an input with 1 to 3 spatial axes ((C, W), (C, H, W) or "
+                         f"(C, D, H, W)), got {describe_shape(shape)}")
     return shape
 
 
-def _window_out(H, W, kernel, stride, padding, dilation, where, what):
-    (kH, kW), (sh, sw), (dh, dw) = pair(kernel), pair(stride), pair(dilation)
-    (top, bottom), (left, right) = sides(padding)
-    if what == "pooling" and (2 * top > kH or 2 * left > kW):
-        raise LayerError(f"{where}: padding {padding} must be at most half the kernel {kernel} (as in PyTorch)")
-    oH = output_extent(H, kH, sh, top, bottom, dh)
-    oW = output_extent(W, kW, sw, left, right, dw)
-    if oH <= 0 or oW <= 0:
-        raise LayerError(f"{where}: {what} of kernel {kernel} over input {H}x{W} gives an empty output "
-                         f"{oH}x{oW}")
-    return oH, oW
+def _window_out(shape, attrs, where, what):
+    geometry = window(attrs, len(shape) - 1)
+    if what == "pooling" and any(2 * before > k or 2 * after > k
+                                 for (before, after), k in zip(geometry.padding, geometry.kernel)):
+        raise LayerError(f"{where}: padding {attrs['padding']} must be at most half the kernel {attrs['kernel']} "
+                         "(as in PyTorch)")
+    out = output_extents(shape[1:], geometry.kernel, geometry.stride, geometry.padding, geometry.dilation)
+    if min(out) <= 0:
+        raise LayerError(f"{where}: {what} of kernel {attrs['kernel']} over input {'x'.join(map(str, shape[1:]))} "
+                         f"gives an empty output {'x'.join(map(str, out))}")
+    return out, geometry
 
 
-def _conv2d(attrs, in_shapes, where):
-    C, H, W = _image(in_shapes[0], "conv2d", where)
-    K = attrs["out_channels"]
-    kH, kW = pair(attrs["kernel"])
-    oH, oW = _window_out(H, W, attrs["kernel"], attrs["stride"], attrs["padding"], attrs["dilation"], where,
-                         "convolution")
-    params = {"weight": (K, C, kH, kW)}
-    flops = 2 * K * C * kH * kW * oH * oW
+def _conv(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    K, C = attrs["out_channels"], shape[0]
+    out, geometry = _window_out(shape, attrs, where, "convolution")
+    params = {"weight": (K, C) + geometry.kernel}
+    flops = 2 * K * C * prod(geometry.kernel) * prod(out)
     if attrs["bias"]:
         params["bias"] = (K,)
-        flops += K * oH * oW
-    return (K, oH, oW), params, {}, flops
+        flops += K * prod(out)
+    return (K,) + out, params, {}, flops
 
 
-def _pool(attrs, in_shapes, where, op):
-    C, H, W = _image(in_shapes[0], op, where)
-    oH, oW = _window_out(H, W, attrs["kernel"], window(attrs).stride, attrs["padding"], 1, where, "pooling")
-    kH, kW = pair(attrs["kernel"])
-    return (C, oH, oW), {}, {}, C * oH * oW * kH * kW
+def _pool(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    out, geometry = _window_out(shape, attrs, where, "pooling")
+    return (shape[0],) + out, {}, {}, shape[0] * prod(out) * prod(geometry.kernel)
 
 
-def _global_avgpool(attrs, in_shapes, where):
-    C, H, W = _image(in_shapes[0], "global_avgpool", where)
-    return (C, 1, 1), {}, {}, C * H * W
+def _global_avgpool(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    return (shape[0],) + (1,) * (len(shape) - 1), {}, {}, prod(shape)
 
 
-def _batchnorm2d(attrs, in_shapes, where):
-    C, H, W = _image(in_shapes[0], "batchnorm2d", where)
-    return in_shapes[0], {"weight": (C,), "bias": (C,)}, {"running_mean": (C,), "running_var": (C,)}, 4 * C * H * W
+def _batchnorm(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    C = shape[0]
+    return shape, {"weight": (C,), "bias": (C,)}, {"running_mean": (C,), "running_var": (C,)}, 4 * prod(shape)
 
 
-def _elementwise(attrs, in_shapes, where):
-    return in_shapes[0], {}, {}, _size(in_shapes[0])
+def _elementwise(op, attrs, in_shapes, where):
+    return in_shapes[0], {}, {}, prod(in_shapes[0])
 
 
-def _flatten(attrs, in_shapes, where):
+def _flatten(op, attrs, in_shapes, where):
     if len(in_shapes[0]) < 1:
         raise LayerError(f"{where}: flatten needs a tensor input, got a scalar")
-    return (_size(in_shapes[0]),), {}, {}, 0
+    return (prod(in_shapes[0]),), {}, {}, 0
 
 
-def _linear(attrs, in_shapes, where):
+def _linear(op, attrs, in_shapes, where):
     x = in_shapes[0]
     if len(x) != 1:
         raise LayerError(f"{where}: linear needs a flat input (F,), got shape {tuple(x)}; add a flatten layer "
@@ -168,48 +223,43 @@ def _linear(attrs, in_shapes, where):
     return (F,), params, {}, flops
 
 
-def _concat(attrs, in_shapes, where):
+def _concat(op, attrs, in_shapes, where):
     for shape in in_shapes:
-        _image(shape, "concat", where)
+        _spatial(shape, op, where)
     if len({shape[1:] for shape in in_shapes}) != 1:
-        raise LayerError(f"{where}: concat inputs must agree in height and width, got "
+        raise LayerError(f"{where}: concat inputs must agree in every spatial extent, got "
                          f"{', '.join(str(tuple(s)) for s in in_shapes)}")
     return (sum(s[0] for s in in_shapes),) + tuple(in_shapes[0][1:]), {}, {}, 0
 
 
-def _add(attrs, in_shapes, where):
+def _add(op, attrs, in_shapes, where):
     if len(set(in_shapes)) != 1:
         raise LayerError(f"{where}: add inputs must have the same shape, got "
                          f"{', '.join(str(tuple(s)) for s in in_shapes)}")
-    return in_shapes[0], {}, {}, (len(in_shapes) - 1) * _size(in_shapes[0])
+    return in_shapes[0], {}, {}, (len(in_shapes) - 1) * prod(in_shapes[0])
 
 
-def _loss(attrs, in_shapes, where):
+def _loss(op, attrs, in_shapes, where):
+    what = "logits" if op == "softmax_cross_entropy" else "predictions"
     if len(in_shapes[0]) != 1:
-        raise LayerError(f"{where}: softmax_cross_entropy needs logits (F,), got shape {tuple(in_shapes[0])}")
-    return (), {}, {}, 4 * in_shapes[0][0]
+        raise LayerError(f"{where}: {op} needs {what} (F,), got shape {tuple(in_shapes[0])}; add a flatten and "
+                         "a linear layer before it")
+    return (), {}, {}, (4 if op == "softmax_cross_entropy" else 3) * in_shapes[0][0]
 
 
-INFER = {"conv2d": _conv2d, "maxpool2d": lambda *args: _pool(*args, "maxpool2d"),
-         "avgpool2d": lambda *args: _pool(*args, "avgpool2d"), "global_avgpool": _global_avgpool,
-         "batchnorm2d": _batchnorm2d, "relu": _elementwise, "dropout": _elementwise, "flatten": _flatten,
-         "linear": _linear, "concat": _concat, "add": _add, "softmax_cross_entropy": _loss}
+INFER = {"conv": _conv, "maxpool": _pool, "avgpool": _pool, "global_avgpool": _global_avgpool,
+         "batchnorm": _batchnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
+         "scale": _elementwise, "dropout": _elementwise, "flatten": _flatten, "linear": _linear, "concat": _concat,
+         "add": _add, "softmax_cross_entropy": _loss, "mse_loss": _loss}
 
 
 def infer(op, attrs, in_shapes, where):
     """``(out_shape, params, buffers, flops)`` of one layer; params and buffers map name -> shape."""
-    if op not in INFER:
+    if op not in OPS:
         raise LayerError(f"{where}: unknown op '{op}'")
     if OPS[op].multi_input:
         if len(in_shapes) < 2:
             raise LayerError(f"{where}: op '{op}' needs at least two inputs, got {len(in_shapes)}")
     elif len(in_shapes) != 1:
         raise LayerError(f"{where}: op '{op}' takes one input, got {len(in_shapes)}")
-    return INFER[op](attrs, [tuple(shape) for shape in in_shapes], where)
-
-
-def _size(shape):
-    size = 1
-    for extent in shape:
-        size *= extent
-    return size
+    return INFER[OPS[op].family](op, attrs, [tuple(shape) for shape in in_shapes], where)

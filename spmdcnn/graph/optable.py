@@ -7,6 +7,10 @@ for backward, which attributes its kernel uses and which layers sum inside thems
 state dicts read which layers normalise. Adding an op means a module in ``ops/``, its kernel binding in
 ``runtime/kernels.py`` and one row here (``tests/graph/test_optable.py`` checks that every part covers every row).
 
+Ops over spatial axes are written once for every spatial rank: ``conv1d``, ``conv2d`` and ``conv3d`` are rows of
+one ``family`` (``conv``), which the other tables (keys, shape inference, kernels, work) are keyed by, and differ
+only in the ``spatial`` rank of input they take (a sequence (C, W), an image (C, H, W), a volume (C, D, H, W)).
+
 Which tensors need a gradient is a property of the graph, not of an op: :func:`needs_gradient` says it once
 for the runtime, the profiler and the cost model.
 """
@@ -14,12 +18,12 @@ for the runtime, the profiler and the cost model.
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..ops.window import pair
+from ..ops.window import ntuple, sides
 
 # what an output tile reads of its inputs (tiling/fields.py)
-READS_WINDOW = "window"                 # a window over rows and columns, every input channel (convolution)
-READS_CHANNEL_WINDOW = "channel window"  # a window over rows and columns, the output's channels (pooling)
-READS_PLANE = "plane"                   # the whole rows and columns of the output's channels
+READS_WINDOW = "window"                 # a window over the spatial axes, every input channel (convolution)
+READS_CHANNEL_WINDOW = "channel window"  # a window over the spatial axes, the output's channels (pooling)
+READS_PLANE = "plane"                   # every position of the spatial axes, the output's channels
 READS_SAMPLE = "sample"                 # every feature of the output's samples
 READS_CHANNEL_PARTS = "channel parts"   # from each input the part of the output's channels it supplies (concat)
 READS_BOX = "box"                       # the output's own box (element-wise)
@@ -28,7 +32,15 @@ READS_BOX = "box"                       # the output's own box (element-wise)
 KEEPS_INPUT = "input"                   # its input tile, in the activations' type
 KEEPS_MASK = "mask"                     # one byte per output element
 KEEPS_INDICES = "indices"               # the argmax of each window (one byte, or four for a window over 256)
+KEEPS_OUTPUT = "output"                 # its output tile (no later layer may write over it: runtime.executor)
 KEEPS_NOTHING = None
+
+# what the loss compares the network's output with (io/dataset.py: /labels or /targets)
+ANSWERS_LABELS = "labels"               # an integer class per sample
+ANSWERS_TARGETS = "targets"             # K real values per sample
+
+SPATIAL_RANKS = (1, 2, 3)
+SPATIAL_NAMES = {1: "a sequence (C, W)", 2: "an image (C, H, W)", 3: "a volume (C, D, H, W)"}
 
 
 @dataclass(frozen=True)
@@ -48,32 +60,52 @@ class OpSpec:
     normalization: bool = False  # weight 1 and bias 0 at first, running statistics (PyTorch counts its batches)
     loss: bool = False          # the network's loss: one value per sample
     tile_attrs: tuple = ()      # attributes its kernel reads, besides a window's geometry (cost/tiles.py)
+    group: str = None           # the family the other tables know it by (None: its own name)
+    spatial: int = None         # the spatial rank of input it takes (None: any)
+    answers: str = None         # a loss: what it compares the output with (ANSWERS_LABELS or ANSWERS_TARGETS)
+
+    @property
+    def family(self):
+        """The key of its entry in the other tables: ``conv`` for conv1d, conv2d and conv3d."""
+        return self.group or self.name
 
     @property
     def window(self):
-        """Whether a tile reads a window over rows and columns (halos, padding and stride)."""
+        """Whether a tile reads a window over the spatial axes (halos, padding and stride)."""
         return self.reads in (READS_WINDOW, READS_CHANNEL_WINDOW)
 
 
+def _ranked(family, *args, **kwargs):
+    """The rows ``<family>1d``, ``<family>2d`` and ``<family>3d`` of one op written for every spatial rank."""
+    return [OpSpec(f"{family}{rank}d", *args, group=family, spatial=rank, **kwargs) for rank in SPATIAL_RANKS]
+
+
 OPS = {spec.name: spec for spec in (
-    OpSpec("conv2d", READS_WINDOW, KEEPS_INPUT),
-    OpSpec("maxpool2d", READS_CHANNEL_WINDOW, KEEPS_INDICES),
-    OpSpec("avgpool2d", READS_CHANNEL_WINDOW),
+    *_ranked("conv", READS_WINDOW, KEEPS_INPUT),
+    *_ranked("maxpool", READS_CHANNEL_WINDOW, KEEPS_INDICES),
+    *_ranked("avgpool", READS_CHANNEL_WINDOW),
     OpSpec("global_avgpool", READS_PLANE),
     OpSpec("relu", READS_BOX, KEEPS_MASK, inplace=True, inherits=True),
-    OpSpec("batchnorm2d", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, normalization=True,
-           tile_attrs=("eps", "momentum")),
+    OpSpec("leaky_relu", READS_BOX, KEEPS_MASK, inplace=True, inherits=True, tile_attrs=("negative_slope",)),
+    OpSpec("tanh", READS_BOX, KEEPS_OUTPUT, inplace=True, inherits=True),
+    OpSpec("scale", READS_BOX, inplace=True, inherits=True, tile_attrs=("factor",)),
+    *_ranked("batchnorm", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, normalization=True,
+             tile_attrs=("eps", "momentum")),
     OpSpec("dropout", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("flatten", READS_SAMPLE, splits=("n",), view=True),
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
     OpSpec("concat", READS_CHANNEL_PARTS, multi_input=True),
     OpSpec("add", READS_BOX, multi_input=True, inplace=True),
-    OpSpec("softmax_cross_entropy", READS_SAMPLE, KEEPS_INPUT, splits=("n",), loss=True),
+    OpSpec("softmax_cross_entropy", READS_SAMPLE, KEEPS_INPUT, splits=("n",), loss=True, answers=ANSWERS_LABELS),
+    OpSpec("mse_loss", READS_SAMPLE, KEEPS_INPUT, splits=("n",), loss=True, answers=ANSWERS_TARGETS),
 )}
+
+FAMILIES = tuple(dict.fromkeys(spec.family for spec in OPS.values()))     # the other tables' keys, in row order
 
 
 class Window(NamedTuple):
-    """A window op's geometry, each an ``(h, w)`` pair."""
+    """A window op's geometry, one value per spatial axis: ``kernel``, ``stride`` and ``dilation`` tuples, and
+    ``padding`` as a ``(before, after)`` pair per axis."""
 
     kernel: tuple
     stride: tuple
@@ -81,12 +113,21 @@ class Window(NamedTuple):
     dilation: tuple
 
 
-def window(attrs):
-    """The :class:`Window` of a convolution's or pooling's attributes: a stride left out (``None``) is the kernel's
-    size, as PyTorch's pooling has it, and a dilation left out is 1 (pooling has none)."""
-    kernel = pair(attrs["kernel"])
-    stride = kernel if attrs.get("stride") is None else pair(attrs["stride"])
-    return Window(kernel, stride, pair(attrs.get("padding", 0)), pair(attrs.get("dilation", 1)))
+def same_padding(kernel, dilation):
+    """PyTorch's ``padding='same'`` (stride 1): ``d*(k-1)`` in all along each axis, the odd one after."""
+    return tuple((d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for k, d in zip(kernel, dilation))
+
+
+def window(attrs, rank):
+    """The :class:`Window` of a convolution's or pooling's attributes over ``rank`` spatial axes: a stride left out
+    (``None``) is the kernel's size, as PyTorch's pooling has it, a dilation left out is 1 (pooling has none),
+    and padding ``same`` is :func:`same_padding`."""
+    kernel = ntuple(attrs["kernel"], rank, "kernel")
+    stride = kernel if attrs.get("stride") is None else ntuple(attrs["stride"], rank, "stride")
+    dilation = ntuple(attrs.get("dilation", 1), rank, "dilation")
+    padding = attrs.get("padding", 0)
+    padding = same_padding(kernel, dilation) if padding == "same" else sides(padding, rank)
+    return Window(kernel, stride, padding, dilation)
 
 
 def needs_gradient(has_params, inputs_need):

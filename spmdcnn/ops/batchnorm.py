@@ -1,13 +1,14 @@
-"""Batch normalisation over (N, H, W) per channel, training and evaluation.
+"""Batch normalisation per channel over the samples and every spatial axis (PyTorch's BatchNorm1d/2d/3d on
+(N, C, S...)), training and evaluation; one implementation for every spatial rank.
 
-Training:  mean = sum(x) / M,  var = sum((x - mean)^2) / M,  M = N*H*W over the *global* batch,
+Training:  mean = sum(x) / M,  var = sum((x - mean)^2) / M,  M = N*prod(S) over the *global* batch,
            y = gamma * (x - mean) / sqrt(var + eps) + beta,
            running_mean <- (1 - momentum) * running_mean + momentum * mean,
            running_var  <- (1 - momentum) * running_var  + momentum * var * M / (M - 1)   (unbiased, as PyTorch).
 Backward:  gbeta = sum(gy), ggamma = sum(gy * xhat),
            gx = gamma / sqrt(var + eps) * (gy - gbeta / M - xhat * ggamma / M).
 
-When a tensor is split over N, H or W, the tiles holding the same channels combine their statistics, so they
+When a tensor is split over N or a spatial axis, the tiles holding the same channels combine their statistics, so they
 are those of the global batch whatever the split. Forward communicates once: each tile computes its count, mean
 and M2 (the sum of squared deviations from its own mean, two passes: accurate whatever the mean), ``gather``
 stacks those of every tile, and each combines them in the same order as Chan et al.'s parallel variance,
@@ -60,7 +61,7 @@ def combine_moments(stats):
     return mean, m2.sum(axis=0) + (counts * (means - mean) ** 2).sum(axis=0)
 
 
-def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1, training=True,
+def batchnorm_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1, training=True,
                         reduce=None, gather=None, count=None):
     """Returns ``y, saved``; in training also updates ``running_mean`` and ``running_var`` in place. On the GPU
     the sums and the element-wise passes are fused kernels (ops/cuda); parameters and statistics may be float32
@@ -69,18 +70,18 @@ def batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, mom
     reduce = reduce or _identity
     xp = backend.array_module(x)
     device = backend.on_device(x)
-    N, C, H, W = x.shape
-    x3 = x.reshape(N, C, H * W)
+    N, C = x.shape[:2]
+    x3 = x.reshape(N, C, -1)                                # (N, C, S)
     if not training:
         inv_std = 1.0 / xp.sqrt(running_var + eps)
         scale = (gamma * inv_std).astype(gamma.dtype)
         shift = (beta - running_mean * gamma * inv_std).astype(gamma.dtype)
         return _affine(xp, x3, scale, shift, device).reshape(x.shape), BatchNormSaved("eval", scale)
-    M = N * H * W if count is None else count
+    local = x3.shape[0] * x3.shape[2]
+    M = local if count is None else count
     if M <= 1:
-        raise ValueError(f"batchnorm2d: training needs more than one value per channel, got {M} "
-                         f"(batch {N}, {H}x{W}); use a larger batch")
-    local = N * H * W
+        raise ValueError(f"batchnorm: training needs more than one value per channel, got {M} "
+                         f"(batch {N}, {'x'.join(map(str, x.shape[2:])) or 'no spatial axes'}); use a larger batch")
     mean = (cuda.bn_sums(x3) if device else _sums(xp, x3)) / local
     # sum((x - mean) * (x - mean)), since sum(x - mean) = 0
     m2 = cuda.bn_centred_dot(x3, x3, mean) if device else _centred_dots(xp, x3, x3, mean)
@@ -106,7 +107,7 @@ def _affine(xp, x3, scale, shift, device):
     return y
 
 
-def batchnorm2d_backward(gy, saved):
+def batchnorm_backward(gy, saved):
     """Gradients ``gx, ggamma, gbeta``; ``ggamma`` and ``gbeta`` are already summed by ``reduce``.
 
     With xhat = (x - mean) * inv_std: gx = gamma*inv_std * (gy - gbeta/M) - gamma*inv_std^2*ggamma/M * (x - mean).
@@ -155,23 +156,24 @@ def _backward(xp, gy3, x3, mean, k1, k2, k3):
     return gx
 
 
-def ghost_batchnorm2d_forward(x, gamma, beta, spans, count, eps=1e-5, gather=None):
+def ghost_batchnorm_forward(x, gamma, beta, spans, count, eps=1e-5, gather=None):
     """Training forward of ghost batch norm: statistics per group of samples. ``spans`` gives, per group, the
     tile's samples ``(s0, s1)`` of it (empty for a group only other tiles hold), ``count`` the values per channel
-    of a whole group (G*H*W), ``gather`` stacks the ``(groups, 3, C)`` statistics of the tiles sharing these groups
+    of a whole group (G*prod(S)), ``gather`` stacks the ``(groups, 3, C)`` statistics of the tiles sharing these groups
     (None: this tile alone holds them). Returns ``y, saved, (means, unbiased variances)`` per group (rows)."""
     xp = backend.array_module(x)
     device = backend.on_device(x)
-    N, C, H, W = x.shape
-    x3 = x.reshape(N, C, H * W)
+    N, C = x.shape[:2]
+    x3 = x.reshape(N, C, -1)                                # (N, C, S)
+    positions = x3.shape[2]
     if count <= 1:
-        raise ValueError(f"batchnorm2d: training needs more than one value per channel in a group, got {count}")
+        raise ValueError(f"batchnorm: training needs more than one value per channel in a group, got {count}")
     stats = xp.zeros((len(spans), 3, C), dtype=xp.float64)
     for g, (s0, s1) in enumerate(spans):
         if s1 > s0:
             part = x3[s0:s1]
-            mean = (cuda.bn_sums(part) if device else _sums(xp, part)) / ((s1 - s0) * H * W)
-            stats[g, 0] = (s1 - s0) * H * W
+            mean = (cuda.bn_sums(part) if device else _sums(xp, part)) / ((s1 - s0) * positions)
+            stats[g, 0] = (s1 - s0) * positions
             stats[g, 1] = mean
             stats[g, 2] = cuda.bn_centred_dot(part, part, mean) if device else _centred_dots(xp, part, part, mean)
     stacked = gather(stats) if gather is not None else stats[None]
@@ -186,7 +188,7 @@ def ghost_batchnorm2d_forward(x, gamma, beta, spans, count, eps=1e-5, gather=Non
     return y.reshape(x.shape), GhostSaved(x3, tuple(spans), mean, gamma, inv_std, count), (mean, var * count / (count - 1))
 
 
-def ghost_batchnorm2d_backward(gy, saved, reduce=None):
+def ghost_batchnorm_backward(gy, saved, reduce=None):
     """Gradients of ghost batch norm: ``gx`` and, per channel, ``ggamma`` and ``gbeta`` twice: summed over the
     groups' totals (``reduce`` adds the partial sums of the tiles sharing the groups; None: this tile alone), and
     this tile's own part of them (summed over the tiles of a replica group, they give the totals)."""

@@ -1,56 +1,67 @@
-"""2-D convolution (cross-correlation, as PyTorch): forward and backward through im2col + GEMM.
+"""Convolution over 1, 2 or 3 spatial axes (cross-correlation, as PyTorch's conv1d/2d/3d): forward and backward
+through im2col + GEMM, one implementation for every spatial rank.
 
-    y[n, k, i, j] = b[k] + sum_{c, p, q} w[k, c, p, q] * xpad[n, c, i*sh + p*dh, j*sw + q*dw]
+    y[n, k, i...] = b[k] + sum_{c, p...} w[k, c, p...] * xpad[n, c, i*s + p*d ...]     (per spatial axis)
 
-Samples are processed in blocks so that the column buffer stays near ``COLUMN_BYTES``; a block's columns are
-laid out (C, kH, kW, Nb, positions) so that one GEMM covers the whole block. Backward rebuilds the columns
-block by block rather than keeping them from forward: memory stays proportional to the activations, not to
-kH*kW times them. Copies are split over samples between threads (``parallel.parallel_for``).
+Shapes: x (N, C, S...), w (K, C, k...), y (N, K, O...), with ``S``, ``k``, ``O`` one extent per spatial axis
+(``(D, H, W)`` for a volume). Samples are processed in blocks so that the column buffer stays near
+``COLUMN_BYTES``; a block's columns are laid out (C, k..., Nb, positions) so that one GEMM covers the whole
+block. Backward rebuilds the columns block by block rather than keeping them from forward: memory stays
+proportional to the activations, not to prod(k) times them. Copies are split over samples between threads
+(``parallel.parallel_for``).
 
 Paths:
-- pointwise (1x1, stride 1, no padding): no columns at all, one batched matmul per direction; a strided 1x1
-  convolution without padding subsamples its input first and then takes this path;
-- stride 1 ("shifted rows"): every output row is computed over the full padded width Wp, so the window of
-  kernel position (p, q) is one contiguous run ``xpad_flat[n, c, p*dh*Wp + q*dw :][: oH*Wp]``; im2col and
-  col2im become long contiguous copies, at the price of computing (Wp - oW) discarded columns per row, so
-  this path is taken when those are at most ``SHIFTED_WASTE`` of the row;
+- pointwise (kernel 1, stride 1, no padding): no columns at all, one batched matmul per direction; a strided
+  kernel-1 convolution without padding subsamples its input first and then takes this path;
+- stride 1 ("shifted rows"): every output position is computed over the full padded extents of all axes but the
+  first, so the window of a kernel position is one contiguous run of the flattened padded input (for an image,
+  ``xpad_flat[n, c, p*dh*Wp + q*dw :][: oH*Wp]``); im2col and col2im become long contiguous copies, at the price
+  of computing discarded positions (``Wp - oW`` per row of an image), so this path is taken when those are at most
+  ``SHIFTED_WASTE`` of the kept ones;
 - strided (and narrow stride-1 maps): classic im2col with strided window views.
 
 CuPy arrays go to cuDNN (``ops/cuda/conv.py``) and take these paths only where cuDNN cannot run a case. What
 forward keeps for backward is a :class:`~spmdcnn.ops.saved.ConvSaved`.
 """
 
+from math import prod
+
 from .. import backend
 from .saved import ConvSaved
 from .cuda import conv as cudnn
 from .parallel import over_samples
 from .scratch import scratch
-from .window import output_extent, pair, sides, window_slice
+from .window import interior, is_padded, kernel_positions, ntuple, output_extents, rank_of, sides, window_slice
 
 COLUMN_BYTES = 48 << 20
-# Shifted rows compute (Wp - oW) discarded columns per row; above this fraction of oW (13x13 maps with a 3x3
-# kernel: 15 %) the extra GEMM work costs as much as strided copies do (measured on AlexNet's layers).
+# Shifted rows compute discarded positions (Wp - oW per row of an image); above this fraction of the kept ones
+# (13x13 maps with a 3x3 kernel: 15 %) the extra GEMM work costs as much as strided copies do (measured on
+# AlexNet's layers).
 SHIFTED_WASTE = 0.10
 
 
 class ConvGeometry:
-    """Stride, per-side padding and dilation of a convolution; the kernel size comes from the weight."""
+    """Stride, per-side padding and dilation of a convolution, one value per spatial axis (``rank`` of them: given,
+    or the length of the first one given as a sequence, else 2); the kernel size comes from the weight."""
 
     __slots__ = ("stride", "padding", "dilation")
 
-    def __init__(self, stride=1, padding=0, dilation=1):
-        self.stride = pair(stride, "stride")
-        self.padding = sides(padding)
-        self.dilation = pair(dilation, "dilation")
+    def __init__(self, stride=1, padding=0, dilation=1, rank=None):
+        rank = rank or rank_of(stride, padding, dilation)
+        self.stride = ntuple(stride, rank, "stride")
+        self.padding = sides(padding, rank)
+        self.dilation = ntuple(dilation, rank, "dilation")
 
-    def output_shape(self, H, W, kH, kW):
-        (top, bottom), (left, right) = self.padding
-        oH = output_extent(H, kH, self.stride[0], top, bottom, self.dilation[0])
-        oW = output_extent(W, kW, self.stride[1], left, right, self.dilation[1])
-        return oH, oW
+    @property
+    def rank(self):
+        return len(self.stride)
 
-    def is_pointwise(self, kH, kW):
-        return (kH, kW) == (1, 1) and self.stride == (1, 1) and self.padding == ((0, 0), (0, 0))
+    def output_shape(self, spatial, kernel):
+        """The output's extents for an input of ``spatial`` extents and a kernel of ``kernel`` extents."""
+        return output_extents(spatial, kernel, self.stride, self.padding, self.dilation)
+
+    def is_pointwise(self, kernel):
+        return all(k == 1 for k in kernel) and all(s == 1 for s in self.stride) and not is_padded(self.padding)
 
     def __repr__(self):
         return f"ConvGeometry(stride={self.stride}, padding={self.padding}, dilation={self.dilation})"
@@ -59,24 +70,28 @@ class ConvGeometry:
 class _Layout:
     """Where each kernel position's window lies, for one input size; shared by forward and backward."""
 
-    def __init__(self, x_shape, kH, kW, geometry, itemsize):
-        N, C, H, W = x_shape
-        self.C, self.H, self.W, self.kH, self.kW = C, H, W, kH, kW
+    def __init__(self, x_shape, kernel, geometry, itemsize):
+        N, C = x_shape[:2]
+        self.C, self.spatial, self.kernel = C, tuple(x_shape[2:]), tuple(kernel)
         self.geometry = geometry
-        (self.top, bottom), (self.left, right) = geometry.padding
-        self.Hp, self.Wp = H + self.top + bottom, W + self.left + right
-        self.oH, self.oW = geometry.output_shape(H, W, kH, kW)
-        self.shifted = geometry.stride == (1, 1) and self.Wp - self.oW <= SHIFTED_WASTE * self.oW
-        # positions per sample: whole padded rows when shifted, the output grid otherwise
-        self.P = self.oH * self.Wp if self.shifted else self.oH * self.oW
-        dh, dw = geometry.dilation
-        self.tail = (kW - 1) * dw if self.shifted else 0     # the last window runs past the plane's end
-        self.offsets = [(p, q, p * dh * self.Wp + q * dw) for p in range(kH) for q in range(kW)]
-        self.block = max(1, min(N, COLUMN_BYTES // max(C * kH * kW * self.P * itemsize, 1)))
+        self.padded = tuple(size + before + after for size, (before, after) in zip(self.spatial, geometry.padding))
+        self.out = geometry.output_shape(self.spatial, kernel)
+        inner_kept, inner_all = prod(self.out[1:]), prod(self.padded[1:])
+        self.shifted = all(s == 1 for s in geometry.stride) and inner_all - inner_kept <= SHIFTED_WASTE * inner_kept
+        # positions per sample: whole padded extents past the first axis when shifted, the output grid otherwise
+        self.grid = (self.out[0],) + self.padded[1:] if self.shifted else self.out
+        self.P = prod(self.grid)
+        flat = [prod(self.padded[a + 1:]) for a in range(len(kernel))]     # a step along each axis, flattened
+        dilation = geometry.dilation
+        # the last windows run past the plane's end by the kernel's reach along every axis but the first
+        self.tail = sum((k - 1) * d * f for k, d, f in zip(kernel[1:], dilation[1:], flat[1:])) if self.shifted \
+            else 0
+        self.offsets = [(p, sum(i * d * f for i, d, f in zip(p, dilation, flat))) for p in kernel_positions(kernel)]
+        self.block = max(1, min(N, COLUMN_BYTES // max(C * prod(kernel) * self.P * itemsize, 1)))
 
     def zeros(self, xp, nb, dtype, slot):
-        """A zeroed padded block: (Nb, C, Hp*Wp + tail) when shifted, (Nb, C, Hp, Wp) otherwise."""
-        shape = (nb, self.C, self.Hp * self.Wp + self.tail) if self.shifted else (nb, self.C, self.Hp, self.Wp)
+        """A zeroed padded block: (Nb, C, prod(padded) + tail) when shifted, (Nb, C, padded...) otherwise."""
+        shape = (nb, self.C, prod(self.padded) + self.tail) if self.shifted else (nb, self.C) + self.padded
         block = scratch(xp, slot, shape, dtype)
         block[...] = 0
         return block
@@ -85,37 +100,38 @@ class _Layout:
         """The view of a padded block that holds the unpadded tensor."""
         nb = block.shape[0]
         if self.shifted:
-            block = block[:, :, :self.Hp * self.Wp].reshape(nb, self.C, self.Hp, self.Wp)
-        return block[:, :, self.top:self.top + self.H, self.left:self.left + self.W]
+            block = block[:, :, :prod(self.padded)].reshape((nb, self.C) + self.padded)
+        return block[interior(self.geometry.padding, self.spatial)]
 
-    def padded(self, x):
+    def padded_block(self, x):
         """The block ``x`` zero-padded (in scratch memory)."""
         xp = backend.array_module(x)
-        if not self.shifted and self.geometry.padding == ((0, 0), (0, 0)):
+        if not self.shifted and not is_padded(self.geometry.padding):
             return x
         block = self.zeros(xp, x.shape[0], x.dtype, "conv.padded")
         self.interior(block)[...] = x
         return block
 
-    def window(self, xpad, p, q, offset):
-        """The input read by kernel position (p, q) for every position: (Nb, C, P) or (Nb, C, oH, oW)."""
+    def window(self, xpad, p, offset):
+        """The input read by kernel position ``p`` for every position: (Nb, C, P) or (Nb, C, O...)."""
         if self.shifted:
             return xpad[:, :, offset:offset + self.P]
-        (sh, sw), (dh, dw) = self.geometry.stride, self.geometry.dilation
-        return xpad[:, :, window_slice(p * dh, self.oH, sh), window_slice(q * dw, self.oW, sw)]
+        g = self.geometry
+        return xpad[(slice(None), slice(None)) + tuple(window_slice(i * d, o, s) for i, d, o, s
+                                                       in zip(p, g.dilation, self.out, g.stride))]
 
     def _columns_view(self, columns):
-        """``columns`` (C, kH, kW, Nb, P) indexed like the windows: P stays flat for shifted rows."""
-        return columns if self.shifted else columns.reshape(self.C, self.kH, self.kW, -1, self.oH, self.oW)
+        """``columns`` (C, k..., Nb, P) indexed like the windows: P stays flat for shifted rows."""
+        return columns if self.shifted else columns.reshape((self.C,) + self.kernel + (-1,) + self.out)
 
     def im2col(self, xpad, columns):
-        """Fill ``columns`` (C, kH, kW, Nb, P) with every window of the padded block."""
+        """Fill ``columns`` (C, k..., Nb, P) with every window of the padded block."""
         view = self._columns_view(columns)
 
         def copy(n0, n1):
-            for p, q, offset in self.offsets:
-                window = self.window(xpad[n0:n1], p, q, offset)            # (Nb, C, P) or (Nb, C, oH, oW)
-                view[:, p, q, n0:n1] = window.swapaxes(0, 1)
+            for p, offset in self.offsets:
+                window = self.window(xpad[n0:n1], p, offset)            # (Nb, C, P) or (Nb, C, O...)
+                view[(slice(None),) + p + (slice(n0, n1),)] = window.swapaxes(0, 1)
         over_samples(backend.array_module(columns), copy, xpad.shape[0])
         return columns
 
@@ -124,103 +140,112 @@ class _Layout:
         view = self._columns_view(columns)
 
         def add(n0, n1):
-            for p, q, offset in self.offsets:
-                target = self.window(gpad[n0:n1], p, q, offset)
-                target += view[:, p, q, n0:n1].swapaxes(0, 1)
+            for p, offset in self.offsets:
+                target = self.window(gpad[n0:n1], p, offset)
+                target += view[(slice(None),) + p + (slice(n0, n1),)].swapaxes(0, 1)
         over_samples(backend.array_module(columns), add, gpad.shape[0])
         return gpad
 
     def to_positions(self, g, out):
-        """``g`` (Nb, K, oH, oW) as the GEMM's (K, Nb, P): discarded columns of shifted rows are zero."""
+        """``g`` (Nb, K, O...) as the GEMM's (K, Nb*P): discarded positions of shifted rows are zero."""
         nb, K = g.shape[0], g.shape[1]
-        if self.shifted:
-            grid = out.reshape(K, nb, self.oH, self.Wp)
-            grid[:, :, :, self.oW:] = 0
-            grid[:, :, :, :self.oW] = g.transpose(1, 0, 2, 3)  # (K, Nb, oH, oW)
-        else:
-            out.reshape(K, nb, self.oH, self.oW)[...] = g.transpose(1, 0, 2, 3)
+        grid = out.reshape((K, nb) + self.grid)
+        if self.shifted:        # zero what lies past the output along each axis but the first, kept before it
+            kept = [slice(None)] * 3
+            for axis in range(1, len(self.out)):
+                grid[tuple(kept) + (slice(self.out[axis], None),)] = 0
+                kept.append(slice(0, self.out[axis]))
+            grid = grid[tuple(kept)]
+        grid[...] = g.swapaxes(0, 1)                                    # (K, Nb, O...)
         return out
 
     def from_positions(self, product, nb):
-        """The GEMM's (K, Nb*P) as (Nb, K, oH, oW) (a view)."""
+        """The GEMM's (K, Nb*P) as (Nb, K, O...) (a view)."""
         K = product.shape[0]
-        grid = product.reshape(K, nb, self.oH, self.P // self.oH)[:, :, :, :self.oW]
-        return grid.transpose(1, 0, 2, 3)
+        grid = product.reshape((K, nb) + self.grid)[(slice(None), slice(None)) + tuple(slice(0, o) for o in self.out)]
+        return grid.swapaxes(0, 1)
 
 
-def conv2d_forward(x, w, b, geometry, need_input_grad=True):
-    """``y = conv2d(x, w) + b`` for x (N, C, H, W), w (K, C, kH, kW), b (K,) or None.
+def conv_forward(x, w, b, geometry, need_input_grad=True):
+    """``y = conv(x, w) + b`` for x (N, C, S...), w (K, C, k...), b (K,) or None, over ``geometry.rank`` spatial
+    axes.
 
     Returns ``y, saved``; ``need_input_grad=False`` (the network's first layer) lets backward skip ``gx``.
     """
-    N, C, H, W = x.shape
-    K, Cw, kH, kW = w.shape
-    if Cw != C:
-        raise ValueError(f"conv2d: input has {C} channels, weight expects {Cw}")
-    oH, oW = geometry.output_shape(H, W, kH, kW)
-    if oH <= 0 or oW <= 0:
-        raise ValueError(f"conv2d: a {kH}x{kW} kernel with {geometry} over a {H}x{W} input gives an empty output")
+    C, kernel = x.shape[1], w.shape[2:]
+    if x.ndim != w.ndim or x.ndim - 2 != geometry.rank:
+        raise ValueError(f"conv: input {x.shape}, weight {w.shape} and {geometry} disagree in spatial rank")
+    if w.shape[1] != C:
+        raise ValueError(f"conv: input has {C} channels, weight expects {w.shape[1]}")
+    out = geometry.output_shape(x.shape[2:], kernel)
+    if min(out) <= 0:
+        raise ValueError(f"conv: a {'x'.join(map(str, kernel))} kernel with {geometry} over a "
+                         f"{'x'.join(map(str, x.shape[2:]))} input gives an empty output")
     if backend.on_device(x) and cudnn.available():
-        result = cudnn.conv2d_forward(x, w, b, geometry, need_input_grad)
+        result = cudnn.conv_forward(x, w, b, geometry, need_input_grad)
         if result is not None:
             return result
-    return _host_forward(x, w, b, geometry, need_input_grad, oH, oW)
+    return _host_forward(x, w, b, geometry, need_input_grad, out)
 
 
-def _host_forward(x, w, b, geometry, need_input_grad, oH, oW):
+def _host_forward(x, w, b, geometry, need_input_grad, out):
     """im2col + GEMM (on NumPy, or on CuPy where cuDNN is missing or cannot run a case)."""
-    K, _, kH, kW = w.shape
-    if (kH, kW) == (1, 1) and geometry.padding == ((0, 0), (0, 0)) and geometry.stride != (1, 1):
-        # a strided 1x1 convolution reads every s-th pixel: subsample, then a pointwise product
-        sh, sw = geometry.stride
-        y, inner = conv2d_forward(x[:, :, ::sh, ::sw].copy(), w, b, ConvGeometry(), need_input_grad)
+    kernel = w.shape[2:]
+    if all(k == 1 for k in kernel) and not is_padded(geometry.padding) and any(s > 1 for s in geometry.stride):
+        # a strided kernel-1 convolution reads every s-th element: subsample, then a pointwise product
+        subsampled = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in geometry.stride)].copy()
+        y, inner = conv_forward(subsampled, w, b, ConvGeometry(rank=geometry.rank), need_input_grad)
         return y, ConvSaved("subsample", geometry, x_shape=x.shape, inner=inner)
-    y = _columns_forward(x, w, b, geometry, oH, oW)
+    y = _columns_forward(x, w, b, geometry, out)
     return y, ConvSaved("direct", geometry, x=x, w=w, has_bias=b is not None, need_input_grad=need_input_grad)
 
 
-def _columns_forward(x, w, b, geometry, oH, oW):
+def _bias_shape(K, rank):
+    return (1, K) + (1,) * rank
+
+
+def _columns_forward(x, w, b, geometry, out):
     xp = backend.array_module(x)
-    N, C, H, W = x.shape
-    K, _, kH, kW = w.shape
-    y = xp.empty((N, K, oH, oW), dtype=x.dtype)
-    w2 = w.reshape(K, C * kH * kW)
-    if geometry.is_pointwise(kH, kW):
-        xp.matmul(w2, x.reshape(N, C, H * W), out=y.reshape(N, K, H * W))  # (N, K, HW)
+    N, C = x.shape[:2]
+    K, kernel = w.shape[0], w.shape[2:]
+    taps = prod(kernel)
+    y = xp.empty((N, K) + tuple(out), dtype=x.dtype)
+    w2 = w.reshape(K, C * taps)
+    if geometry.is_pointwise(kernel):
+        xp.matmul(w2, x.reshape(N, C, -1), out=y.reshape(N, K, -1))      # (N, K, S)
         if b is not None:
-            y += b.reshape(1, K, 1, 1)
+            y += b.reshape(_bias_shape(K, geometry.rank))
         return y
-    layout = _Layout(x.shape, kH, kW, geometry, x.itemsize)
+    layout = _Layout(x.shape, kernel, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
-    columns = scratch(xp, "conv.columns", (C, kH, kW, Nb, P), x.dtype)
+    columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     product = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
     for n0 in range(0, N, Nb):
         nb = min(N, n0 + Nb) - n0
-        cols = layout.im2col(layout.padded(x[n0:n0 + nb]), columns[:, :, :, :nb])
+        cols = layout.im2col(layout.padded_block(x[n0:n0 + nb]), columns[..., :nb, :])
         part = product[:, :nb * P]
-        xp.matmul(w2, cols.reshape(C * kH * kW, nb * P), out=part)
+        xp.matmul(w2, cols.reshape(C * taps, nb * P), out=part)
         block = layout.from_positions(part, nb)
         if b is None:
             y[n0:n0 + nb] = block
         else:
-            xp.add(block, b.reshape(1, K, 1, 1), out=y[n0:n0 + nb])
+            xp.add(block, b.reshape(_bias_shape(K, geometry.rank)), out=y[n0:n0 + nb])
     return y
 
 
-def conv2d_backward(gy, saved, gw_out=None):
-    """Gradients ``gx, gw, gb`` of :func:`conv2d_forward` (``gx`` is None when it was not asked for).
+def conv_backward(gy, saved, gw_out=None):
+    """Gradients ``gx, gw, gb`` of :func:`conv_forward` (``gx`` is None when it was not asked for).
 
     ``gw`` is written into ``gw_out`` (shaped like the weight) when given.
     """
     if saved.kind == "cudnn":
         return _backward_on_cudnn(gy, saved, gw_out)
     if saved.kind == "subsample":
-        gx_sub, gw, gb = conv2d_backward(gy, saved.inner, gw_out)
+        gx_sub, gw, gb = conv_backward(gy, saved.inner, gw_out)
         gx = None
         if gx_sub is not None:
-            sh, sw = saved.geometry.stride
             gx = backend.array_module(gy).zeros(saved.x_shape, dtype=gy.dtype)
-            gx[:, :, ::sh, ::sw] = gx_sub
+            gx[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in saved.geometry.stride)] = gx_sub
         return gx, gw, gb
     return _columns_backward(gy, saved.x, saved.w, saved.has_bias, saved.geometry, saved.need_input_grad, gw_out)
 
@@ -229,7 +254,7 @@ def _backward_on_cudnn(gy, saved, gw_out):
     """Gradients of a forward that ran on cuDNN: through cuDNN, or where no engine runs them, through im2col;
     computed for the padded input cuDNN read, then cropped to the input."""
     gy = cudnn.aligned_contiguous(gy)
-    gradients = cudnn.conv2d_backward(gy, saved, gw_out)
+    gradients = cudnn.conv_backward(gy, saved, gw_out)
     if gradients is None:
         gradients = _padded_columns_backward(gy, saved)
     gxpad, gw, gb = gradients
@@ -249,32 +274,31 @@ def _cropped(gxpad, saved):
     """The input's gradient from that of its padded copy a cuDNN forward read (None when not asked for)."""
     if gxpad is None or gxpad.shape == tuple(saved.x_shape):
         return gxpad
-    (top, _), (left, _) = saved.geometry.padding
-    top, left = top - saved.padding[0], left - saved.padding[1]
-    H, W = saved.x_shape[2:]
-    return backend.array_module(gxpad).ascontiguousarray(gxpad[:, :, top:top + H, left:left + W])
+    extra = tuple((before - shared, 0) for (before, _), shared in zip(saved.geometry.padding, saved.padding))
+    return backend.array_module(gxpad).ascontiguousarray(gxpad[interior(extra, saved.x_shape[2:])])
 
 
 def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
     xp = backend.array_module(gy)
-    N, C, H, W = x.shape
-    K, _, kH, kW = w.shape
-    w2 = w.reshape(K, C * kH * kW)
-    gb = gy.sum(axis=(0, 2, 3)) if has_bias else None
+    N, C = x.shape[:2]
+    K, kernel = w.shape[0], w.shape[2:]
+    taps = prod(kernel)
+    w2 = w.reshape(K, C * taps)
+    gb = gy.sum(axis=(0,) + tuple(range(2, gy.ndim))) if has_bias else None
     direct = gw_out is not None and gw_out.flags.c_contiguous
-    gw2 = gw_out.reshape(K, C * kH * kW) if direct else None
-    if geometry.is_pointwise(kH, kW):
+    gw2 = gw_out.reshape(K, C * taps) if direct else None
+    if geometry.is_pointwise(kernel):
         gw2, gx = _pointwise_backward(gy, x, w2, gw2, need_input_grad)
         return gx, _into(gw2.reshape(w.shape), gw_out, direct), gb
-    layout = _Layout(x.shape, kH, kW, geometry, x.itemsize)
+    layout = _Layout(x.shape, kernel, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
-    columns = scratch(xp, "conv.columns", (C, kH, kW, Nb, P), x.dtype)
+    columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     positions = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
-    gw_block = scratch(xp, "conv.gw", (K, C * kH * kW), x.dtype) if N > Nb else None
+    gw_block = scratch(xp, "conv.gw", (K, C * taps), x.dtype) if N > Nb else None
     gx = xp.empty_like(x) if need_input_grad else None
     for n0 in range(0, N, Nb):
         nb = min(N, n0 + Nb) - n0
-        cols = layout.im2col(layout.padded(x[n0:n0 + nb]), columns[:, :, :, :nb]).reshape(C * kH * kW, nb * P)
+        cols = layout.im2col(layout.padded_block(x[n0:n0 + nb]), columns[..., :nb, :]).reshape(C * taps, nb * P)
         g = layout.to_positions(gy[n0:n0 + nb], positions[:, :nb * P])      # (K, Nb*P)
         if n0 == 0:
             gw2 = xp.matmul(g, cols.T, out=gw2)
@@ -283,7 +307,7 @@ def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
         if need_input_grad:
             xp.matmul(w2.T, g, out=cols)                                     # the columns' gradient
             gpad = layout.zeros(xp, nb, x.dtype, "conv.gpad")
-            layout.col2im(cols.reshape(C, kH, kW, nb, P), gpad)
+            layout.col2im(cols.reshape((C,) + tuple(kernel) + (nb, P)), gpad)
             gx[n0:n0 + nb] = layout.interior(gpad)
     if need_input_grad:
         assert gx.shape == x.shape
@@ -303,9 +327,9 @@ def _into(gw, gw_out, direct):
 def _pointwise_backward(gy, x, w2, gw2, need_input_grad):
     """1x1 convolution: ``gw = sum_n gy[n] @ x[n].T`` over sample blocks (bounded copies), ``gx = w.T @ gy``."""
     xp = backend.array_module(gy)
-    N, C, H, W = x.shape
+    N, C = x.shape[:2]
     K = w2.shape[0]
-    HW = H * W
+    HW = prod(x.shape[2:])                                              # positions per sample
     gy_nkp, x_ncp = gy.reshape(N, K, HW), x.reshape(N, C, HW)
     Nb = max(1, min(N, COLUMN_BYTES // max((K + C) * HW * x.itemsize, 1)))
     if gw2 is None:
@@ -321,5 +345,5 @@ def _pointwise_backward(gy, x, w2, gw2, need_input_grad):
             xp.matmul(g.reshape(K, -1), xs.reshape(C, -1).T, out=gw2)
         else:
             gw2 += xp.matmul(g.reshape(K, -1), xs.reshape(C, -1).T, out=part)
-    gx = xp.matmul(w2.T, gy_nkp).reshape(N, C, H, W) if need_input_grad else None   # (N, C, HW)
+    gx = xp.matmul(w2.T, gy_nkp).reshape(x.shape) if need_input_grad else None   # (N, C, HW)
     return gw2, gx

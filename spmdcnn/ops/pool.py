@@ -1,66 +1,72 @@
-"""Max, average and global average pooling with PyTorch's semantics.
+"""Max, average and global average pooling with PyTorch's semantics, over 1, 2 or 3 spatial axes (one
+implementation for every spatial rank: (N, C, S...) with ``S`` the spatial extents).
 
 Floor mode; max pooling pads with -inf (padding never wins) and picks the first maximum of a window in row-major
 order on ties, as PyTorch's CPU kernel does; average pooling counts the padding, so every window divides by
-kH*kW (with floor mode no window leaves the padded input).
+prod(kernel) (with floor mode no window leaves the padded input).
 """
+
+from math import prod
 
 from .. import backend
 from .cuda import kernels as cuda
 from .parallel import over_samples
 from .saved import PoolSaved
-from .window import output_extent, pad_spatial, pair, sides, window_slice
+from .window import interior, kernel_positions, ntuple, output_extents, pad_spatial, rank_of, sides, window_slice
 
 
 class PoolGeometry:
-    """Kernel, stride (default: the kernel) and per-side padding of a pooling window."""
+    """Kernel, stride (default: the kernel) and per-side padding of a pooling window, one value per spatial axis
+    (``rank`` of them: given, or the length of the first one given as a sequence, else 2)."""
 
     __slots__ = ("kernel", "stride", "padding")
 
-    def __init__(self, kernel, stride=None, padding=0):
-        self.kernel = pair(kernel, "kernel")
-        self.stride = self.kernel if stride is None else pair(stride, "stride")
-        self.padding = sides(padding)
+    def __init__(self, kernel, stride=None, padding=0, rank=None):
+        rank = rank or rank_of(kernel, stride, padding)
+        self.kernel = ntuple(kernel, rank, "kernel")
+        self.stride = self.kernel if stride is None else ntuple(stride, rank, "stride")
+        self.padding = sides(padding, rank)
 
-    def output_shape(self, H, W):
-        (top, bottom), (left, right) = self.padding
-        return (output_extent(H, self.kernel[0], self.stride[0], top, bottom),
-                output_extent(W, self.kernel[1], self.stride[1], left, right))
+    @property
+    def positions(self):
+        """Kernel positions in a window."""
+        return prod(self.kernel)
 
-    def windows(self, oH, oW):
-        """``(index, rows, cols)`` for every kernel position, in row-major order."""
-        (kH, kW), (sh, sw) = self.kernel, self.stride
-        for p in range(kH):
-            for q in range(kW):
-                yield p * kW + q, window_slice(p, oH, sh), window_slice(q, oW, sw)
+    def output_shape(self, spatial):
+        return output_extents(spatial, self.kernel, self.stride, self.padding)
+
+    def windows(self, out):
+        """``(index, slices)`` for every kernel position, in row-major order: the spatial slices of the padded
+        input it reads for the output extents ``out``."""
+        for index, p in enumerate(kernel_positions(self.kernel)):
+            yield index, tuple(window_slice(i, o, s) for i, o, s in zip(p, out, self.stride))
 
     def __repr__(self):
         return f"PoolGeometry(kernel={self.kernel}, stride={self.stride}, padding={self.padding})"
 
 
-def maxpool2d_forward(x, geometry):
+def maxpool_forward(x, geometry):
     """``y[n, c, i, j] = max`` over the window; saves the winning kernel position of each output.
 
     The winner is tracked with modular uint8 arithmetic, ``idx += better * (index - idx)``, which is several
     times faster than masked assignment and keeps the first maximum on ties.
     """
     if backend.on_device(x):
-        return cuda.maxpool2d_forward(x, geometry)
+        return cuda.maxpool_forward(x, geometry)
     xp = backend.array_module(x)
-    N, C, H, W = x.shape
-    oH, oW = geometry.output_shape(H, W)
+    N, C = x.shape[:2]
+    out = geometry.output_shape(x.shape[2:])
     xpad = pad_spatial(x, geometry.padding, value=-xp.inf)
-    positions = geometry.kernel[0] * geometry.kernel[1]
-    index_type = xp.uint8 if positions <= 256 else xp.uint32
-    y = xp.empty((N, C, oH, oW), dtype=x.dtype)
-    argmax = xp.zeros((N, C, oH, oW), dtype=index_type)
+    index_type = xp.uint8 if geometry.positions <= 256 else xp.uint32
+    y = xp.empty((N, C) + out, dtype=x.dtype)
+    argmax = xp.zeros((N, C) + out, dtype=index_type)
 
     def run(n0, n1):
         best, winner = y[n0:n1], argmax[n0:n1]
         better = xp.empty(best.shape, dtype=bool)
         step = xp.empty(best.shape, dtype=index_type)
-        for index, rows, cols in geometry.windows(oH, oW):
-            window = xpad[n0:n1, :, rows, cols]
+        for index, slices in geometry.windows(out):
+            window = xpad[(slice(n0, n1), slice(None)) + slices]
             if index == 0:
                 best[...] = window
                 continue
@@ -73,66 +79,65 @@ def maxpool2d_forward(x, geometry):
     return y, PoolSaved(x.shape, geometry, argmax)
 
 
-def maxpool2d_backward(gy, saved):
+def _padded_zeros(xp, x_shape, geometry, dtype):
+    return xp.zeros(tuple(x_shape[:2]) + tuple(size + before + after for size, (before, after)
+                                               in zip(x_shape[2:], geometry.padding)), dtype=dtype)
+
+
+def maxpool_backward(gy, saved):
     """Route each output gradient to the input element that won its window."""
     if backend.on_device(gy):
-        return cuda.maxpool2d_backward(gy, saved)
+        return cuda.maxpool_backward(gy, saved)
     x_shape, argmax, geometry = saved.x_shape, saved.argmax, saved.geometry
     xp = backend.array_module(gy)
-    N, C, H, W = x_shape
-    (top, bottom), (left, right) = geometry.padding
-    gxpad = xp.zeros((N, C, H + top + bottom, W + left + right), dtype=gy.dtype)
-    _, _, oH, oW = gy.shape
+    N = x_shape[0]
+    gxpad = _padded_zeros(xp, x_shape, geometry, gy.dtype)
+    out = gy.shape[2:]
 
     def run(n0, n1):
         share = xp.empty((n1 - n0,) + gy.shape[1:], dtype=gy.dtype)
         hit = xp.empty(share.shape, dtype=bool)
-        for index, rows, cols in geometry.windows(oH, oW):
+        for index, slices in geometry.windows(out):
             xp.equal(argmax[n0:n1], index, out=hit)
             xp.multiply(gy[n0:n1], hit, out=share)
-            gxpad[n0:n1, :, rows, cols] += share
+            gxpad[(slice(n0, n1), slice(None)) + slices] += share
     over_samples(xp, run, N)
-    return xp.ascontiguousarray(gxpad[:, :, top:top + H, left:left + W])
+    return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
 
 
-def avgpool2d_forward(x, geometry):
-    """``y = sum over the (zero-padded) window / (kH*kW)``."""
+def avgpool_forward(x, geometry):
+    """``y = sum over the (zero-padded) window / prod(kernel)``."""
     if backend.on_device(x):
-        return cuda.avgpool2d_forward(x, geometry)
+        return cuda.avgpool_forward(x, geometry)
     xp = backend.array_module(x)
-    N, C, H, W = x.shape
-    oH, oW = geometry.output_shape(H, W)
+    out = geometry.output_shape(x.shape[2:])
     xpad = pad_spatial(x, geometry.padding)
-    y = xp.zeros((N, C, oH, oW), dtype=x.dtype)
-    for _, rows, cols in geometry.windows(oH, oW):
-        y += xpad[:, :, rows, cols]
-    y *= 1.0 / (geometry.kernel[0] * geometry.kernel[1])
+    y = xp.zeros(x.shape[:2] + out, dtype=x.dtype)
+    for _, slices in geometry.windows(out):
+        y += xpad[(slice(None), slice(None)) + slices]
+    y *= 1.0 / geometry.positions
     return y, PoolSaved(x.shape, geometry)
 
 
-def avgpool2d_backward(gy, saved):
+def avgpool_backward(gy, saved):
     if backend.on_device(gy):
-        return cuda.avgpool2d_backward(gy, saved)
+        return cuda.avgpool_backward(gy, saved)
     x_shape, geometry = saved.x_shape, saved.geometry
     xp = backend.array_module(gy)
-    N, C, H, W = x_shape
-    (top, bottom), (left, right) = geometry.padding
-    gxpad = xp.zeros((N, C, H + top + bottom, W + left + right), dtype=gy.dtype)
-    share = gy * (1.0 / (geometry.kernel[0] * geometry.kernel[1]))
-    _, _, oH, oW = gy.shape
-    for _, rows, cols in geometry.windows(oH, oW):
-        gxpad[:, :, rows, cols] += share
-    return xp.ascontiguousarray(gxpad[:, :, top:top + H, left:left + W])
+    gxpad = _padded_zeros(xp, x_shape, geometry, gy.dtype)
+    share = gy * (1.0 / geometry.positions)
+    for _, slices in geometry.windows(gy.shape[2:]):
+        gxpad[(slice(None), slice(None)) + slices] += share
+    return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
 
 
 def global_avgpool_forward(x):
-    """Mean over H and W: (N, C, H, W) -> (N, C, 1, 1)."""
-    mean = x.mean(axis=(2, 3), keepdims=True, dtype=backend.master_dtype(x.dtype))
+    """Mean over the spatial axes: (N, C, S...) -> (N, C, 1...)."""
+    mean = x.mean(axis=tuple(range(2, x.ndim)), keepdims=True, dtype=backend.master_dtype(x.dtype))
     return mean.astype(x.dtype, copy=False), x.shape
 
 
 def global_avgpool_backward(gy, x_shape):
     xp = backend.array_module(gy)
-    H, W = x_shape[2], x_shape[3]
-    share = gy.astype(backend.master_dtype(gy.dtype), copy=False) * (1.0 / (H * W))
+    share = gy.astype(backend.master_dtype(gy.dtype), copy=False) * (1.0 / prod(x_shape[2:]))
     return xp.broadcast_to(share.astype(gy.dtype, copy=False), x_shape).copy()

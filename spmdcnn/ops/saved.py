@@ -11,10 +11,10 @@ class ConvSaved(NamedTuple):
     """The forward's record; ``kind`` names the path it took and which fields it fills.
 
     - ``direct`` (im2col or pointwise): ``x``, ``w``, ``has_bias``, ``geometry``, ``need_input_grad``;
-    - ``subsample`` (a strided 1x1 convolution without padding): ``inner``, the record of the pointwise
+    - ``subsample`` (a strided kernel-1 convolution without padding): ``inner``, the record of the pointwise
       convolution of the subsampled input, ``x_shape`` and ``geometry``;
     - ``cudnn``: ``x``, the input padded by the part of ``geometry``'s padding cuDNN was not given,
-      ``padding``, the symmetric ``(height, width)`` padding it was given, ``w`` (the master weight), ``wio``
+      ``padding``, the symmetric padding per spatial axis it was given, ``w`` (the master weight), ``wio``
       (the weight in the input's type, as cuDNN read it), ``has_bias``, ``geometry``, ``need_input_grad`` and
       ``x_shape`` (the unpadded input's).
     """
@@ -68,9 +68,18 @@ class LossSaved(NamedTuple):
     dtype: object
 
 
+class MSESaved(NamedTuple):
+    """What the mean squared error keeps for backward: ``y - t`` (zero on padding rows), the ``count`` the mean
+    divides by (global batch times targets) and the predictions' type."""
+
+    difference: object
+    count: int
+    dtype: object
+
+
 class BatchNormSaved(NamedTuple):
     """What forward keeps for backward: in ``eval`` mode the per-channel ``scale`` alone; in ``train`` the input as
-    (N, C, H*W), the batch ``mean``, ``gamma``, ``inv_std``, the ``count`` of values per channel and the ``reduce``
+    (N, C, S) (S the positions per channel of a sample), the batch ``mean``, ``gamma``, ``inv_std``, the ``count`` of values per channel and the ``reduce``
     that sums over the replica group."""
 
     mode: str
@@ -84,7 +93,7 @@ class BatchNormSaved(NamedTuple):
 
 
 class GhostSaved(NamedTuple):
-    """Ghost batch norm's training state for backward: the input as (N, C, H*W), the ``spans`` of samples of each
+    """Ghost batch norm's training state for backward: the input as (N, C, S), the ``spans`` of samples of each
     group, per group (rows) the ``mean`` and ``inv_std``, ``gamma``, the ``count`` of values per channel of a
     group and the ``reduce`` that sums over the tiles sharing the groups."""
 

@@ -6,7 +6,7 @@ tiles go to the contiguous devices ``0 .. count-1``: a layer on fewer devices th
 relu and dropout are not searched: they take their input's configuration (docs/formats.md#plan-files).
 """
 
-from ..tiling.config import NAMES, ParallelConfig, device_range, dims_of, output_shape
+from ..tiling.config import ParallelConfig, device_range, dims_of, names_of, output_shape
 from ..tiling.plan import inherits
 
 
@@ -24,7 +24,8 @@ def factorizations(number, parts):
 def configurations(layer, batch, devices):
     """The :class:`ParallelConfig` choices of ``layer`` for a job on ``devices`` devices."""
     shape = output_shape(layer, batch)
-    allowed = [NAMES.index(d) for d in dims_of(layer)]
+    names = names_of(len(shape))
+    allowed = [names.index(d) for d in dims_of(layer)]
     result = []
     for count in divisors(devices):
         on = device_range(count)            # one tuple for every configuration on these devices

@@ -8,10 +8,9 @@ matplotlib draws it (``pip install matplotlib``, or ``spmdcnn[plot]``); it is im
 import copy
 import math
 
-from ..tiling.config import NAMES
 from ..tiling.plan import inherits
 
-COLOURS = {"n": "#4878a8", "c": "#c03030", "h": "#60a060", "w": "#d0a030"}
+COLOURS = {"n": "#4878a8", "c": "#c03030", "d": "#8060b0", "h": "#60a060", "w": "#d0a030"}
 TIMES = (("compute_s", "compute", "#4878a8"), ("transfer_s", "transfer", "#c03030"), ("sync_s", "sync", "#888888"))
 
 
@@ -46,7 +45,7 @@ def draw_plan(graph, plan, prediction, output, title):
     top = max(1, math.ceil(math.log2(max(max(config.degrees) for _, config, _ in rows) or 1)))
     for row, (layer, config, _) in zip(y, rows):
         start = 0.0
-        for name, degree in zip(NAMES, config.degrees):
+        for name, degree in zip(config.names, config.degrees):
             if degree > 1:
                 width = math.log2(degree)
                 left.barh(row, width, left=start, color=COLOURS[name], height=0.7)

@@ -23,7 +23,9 @@ from .. import backend
 from ..comm import World
 from ..cost.buckets import SyncOptions
 from ..graph.blocks import DATA
+from ..graph.optable import ANSWERS_LABELS, KEEPS_OUTPUT
 from ..io.batch import Batch
+from ..ops.mse import absolute_errors
 from ..tiling.boxes import relative
 from ..tiling.ghost import ghost_group
 from ..tiling.plan import named
@@ -37,7 +39,7 @@ def overwritable_inputs(graph):
     An in-place layer (the op table's ``inplace``) may overwrite input ``i`` when no one else can see that memory:
     the tensor has this layer as its only consumer, and so has every tensor it may share memory with, back through
     layers that may return their input (``view``: flatten, dropout) and through earlier in-place layers, to a
-    layer's own output (never the data)."""
+    layer's own output (never the data), and no layer along the way keeps its output for backward (tanh)."""
     result = {}
 
     def exclusive(ref):
@@ -45,6 +47,8 @@ def overwritable_inputs(graph):
             if ref == DATA or len(graph.consumers[ref]) != 1:
                 return False
             producer = graph.by_name[ref]
+            if producer.spec.keeps == KEEPS_OUTPUT:
+                return False
             index = 0 if producer.spec.view else result.get(ref)
             if index is None:
                 return True
@@ -57,9 +61,17 @@ def overwritable_inputs(graph):
     return result
 
 
+def _score(layer, output, answers):
+    """What the loss layer's tile adds to the batch's score: right predictions against labels (argmax), or the
+    sum of absolute errors against targets."""
+    if layer.spec.answers == ANSWERS_LABELS:
+        return int((output.argmax(axis=1) == answers).sum())
+    return absolute_errors(output, answers)
+
+
 def array_batch(images, labels):
-    """A :class:`~spmdcnn.io.batch.Batch` held whole in memory: the global ``images`` (N, C, H, W) and ``labels``
-    (N,) arrays; each tile reads its box of them."""
+    """A :class:`~spmdcnn.io.batch.Batch` held whole in memory: the global ``images`` (N, C, S...) and ``labels``
+    ((N,) labels or (N, K) targets) arrays; each tile reads its box of them."""
     whole = tuple((0, extent) for extent in images.shape)
     return Batch(len(labels), lambda box, steps: images[relative(box, whole, steps)], lambda lo, hi: labels[lo:hi])
 
@@ -146,9 +158,10 @@ class Executor:
         """Run the network on a batch: ``images, labels`` arrays of the global batch, or a
         :class:`~spmdcnn.io.batch.Batch` (each tile reads only its box).
 
-        Returns ``(loss, correct, kept)``: the global mean loss, the number of right predictions over the global
-        batch, and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds (those are left
-        as computed: no layer writes over them)."""
+        Returns ``(loss, score, kept)``: the global mean loss, its score over the global batch (the number of right
+        predictions, or for a regression loss the sum of absolute errors over samples and targets: padding samples
+        count in neither), and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds (those
+        are left as computed: no layer writes over them)."""
         batch = images if labels is None else array_batch(images, labels)
         if training and self.batchnorm is not None and batch.size % self.batchnorm:
             raise ValueError(f"batchnorm.group {self.batchnorm} does not divide the batch of {batch.size}")
@@ -176,9 +189,9 @@ class Executor:
             is_loss = layer is loss_layer
             if is_loss:
                 (n0, n1), = site.box
-                labels = self.xp.asarray(batch.labels(n0, n1))
-                correct = int((xs[0].argmax(axis=1) == labels).sum())
-                xs.append(labels)
+                answers = self.xp.asarray(batch.labels(n0, n1))
+                correct = _score(layer, xs[0], answers)
+                xs.append(answers)
             started = perf_counter()
             y, saved = site.kernel.forward(xs, run)
             if self.trace is not None:
@@ -192,7 +205,7 @@ class Executor:
             if layer.name in keep:
                 kept[layer.name] = y
         loss, correct = self.world.sum_scalars(loss, correct)
-        return loss, int(round(correct)), kept
+        return loss, int(round(correct)) if self.graph.answers == ANSWERS_LABELS else correct, kept
 
     def _gather_inputs(self, site, outputs, batch):
         """``{slot: input box array}`` for this rank's tile of the site's layer (empty when it holds none)."""

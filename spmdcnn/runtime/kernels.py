@@ -11,18 +11,21 @@ the parameter gradients into its gradient views and returns None for an input th
 The executor builds one per layer and rank from the plan (``runtime/program.py``); the profiler builds the same
 from a tile shape (``runtime/profile.py``), so what it times is what training runs.
 
-No op keeps its *output* for backward (conv2d, linear and batchnorm2d keep their input; the others keep masks,
-indices or nothing: the op table's ``keeps``). So relu, dropout and add may write their output over an input that
-no other layer reads (``overwrite``).
+Only tanh keeps its *output* for backward (convolutions, linear and batch norm keep their input; the others keep
+masks, indices or nothing: the op table's ``keeps``). So the element-wise ops and add may write their output over
+an input that no other layer reads and no op keeps (``overwrite``; ``runtime.executor.overwritable_inputs``).
+
+Ops over spatial axes are bound once for every spatial rank: ``BIND`` is keyed by the op table's ``family``.
 """
 
 from dataclasses import dataclass, field
+from math import prod
 from typing import NamedTuple
 
 from .. import backend
-from ..ops import add, batchnorm, concat, conv, dropout, flatten, linear, loss, pool, relu
-from ..graph.optable import window
-from ..tiling.fields import NO_PADDING, Need
+from ..ops import (add, batchnorm, concat, conv, dropout, flatten, leaky_relu, linear, loss, mse, pool, relu, scale,
+                   tanh)
+from ..tiling.fields import Need, no_padding
 
 
 class Run(NamedTuple):
@@ -55,17 +58,17 @@ class Tile:
 
     @property
     def padding(self):
-        return self.need.padding if self.need else NO_PADDING
+        """The padding it adds, a ``(before, after)`` pair per spatial axis."""
+        return self.need.pads if self.need else no_padding(len(self.global_shape) - 2)
 
     def stride(self, stride):
-        """The window stride this tile applies: 1 along a strided read, whose rows arrive subsampled."""
-        return self.need.stride(stride) if self.need else stride
+        """The window stride this tile applies: 1 along a strided read, whose positions arrive subsampled."""
+        return self.need.stride(stride) if self.need else tuple(stride)
 
     @property
     def count(self):
-        """Values per channel over the global tensor (batchnorm's M = N*H*W)."""
-        N, _, H, W = self.global_shape
-        return N * H * W
+        """Values per channel over the global tensor (batchnorm's M = N * prod(spatial))."""
+        return prod(self.global_shape[:1] + self.global_shape[2:])
 
     @property
     def total(self):
@@ -90,7 +93,7 @@ class TileKernel:
         self.input_grad = layer.input_grad  # computes the gradient of its input(s): the graph's one rule
         self.overwrite = overwrite          # the index of an input it may write its output over, or None
         self.seed = seed
-        self.forward, self.backward = BIND[layer.op](self)
+        self.forward, self.backward = BIND[layer.spec.family](self)
 
     def overwrites(self, run):
         """Whether this call of a one-input kernel may write its output over its input."""
@@ -102,8 +105,8 @@ class TileKernel:
 
 def _pool(function, backward):
     def bind(kernel):
-        a = kernel.layer.attrs
-        geometry = pool.PoolGeometry(a["kernel"], kernel.tile.stride(window(a).stride), kernel.tile.padding)
+        geometry = kernel.layer.window
+        geometry = pool.PoolGeometry(geometry.kernel, kernel.tile.stride(geometry.stride), kernel.tile.padding)
         return (lambda xs, run: function(xs[0], geometry)), (lambda gy, saved: [backward(gy, saved)])
     return bind
 
@@ -120,6 +123,23 @@ def _relu(kernel):
         (lambda gy, saved: [relu.relu_backward(gy, saved)])
 
 
+def _leaky_relu(kernel):
+    slope = kernel.layer.attrs["negative_slope"]
+    return (lambda xs, run: leaky_relu.leaky_relu_forward(xs[0], slope, inplace=kernel.overwrites(run))), \
+        (lambda gy, saved: [leaky_relu.leaky_relu_backward(gy, saved, slope)])
+
+
+def _tanh(kernel):
+    return (lambda xs, run: tanh.tanh_forward(xs[0], inplace=kernel.overwrites(run))), \
+        (lambda gy, saved: [tanh.tanh_backward(gy, saved)])
+
+
+def _scale(kernel):
+    factor = kernel.layer.attrs["factor"]
+    return (lambda xs, run: scale.scale_forward(xs[0], factor, inplace=kernel.overwrites(run))), \
+        (lambda gy, saved: [scale.scale_backward(gy, factor)])
+
+
 def _add(kernel):
     def forward(xs, run):
         return add.add_forward(xs, inplace=kernel.overwrite if run.overwrite else None)
@@ -131,7 +151,7 @@ def _concat(kernel):
 
 
 def _weighted(function, backward, geometry_of=None):
-    """conv2d and linear: the weight (and bias) shard, ``gw`` written straight into its gradient view."""
+    """Convolutions and linear: the weight (and bias) shard, ``gw`` written straight into its gradient view."""
     def bind(kernel):
         params, grads = kernel.views.params, kernel.views.grads
         extra = () if geometry_of is None else (geometry_of(kernel),)
@@ -149,8 +169,9 @@ def _weighted(function, backward, geometry_of=None):
 
 
 def _conv_geometry(kernel):
-    geometry = window(kernel.layer.attrs)
-    return conv.ConvGeometry(kernel.tile.stride(geometry.stride), kernel.tile.padding, geometry.dilation)
+    geometry = kernel.layer.window
+    return conv.ConvGeometry(kernel.tile.stride(geometry.stride), kernel.tile.padding, geometry.dilation,
+                             rank=len(geometry.kernel))
 
 
 @dataclass
@@ -187,10 +208,10 @@ def _ghost_batchnorm(kernel):
 
     def forward(xs, run):
         if not run.training:
-            return batchnorm.batchnorm2d_forward(xs[0], views.params["weight"], views.params["bias"],
+            return batchnorm.batchnorm_forward(xs[0], views.params["weight"], views.params["bias"],
                                                  views.buffers["running_mean"], views.buffers["running_var"],
                                                  eps=a["eps"], training=False)
-        y, saved, (means, variances) = batchnorm.ghost_batchnorm2d_forward(
+        y, saved, (means, variances) = batchnorm.ghost_batchnorm_forward(
             xs[0], views.params["weight"], views.params["bias"], site.spans, ghost.count, a["eps"], ghost.gather)
         xp = backend.array_module(means)
         contribution = xp.stack([means.sum(axis=0), variances.sum(axis=0)])
@@ -201,7 +222,7 @@ def _ghost_batchnorm(kernel):
         return y, saved
 
     def backward(gy, saved):
-        gx, ggamma, gbeta, own_ggamma, own_gbeta = batchnorm.ghost_batchnorm2d_backward(gy, saved, ghost.reduce)
+        gx, ggamma, gbeta, own_ggamma, own_gbeta = batchnorm.ghost_batchnorm_backward(gy, saved, ghost.reduce)
         whole = site.whole          # every tile of the replica group has every group's sums
         views.grads["weight"][...] = ggamma if whole else own_ggamma
         views.grads["bias"][...] = gbeta if whole else own_gbeta
@@ -215,13 +236,13 @@ def _batchnorm(kernel):
         return _ghost_batchnorm(kernel)
 
     def forward(xs, run):
-        return batchnorm.batchnorm2d_forward(
+        return batchnorm.batchnorm_forward(
             xs[0], views.params["weight"], views.params["bias"], views.buffers["running_mean"],
             views.buffers["running_var"], eps=a["eps"], momentum=a["momentum"], training=run.training,
             reduce=tile.reduce, gather=tile.gather, count=tile.count)   # over the tiles with these channels
 
     def backward(gy, saved):
-        gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)
+        gx, ggamma, gbeta = batchnorm.batchnorm_backward(gy, saved)
         views.grads["weight"][...] = ggamma
         views.grads["bias"][...] = gbeta
         return [gx]
@@ -240,24 +261,29 @@ def _dropout(kernel):
     return forward, lambda gy, saved: [dropout.dropout_backward(gy, saved)]
 
 
-def _loss(kernel):
-    """The labels of the tile's samples come as the second input."""
-    total = kernel.tile.total
-    return (lambda xs, run: loss.softmax_cross_entropy_forward(xs[0], xs[1], total=total)), \
-        (lambda gy, saved: [loss.softmax_cross_entropy_backward(gy, saved)])
+def _loss(forward, backward):
+    """The answers of the tile's samples (labels or targets) come as the second input."""
+    def bind(kernel):
+        total = kernel.tile.total
+        return (lambda xs, run: forward(xs[0], xs[1], total=total)), (lambda gy, saved: [backward(gy, saved)])
+    return bind
 
 
 BIND = {
-    "conv2d": _weighted(conv.conv2d_forward, conv.conv2d_backward, _conv_geometry),
+    "conv": _weighted(conv.conv_forward, conv.conv_backward, _conv_geometry),
     "linear": _weighted(linear.linear_forward, linear.linear_backward),
-    "maxpool2d": _pool(pool.maxpool2d_forward, pool.maxpool2d_backward),
-    "avgpool2d": _pool(pool.avgpool2d_forward, pool.avgpool2d_backward),
+    "maxpool": _pool(pool.maxpool_forward, pool.maxpool_backward),
+    "avgpool": _pool(pool.avgpool_forward, pool.avgpool_backward),
     "global_avgpool": _plain(pool.global_avgpool_forward, pool.global_avgpool_backward),
     "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
     "relu": _relu,
+    "leaky_relu": _leaky_relu,
+    "tanh": _tanh,
+    "scale": _scale,
     "add": _add,
     "concat": _concat,
-    "batchnorm2d": _batchnorm,
+    "batchnorm": _batchnorm,
     "dropout": _dropout,
-    "softmax_cross_entropy": _loss,
+    "softmax_cross_entropy": _loss(loss.softmax_cross_entropy_forward, loss.softmax_cross_entropy_backward),
+    "mse_loss": _loss(mse.mse_loss_forward, mse.mse_loss_backward),
 }

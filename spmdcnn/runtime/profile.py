@@ -22,8 +22,8 @@ from ..cost.compute import ComputeModel, Profile, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..graph.graph import Layer
-from ..graph.opspec import KEYS, infer
-from ..graph.optable import OPS
+from ..graph.opspec import infer, keys_of
+from ..graph.optable import ANSWERS_LABELS, ANSWERS_TARGETS, OPS
 from ..planner.configs import configurations
 from ..progress import Progress
 from ..tiling.config import ParallelConfig, output_shape
@@ -95,9 +95,11 @@ def tile_kernel(shape, xp=np, dtype=np.float32, seed=0):
     views = Views(params, {name: xp.zeros_like(value) for name, value in params.items()}, buffers)
     tile = Tile(shape.output, tuple((0, extent) for extent in shape.output))
     inputs = [xp.asarray(rng.standard_normal(s).astype(dtype)) for s in shape.inputs]
-    if layer.spec.loss:
+    if layer.spec.answers == ANSWERS_LABELS:
         n, classes = shape.inputs[0]
         inputs.append(xp.asarray(rng.integers(0, classes, n)))
+    elif layer.spec.answers == ANSWERS_TARGETS:
+        inputs.append(xp.asarray(rng.uniform(-1, 1, shape.inputs[0]).astype(np.float32)))
     return TileKernel(layer, tile, views, overwrite=0 if layer.spec.inplace else None), inputs
 
 
@@ -107,7 +109,7 @@ def _layer(shape):
     spec = OPS[shape.op]
     if spec.window:
         attrs["padding"] = 0
-    keys = KEYS[shape.op]
+    keys = keys_of(shape.op)
     for key in ("out_channels", "out_features"):        # as many outputs as the tile computes
         if key in keys:
             attrs[key] = shape.output[1]

@@ -1,7 +1,7 @@
 """One rank's share of a plan, built once: for each layer the tile it computes (if any) as a bound kernel, the input
 boxes that tile reads, the exchange that brings them, its replica group, and where its parameter shards lie.
 
-Parameters are split along ``c`` like the layer's output: a conv weight ``(K, C, kH, kW)`` tile holds rows
+Parameters are split along ``c`` like the layer's output: a conv weight ``(K, C, k...)`` tile holds rows
 ``[c0, c1)``, a linear weight ``(F_out, F_in)`` likewise, batchnorm its channels. The ranks holding the same
 channel part form the layer's replica group: batchnorm sums its statistics over it, and the group's gradients are
 summed in buckets (:mod:`spmdcnn.cost.buckets`): the shards of all layers with the same group lie side by side in
@@ -10,6 +10,7 @@ layer it holds has run.
 """
 
 from dataclasses import dataclass
+from math import prod
 from typing import NamedTuple
 
 from .. import backend
@@ -135,7 +136,7 @@ class Program:
 
     def _ghost(self, site, ghost):
         """The :class:`~spmdcnn.runtime.kernels.Ghost` of a batchnorm tile of ghost site ``ghost``."""
-        N, _, H, W = site.global_shape
+        N, positions = site.global_shape[0], prod(site.global_shape[2:])
         component = ghost.component
         alone = len(component) < 2
         defer = None
@@ -144,7 +145,7 @@ class Program:
 
             def defer(contribution, apply):
                 self.deferred.append((start_sum(contribution), contribution, apply))
-        return Ghost(ghost, self.batchnorm * H * W, N // self.batchnorm,
+        return Ghost(ghost, self.batchnorm * positions, N // self.batchnorm,
                      None if alone else self.groups.gatherer(component),
                      None if alone else self.groups.reducer(component), defer)
 

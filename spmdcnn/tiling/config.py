@@ -1,8 +1,10 @@
 """A layer's parallel configuration: a degree per dimension of its output, and the devices holding the tiles.
 
-Which dimensions an op may split (docs/architecture.md#layer-wise-parallelism): image-shaped outputs (conv,
-pooling, batchnorm, element-wise, concat, add) ``n, c, h, w``; flatten ``n``; linear ``n, c``; the loss ``n`` (its
-tiles are the per-sample losses). The tile with multi-index ``(i_n, i_c, i_h, i_w)`` lives on ``devices[row-major index]``.
+Which dimensions an op may split (docs/architecture.md#layer-wise-parallelism): outputs with spatial axes (conv,
+pooling, batchnorm, element-wise, concat, add) ``n, c`` and their spatial axes, ``d, h, w`` for volumes, ``h, w``
+for images, ``w`` for sequences; flatten ``n``; linear ``n, c``; the loss ``n`` (its tiles are the per-sample
+losses). The tile with multi-index ``(i_n, i_c, i_d, i_h, i_w)`` (as many as the output has dimensions) lives on
+``devices[row-major index]``.
 """
 
 import functools
@@ -11,7 +13,14 @@ from itertools import product
 
 from .boxes import part
 
-NAMES = ("n", "c", "h", "w")      # the output's dimensions, in tensor order (rank 2: n, c; the loss: n)
+NAMES = ("n", "c", "d", "h", "w")     # every dimension a tensor may have, in tensor order
+SPATIAL = ("d", "h", "w")             # the spatial axes' names: a tensor with fewer has the last ones
+
+
+def names_of(rank):
+    """The names of the dimensions of a tensor of ``rank`` dimensions (the batch included), in tensor order:
+    ``n`` for the loss's, ``n, c`` for features, then ``w``, ``h, w`` or ``d, h, w`` for 1 to 3 spatial axes."""
+    return NAMES[:min(rank, 2)] + SPATIAL[len(SPATIAL) - max(rank - 2, 0):]
 
 
 def dims_of(layer):
@@ -19,12 +28,12 @@ def dims_of(layer):
     that flatten and the loss split only ``n`` (the op table's ``splits``)."""
     if layer.spec.splits is not None:
         return layer.spec.splits
-    return NAMES[:1 + len(layer.out_shape)]
+    return names_of(1 + len(layer.out_shape))
 
 
 def output_shape(layer, batch):
-    """The global output shape a configuration of ``layer`` splits: ``(N, C, H, W)``, ``(N, F)`` for flatten and
-    linear, ``(N,)`` for the loss (one loss per sample)."""
+    """The global output shape a configuration of ``layer`` splits: ``(N, C, S...)`` (``(N, C, H, W)`` for images),
+    ``(N, F)`` for flatten and linear, ``(N,)`` for the loss (one loss per sample)."""
     if layer.spec.loss:
         return (batch,)
     return (batch,) + tuple(layer.out_shape)
@@ -87,6 +96,11 @@ class ParallelConfig:
                 return index
         return None
 
+    @property
+    def names(self):
+        """Its dimensions' names (:func:`names_of`)."""
+        return names_of(len(self.degrees))
+
     def replicas(self, channel_axis=1):
         """Devices grouped by the channel part they hold: ``{i_c: [devices]}`` (all devices when c is not split).
 
@@ -102,7 +116,7 @@ class ParallelConfig:
         """The configuration in plan YAML's flow style: ``{n: 2, h: 2, devices: [0, 1, 2, 3]}``; ``short``, for
         people, abbreviates a long device list: ``[0, 1, 2, ..., 15]`` for a run of consecutive devices,
         ``[7, 3, 5, ... (64 devices)]`` otherwise."""
-        text = ", ".join(f"{d}: {k}" for d, k in zip(NAMES, self.degrees) if k != 1) or "n: 1"
+        text = ", ".join(f"{d}: {k}" for d, k in zip(self.names, self.degrees) if k != 1) or "n: 1"
         devices = list(self.devices)
         if short and len(devices) > SHORT_DEVICES:
             run = devices == list(range(devices[0], devices[0] + len(devices)))

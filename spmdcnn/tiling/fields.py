@@ -1,12 +1,12 @@
 """Receptive fields: the box of each input a layer's output tile depends on.
 
-For a window op (conv, pooling) over rows, output rows ``[o0, o1)`` read the input rows
-``[o0*s - p, (o1-1)*s - p + d*(k-1) + 1)`` (stride s, top padding p, dilation d, kernel k). The part of that
-range outside ``[0, H)`` is padding: the tile pads those sides locally, so it computes exactly its output rows.
-A 1-wide window with stride s > 1 (a strided 1x1 convolution) reads only every s-th row of that range: its need
-is strided, the tile receives just those rows and applies stride 1 to them. Along such an axis the padding counts
-outputs (zero rows added to the packed input), and a need's elements are ``shape_of(box, steps)``, not its
-box's volume.
+A window op (conv, pooling) acts on each spatial axis (depth, height, width) alone: along one, output positions
+``[o0, o1)`` read the input positions ``[o0*s - p, (o1-1)*s - p + d*(k-1) + 1)`` (stride s, padding before p,
+dilation d, kernel k). The part of that range outside the tensor is padding: the tile pads those sides locally,
+so it computes exactly its outputs. A 1-wide window with stride s > 1 (a strided kernel-1 convolution) reads only
+every s-th position of that range: its need is strided, the tile receives just those positions and applies
+stride 1 to them. Along such an axis the padding counts outputs (zeros added to the packed input), and a need's
+elements are ``shape_of(box, steps)``, not its box's volume.
 Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
 their samples; element-wise ops and add read the output's own box; concat reads, from each input, the part of
 the output's channel range that input supplies (possibly nothing).
@@ -14,27 +14,35 @@ the output's channel range that input supplies (possibly nothing).
 
 from dataclasses import dataclass
 
-from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE,
-                             READS_WINDOW, window)
+from ..graph.optable import READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_WINDOW
 
-NO_PADDING = ((0, 0), (0, 0))
+def no_padding(rank):
+    """The padding of a tile that adds none: a ``(0, 0)`` pair per spatial axis."""
+    return ((0, 0),) * rank
 
 
 @dataclass(frozen=True)
 class Need:
     """The input box one tile reads (global coordinates, inside the tensor; a range may be empty) and, for window
-    ops, the padding ``((top, bottom), (left, right))`` the tile adds around it. ``steps`` (None: all 1) is set
-    when a 1-wide window strides over rows or columns: the tile reads only every ``step``-th of them, and the
-    padding then counts outputs that fall in the tensor's padding."""
+    ops, the padding ``((before, after), ...)`` per spatial axis the tile adds around it (None: none). ``steps``
+    (None: all 1) is set when a 1-wide window strides over a spatial axis: the tile reads only every ``step``-th
+    position of it, and the padding then counts outputs that fall in the tensor's padding."""
 
     box: tuple
-    padding: tuple = NO_PADDING
+    padding: tuple = None
     steps: tuple = None
 
+    @property
+    def pads(self):
+        """The padding per spatial axis, ``(0, 0)`` pairs where the need has none."""
+        return self.padding if self.padding is not None else no_padding(len(self.box) - 2)
+
     def stride(self, stride):
-        """The ``(sh, sw)`` a tile applies to this need: 1 along a strided read (the rows come subsampled)."""
-        steps = self.steps or (1, 1, 1, 1)
-        return tuple(1 if step > 1 else s for s, step in zip(stride, steps[2:]))
+        """The stride a tile applies to this need, per spatial axis: 1 along a strided read (the positions come
+        subsampled)."""
+        if self.steps is None:
+            return tuple(stride)
+        return tuple(1 if step > 1 else s for s, step in zip(stride, self.steps[2:]))
 
 
 def window_range(o0, o1, kernel, stride, pad, dilation, extent):
@@ -69,11 +77,12 @@ def _axis(o0, o1, kernel, stride, pad, dilation, extent):
 
 
 def _window_need(layer, out_box, in_shape, channels):
-    (kh, kw), (sh, sw), (ph, pw), (dh, dw) = window(layer.attrs)
-    rows, pad_rows, step_h = _axis(*out_box[2], kh, sh, ph, dh, in_shape[2])
-    cols, pad_cols, step_w = _axis(*out_box[3], kw, sw, pw, dw, in_shape[3])
-    steps = None if step_h == step_w == 1 else (1, 1, step_h, step_w)
-    return Need((out_box[0], channels, rows, cols), (pad_rows, pad_cols), steps)
+    geometry = layer.window
+    axes = [_axis(o0, o1, k, s, before, d, extent) for (o0, o1), k, s, (before, _), d, extent in
+            zip(out_box[2:], geometry.kernel, geometry.stride, geometry.padding, geometry.dilation, in_shape[2:])]
+    steps = tuple(step for _, _, step in axes)
+    return Need((out_box[0], channels) + tuple(r for r, _, _ in axes), tuple(p for _, p, _ in axes),
+                None if all(step == 1 for step in steps) else (1, 1) + steps)
 
 
 def needs(layer, out_box, in_shapes):
@@ -85,8 +94,7 @@ def needs(layer, out_box, in_shapes):
     if reads == READS_CHANNEL_WINDOW:
         return [_window_need(layer, out_box, in_shapes[0], out_box[1])]
     if reads == READS_PLANE:
-        (_, _, H, W) = in_shapes[0]
-        return [Need((n, out_box[1], (0, H), (0, W)))]
+        return [Need((n, out_box[1]) + tuple((0, extent) for extent in in_shapes[0][2:]))]
     if reads == READS_SAMPLE:
         return [Need((n,) + tuple((0, extent) for extent in in_shapes[0][1:]))]
     if reads == READS_CHANNEL_PARTS:

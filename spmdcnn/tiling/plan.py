@@ -20,7 +20,7 @@ import hashlib
 import json
 
 from ..io.yamlfile import FormatError, check_keys as _check_keys, load_yaml_text, read_yaml
-from .config import NAMES, ParallelConfig, dims_of, output_shape
+from .config import SPATIAL, ParallelConfig, dims_of, names_of, output_shape
 
 FORMAT = "spmdcnn-plan/1"
 NAMED = ("data", "model", "owt")
@@ -67,16 +67,22 @@ class Plan:
 def _config(layer, spec, batch, devices, where):
     """A ParallelConfig from ``{n: .., c: .., h: .., w: .., devices: [..]}``, validated against the layer."""
     allowed = dims_of(layer)
-    check_keys(spec, set(allowed) | {"devices"}, where)
     shape = output_shape(layer, batch)
+    names = names_of(len(shape))
+    absent = [name for name in SPATIAL if isinstance(spec, dict) and name in spec and name not in names]
+    if absent:
+        has = f"the spatial axes {', '.join(names[2:])}" if len(names) > 2 else "no spatial axes"
+        raise PlanError(f"{where}: unknown key '{absent[0]}': its output {'x'.join(map(str, shape))} has {has} "
+                        f"(the dimensions it may split: {', '.join(allowed)})")
+    check_keys(spec, set(allowed) | {"devices"}, where)
     degrees = []
-    for name, extent in zip(NAMES, shape):
+    for name, extent in zip(names, shape):
         degree = spec.get(name, 1)
         if isinstance(degree, bool) or not isinstance(degree, int) or degree < 1:
             raise PlanError(f"{where}: degree {name} must be a positive integer, got {degree!r}")
         if degree > extent:
-            what = {"n": "the batch", "c": "its output channels" if len(shape) == 4 else "its output features",
-                    "h": "its output height", "w": "its output width"}[name]
+            what = {"n": "the batch", "c": "its output channels" if len(shape) > 2 else "its output features",
+                    "d": "its output depth", "h": "its output height", "w": "its output width"}[name]
             raise PlanError(f"{where}: degree {name}={degree} exceeds {what} ({extent})")
         degrees.append(degree)
     count = 1
@@ -155,7 +161,7 @@ def _split(layer, batch, devices, dim):
     """``dim`` split over as many of the devices as the output has elements along it (n where ``dim`` is not
     allowed for the op)."""
     shape = output_shape(layer, batch)
-    axis = NAMES.index(dim) if dim in dims_of(layer) else 0
+    axis = names_of(len(shape)).index(dim) if dim in dims_of(layer) else 0
     degree = min(devices, shape[axis])
     degrees = tuple(degree if i == axis else 1 for i in range(len(shape)))
     return ParallelConfig(degrees, tuple(range(degree)))

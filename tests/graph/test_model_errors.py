@@ -91,7 +91,7 @@ def test_duplicate_name(tmp_path):
 def test_loss_must_be_last(tmp_path):
     layers = GOOD_LAYERS.replace("  - {name: loss, op: softmax_cross_entropy}\n", "") + \
         "  - {name: relu9, op: relu}\n"
-    expect_error(write(tmp_path, layers), "softmax_cross_entropy")
+    expect_error(write(tmp_path, layers), "exactly one loss layer", "softmax_cross_entropy or mse_loss")
 
 
 def test_dangling_layer(tmp_path):
@@ -117,7 +117,7 @@ def test_concat_needs_matching_spatial_size(tmp_path):
     layers = GOOD_LAYERS.replace("  - {name: relu1, op: relu}\n",
                                  "  - {name: relu1, op: relu}\n  - {name: pool, op: maxpool2d, kernel: 2}\n"
                                  "  - {name: cat, op: concat, inputs: [relu1, pool]}\n")
-    expect_error(write(tmp_path, layers), "cat", "height and width")
+    expect_error(write(tmp_path, layers), "cat", "every spatial extent", "(4, 6, 6), (4, 3, 3)")
 
 
 def test_dropout_probability_range(tmp_path):
@@ -231,3 +231,80 @@ def test_bad_torch_names(tmp_path, names, fragment):
 def test_torch_names_are_kept(tmp_path):
     graph = load_model(write(tmp_path, GOOD_LAYERS, extra="torch_names: {conv1: features.0, fc: classifier}\n"))
     assert graph.torch_names == {"conv1": "features.0", "fc": "classifier"}
+
+
+# ------------------------------------------------------------------------------ volumes and spatial ranks
+
+VOLUME_LAYERS = """\
+  - {name: conv1, op: conv3d, out_channels: 4, kernel: 2, padding: same}
+  - {name: act, op: leaky_relu, negative_slope: 0.3}
+  - {name: pool, op: maxpool3d, kernel: 2}
+  - {name: flat, op: flatten}
+  - {name: fc, op: linear, out_features: 3}
+  - {name: loss, op: mse_loss}
+"""
+
+
+def test_a_volume_model_loads(tmp_path):
+    graph = load_model(write(tmp_path, VOLUME_LAYERS, input_shape="[4, 8, 7, 6]"))
+    assert graph.by_name["conv1"].out_shape == (4, 8, 7, 6)     # 'same': the even kernel's extra row after
+    assert graph.by_name["conv1"].window.padding == ((0, 1), (0, 1), (0, 1))
+    assert graph.by_name["pool"].out_shape == (4, 4, 3, 3)
+    assert graph.spatial_rank == 3 and graph.answers == "targets" and graph.num_outputs == 3
+
+
+@pytest.mark.parametrize("op,given", [("conv2d", "out_channels: 4, kernel: 3"), ("maxpool2d", "kernel: 2"),
+                                      ("batchnorm2d", "eps: 0.001")])
+def test_a_2d_op_on_a_volume(tmp_path, op, given):
+    layers = VOLUME_LAYERS.replace("{name: act, op: leaky_relu, negative_slope: 0.3}", f"{{name: act, op: {op}, {given}}}")
+    family = op[:-2]
+    expect_error(write(tmp_path, layers, input_shape="[4, 8, 7, 6]"), "layer 'act'", f"op '{op}' needs an image",
+                 "a volume (C, D, H, W) (4, 8, 7, 6)", f"use {family}3d")
+
+
+def test_a_3d_op_on_an_image(tmp_path):
+    layers = GOOD_LAYERS.replace("op: conv2d", "op: conv3d")
+    expect_error(write(tmp_path, layers), "layer 'conv1'", "op 'conv3d' needs a volume", "use conv2d")
+
+
+@pytest.mark.parametrize("value,fragment", [("[3, 3]", "[d, h, w]"), ("[[1, 0], [1, 1]]", "3 [before, after]"),
+                                            ("[[1, 0, 2], [1, 1], [0, 0]]", "[before, after]"),
+                                            ("valid", "'same'"), ("[-1, 0, 0]", "non-negative")])
+def test_padding_of_a_volume(tmp_path, value, fragment):
+    layers = VOLUME_LAYERS.replace("padding: same", f"padding: {value}")
+    if value == "[3, 3]":
+        layers = VOLUME_LAYERS.replace("kernel: 2, padding: same", "kernel: [3, 3]")
+    expect_error(write(tmp_path, layers, input_shape="[4, 8, 7, 6]"), "conv1", fragment)
+
+
+def test_same_padding_needs_stride_1(tmp_path):
+    layers = VOLUME_LAYERS.replace("padding: same", "padding: same, stride: 2")
+    expect_error(write(tmp_path, layers, input_shape="[4, 8, 7, 6]"), "conv1", "'same' needs stride 1")
+
+
+def test_pooling_takes_no_same_padding(tmp_path):
+    layers = VOLUME_LAYERS.replace("kernel: 2}", "kernel: 2, padding: same}")
+    expect_error(write(tmp_path, layers, input_shape="[4, 8, 7, 6]"), "pool", "padding")
+
+
+@pytest.mark.parametrize("shape", ["[3]", "[1, 2, 3, 4, 5]", "[3, 8, 0, 8]"])
+def test_input_of_one_to_three_spatial_axes(tmp_path, shape):
+    expect_error(write(tmp_path, GOOD_LAYERS, input_shape=shape), "'input'", "[C, D, H, W]")
+
+
+def test_a_loss_needs_flat_predictions(tmp_path):
+    layers = VOLUME_LAYERS.replace("  - {name: flat, op: flatten}\n  - {name: fc, op: linear, out_features: 3}\n", "")
+    expect_error(write(tmp_path, layers, input_shape="[4, 8, 7, 6]"), "loss", "mse_loss needs predictions (F,)")
+
+
+@pytest.mark.parametrize("key,value", [("negative_slope", "high"), ("factor", ".nan")])
+def test_numbers_of_the_new_ops(tmp_path, key, value):
+    op = "leaky_relu" if key == "negative_slope" else "scale"
+    layers = VOLUME_LAYERS.replace("{name: act, op: leaky_relu, negative_slope: 0.3}",
+                                   f"{{name: act, op: {op}, {key}: {value}}}")
+    expect_error(write(tmp_path, layers, input_shape="[4, 8, 7, 6]"), "act", f"'{key}' must be a finite number")
+
+
+def test_scale_needs_a_factor(tmp_path):
+    layers = VOLUME_LAYERS.replace("{name: act, op: leaky_relu, negative_slope: 0.3}", "{name: act, op: scale}")
+    expect_error(write(tmp_path, layers, input_shape="[4, 8, 7, 6]"), "act", "needs the key 'factor'")

@@ -6,11 +6,11 @@ import pytest
 from spmdcnn.cost.compute import WORK
 from spmdcnn.graph import opspec
 from spmdcnn.graph.graph import parse_model
-from spmdcnn.graph.optable import (KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_NOTHING, OPS, READS_BOX,
-                                   READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_WINDOW,
-                                   needs_gradient)
+from spmdcnn.graph.optable import (ANSWERS_LABELS, ANSWERS_TARGETS, FAMILIES, KEEPS_INDICES, KEEPS_INPUT,
+                                   KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_CHANNEL_PARTS,
+                                   READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_WINDOW, needs_gradient)
 from spmdcnn.runtime import kernels
-from spmdcnn.tiling.config import NAMES, dims_of
+from spmdcnn.tiling.config import NAMES, dims_of, names_of
 
 EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
             {"name": "bn", "op": "batchnorm2d"}, {"name": "relu", "op": "relu"},
@@ -27,30 +27,65 @@ EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "pa
             {"name": "loss", "op": "softmax_cross_entropy"}]
 
 
+EVERY_VOLUME_OP = [
+    {"name": "conv", "op": "conv3d", "out_channels": 4, "kernel": 2, "padding": "same"},
+    {"name": "bn", "op": "batchnorm3d"}, {"name": "leaky", "op": "leaky_relu", "negative_slope": 0.3},
+    {"name": "max", "op": "maxpool3d", "kernel": 2, "stride": 1},
+    {"name": "avg", "op": "avgpool3d", "kernel": 3, "stride": 1, "padding": 1, "inputs": ["leaky"]},
+    {"name": "tanh", "op": "tanh"}, {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
+    {"name": "fc", "op": "linear", "out_features": 3}, {"name": "scaled", "op": "scale", "factor": 1.2},
+    {"name": "skip", "op": "global_avgpool", "inputs": ["max"]}, {"name": "flat2", "op": "flatten"},
+    {"name": "fc2", "op": "linear", "out_features": 3}, {"name": "both", "op": "add", "inputs": ["scaled", "fc2"]},
+    {"name": "loss", "op": "mse_loss"}]
+
+EVERY_SEQUENCE_OP = [
+    {"name": "conv", "op": "conv1d", "out_channels": 4, "kernel": 3, "padding": 1},
+    {"name": "bn", "op": "batchnorm1d"}, {"name": "max", "op": "maxpool1d", "kernel": 2},
+    {"name": "avg", "op": "avgpool1d", "kernel": 2}, {"name": "flat", "op": "flatten"},
+    {"name": "fc", "op": "linear", "out_features": 3}, {"name": "loss", "op": "softmax_cross_entropy"}]
+
+EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], EVERY_SEQUENCE_OP)]
+
+
 def test_every_op_has_one_row_and_every_part_knows_it():
-    assert set(OPS) == set(opspec.KEYS) == set(opspec.INFER) == set(kernels.BIND) == set(WORK)
-    graph = parse_model({"name": "every", "input": [2, 6, 5], "layers": EVERY_OP})
-    assert {layer.op for layer in graph.layers} == set(OPS)
+    assert set(FAMILIES) == set(opspec.KEYS) == set(opspec.INFER) == set(kernels.BIND) == set(WORK)
+    assert {spec.family for spec in OPS.values()} == set(FAMILIES)
+    ops = set()
+    for shape, layers in EVERY_MODEL:
+        ops |= {layer.op for layer in parse_model({"name": "every", "input": shape, "layers": layers}).layers}
+    assert ops == set(OPS)
+
+
+def test_a_family_is_one_op_for_every_spatial_rank():
+    for family in ("conv", "maxpool", "avgpool", "batchnorm"):
+        rows = [OPS[f"{family}{rank}d"] for rank in (1, 2, 3)]
+        assert [row.spatial for row in rows] == [1, 2, 3] and {row.family for row in rows} == {family}
+        assert len({row._replace(name="", spatial=0) if hasattr(row, "_replace") else
+                    (row.reads, row.keeps, row.splits, row.inplace, row.reduced_in_layer, row.tile_attrs)
+                    for row in rows}) == 1
 
 
 def test_the_rows_are_consistent():
-    assert [name for name, spec in OPS.items() if spec.loss] == ["softmax_cross_entropy"]
+    assert [name for name, spec in OPS.items() if spec.loss] == ["softmax_cross_entropy", "mse_loss"]
+    assert all((spec.answers in (ANSWERS_LABELS, ANSWERS_TARGETS)) == spec.loss for spec in OPS.values())
     for name, spec in OPS.items():
         assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_CHANNEL_PARTS,
                               READS_BOX), name
-        assert spec.keeps in (KEEPS_INPUT, KEEPS_MASK, KEEPS_INDICES, KEEPS_NOTHING), name
+        assert spec.keeps in (KEEPS_INPUT, KEEPS_MASK, KEEPS_INDICES, KEEPS_OUTPUT, KEEPS_NOTHING), name
         assert spec.splits is None or set(spec.splits) <= set(NAMES), name
         assert spec.window == (spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW)), name
         assert not spec.inherits or (spec.reads == READS_BOX and not spec.multi_input), name
-        assert set(spec.tile_attrs) <= set(opspec.KEYS[name]), name
+        assert set(spec.tile_attrs) <= set(opspec.KEYS[spec.family]), name
 
 
 @pytest.mark.parametrize("op", sorted(OPS))
 def test_tiling_splits_what_the_table_says(op):
-    graph = parse_model({"name": "every", "input": [2, 6, 5], "layers": EVERY_OP})
+    shape, layers = next((shape, layers) for shape, layers in EVERY_MODEL if any(l["op"] == op for l in layers))
+    graph = parse_model({"name": "every", "input": shape, "layers": layers})
     layer = next(layer for layer in graph.layers if layer.op == op)
-    expected = OPS[op].splits or NAMES[:1 + len(layer.out_shape)]
+    expected = OPS[op].splits or names_of(1 + len(layer.out_shape))
     assert dims_of(layer) == tuple(expected)
+    assert set(expected) <= set(NAMES)
 
 
 def test_the_gradient_rule_is_the_graphs():

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from spmdcnn.tiling.config import NAMES, dims_of, output_shape
+from spmdcnn.tiling.config import dims_of, names_of, output_shape
 from spmdcnn.tiling.plan import from_mapping
 
 
@@ -10,7 +10,7 @@ def _degrees(rng, dims, shape, budget):
     """Random degrees over ``dims`` (each at most its extent) whose product is at most ``budget``."""
     degrees = {}
     for name in rng.permutation(list(dims)).tolist():
-        extent = shape[NAMES.index(name)]
+        extent = shape[names_of(len(shape)).index(name)]
         limit = min(extent, budget)
         degree = int(rng.integers(1, limit + 1)) if limit > 1 else 1
         if degree > 1:
@@ -20,12 +20,12 @@ def _degrees(rng, dims, shape, budget):
 
 
 def random_plan(graph, batch, devices, seed, listed=0.85):
-    """Per layer: random degrees over its dimensions and a random subset of devices in random order. relu and
-    dropout layers are sometimes left out (they inherit their input's configuration)."""
+    """Per layer: random degrees over its dimensions and a random subset of devices in random order. Element-wise
+    layers (relu, dropout, ...) are sometimes left out (they inherit their input's configuration)."""
     rng = np.random.default_rng(seed)
     layers = {}
     for layer in graph.layers:
-        if layer.op in ("relu", "dropout") and rng.random() > listed:
+        if layer.spec.inherits and rng.random() > listed:
             continue
         degrees = _degrees(rng, dims_of(layer), output_shape(layer, batch), devices)
         count = int(np.prod(list(degrees.values()), dtype=np.int64)) if degrees else 1
@@ -39,7 +39,7 @@ def uniform_plan(graph, batch, devices, spec):
     layers = {}
     for layer in graph.layers:
         shape = output_shape(layer, batch)
-        degrees = {d: min(k, shape[NAMES.index(d)]) for d, k in spec.items() if d in dims_of(layer)}
+        degrees = {d: min(k, shape[names_of(len(shape)).index(d)]) for d, k in spec.items() if d in dims_of(layer)}
         count = int(np.prod(list(degrees.values()), dtype=np.int64)) if degrees else 1
         if count > devices:
             degrees, count = {}, 1

@@ -1,5 +1,5 @@
 """Convolution and pooling cases shared by the gradient and PyTorch tests: every path, odd sizes, per-side
-padding."""
+padding, over 1, 2 and 3 spatial axes (a case's rank is its input's: (N, C, S...))."""
 
 # name: x shape, w shape, stride, padding, dilation, bias
 CONV_CASES = {
@@ -19,6 +19,19 @@ CONV_CASES = {
     "strided_1x1": ((2, 3, 5, 5), (2, 3, 1, 1), 2, 0, 1, True),
     "stride_beyond_kernel": ((1, 2, 7, 7), (2, 2, 2, 2), 3, 0, 1, True),
     "alexnet_conv1_like": ((2, 3, 23, 23), (4, 3, 11, 11), 4, 2, 1, True),
+    # volumes (N, C, D, H, W)
+    "volume_pointwise": ((2, 3, 3, 4, 5), (4, 3, 1, 1, 1), 1, 0, 1, True),
+    "volume_3x3x3_pad1": ((2, 2, 5, 6, 7), (3, 2, 3, 3, 3), 1, 1, 1, True),
+    "volume_even_kernel_same": ((2, 3, 5, 4, 7), (2, 3, 2, 2, 2), 1, [[0, 1], [0, 1], [0, 1]], 1, True),
+    "volume_per_side_dilated": ((1, 2, 7, 6, 5), (2, 2, 3, 2, 2), 1, [[2, 0], [1, 1], [0, 3]], [2, 3, 1], False),
+    "volume_strided_odd": ((2, 2, 7, 9, 5), (3, 2, 3, 3, 3), 2, 1, 1, True),
+    "volume_strided_rect_dilated": ((1, 3, 9, 8, 10), (2, 3, 2, 3, 2), [3, 1, 2], [[1, 0], [2, 1], [0, 1]],
+                                    [2, 1, 3], True),
+    "volume_strided_1x1x1": ((2, 2, 5, 6, 7), (3, 2, 1, 1, 1), [2, 1, 3], 0, 1, True),
+    "volume_kernel_fills_input": ((2, 2, 3, 4, 2), (2, 2, 3, 4, 2), 1, 0, 1, True),
+    # sequences (N, C, W)
+    "sequence_k3_pad1": ((2, 3, 11), (4, 3, 3), 1, 1, 1, True),
+    "sequence_strided_dilated": ((3, 2, 13), (2, 2, 3), 2, [[2, 1]], 2, False),
 }
 
 
@@ -33,4 +46,9 @@ POOL_CASES = {
     "floor_drops_last_rows": ((3, 2, 8, 10), 3, 2, 0),
     "kernel_16x16": ((1, 2, 17, 18), 16, 1, 0),
     "kernel_17x17_wide_index": ((1, 2, 18, 19), 17, 1, 0),
+    "volume_k2": ((2, 3, 4, 6, 8), 2, None, 0),
+    "volume_k3_s2_pad1_odd": ((2, 2, 7, 5, 9), 3, 2, 1),
+    "volume_rect_per_side": ((1, 2, 6, 7, 5), [2, 3, 2], [1, 2, 2], [[1, 0], [0, 1], [1, 1]]),
+    "volume_7x7x7_wide_index": ((1, 1, 8, 7, 9), 7, 1, 0),
+    "sequence_k3_s2_pad1": ((2, 3, 11), 3, 2, 1),
 }

@@ -44,15 +44,15 @@ def test_conv2d_on_cudnn(case, dtype):
     rng = _rng(1)
     x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
     b = rng.standard_normal(w_shape[0]) if bias else None
-    geometry = conv.ConvGeometry(stride, padding, dilation)
-    y, saved = conv.conv2d_forward(x, w, b, geometry)
+    geometry = conv.ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
+    y, saved = conv.conv_forward(x, w, b, geometry)
     gy = rng.standard_normal(y.shape)
-    gx, gw, gb = conv.conv2d_backward(gy, saved)
+    gx, gw, gb = conv.conv_backward(gy, saved)
     on = [None if a is None else cp.asarray(a.astype(dtype)) for a in (x, w, b)]
     gw_out = cp.empty(w_shape, dtype=dtype)
-    y2, saved2 = conv.conv2d_forward(*on, geometry)
+    y2, saved2 = conv.conv_forward(*on, geometry)
     assert saved2[0] == "cudnn" or dtype == "float64"       # float64: cuDNN where an engine runs it
-    gx2, gw2, gb2 = conv.conv2d_backward(cp.asarray(gy.astype(dtype)), saved2, gw_out=gw_out)
+    gx2, gw2, gb2 = conv.conv_backward(cp.asarray(gy.astype(dtype)), saved2, gw_out=gw_out)
     assert gw2 is gw_out
     for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("gw", gw2, gw)) + ((("gb", gb2, gb),) if bias else ()):
         _close(a, e, dtype, f"{case} {what}")
@@ -66,9 +66,9 @@ def test_pooling_kernels(case, kind, dtype):
     x = _rng(2).standard_normal(x_shape)
     if kind == "max":                         # ties: the first maximum of a window wins, on both
         x = np.round(x * 2) / 2
-    geometry = pool.PoolGeometry(kernel, stride, padding)
-    forward, backward = (pool.maxpool2d_forward, pool.maxpool2d_backward) if kind == "max" else \
-        (pool.avgpool2d_forward, pool.avgpool2d_backward)
+    geometry = pool.PoolGeometry(kernel, stride, padding, rank=len(x_shape) - 2)
+    forward, backward = (pool.maxpool_forward, pool.maxpool_backward) if kind == "max" else \
+        (pool.avgpool_forward, pool.avgpool_backward)
     y, saved = forward(x, geometry)
     gy = _rng(3).standard_normal(y.shape)
     gx = backward(gy, saved)
@@ -88,13 +88,13 @@ def test_batchnorm_kernels(training, dtype):
     gamma, beta = rng.standard_normal(5), rng.standard_normal(5)
     stats = rng.random(5), rng.random(5) + 0.5
     means, variances = stats[0].copy(), stats[1].copy()
-    y, saved = batchnorm.batchnorm2d_forward(x, gamma, beta, means, variances, training=training)
+    y, saved = batchnorm.batchnorm_forward(x, gamma, beta, means, variances, training=training)
     gy = rng.standard_normal(x.shape)
-    gx, ggamma, gbeta = batchnorm.batchnorm2d_backward(gy, saved)
+    gx, ggamma, gbeta = batchnorm.batchnorm_backward(gy, saved)
     on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
     means2, variances2 = on(stats[0]), on(stats[1])
-    y2, saved2 = batchnorm.batchnorm2d_forward(on(x), on(gamma), on(beta), means2, variances2, training=training)
-    gx2, ggamma2, gbeta2 = batchnorm.batchnorm2d_backward(on(gy), saved2)
+    y2, saved2 = batchnorm.batchnorm_forward(on(x), on(gamma), on(beta), means2, variances2, training=training)
+    gx2, ggamma2, gbeta2 = batchnorm.batchnorm_backward(on(gy), saved2)
     _close(y2, y, dtype, "y")
     _close(gx2, gx, dtype, "gx")
     _close(means2, means, dtype, "running mean")

@@ -17,11 +17,11 @@ class _Graph:
 
     def __init__(self, kind, out_type, padding, stride, dilation):
         self.kind, self.out_dtype = kind, np.dtype(out_type)
-        self.geometry = conv.ConvGeometry(stride, padding, dilation)
+        self.geometry = conv.ConvGeometry(stride, padding, dilation, rank=len(stride))
 
     def __call__(self, out, x=None, w=None, gy=None):
         if self.kind == "fprop":
-            out[...] = conv._columns_forward(x, w, None, self.geometry, *out.shape[2:])
+            out[...] = conv._columns_forward(x, w, None, self.geometry, out.shape[2:])
         elif self.kind == "wgrad":
             out[...] = conv._columns_backward(gy, x, np.zeros(out.shape), False, self.geometry, False, None)[1]
         else:
@@ -53,16 +53,16 @@ def test_the_cudnn_path_gives_the_numpy_paths_gradients(monkeypatch, case, backw
     rng = np.random.default_rng(7)
     x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
     b = rng.standard_normal(w_shape[0]) if bias else None
-    geometry = conv.ConvGeometry(stride, padding, dilation)
-    y, saved = conv.conv2d_forward(x, w, b, geometry, need_input_grad)
+    geometry = conv.ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
+    y, saved = conv.conv_forward(x, w, b, geometry, need_input_grad)
     gy = rng.standard_normal(y.shape)
-    gx, gw, gb = conv.conv2d_backward(gy, saved)
+    gx, gw, gb = conv.conv_backward(gy, saved)
 
     _stand_in_for_cudnn(monkeypatch, backward_runs)
-    y2, saved2 = conv.conv2d_forward(x, w, b, geometry, need_input_grad)
+    y2, saved2 = conv.conv_forward(x, w, b, geometry, need_input_grad)
     assert saved2.kind == "cudnn" and saved2.x_shape == x_shape
     gw_out = np.full(w_shape[::-1], np.nan).T               # not contiguous: the gradient is copied into it
-    gx2, gw2, gb2 = conv.conv2d_backward(gy, saved2, gw_out=gw_out)
+    gx2, gw2, gb2 = conv.conv_backward(gy, saved2, gw_out=gw_out)
     assert gw2 is gw_out
     assert cudnn.paths["backward", "im2col"] == (0 if backward_runs else 1)
     np.testing.assert_allclose(y2, y, rtol=1e-12, atol=1e-12)

@@ -4,8 +4,8 @@ over tiles (a tile holding part of a group, combining with the others through ``
 import numpy as np
 import pytest
 
-from spmdcnn.ops.batchnorm import (batchnorm2d_backward, batchnorm2d_forward, ghost_batchnorm2d_backward,
-                                   ghost_batchnorm2d_forward)
+from spmdcnn.ops.batchnorm import (batchnorm_backward, batchnorm_forward, ghost_batchnorm_backward,
+                                   ghost_batchnorm_forward)
 
 
 def inputs(rng, shape):
@@ -20,8 +20,8 @@ def per_group(x, gamma, beta, gy, G):
     ys, gxs, ggamma, gbeta, means, variances = [], [], 0, 0, [], []
     for g in range(x.shape[0] // G):
         mean, var = np.zeros(x.shape[1]), np.ones(x.shape[1])
-        y, saved = batchnorm2d_forward(x[g * G:(g + 1) * G], gamma, beta, mean, var, momentum=1.0, training=True)
-        gx, gg, gb = batchnorm2d_backward(gy[g * G:(g + 1) * G], saved)
+        y, saved = batchnorm_forward(x[g * G:(g + 1) * G], gamma, beta, mean, var, momentum=1.0, training=True)
+        gx, gg, gb = batchnorm_backward(gy[g * G:(g + 1) * G], saved)
         ys.append(y), gxs.append(gx), means.append(mean), variances.append(var)
         ggamma, gbeta = ggamma + gg, gbeta + gb
     return np.concatenate(ys), np.concatenate(gxs), ggamma, gbeta, np.array(means), np.array(variances)
@@ -35,8 +35,8 @@ def test_one_tile_of_the_whole_batch_is_batch_norm_per_group(G):
     if G == 1 and x.shape[2] * x.shape[3] < 2:
         return
     spans = [(g * G, (g + 1) * G) for g in range(6 // G)]
-    y, saved, (means, variances) = ghost_batchnorm2d_forward(x, gamma, beta, spans, G * 4 * 5)
-    gx, ggamma, gbeta, own_ggamma, own_gbeta = ghost_batchnorm2d_backward(gy, saved)
+    y, saved, (means, variances) = ghost_batchnorm_forward(x, gamma, beta, spans, G * 4 * 5)
+    gx, ggamma, gbeta, own_ggamma, own_gbeta = ghost_batchnorm_backward(gy, saved)
     want = per_group(x, gamma, beta, gy, G)
     for got, expected in zip((y, gx, ggamma, gbeta, means, variances), want):
         np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
@@ -59,26 +59,26 @@ def test_tiles_splitting_groups_combine_to_the_whole():
     for (n0, n1), span in zip(cuts, spans):
         captured = {}
         with np.errstate(invalid="ignore"):     # alone, a tile has no statistics of the group it lacks
-            ghost_batchnorm2d_forward(x[n0:n1], gamma, beta, span, count,
+            ghost_batchnorm_forward(x[n0:n1], gamma, beta, span, count,
                                       gather=lambda s: captured.setdefault("s", s)[None])
         stats.append(captured["s"])
     stacked = np.stack(stats)
     partials = []
     results = []
     for (n0, n1), span in zip(cuts, spans):
-        y, saved, (means, variances) = ghost_batchnorm2d_forward(x[n0:n1], gamma, beta, span, count,
+        y, saved, (means, variances) = ghost_batchnorm_forward(x[n0:n1], gamma, beta, span, count,
                                                                   gather=lambda s: stacked)
         np.testing.assert_allclose(means, whole[4], rtol=1e-12)
         np.testing.assert_allclose(variances, whole[5], rtol=1e-10)
         np.testing.assert_allclose(y, whole[0][n0:n1], rtol=1e-10, atol=1e-12)
         captured = {}
-        ghost_batchnorm2d_backward(gy[n0:n1], saved, reduce=lambda p: captured.setdefault("p", p))
+        ghost_batchnorm_backward(gy[n0:n1], saved, reduce=lambda p: captured.setdefault("p", p))
         partials.append(captured["p"])
         results.append(saved)
     total = partials[0] + partials[1]
     own = [0, 0]
     for (n0, n1), saved in zip(cuts, results):
-        gx, ggamma, gbeta, own_ggamma, own_gbeta = ghost_batchnorm2d_backward(gy[n0:n1], saved,
+        gx, ggamma, gbeta, own_ggamma, own_gbeta = ghost_batchnorm_backward(gy[n0:n1], saved,
                                                                               reduce=lambda p: total)
         np.testing.assert_allclose(gx, whole[1][n0:n1], rtol=1e-9, atol=1e-12)
         np.testing.assert_allclose(ggamma, whole[2], rtol=1e-10)
@@ -91,4 +91,4 @@ def test_tiles_splitting_groups_combine_to_the_whole():
 def test_a_group_of_one_value_per_channel_is_refused():
     x = np.ones((2, 1, 1, 1))
     with pytest.raises(ValueError, match="more than one value"):
-        ghost_batchnorm2d_forward(x, np.ones(1), np.zeros(1), [(0, 1), (1, 2)], 1)
+        ghost_batchnorm_forward(x, np.ones(1), np.zeros(1), [(0, 1), (1, 2)], 1)

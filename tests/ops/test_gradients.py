@@ -11,15 +11,15 @@ import pytest
 
 from spmdcnn.ops import conv
 from spmdcnn.ops.add import add_backward, add_forward
-from spmdcnn.ops.batchnorm import batchnorm2d_backward, batchnorm2d_forward
+from spmdcnn.ops.batchnorm import batchnorm_backward, batchnorm_forward
 from spmdcnn.ops.concat import concat_backward, concat_forward
-from spmdcnn.ops.conv import ConvGeometry, conv2d_backward, conv2d_forward
+from spmdcnn.ops.conv import ConvGeometry, conv_backward, conv_forward
 from spmdcnn.ops.dropout import dropout_backward, dropout_forward, stream_key
 from spmdcnn.ops.flatten import flatten_backward, flatten_forward
 from spmdcnn.ops.linear import linear_backward, linear_forward
 from spmdcnn.ops.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
-from spmdcnn.ops.pool import (PoolGeometry, avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
-                              global_avgpool_forward, maxpool2d_backward, maxpool2d_forward)
+from spmdcnn.ops.pool import (PoolGeometry, avgpool_backward, avgpool_forward, global_avgpool_backward,
+                              global_avgpool_forward, maxpool_backward, maxpool_forward)
 from spmdcnn.ops.relu import relu_backward, relu_forward
 from op_cases import CONV_CASES, POOL_CASES
 
@@ -92,34 +92,34 @@ def distinct(rng, shape, spacing=1e-2):
 
 def conv_gradient_check(x_shape, w_shape, stride, padding, dilation, bias, seed):
     rng = np.random.default_rng(seed)
-    geometry = ConvGeometry(stride, padding, dilation)
+    geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
     x = rng.standard_normal(x_shape)
     w = rng.standard_normal(w_shape)
     b = rng.standard_normal(w_shape[0]) if bias else None
-    y, saved = conv2d_forward(x, w, b, geometry)
+    y, saved = conv_forward(x, w, b, geometry)
     R = rng.standard_normal(y.shape)
-    gx, gw, gb = conv2d_backward(R, saved)
+    gx, gw, gb = conv_backward(R, saved)
 
     def objective():
-        return float(np.sum(conv2d_forward(x, w, b, geometry)[0] * R))
+        return float(np.sum(conv_forward(x, w, b, geometry)[0] * R))
 
     check_weighted(objective, rng, bias, (x, gx), (w, gw), (b, gb))
 
 
 @pytest.mark.parametrize("case", list(CONV_CASES))
-def test_conv2d_gradients(case):
+def test_conv_gradients(case):
     conv_gradient_check(*CONV_CASES[case], seed=len(case))
 
 
-@pytest.mark.parametrize("case", ["stride1_3x3_pad1", "strided_dilated_per_side"])
+@pytest.mark.parametrize("case", ["stride1_3x3_pad1", "strided_dilated_per_side", "volume_per_side_dilated"])
 @pytest.mark.parametrize("block", [1, 2])
-def test_conv2d_gradients_in_sample_blocks(monkeypatch, case, block):
+def test_conv_gradients_in_sample_blocks(monkeypatch, case, block):
     x_shape, w_shape, stride, padding, dilation, bias = CONV_CASES[case]
     x_shape = (5,) + x_shape[1:]   # 5 samples: blocks of 2 leave a partial last block
-    layout = conv._Layout(x_shape, w_shape[2], w_shape[3], ConvGeometry(stride, padding, dilation), 8)
-    per_sample = x_shape[1] * w_shape[2] * w_shape[3] * layout.P * 8    # float64
+    layout = conv._Layout(x_shape, w_shape[2:], ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2), 8)
+    per_sample = x_shape[1] * int(np.prod(w_shape[2:])) * layout.P * 8    # float64
     monkeypatch.setattr(conv, "COLUMN_BYTES", block * per_sample)
-    assert conv._Layout(x_shape, w_shape[2], w_shape[3], ConvGeometry(stride, padding, dilation), 8).block == block
+    assert conv._Layout(x_shape, w_shape[2:], ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2), 8).block == block
     conv_gradient_check(x_shape, w_shape, stride, padding, dilation, bias, seed=7)
 
 
@@ -128,35 +128,35 @@ def test_conv2d_gradients_in_sample_blocks(monkeypatch, case, block):
 
 
 @pytest.mark.parametrize("case", list(POOL_CASES))
-def test_maxpool2d_gradients(case):
+def test_maxpool_gradients(case):
     x_shape, kernel, stride, padding = POOL_CASES[case]
     rng = np.random.default_rng(11)
-    geometry = PoolGeometry(kernel, stride, padding)
+    geometry = PoolGeometry(kernel, stride, padding, rank=len(x_shape) - 2)
     x = distinct(rng, x_shape)
-    y, saved = maxpool2d_forward(x, geometry)
+    y, saved = maxpool_forward(x, geometry)
     R = rng.standard_normal(y.shape)
-    gx = maxpool2d_backward(R, saved)
-    check_gradient(lambda: float(np.sum(maxpool2d_forward(x, geometry)[0] * R)), x, gx, rng)
+    gx = maxpool_backward(R, saved)
+    check_gradient(lambda: float(np.sum(maxpool_forward(x, geometry)[0] * R)), x, gx, rng)
 
 
 @pytest.mark.parametrize("case", list(POOL_CASES))
-def test_avgpool2d_gradients(case):
+def test_avgpool_gradients(case):
     x_shape, kernel, stride, padding = POOL_CASES[case]
     rng = np.random.default_rng(12)
-    geometry = PoolGeometry(kernel, stride, padding)
+    geometry = PoolGeometry(kernel, stride, padding, rank=len(x_shape) - 2)
     x = rng.standard_normal(x_shape)
-    y, saved = avgpool2d_forward(x, geometry)
+    y, saved = avgpool_forward(x, geometry)
     R = rng.standard_normal(y.shape)
-    gx = avgpool2d_backward(R, saved)
-    check_gradient(lambda: float(np.sum(avgpool2d_forward(x, geometry)[0] * R)), x, gx, rng)
+    gx = avgpool_backward(R, saved)
+    check_gradient(lambda: float(np.sum(avgpool_forward(x, geometry)[0] * R)), x, gx, rng)
 
 
-@pytest.mark.parametrize("x_shape", [(2, 3, 5, 7), (3, 1, 1, 1), (1, 4, 6, 1)])
+@pytest.mark.parametrize("x_shape", [(2, 3, 5, 7), (3, 1, 1, 1), (1, 4, 6, 1), (2, 2, 3, 4, 5)])
 def test_global_avgpool_gradients(x_shape):
     rng = np.random.default_rng(13)
     x = rng.standard_normal(x_shape)
     y, saved = global_avgpool_forward(x)
-    assert y.shape == x_shape[:2] + (1, 1)
+    assert y.shape == x_shape[:2] + (1,) * (len(x_shape) - 2)
     R = rng.standard_normal(y.shape)
     gx = global_avgpool_backward(R, saved)
     check_gradient(lambda: float(np.sum(global_avgpool_forward(x)[0] * R)), x, gx, rng)
@@ -250,12 +250,12 @@ def test_batchnorm2d_training_gradients(x_shape):
 
     def forward():
         # running statistics are updated in place on every forward: give each call its own copies
-        return batchnorm2d_forward(x, gamma, beta, running_mean.copy(), running_var.copy(), eps=1e-5,
+        return batchnorm_forward(x, gamma, beta, running_mean.copy(), running_var.copy(), eps=1e-5,
                                    momentum=0.1, training=True)
 
     y, saved = forward()
     R = rng.standard_normal(y.shape)
-    gx, ggamma, gbeta = batchnorm2d_backward(R, saved)
+    gx, ggamma, gbeta = batchnorm_backward(R, saved)
 
     def objective():
         return float(np.sum(forward()[0] * R))
@@ -272,12 +272,12 @@ def test_batchnorm2d_eval_gradient():
     running_mean, running_var = rng.standard_normal(4), rng.uniform(0.5, 2.0, 4)
 
     def forward():
-        return batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-3, momentum=0.1,
+        return batchnorm_forward(x, gamma, beta, running_mean, running_var, eps=1e-3, momentum=0.1,
                                    training=False)
 
     y, saved = forward()
     R = rng.standard_normal(y.shape)
-    gx = batchnorm2d_backward(R, saved)[0]
+    gx = batchnorm_backward(R, saved)[0]
     check_gradient(lambda: float(np.sum(forward()[0] * R)), x, gx, rng)
 
 

@@ -15,18 +15,22 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from float32_bounds import conv2d_lengths, gamma, linear_lengths
+from float32_bounds import conv_lengths, gamma, linear_lengths
 from spmdcnn.ops import conv
 from spmdcnn.ops.add import add_backward, add_forward
-from spmdcnn.ops.batchnorm import batchnorm2d_backward, batchnorm2d_forward
+from spmdcnn.ops.batchnorm import batchnorm_backward, batchnorm_forward
 from spmdcnn.ops.concat import concat_backward, concat_forward
-from spmdcnn.ops.conv import ConvGeometry, conv2d_backward, conv2d_forward
+from spmdcnn.ops.conv import ConvGeometry, conv_backward, conv_forward
 from spmdcnn.ops.flatten import flatten_backward, flatten_forward
 from spmdcnn.ops.linear import linear_backward, linear_forward
 from spmdcnn.ops.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
-from spmdcnn.ops.pool import (PoolGeometry, avgpool2d_backward, avgpool2d_forward, global_avgpool_backward,
-                              global_avgpool_forward, maxpool2d_backward, maxpool2d_forward)
+from spmdcnn.ops.pool import (PoolGeometry, avgpool_backward, avgpool_forward, global_avgpool_backward,
+                              global_avgpool_forward, maxpool_backward, maxpool_forward)
+from spmdcnn.ops.leaky_relu import leaky_relu_backward, leaky_relu_forward
+from spmdcnn.ops.mse import absolute_errors, mse_loss_backward, mse_loss_forward
 from spmdcnn.ops.relu import relu_backward, relu_forward
+from spmdcnn.ops.scale import scale_backward, scale_forward
+from spmdcnn.ops.tanh import tanh_backward, tanh_forward
 from spmdcnn.ops.window import sides
 from op_cases import CONV_CASES, POOL_CASES
 
@@ -116,8 +120,14 @@ def random(rng, shape, dtype):
 
 
 def torch_pad(x, padding, value=0.0):
-    (top, bottom), (left, right) = sides(padding)
-    return F.pad(x, (left, right, top, bottom), value=value)
+    """``x`` padded per side along its spatial axes (F.pad lists the last axis first)."""
+    pads = sides(padding, x.dim() - 2)
+    return F.pad(x, tuple(p for pair in reversed(pads) for p in pair), value=value)
+
+
+def torch_op(name, rank):
+    """PyTorch's ``<name><rank>d`` function (conv2d, max_pool3d, ...)."""
+    return getattr(F, f"{name}{rank}d")
 
 
 # ------------------------------------------------------------------------------------------------- conv2d
@@ -126,7 +136,7 @@ def torch_pad(x, padding, value=0.0):
 
 def torch_conv(stride, padding, dilation):
     def run(x, w, b=None):
-        return F.conv2d(torch_pad(x, padding), w, b, stride=stride, dilation=dilation)
+        return torch_op("conv", x.dim() - 2)(torch_pad(x, padding), w, b, stride=stride, dilation=dilation)
     return run
 
 
@@ -136,9 +146,9 @@ def conv_inputs(case, dtype, seed=0):
     rng = np.random.default_rng(seed)
     x, w = random(rng, x_shape, dtype), random(rng, w_shape, dtype)
     b = random(rng, w_shape[0], dtype) if bias else None
-    geometry = ConvGeometry(stride, padding, dilation)
-    oH, oW = geometry.output_shape(x_shape[2], x_shape[3], w_shape[2], w_shape[3])
-    R = random(rng, (x_shape[0], w_shape[0], oH, oW), dtype)
+    geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
+    out = geometry.output_shape(x_shape[2:], w_shape[2:])
+    R = random(rng, (x_shape[0], w_shape[0]) + out, dtype)
     return x, w, b, geometry, R
 
 
@@ -152,14 +162,14 @@ def conv_reference(case, dtype, seed=0):
 
 def check_conv(case, dtype, need_input_grad=True, gw_out=None, seed=0):
     x, w, b, geometry, R = conv_inputs(case, dtype, seed)
-    terms = conv2d_lengths(x.shape, w.shape, R.shape)
+    terms = conv_lengths(x.shape, w.shape, R.shape)
     terms["y"] += b is not None                              # the bias is one more term of each output
     expected = blas_reference(torch_conv(geometry.stride, CONV_CASES[case][3], geometry.dilation),
                               [x, w] + ([b] if b is not None else []), R, dtype, terms)
     x_copy, w_copy = x.copy(), w.copy()
-    y, saved = conv2d_forward(x, w, b, geometry, need_input_grad=need_input_grad)
+    y, saved = conv_forward(x, w, b, geometry, need_input_grad=need_input_grad)
     assert_expected(y, expected["y"], dtype, "y")
-    gx, gw, gb = conv2d_backward(R, saved, gw_out=gw_out)
+    gx, gw, gb = conv_backward(R, saved, gw_out=gw_out)
     if need_input_grad:
         assert_expected(gx, expected["gx"], dtype, "gx")
     else:
@@ -176,18 +186,18 @@ def check_conv(case, dtype, need_input_grad=True, gw_out=None, seed=0):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(CONV_CASES))
-def test_conv2d(case, dtype):
+def test_conv(case, dtype):
     check_conv(case, dtype)
 
 
-@pytest.mark.parametrize("case", ["pointwise", "stride1_dilated_per_side", "strided_rect"])
-def test_conv2d_without_input_gradient(case):
+@pytest.mark.parametrize("case", ["pointwise", "stride1_dilated_per_side", "strided_rect", "volume_strided_odd"])
+def test_conv_without_input_gradient(case):
     check_conv(case, np.float64, need_input_grad=False)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("case", ["pointwise", "stride1_3x3_pad1", "strided_dilated_per_side"])
-def test_conv2d_writes_weight_gradient_into_gw_out(case, dtype):
+@pytest.mark.parametrize("case", ["pointwise", "stride1_3x3_pad1", "strided_dilated_per_side", "volume_3x3x3_pad1"])
+def test_conv_writes_weight_gradient_into_gw_out(case, dtype):
     w_shape = CONV_CASES[case][1]
     gw_out = np.full(w_shape, np.nan, dtype=dtype)   # stale content must be overwritten, not added to
     gw = check_conv(case, dtype, gw_out=gw_out)
@@ -198,21 +208,22 @@ def test_conv2d_writes_weight_gradient_into_gw_out(case, dtype):
 def set_block(monkeypatch, case, block, dtype):
     """Make the column buffer hold ``block`` samples; the case's batch is padded to 5 samples."""
     x_shape, w_shape, stride, padding, dilation, _ = CONV_CASES[case]
-    geometry = ConvGeometry(stride, padding, dilation)
+    geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
     itemsize = np.dtype(dtype).itemsize
-    layout = conv._Layout((5,) + x_shape[1:], w_shape[2], w_shape[3], geometry, itemsize)
-    per_sample = x_shape[1] * w_shape[2] * w_shape[3] * layout.P * itemsize
+    layout = conv._Layout((5,) + x_shape[1:], w_shape[2:], geometry, itemsize)
+    per_sample = x_shape[1] * int(np.prod(w_shape[2:])) * layout.P * itemsize
     monkeypatch.setattr(conv, "COLUMN_BYTES", block * per_sample)
-    assert conv._Layout((5,) + x_shape[1:], w_shape[2], w_shape[3], geometry, itemsize).block == block
+    assert conv._Layout((5,) + x_shape[1:], w_shape[2:], geometry, itemsize).block == block
 
 
-BLOCK_CASES = ["stride1_3x3_pad1", "stride1_dilated_per_side", "strided_2_pad1_odd", "strided_dilated_per_side"]
+BLOCK_CASES = ["stride1_3x3_pad1", "stride1_dilated_per_side", "strided_2_pad1_odd", "strided_dilated_per_side",
+               "volume_per_side_dilated", "volume_strided_rect_dilated"]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block", [1, 2, 3])
 @pytest.mark.parametrize("case", BLOCK_CASES)
-def test_conv2d_in_sample_blocks(monkeypatch, case, block, dtype):
+def test_conv_in_sample_blocks(monkeypatch, case, block, dtype):
     x_shape = CONV_CASES[case][0]
     monkeypatch.setitem(CONV_CASES, case, ((5,) + x_shape[1:],) + CONV_CASES[case][1:])
     set_block(monkeypatch, case, block, dtype)
@@ -224,18 +235,18 @@ def test_conv2d_in_sample_blocks(monkeypatch, case, block, dtype):
 
 
 @pytest.mark.parametrize("case", BLOCK_CASES)
-def test_conv2d_blocks_do_not_change_results(monkeypatch, case):
+def test_conv_blocks_do_not_change_results(monkeypatch, case):
     x_shape, w_shape, stride, padding, dilation, bias = CONV_CASES[case]
     rng = np.random.default_rng(5)
     x, w, b = rng.standard_normal((5,) + x_shape[1:]), rng.standard_normal(w_shape), rng.standard_normal(w_shape[0])
-    geometry = ConvGeometry(stride, padding, dilation)
-    y_whole, saved = conv2d_forward(x, w, b, geometry)
+    geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
+    y_whole, saved = conv_forward(x, w, b, geometry)
     R = rng.standard_normal(y_whole.shape)
-    whole = conv2d_backward(R, saved)
+    whole = conv_backward(R, saved)
     set_block(monkeypatch, case, 2, np.float64)
-    y_blocks, saved = conv2d_forward(x, w, b, geometry)
+    y_blocks, saved = conv_forward(x, w, b, geometry)
     np.testing.assert_allclose(y_blocks, y_whole, rtol=1e-13, atol=1e-13)
-    for got, expected in zip(conv2d_backward(R, saved), whole):
+    for got, expected in zip(conv_backward(R, saved), whole):
         np.testing.assert_allclose(got, expected, rtol=1e-13, atol=1e-13)
 
 
@@ -243,19 +254,20 @@ def test_conv2d_blocks_do_not_change_results(monkeypatch, case):
 
 
 
-def torch_pool(function, geometry, padding, pad_value):
+def torch_pool(name, geometry, padding, pad_value, **options):
     def run(x):
-        return function(torch_pad(x, padding, pad_value), geometry.kernel, geometry.stride)
+        return torch_op(name, x.dim() - 2)(torch_pad(x, padding, pad_value), geometry.kernel, geometry.stride,
+                                           **options)
     return run
 
 
-def check_pool(case, dtype, x, forward, backward, torch_function, pad_value):
-    _, kernel, stride, padding = POOL_CASES[case]
-    geometry = PoolGeometry(kernel, stride, padding)
+def check_pool(case, dtype, x, forward, backward, name, pad_value, **options):
+    shape, kernel, stride, padding = POOL_CASES[case]
+    geometry = PoolGeometry(kernel, stride, padding, rank=len(shape) - 2)
     x_copy = x.copy()
     y, saved = forward(x, geometry)
     R = random(np.random.default_rng(1), y.shape, dtype)
-    y_ref, (gx_ref,) = torch_run(torch_pool(torch_function, geometry, padding, pad_value), [x], R)
+    y_ref, (gx_ref,) = torch_run(torch_pool(name, geometry, padding, pad_value, **options), [x], R)
     assert_close(y, y_ref, dtype, "y")
     assert_close(backward(R, saved), gx_ref, dtype, "gx")
     np.testing.assert_array_equal(x, x_copy, err_msg="pooling changed its input")
@@ -263,14 +275,14 @@ def check_pool(case, dtype, x, forward, backward, torch_function, pad_value):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(POOL_CASES))
-def test_maxpool2d(case, dtype):
+def test_maxpool(case, dtype):
     x = random(np.random.default_rng(6), POOL_CASES[case][0], dtype)
-    check_pool(case, dtype, x, maxpool2d_forward, maxpool2d_backward, F.max_pool2d, -np.inf)
+    check_pool(case, dtype, x, maxpool_forward, maxpool_backward, "max_pool", -np.inf)
 
 
 @pytest.mark.parametrize("values", ["all_equal", "integers", "negative_integers"])
 @pytest.mark.parametrize("case", list(POOL_CASES))
-def test_maxpool2d_ties_go_to_first_maximum(case, values):
+def test_maxpool_ties_go_to_first_maximum(case, values):
     """PyTorch's CPU kernel keeps the first maximum of a window in row-major order; so must spmdcnn."""
     shape = POOL_CASES[case][0]
     rng = np.random.default_rng(7)
@@ -280,25 +292,22 @@ def test_maxpool2d_ties_go_to_first_maximum(case, values):
         x = rng.integers(0, 3, shape).astype(np.float64)
     else:
         x = -rng.integers(1, 3, shape).astype(np.float64)   # below zero: padding must still never win
-    check_pool(case, np.float64, x, maxpool2d_forward, maxpool2d_backward, F.max_pool2d, -np.inf)
+    check_pool(case, np.float64, x, maxpool_forward, maxpool_backward, "max_pool", -np.inf)
 
 
 def test_maxpool2d_tie_winner_is_explicitly_the_first():
     x = np.array([[[[1.0, 3.0, 3.0], [3.0, 2.0, 3.0]]]])
-    y, saved = maxpool2d_forward(x, PoolGeometry([2, 3], 1))
+    y, saved = maxpool_forward(x, PoolGeometry([2, 3], 1))
     assert y.shape == (1, 1, 1, 1) and y[0, 0, 0, 0] == 3.0
-    gx = maxpool2d_backward(np.ones_like(y), saved)
+    gx = maxpool_backward(np.ones_like(y), saved)
     np.testing.assert_array_equal(gx, [[[[0.0, 1.0, 0.0], [0.0, 0.0, 0.0]]]])
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(POOL_CASES))
-def test_avgpool2d(case, dtype):
+def test_avgpool(case, dtype):
     x = random(np.random.default_rng(8), POOL_CASES[case][0], dtype)
-
-    def torch_avg(x, kernel, stride):
-        return F.avg_pool2d(x, kernel, stride, count_include_pad=True)
-    check_pool(case, dtype, x, avgpool2d_forward, avgpool2d_backward, torch_avg, 0.0)
+    check_pool(case, dtype, x, avgpool_forward, avgpool_backward, "avg_pool", 0.0, count_include_pad=True)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -308,8 +317,8 @@ def test_pool_symmetric_padding_like_torch_padding_argument(kernel, stride, padd
     """``padding: p`` / ``[ph, pw]`` is PyTorch's own padding argument, with no F.pad in between."""
     x = random(np.random.default_rng(9), (2, 3, 7, 8), dtype)
     geometry = PoolGeometry(kernel, stride, padding)
-    forward, backward = (maxpool2d_forward, maxpool2d_backward) if kind == "max" else \
-        (avgpool2d_forward, avgpool2d_backward)
+    forward, backward = (maxpool_forward, maxpool_backward) if kind == "max" else \
+        (avgpool_forward, avgpool_backward)
     y, saved = forward(x, geometry)
     R = random(np.random.default_rng(10), y.shape, dtype)
     if kind == "max":
@@ -325,18 +334,90 @@ def test_pool_symmetric_padding_like_torch_padding_argument(kernel, stride, padd
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (3, 2, 1, 1), (1, 4, 6, 1)])
+@pytest.mark.parametrize("shape", [(2, 3, 5, 7), (3, 2, 1, 1), (1, 4, 6, 1), (2, 3, 4, 5, 3), (3, 2, 7)])
 def test_global_avgpool(shape, dtype):
     rng = np.random.default_rng(11)
     x = random(rng, shape, dtype)
     y, saved = global_avgpool_forward(x)
     R = random(rng, y.shape, dtype)
-    y_ref, (gx_ref,) = torch_run(lambda t: F.adaptive_avg_pool2d(t, 1), [x], R)
+    y_ref, (gx_ref,) = torch_run(lambda t: getattr(F, f"adaptive_avg_pool{len(shape) - 2}d")(t, 1), [x], R)
     assert_close(y, y_ref, dtype, "y")
     assert_close(global_avgpool_backward(R, saved), gx_ref, dtype, "gx")
 
 
 # ------------------------------------------------------------------------------------- element-wise, shape
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("slope", [0.01, 0.3, -0.5])
+@pytest.mark.parametrize("inplace", [False, True])
+def test_leaky_relu(slope, inplace, dtype):
+    rng = np.random.default_rng(31)
+    x = random(rng, (2, 3, 4, 5, 3), dtype)
+    x.flat[::5] = 0.0   # PyTorch's gradient at 0 is the slope's
+    y_ref, (gx_ref,) = torch_run(lambda t: F.leaky_relu(t, slope), [x.copy()], R := random(rng, x.shape, dtype))
+    y, saved = leaky_relu_forward(x, slope, inplace=inplace)
+    assert np.shares_memory(y, x) == inplace
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(leaky_relu_backward(R, saved, slope), gx_ref, dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_tanh(inplace, dtype):
+    rng = np.random.default_rng(32)
+    x = 2 * random(rng, (3, 2, 5, 4), dtype)
+    y_ref, (gx_ref,) = torch_run(torch.tanh, [x.copy()], R := random(rng, x.shape, dtype))
+    y, saved = tanh_forward(x, inplace=inplace)
+    assert np.shares_memory(y, x) == inplace
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(tanh_backward(R, saved), gx_ref, dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("factor", [1.2, -0.5])
+def test_scale(factor, dtype):
+    rng = np.random.default_rng(33)
+    x = random(rng, (4, 6), dtype)
+    y_ref, (gx_ref,) = torch_run(lambda t: t * factor, [x], R := random(rng, x.shape, dtype))
+    y, saved = scale_forward(x, factor)
+    assert_close(y, y_ref, dtype, "y")
+    assert_close(scale_backward(R, factor), gx_ref, dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("total", [None, 7])
+def test_mse_loss(total, dtype):
+    """The mean over the batch and the targets, as F.mse_loss; with ``total`` the global batch a tile of it
+    returns its share, and its gradient is that of the global mean."""
+    rng = np.random.default_rng(34)
+    y, t = random(rng, (5, 4), dtype), rng.uniform(-1, 1, (5, 4)).astype(np.float32)
+    loss, saved = mse_loss_forward(y, t, total=total)
+    scale = 5 / (total or 5)
+    y_ref = torch.tensor(y.astype(np.float64), requires_grad=True)
+    expected = F.mse_loss(y_ref, torch.tensor(t.astype(np.float64))) * scale
+    expected.backward()
+    assert abs(loss - expected.item()) <= TOLERANCE[dtype] * abs(expected.item())
+    assert_close(mse_loss_backward(1.0, saved), y_ref.grad.numpy().astype(dtype), dtype, "gy")
+
+
+def test_mse_loss_leaves_padding_rows_out():
+    """A NaN target row is a padding sample (evaluation's last batch): no loss, no gradient, no error."""
+    rng = np.random.default_rng(35)
+    y, t = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
+    padded = t.copy()
+    padded[[1, 3]] = np.nan
+    loss, saved = mse_loss_forward(y, padded)
+    np.testing.assert_allclose(loss, ((y[[0, 2]] - t[[0, 2]]) ** 2).sum() / 12, rtol=1e-14)
+    gy = mse_loss_backward(1.0, saved)
+    np.testing.assert_array_equal(gy[[1, 3]], 0)
+    np.testing.assert_allclose(gy[[0, 2]], 2 * (y[[0, 2]] - t[[0, 2]]) / 12, rtol=1e-14)
+    np.testing.assert_allclose(absolute_errors(y, padded), np.abs(y[[0, 2]] - t[[0, 2]]).sum(), rtol=1e-14)
+
+
+def test_mse_loss_rejects_targets_of_another_shape():
+    with pytest.raises(ValueError, match="targets of shape"):
+        mse_loss_forward(np.zeros((2, 3)), np.zeros((2, 4)))
+
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape", [(2, 3, 5, 7), (7, 5)])
@@ -451,13 +532,14 @@ def bn_inputs(rng, shape, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,eps,momentum", [((4, 3, 5, 7), 1e-5, 0.1), ((2, 5, 1, 1), 1e-3, 0.3),
-                                                ((1, 2, 3, 4), 1e-5, 1.0)])
-def test_batchnorm2d_training(shape, eps, momentum, dtype):
+                                                ((1, 2, 3, 4), 1e-5, 1.0), ((2, 3, 3, 4, 5), 1e-5, 0.1),
+                                                ((3, 2, 7), 1e-4, 0.2)])
+def test_batchnorm_training(shape, eps, momentum, dtype):
     rng = np.random.default_rng(18)
     x, gamma, beta, running_mean, running_var = bn_inputs(rng, shape, dtype)
     torch_mean, torch_var = torch.tensor(running_mean), torch.tensor(running_var)
     x_copy = x.copy()
-    y, saved = batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=eps, momentum=momentum,
+    y, saved = batchnorm_forward(x, gamma, beta, running_mean, running_var, eps=eps, momentum=momentum,
                                    training=True)
     R = random(rng, y.shape, dtype)
 
@@ -469,7 +551,7 @@ def test_batchnorm2d_training(shape, eps, momentum, dtype):
     assert_close(running_mean, torch_mean.numpy(), dtype, "running_mean")
     assert_close(running_var, torch_var.numpy(), dtype, "running_var")
     np.testing.assert_array_equal(x, x_copy, err_msg="batchnorm changed its input")
-    gx, ggamma, gbeta = batchnorm2d_backward(R, saved)
+    gx, ggamma, gbeta = batchnorm_backward(R, saved)
     assert_close(gx, gx_ref, dtype, "gx")
     assert_close(ggamma, ggamma_ref, dtype, "ggamma")
     assert_close(gbeta, gbeta_ref, dtype, "gbeta")
@@ -497,17 +579,17 @@ def test_batchnorm2d_tile_with_reduce_and_global_count(dtype):
     rng = np.random.default_rng(19)
     x, gamma, beta, running_mean, running_var = bn_inputs(rng, (3, 2, 4, 5), dtype)
     mean_tile, var_tile = running_mean.copy(), running_var.copy()
-    y, saved = batchnorm2d_forward(x, gamma, beta, mean_tile, var_tile, training=True,
+    y, saved = batchnorm_forward(x, gamma, beta, mean_tile, var_tile, training=True,
                                    reduce=lambda partial: 2 * partial, gather=lambda stats: np.stack([stats, stats]),
                                    count=2 * 3 * 4 * 5)
-    y_whole, saved_whole = batchnorm2d_forward(np.concatenate([x, x]), gamma, beta, running_mean, running_var,
+    y_whole, saved_whole = batchnorm_forward(np.concatenate([x, x]), gamma, beta, running_mean, running_var,
                                                training=True)
     assert_close(y, y_whole[:3], dtype, "y")
     assert_close(mean_tile, running_mean, dtype, "running_mean")
     assert_close(var_tile, running_var, dtype, "running_var")   # unbiased with the global M
     R = random(rng, y.shape, dtype)
-    gx, ggamma, gbeta = batchnorm2d_backward(R, saved)
-    gx_whole, ggamma_whole, gbeta_whole = batchnorm2d_backward(np.concatenate([R, R]), saved_whole)
+    gx, ggamma, gbeta = batchnorm_backward(R, saved)
+    gx_whole, ggamma_whole, gbeta_whole = batchnorm_backward(np.concatenate([R, R]), saved_whole)
     assert_close(gx, gx_whole[:3], dtype, "gx")
     assert_close(ggamma, ggamma_whole, dtype, "ggamma")
     assert_close(gbeta, gbeta_whole, dtype, "gbeta")
@@ -518,7 +600,7 @@ def test_batchnorm2d_eval(dtype):
     rng = np.random.default_rng(20)
     x, gamma, beta, running_mean, running_var = bn_inputs(rng, (3, 4, 5, 3), dtype)
     mean_copy, var_copy = running_mean.copy(), running_var.copy()
-    y, saved = batchnorm2d_forward(x, gamma, beta, running_mean, running_var, eps=1e-3, momentum=0.1,
+    y, saved = batchnorm_forward(x, gamma, beta, running_mean, running_var, eps=1e-3, momentum=0.1,
                                    training=False)
     R = random(rng, y.shape, dtype)
 
@@ -527,7 +609,7 @@ def test_batchnorm2d_eval(dtype):
                             torch.tensor(beta), training=False, momentum=0.1, eps=1e-3)
     y_ref, (gx_ref,) = torch_run(function, [x], R)
     assert_close(y, y_ref, dtype, "y")
-    assert_close(batchnorm2d_backward(R, saved)[0], gx_ref, dtype, "gx")
+    assert_close(batchnorm_backward(R, saved)[0], gx_ref, dtype, "gx")
     np.testing.assert_array_equal(running_mean, mean_copy, err_msg="eval mode changed running_mean")
     np.testing.assert_array_equal(running_var, var_copy, err_msg="eval mode changed running_var")
 
@@ -579,11 +661,11 @@ def test_conv2d_accepts_non_contiguous_views(case):
     (x, w, b, geometry, R), y_ref, grads_ref = conv_reference(case, np.float64, seed=23)
     wide_x = np.zeros((x.shape[0], x.shape[1] + 2) + x.shape[2:])
     wide_x[:, 1:-1] = x
-    y, saved = conv2d_forward(wide_x[:, 1:-1], w, b, geometry)
+    y, saved = conv_forward(wide_x[:, 1:-1], w, b, geometry)
     assert_close(y, y_ref, np.float64, "y")
     gy = concat_backward(concat_forward([R, np.zeros_like(R)])[0], [R.shape[1], R.shape[1]])[0]
     assert not gy.flags.c_contiguous
-    for got, expected, name in zip(conv2d_backward(gy, saved), grads_ref, ("gx", "gw", "gb")):
+    for got, expected, name in zip(conv_backward(gy, saved), grads_ref, ("gx", "gw", "gb")):
         if expected is None:
             assert got is None
         else:
@@ -600,13 +682,13 @@ def test_pool_batchnorm_relu_accept_non_contiguous_gradients():
         return gy, np.ascontiguousarray(gy)
 
     geometry = PoolGeometry(3, 2, 1)
-    for forward, backward in ((maxpool2d_forward, maxpool2d_backward), (avgpool2d_forward, avgpool2d_backward)):
+    for forward, backward in ((maxpool_forward, maxpool_backward), (avgpool_forward, avgpool_backward)):
         y, saved = forward(x, geometry)
         gy, dense = strided_like(y.shape)
         np.testing.assert_array_equal(backward(gy, saved), backward(dense, saved))
     gy, dense = strided_like(x.shape)
-    _, saved = batchnorm2d_forward(x, np.ones(3), np.zeros(3), np.zeros(3), np.ones(3), training=True)
-    for a, b in zip(batchnorm2d_backward(gy, saved), batchnorm2d_backward(dense, saved)):
+    _, saved = batchnorm_forward(x, np.ones(3), np.zeros(3), np.zeros(3), np.ones(3), training=True)
+    for a, b in zip(batchnorm_backward(gy, saved), batchnorm_backward(dense, saved)):
         np.testing.assert_allclose(a, b, rtol=1e-14, atol=1e-14)
     _, saved = relu_forward(x)
     np.testing.assert_array_equal(relu_backward(gy, saved), relu_backward(dense, saved))
@@ -616,7 +698,7 @@ def test_pool_batchnorm_relu_accept_non_contiguous_gradients():
 
 def test_conv2d_rejects_channel_mismatch():
     with pytest.raises(ValueError, match="3 channels.*expects 2"):
-        conv2d_forward(np.zeros((1, 3, 4, 4)), np.zeros((2, 2, 3, 3)), None, ConvGeometry())
+        conv_forward(np.zeros((1, 3, 4, 4)), np.zeros((2, 2, 3, 3)), None, ConvGeometry())
 
 
 @pytest.mark.parametrize("labels,fragment", [([0, 3], r"\[0, 3\)"), ([-2, 0], r"\[0, 3\)"), ([0], "labels of shape")])
@@ -625,8 +707,15 @@ def test_softmax_cross_entropy_rejects_bad_labels(labels, fragment):
         softmax_cross_entropy_forward(np.zeros((2, 3)), np.array(labels))
 
 
-@pytest.mark.parametrize("make", [lambda: ConvGeometry(stride=[1, 2, 3]), lambda: PoolGeometry([2, 2, 2]),
-                                  lambda: ConvGeometry(padding=[1, 2, 3]), lambda: ConvGeometry(dilation=(1,))])
-def test_geometry_rejects_malformed_pairs(make):
-    with pytest.raises(ValueError, match="expected an int or \\[h, w\\]"):
+@pytest.mark.parametrize("make", [lambda: ConvGeometry(stride=[1, 2], padding=[1, 2, 3]),
+                                  lambda: PoolGeometry([2, 2], [1, 1, 1]),
+                                  lambda: ConvGeometry(padding=[1, 2, 3], rank=2),
+                                  lambda: ConvGeometry(dilation=(1,), rank=3)])
+def test_geometry_rejects_values_for_another_number_of_axes(make):
+    with pytest.raises(ValueError, match="one per spatial axis"):
         make()
+
+
+def test_conv_rejects_a_geometry_of_another_rank():
+    with pytest.raises(ValueError, match="spatial rank"):
+        conv_forward(np.zeros((1, 2, 4, 4, 4)), np.zeros((2, 2, 3, 3, 3)), None, ConvGeometry())

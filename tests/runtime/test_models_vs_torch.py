@@ -36,12 +36,12 @@ import torch.nn.functional as F
 
 from float32_bounds import UNIT_ROUNDOFF, budget, forward_budget, gradient_budgets, layer_sums
 from spmdcnn.graph import load_model
-from spmdcnn.ops.window import pair
 from spmdcnn.runtime.executor import Executor
-from torch_reference import TorchNet, spmdcnn_decisions, spmdcnn_masks
+from torch_reference import TorchNet, padded, spmdcnn_decisions, spmdcnn_masks
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 SMALL = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"]
+VOLUMES = ["tiny_volume"]
 LARGE = ["alexnet", "vgg16", "inception_v3", "resnet50"]
 SOFTMAX_JACOBIAN_L1 = 2    # d loss / d logits = (softmax - onehot) / N: each row's absolute values sum to <= 2
 
@@ -52,7 +52,7 @@ def compare_float64(name, batch, rtol, seed=3, step=5):
     executor = Executor(graph, np, np.float64, seed=seed)
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((batch,) + graph.input_shape)
-    labels = rng.integers(0, graph.num_classes, batch)
+    labels = answers(graph, rng, batch)
     net = TorchNet(graph, dict(executor.params.items()), {k: v.copy() for k, v in executor.buffers.items()},
                    dtype=torch.float64, dropout_masks=spmdcnn_masks(seed))
     net.train()
@@ -72,6 +72,13 @@ def compare_float64(name, batch, rtol, seed=3, step=5):
         np.testing.assert_allclose(executor.buffers[bname], value.numpy(), rtol=rtol, atol=rtol, err_msg=bname)
 
 
+def answers(graph, rng, batch):
+    """Random labels, or for a regression loss targets in [-1, 1], for a batch."""
+    if graph.answers == "targets":
+        return rng.uniform(-1, 1, (batch, graph.num_outputs)).astype(np.float32)
+    return rng.integers(0, graph.num_classes, batch)
+
+
 # ----------------------------------------------------------------------------------- float32: magnitudes
 
 def output_magnitude(net, name):
@@ -83,9 +90,10 @@ def output_magnitude(net, name):
     x, y = x.detach().abs(), y.detach()
     w, b = (net.param(f"{name}.{kind}") for kind in ("weight", "bias"))
     b = None if b is None else b.detach().abs()
-    if layer.op == "conv2d":
-        return F.conv2d(x, w.detach().abs(), b, stride=pair(a["stride"]), padding=pair(a["padding"]),
-                        dilation=pair(a["dilation"]))
+    if layer.spec.family == "conv":
+        g = layer.window
+        return getattr(F, f"conv{layer.spatial_rank}d")(padded(x, g.padding), w.detach().abs(), b, stride=g.stride,
+                                                         dilation=g.dilation)
     if layer.op == "linear":
         return F.linear(x, w.detach().abs(), b)
     return y.abs()
@@ -114,12 +122,11 @@ def gradient_magnitudes(net):
         layer = net.graph.by_name[name]
         a = layer.attrs
         x, gy = x.detach(), y.grad.abs()
-        spatial = (0, 2, 3) if gy.dim() == 4 else (0,)
-        if layer.op == "conv2d":
-            weight = net.param(f"{name}.weight")
-            magnitudes[f"{name}.weight"] = torch.nn.grad.conv2d_weight(
-                x.abs(), weight.shape, gy, stride=pair(a["stride"]), padding=pair(a["padding"]),
-                dilation=pair(a["dilation"]))
+        spatial = (0,) + tuple(range(2, gy.dim()))
+        if layer.spec.family == "conv":
+            weight, g = net.param(f"{name}.weight"), layer.window
+            magnitudes[f"{name}.weight"] = getattr(torch.nn.grad, f"conv{layer.spatial_rank}d_weight")(
+                padded(x.abs(), g.padding), weight.shape, gy, stride=g.stride, dilation=g.dilation)
         elif layer.op == "linear":
             magnitudes[f"{name}.weight"] = gy.t() @ x.abs()
         else:
@@ -178,13 +185,13 @@ def check_running_statistics(executor, net, initial, batch, failures, ratios):
     graph = net.graph
     for name, (x, _) in net.records.items():
         layer = graph.by_name[name]
-        if layer.op != "batchnorm2d":
+        if layer.spec.family != "batchnorm":
             continue
         m = layer.attrs["momentum"]
         x = x.detach()
         M_x = input_magnitude(net, name)
         count = x.numel() // x.shape[1]
-        over = (0, 2, 3)                                     # a channel's values: N, H, W
+        over = (0,) + tuple(range(2, x.dim()))               # a channel's values: N and the spatial axes
         centred = (x - x.mean(over, keepdim=True)).abs()
         statistics = {"running_mean": M_x.mean(over),
                       "running_var": count / (count - 1) * (2 * (centred * M_x).mean(over)
@@ -224,7 +231,7 @@ def compare_float32(name, batch, seed=3, step=5):
     return ratios
 
 
-@pytest.mark.parametrize("name", SMALL)
+@pytest.mark.parametrize("name", SMALL + VOLUMES)
 def test_small_models_float64(name):
     compare_float64(name, batch=5, rtol=1e-10)
 

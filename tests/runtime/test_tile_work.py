@@ -21,19 +21,24 @@ POOL_FIRST = [{"name": "pool", "op": "maxpool2d", "kernel": 2},
               {"name": "loss", "op": "softmax_cross_entropy"}]
 
 
-def _random_layers(seed):
-    """A few parameterless layers on the data, then a small network with parameters."""
+def _random_layers(seed, rank=2):
+    """A few parameterless layers on the data, then a small network with parameters, over ``rank`` spatial axes
+    (a volume network for 3: leaky relu, tanh, scale and a regression loss)."""
     rng = np.random.default_rng(seed)
-    choices = [{"op": "maxpool2d", "kernel": 2, "stride": 1}, {"op": "avgpool2d", "kernel": 3, "stride": 1,
-                                                                "padding": 1},
+    d = f"{rank}d"
+    choices = [{"op": f"maxpool{d}", "kernel": 2, "stride": 1}, {"op": f"avgpool{d}", "kernel": 3, "stride": 1,
+                                                                  "padding": 1},
                {"op": "relu"}, {"op": "dropout", "p": 0.25}]
+    if rank == 3:
+        choices += [{"op": "leaky_relu", "negative_slope": 0.3}, {"op": "scale", "factor": 0.5}]
     layers = [dict(choices[i], name=f"free{j}") for j, i in enumerate(rng.integers(0, len(choices), 3))]
-    layers += [{"name": "conv1", "op": "conv2d", "out_channels": 3, "kernel": 3, "padding": 1},
-               {"name": "bn1", "op": "batchnorm2d"}, {"name": "relu1", "op": "relu"},
-               {"name": "conv2", "op": "conv2d", "out_channels": 3, "kernel": 1, "inputs": ["relu1"]},
+    layers += [{"name": "conv1", "op": f"conv{d}", "out_channels": 3, "kernel": 3, "padding": 1},
+               {"name": "bn1", "op": f"batchnorm{d}"}, {"name": "relu1", "op": "relu" if rank == 2 else "tanh"},
+               {"name": "conv2", "op": f"conv{d}", "out_channels": 3, "kernel": 1, "inputs": ["relu1"]},
                {"name": "sum", "op": "add", "inputs": ["conv2", "relu1"]},
                {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
-               {"name": "fc", "op": "linear", "out_features": 4}, {"name": "loss", "op": "softmax_cross_entropy"}]
+               {"name": "fc", "op": "linear", "out_features": 4},
+               {"name": "loss", "op": "softmax_cross_entropy" if rank == 2 else "mse_loss"}]
     return layers
 
 
@@ -41,7 +46,8 @@ def _executor_calls(graph, batch, calls):
     executor = Executor(graph, np, np.float64, seed=3)
     rng = np.random.default_rng(0)
     images = rng.standard_normal((batch,) + graph.input_shape)
-    labels = rng.integers(0, graph.num_classes, batch)
+    labels = rng.integers(0, graph.num_classes, batch) if graph.answers == "labels" else \
+        rng.uniform(-1, 1, (batch, graph.num_outputs))
     calls.clear()
     executor.forward(images, labels)
     executor.backward()
@@ -60,10 +66,13 @@ def _profiler_calls(graph, batch, calls):
     return sorted(found, key=repr)
 
 
-@pytest.mark.parametrize("layers", [POOL_FIRST] + [_random_layers(seed) for seed in range(4)],
-                         ids=["pool-first"] + [f"random{seed}" for seed in range(4)])
+@pytest.mark.parametrize("layers", [POOL_FIRST] + [_random_layers(seed) for seed in range(4)]
+                         + [_random_layers(seed, rank=3) for seed in range(3)],
+                         ids=["pool-first"] + [f"random{seed}" for seed in range(4)]
+                         + [f"volume{seed}" for seed in range(3)])
 def test_the_profiler_runs_the_kernel_calls_training_runs(monkeypatch, layers):
-    graph = parse_model({"name": "m", "input": [2, 8, 6], "layers": layers})
+    shape = [2, 5, 8, 6] if layers[-1]["op"] == "mse_loss" else [2, 8, 6]
+    graph = parse_model({"name": "m", "input": shape, "layers": layers})
     calls = recording(monkeypatch)
     assert _profiler_calls(graph, 4, calls) == _executor_calls(graph, 4, calls)
 

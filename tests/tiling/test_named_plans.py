@@ -33,10 +33,11 @@ def test_data_splits_every_layer_over_the_batch(model_name, devices):
 def test_model_splits_channels_and_features_and_the_batch_of_flatten_and_loss(model_name, devices):
     graph = model(model_name)
     plan = load_plan("model", graph, BATCH, devices)
+    axes = {}
     for layer in graph.layers:
-        axis = 0 if layer.op in ("flatten", "softmax_cross_entropy") else 1
-        if layer.op == "dropout" and graph.by_name[layer.inputs[0]].op == "flatten":
-            axis = 0                                                   # inherits flatten's n split
+        axes[layer.name] = axis = 0 if layer.op == "flatten" or layer.spec.loss else 1
+        if layer.spec.inherits:
+            axes[layer.name] = axis = axes[layer.inputs[0]]                # e.g. a dropout after flatten: n
         assert plan[layer.name] == split(output_shape(layer, BATCH), axis, devices), layer.name
 
 
@@ -47,7 +48,7 @@ def test_owt_is_data_for_image_layers_and_model_for_linear_layers(model_name, de
     plan = load_plan("owt", graph, BATCH, devices)
     linear_like = set()
     for layer in graph.layers:
-        if layer.op == "linear" or (layer.op in ("relu", "dropout") and layer.inputs[0] in linear_like):
+        if layer.op == "linear" or (layer.spec.inherits and layer.inputs[0] in linear_like):
             linear_like.add(layer.name)
         axis = 1 if layer.name in linear_like else 0
         assert plan[layer.name] == split(output_shape(layer, BATCH), axis, devices), layer.name

@@ -8,12 +8,11 @@ import numpy as np
 import pytest
 
 from tiling_cases import SMALL_MODELS, handmade, model
-from spmdcnn.ops.window import output_extent, pair
+from spmdcnn.ops.window import output_extent
 from spmdcnn.tiling import ParallelConfig, part
 from spmdcnn.tiling.config import output_shape
 from spmdcnn.tiling.fields import Need, needs, window_range
 
-WINDOW_OPS = ("conv2d", "maxpool2d", "avgpool2d")
 
 
 def check_window(o0, o1, kernel, stride, pad, dilation, extent):
@@ -87,35 +86,37 @@ def test_strided_window_keeps_unread_rows_between_padding_and_first_read():
 def window_layers():
     for name in SMALL_MODELS:
         for layer in model(name).layers:
-            if layer.op in WINDOW_OPS:
+            if layer.spec.window:
                 yield pytest.param(name, layer.name, id=f"{name}:{layer.name}")
 
 
 def spatial_configs(layer, batch):
-    _, C, H, W = output_shape(layer, batch)
-    for dn, dc, dh, dw in itertools.product((1, 2), (1, 3), (1, 2, 3, 4), (1, 2, 3)):
-        if dn <= batch and dc <= C and dh <= H and dw <= W:
-            yield ParallelConfig((dn, dc, dh, dw), tuple(range(dn * dc * dh * dw)))
+    shape = output_shape(layer, batch)
+    choices = ((1, 2), (1, 3)) + ((1, 2, 3, 4), (1, 2, 3))[-(len(shape) - 2):] if len(shape) < 5 else \
+        ((1, 2), (1, 3), (1, 2, 3), (1, 2, 3), (1, 3))
+    for degrees in itertools.product(*choices):
+        if all(d <= extent for d, extent in zip(degrees, shape)):
+            yield ParallelConfig(degrees, tuple(range(int(np.prod(degrees)))))
 
 
 @pytest.mark.parametrize("model_name,layer_name", list(window_layers()))
 def test_window_layer_needs_match_brute_force(model_name, layer_name):
     layer = model(model_name).by_name[layer_name]
     batch = 3
-    a = layer.attrs
-    (kh, kw), (dh, dw), (ph, pw) = pair(a["kernel"]), pair(a.get("dilation", 1)), pair(a["padding"])
-    sh, sw = pair(a["kernel"] if a.get("stride") is None else a["stride"])
+    geometry = layer.window
     in_shape = (batch,) + tuple(layer.in_shapes[0])
     for cfg in spatial_configs(layer, batch):
         for _, out_box in cfg.tiles(output_shape(layer, batch)):
             [need] = needs(layer, out_box, [in_shape])
-            n, c, rows, cols = need.box
+            n, c, *ranges = need.box
             assert n == out_box[0]
-            assert c == ((0, in_shape[1]) if layer.op == "conv2d" else out_box[1])
-            rows_check = check_window(*out_box[2], kh, sh, ph, dh, in_shape[2])
-            cols_check = check_window(*out_box[3], kw, sw, pw, dw, in_shape[3])
-            assert (rows, cols) == (rows_check[0], cols_check[0])
-            assert need.padding == (rows_check[1], cols_check[1])
+            assert c == ((0, in_shape[1]) if layer.spec.family == "conv" else out_box[1])
+            checks = [check_window(*o, k, s, before, d, extent) for o, k, s, (before, after), d, extent in
+                      zip(out_box[2:], geometry.kernel, geometry.stride, geometry.padding, geometry.dilation,
+                          in_shape[2:])]
+            # the padding after comes out of the window's reach: a per-side padding's own after only bounds it
+            assert tuple(ranges) == tuple(box for box, _ in checks)
+            assert need.padding == tuple(pads for _, pads in checks)
 
 
 def test_border_and_interior_tiles_of_a_strided_dilated_conv():
@@ -194,7 +195,7 @@ def test_flatten_linear_and_loss_need_every_feature_of_their_samples(model_name,
     for _, box in ParallelConfig(degrees, tuple(range(int(np.prod(degrees))))).tiles(shape):
         [need] = needs(layer, box, [in_shape])
         assert need.box == (box[0],) + tuple((0, extent) for extent in in_shape[1:])
-        assert need.padding == ((0, 0), (0, 0))
+        assert need.padding is None and need.steps is None
 
 
 def test_global_avgpool_needs_the_whole_plane_of_its_channels():

@@ -7,11 +7,11 @@ import numpy as np
 
 from spmdcnn.graph import load_model
 from spmdcnn.graph.graph import parse_model
-from spmdcnn.tiling.config import NAMES, dims_of, output_shape
+from spmdcnn.tiling.config import dims_of, names_of, output_shape
 from spmdcnn.tiling.plan import from_mapping
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
-SMALL_MODELS = ("tiny_cnn", "small_inception", "small_resnet", "cifar_cnn")
+SMALL_MODELS = ("tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "tiny_volume")
 
 
 @functools.lru_cache(maxsize=None)
@@ -23,7 +23,7 @@ def handmade(layers, input_shape=(3, 8, 8), name="handmade"):
     """A model from a list of layer dicts; a flatten, a linear and the loss are appended when the list does not
     end in a loss."""
     layers = list(layers)
-    if layers[-1]["op"] != "softmax_cross_entropy":
+    if layers[-1]["op"] not in ("softmax_cross_entropy", "mse_loss"):
         layers += [{"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 3},
                    {"name": "loss", "op": "softmax_cross_entropy"}]
     return parse_model({"name": name, "input": list(input_shape), "layers": layers})
@@ -35,7 +35,7 @@ def random_spec(rng, layer, batch, devices):
     shape = output_shape(layer, batch)
     allowed = dims_of(layer)
     spec, count = {}, 1
-    for name, extent in zip(NAMES, shape):
+    for name, extent in zip(names_of(len(shape)), shape):
         if name not in allowed:
             continue
         most = min(extent, devices // count)

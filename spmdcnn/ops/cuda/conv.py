@@ -2,8 +2,9 @@
 
 Forward (``conv_fprop``), data gradient (``conv_dgrad``) and weight gradient (``conv_wgrad``) are each one graph,
 built once per (shapes, geometry, data type, TF32 choice, device) and cached; executing a built graph with new
-arrays costs one launch. Tensors keep spmdcnn's NCHW layout and the graphs are told so; a case no engine runs in
-NCHW (bfloat16 often wants channels-last) is run on channels-last copies (NHWC, weights KRSC) before falling back.
+arrays costs one launch. Any spatial rank: images (NCHW) and volumes (NCDHW) alike. Tensors keep spmdcnn's
+channels-first layout and the graphs are told so; a case no engine runs channels first (bfloat16 often wants
+channels last) is run on channels-last copies (NHWC or NDHWC, weights KRSC) before falling back.
 ``paths`` counts the calls per (graph, layout), im2col included: the GPU benchmark reports it.
 
 - Per-side padding: a tile's padding is often one-sided, which many cuDNN engines refuse; the input is then
@@ -38,30 +39,31 @@ paths = collections.Counter()  # (fprop | dgrad | wgrad | forward | backward, nc
 
 
 def _strides(shape, layout):
-    """Element strides of a 4-D tensor with logical dims ``shape`` (N, C, H, W or K, C, R, S) stored packed in
-    ``layout``."""
+    """Element strides of a tensor with logical dims ``shape`` (N, C, S... or K, C, k...) stored packed in
+    ``layout``: ``nchw`` channels first, ``nhwc`` channels last (N, S..., C), whatever the spatial rank."""
     if layout == "nchw":
         return _packed(shape)
-    N, C, H, W = shape
-    return [H * W * C, 1, W * C, C]
+    last = _packed((shape[0],) + tuple(shape[2:]) + (shape[1],))
+    return [last[0], 1] + last[1:-1]
 
 
 def _to(array, layout):
-    """A contiguous array holding ``array`` (logical NCHW) in ``layout``."""
+    """A contiguous array holding ``array`` (logical channels first) in ``layout``."""
     import cupy
-    return array if layout == "nchw" else cupy.ascontiguousarray(array.transpose(0, 2, 3, 1))
+    return array if layout == "nchw" else cupy.ascontiguousarray(array.transpose((0,) + tuple(range(2, array.ndim))
+                                                                                 + (1,)))
 
 
 def _empty(shape, dtype, layout):
     import cupy
-    N, C, H, W = shape
-    return cupy.empty(shape if layout == "nchw" else (N, H, W, C), dtype=dtype)
+    return cupy.empty(shape if layout == "nchw" else (shape[0],) + tuple(shape[2:]) + (shape[1],), dtype=dtype)
 
 
 def _back(array, layout):
-    """The logical NCHW contiguous array of a result stored in ``layout``."""
+    """The logical channels-first contiguous array of a result stored in ``layout``."""
     import cupy
-    return array if layout == "nchw" else cupy.ascontiguousarray(array.transpose(0, 3, 1, 2))
+    return array if layout == "nchw" else cupy.ascontiguousarray(array.transpose((0, array.ndim - 1)
+                                                                                 + tuple(range(1, array.ndim - 1))))
 
 
 @functools.cache
@@ -222,16 +224,16 @@ def _symmetric(geometry, kernel):
     return tuple(extra), tuple(symmetric)
 
 
-def conv2d_forward(x, w, b, geometry, need_input_grad):
-    """``(y, saved)`` through cuDNN (NCHW, else channels-last), or None when no engine runs it."""
-    K, _, kH, kW = w.shape
-    extra, padding = _symmetric(geometry, (kH, kW))
+def conv_forward(x, w, b, geometry, need_input_grad):
+    """``(y, saved)`` through cuDNN (channels first, else channels last), or None when no engine runs it; any
+    spatial rank (cuDNN's N-d descriptors)."""
+    K, kernel = w.shape[0], w.shape[2:]
+    extra, padding = _symmetric(geometry, kernel)
     io_type = x.dtype.name
     xpad = aligned_contiguous(pad_spatial(x, extra))
     wio = aligned_contiguous(w.astype(x.dtype, copy=False))         # bfloat16: round the master weights
-    N, C, H, W = xpad.shape
-    y_shape = (N, K) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in
-                              zip((H, W), (kH, kW), geometry.stride, padding, geometry.dilation))
+    y_shape = xpad.shape[:1] + (K,) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in
+                                            zip(xpad.shape[2:], kernel, geometry.stride, padding, geometry.dilation))
     for layout in LAYOUTS:
         graph = _graph("fprop", io_type, io_type, xpad.shape, w.shape, y_shape, padding, geometry.stride,
                        geometry.dilation, layout, quiet=layout != LAYOUTS[-1])
@@ -244,12 +246,12 @@ def conv2d_forward(x, w, b, geometry, need_input_grad):
         paths["forward", "im2col"] += 1
         return None
     if b is not None:
-        y += b.astype(y.dtype, copy=False).reshape(1, K, 1, 1)
+        y += b.astype(y.dtype, copy=False).reshape((1, K) + (1,) * len(kernel))
     return y, ConvSaved("cudnn", geometry, x=xpad, w=w, has_bias=b is not None, need_input_grad=need_input_grad,
                         x_shape=x.shape, wio=wio, padding=padding)
 
 
-def conv2d_backward(gy, saved, gw_out):
+def conv_backward(gy, saved, gw_out):
     """``(gradient of the padded input saved.x or None, gw, gb)`` of a forward that ran on cuDNN, ``gw`` and ``gb``
     in the master weights' type (``gw`` possibly written straight into ``gw_out``); None when no engine runs
     them. ``gy`` is contiguous and aligned (:func:`aligned_contiguous`)."""
@@ -259,7 +261,7 @@ def conv2d_backward(gy, saved, gw_out):
                                     saved.need_input_grad, gw_out, layout)
         if gradients is not None:
             gxpad, gw = gradients
-            gb = gy.sum(axis=(0, 2, 3), dtype=master) if saved.has_bias else None
+            gb = gy.sum(axis=(0,) + tuple(range(2, gy.ndim)), dtype=master) if saved.has_bias else None
             return gxpad, gw, gb
     paths["backward", "im2col"] += 1
     return None

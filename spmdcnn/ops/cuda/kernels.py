@@ -1,5 +1,5 @@
 """Fused CuPy kernels for the ops whose NumPy versions are chains of array expressions: pooling, batchnorm,
-dropout and the SGD update. Each computes exactly what its NumPy counterpart computes (same formula, same tie
+dropout, the element-wise activations and the SGD update. Each computes exactly what its NumPy counterpart computes (same formula, same tie
 rules, same counter-based dropout mask), in one or two launches instead of one per expression or per sample.
 
 Kernels are compiled on first use (CuPy caches them on disk); this module imports without CuPy. Every kernel is
@@ -23,19 +23,24 @@ def _accumulator(dtype):
     return {"float64": "double", "float32": "float", "bfloat16": "float", "float16": "float"}[dtype]
 
 
-_WINDOW_PARAMS = ("int32 H, int32 W, int32 oH, int32 oW, int32 kH, int32 kW, int32 sh, int32 sw, "
-                  "int32 top, int32 left")
+_WINDOW_PARAMS = ("int32 D, int32 H, int32 W, int32 oD, int32 oH, int32 oW, int32 kD, int32 kH, int32 kW, "
+                  "int32 sd, int32 sh, int32 sw, int32 front, int32 top, int32 left")
 
+# Every window is three-dimensional (D, H, W): an image is a volume of depth 1, a sequence one of depth and
+# height 1, so one kernel serves every spatial rank.
 _OUTPUT_POSITION = """
-    const int ow = i % oW; const int t = i / oW; const int oh = t % oH; const long long nc = t / oH;
-    const int h0 = oh * sh - top, w0 = ow * sw - left;
-    const long long base = nc * (long long)H * W;
+    const int ow = i % oW; long long t = i / oW; const int oh = t % oH; t /= oH; const int od = t % oD;
+    const long long nc = t / oD;
+    const int d0 = od * sd - front, h0 = oh * sh - top, w0 = ow * sw - left;
+    const long long base = nc * (long long)D * H * W;
 """
 
 _INPUT_POSITION = """
-    const int w = i % W; const int t = i / W; const int h = t % H; const long long nc = t / H;
-    const long long obase = nc * (long long)oH * oW;
-    const int hp = h + top, wp = w + left;               // position in the padded input
+    const int w = i % W; long long t = i / W; const int h = t % H; t /= H; const int d = t % D;
+    const long long nc = t / D;
+    const long long obase = nc * (long long)oD * oH * oW;
+    const int dp = d + front, hp = h + top, wp = w + left;     // position in the padded input
+    const int od_lo = dp >= kD ? (dp - kD) / sd + 1 : 0, od_hi = min(dp / sd, oD - 1);
     const int oh_lo = hp >= kH ? (hp - kH) / sh + 1 : 0, oh_hi = min(hp / sh, oH - 1);
     const int ow_lo = wp >= kW ? (wp - kW) / sw + 1 : 0, ow_hi = min(wp / sw, oW - 1);
 """
@@ -46,13 +51,17 @@ _MAXPOOL_FORWARD = """
     const A minus_inf = (A)__int_as_float(0xff800000);
     A best = minus_inf; int winner = 0;              // padding is -inf: it never wins
     bool nan = false;
-    for (int p = 0; p < kH; ++p) {
-        const int h = h0 + p;
-        for (int q = 0; q < kW; ++q) {
-            const int w = w0 + q;
-            const A v = (h >= 0 && h < H && w >= 0 && w < W) ? (A)x[base + (long long)h * W + w] : minus_inf;
-            if (v > best) { best = v; winner = p * kW + q; }       // strictly: the first maximum wins ties
-            nan |= v != v;
+    for (int p = 0; p < kD; ++p) {
+        const int dd = d0 + p;
+        for (int q = 0; q < kH; ++q) {
+            const int h = h0 + q;
+            for (int r = 0; r < kW; ++r) {
+                const int w = w0 + r;
+                const A v = (dd >= 0 && dd < D && h >= 0 && h < H && w >= 0 && w < W)
+                    ? (A)x[base + ((long long)dd * H + h) * W + w] : minus_inf;
+                if (v > best) { best = v; winner = (p * kH + q) * kW + r; }   // strictly: the first maximum wins
+                nan |= v != v;
+            }
         }
     }
     y = nan ? (T)(A)__int_as_float(0x7fc00000) : (T)best;          // NaN propagates, as in NumPy
@@ -61,32 +70,38 @@ _MAXPOOL_FORWARD = """
 
 _MAXPOOL_BACKWARD = """
     A sum = 0;
-    for (int oh = oh_lo; oh <= oh_hi; ++oh)
-        for (int ow = ow_lo; ow <= ow_hi; ++ow) {
-            const long long o = obase + (long long)oh * oW + ow;
-            if ((int)arg[o] == (hp - oh * sh) * kW + (wp - ow * sw)) sum += (A)gy[o];
-        }
+    for (int od = od_lo; od <= od_hi; ++od)
+        for (int oh = oh_lo; oh <= oh_hi; ++oh)
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) {
+                const long long o = obase + ((long long)od * oH + oh) * oW + ow;
+                if ((int)arg[o] == ((dp - od * sd) * kH + (hp - oh * sh)) * kW + (wp - ow * sw)) sum += (A)gy[o];
+            }
     gx = (T)sum;
 """
 
 _AVGPOOL_FORWARD = """
     A sum = 0;                                       // the padding counts as zeros
-    for (int p = 0; p < kH; ++p) {
-        const int h = h0 + p;
-        if (h < 0 || h >= H) continue;
-        for (int q = 0; q < kW; ++q) {
-            const int w = w0 + q;
-            if (w >= 0 && w < W) sum += (A)x[base + (long long)h * W + w];
+    for (int p = 0; p < kD; ++p) {
+        const int dd = d0 + p;
+        if (dd < 0 || dd >= D) continue;
+        for (int q = 0; q < kH; ++q) {
+            const int h = h0 + q;
+            if (h < 0 || h >= H) continue;
+            for (int r = 0; r < kW; ++r) {
+                const int w = w0 + r;
+                if (w >= 0 && w < W) sum += (A)x[base + ((long long)dd * H + h) * W + w];
+            }
         }
     }
-    y = (T)(sum * (A)(1.0 / (kH * kW)));
+    y = (T)(sum * (A)(1.0 / (kD * kH * kW)));
 """
 
 _AVGPOOL_BACKWARD = """
     A sum = 0;
-    for (int oh = oh_lo; oh <= oh_hi; ++oh)
-        for (int ow = ow_lo; ow <= ow_hi; ++ow) sum += (A)gy[obase + (long long)oh * oW + ow];
-    gx = (T)(sum * (A)(1.0 / (kH * kW)));
+    for (int od = od_lo; od <= od_hi; ++od)
+        for (int oh = oh_lo; oh <= oh_hi; ++oh)
+            for (int ow = ow_lo; ow <= ow_hi; ++ow) sum += (A)gy[obase + ((long long)od * oH + oh) * oW + ow];
+    gx = (T)(sum * (A)(1.0 / (kD * kH * kW)));
 """
 
 
@@ -105,55 +120,58 @@ def _pooling(kind, dtype, index_type=None):
                                   preamble=f"typedef {_accumulator(dtype)} A;")
 
 
-def _window_args(geometry, H, W, oH, oW):
-    (kH, kW), (sh, sw) = geometry.kernel, geometry.stride
-    (top, _), (left, _) = geometry.padding
-    return H, W, oH, oW, kH, kW, sh, sw, top, left
+def _as_volume(values, fill):
+    """One value per spatial axis, as three (depth, height, width): ``fill`` for the axes the tensor lacks."""
+    return (fill,) * (3 - len(values)) + tuple(values)
 
 
-def maxpool2d_forward(x, geometry):
+def _window_args(geometry, spatial, out):
+    """The kernels' arguments for a window over input extents ``spatial`` giving ``out``, as a volume's."""
+    befores = tuple(before for before, _ in geometry.padding)
+    return (_as_volume(spatial, 1) + _as_volume(out, 1) + _as_volume(geometry.kernel, 1)
+            + _as_volume(geometry.stride, 1) + _as_volume(befores, 0))
+
+
+def maxpool_forward(x, geometry):
     import cupy
-    N, C, H, W = x.shape
-    oH, oW = geometry.output_shape(H, W)
-    index_type = "uint8" if geometry.kernel[0] * geometry.kernel[1] <= 256 else "uint32"
-    y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
-    arg = cupy.empty((N, C, oH, oW), dtype=index_type)
+    out = geometry.output_shape(x.shape[2:])
+    index_type = "uint8" if geometry.positions <= 256 else "uint32"
+    y = cupy.empty(x.shape[:2] + out, dtype=x.dtype)
+    arg = cupy.empty(x.shape[:2] + out, dtype=index_type)
     kernel = _pooling("maxpool_forward", x.dtype.name, index_type)
-    kernel(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y, arg)
+    kernel(cupy.ascontiguousarray(x), *_window_args(geometry, x.shape[2:], out), y, arg)
     return y, PoolSaved(x.shape, geometry, arg)
 
 
-def maxpool2d_backward(gy, saved):
+def maxpool_backward(gy, saved):
     import cupy
     x_shape, arg, geometry = saved.x_shape, saved.argmax, saved.geometry
-    N, C, H, W = x_shape
     gx = cupy.empty(x_shape, dtype=gy.dtype)
     kernel = _pooling("maxpool_backward", gy.dtype.name, arg.dtype.name)
-    kernel(cupy.ascontiguousarray(gy), arg, *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
+    kernel(cupy.ascontiguousarray(gy), arg, *_window_args(geometry, x_shape[2:], gy.shape[2:]), gx)
     return gx
 
 
-def avgpool2d_forward(x, geometry):
+def avgpool_forward(x, geometry):
     import cupy
-    N, C, H, W = x.shape
-    oH, oW = geometry.output_shape(H, W)
-    y = cupy.empty((N, C, oH, oW), dtype=x.dtype)
-    _pooling("avgpool_forward", x.dtype.name)(cupy.ascontiguousarray(x), *_window_args(geometry, H, W, oH, oW), y)
+    out = geometry.output_shape(x.shape[2:])
+    y = cupy.empty(x.shape[:2] + out, dtype=x.dtype)
+    _pooling("avgpool_forward", x.dtype.name)(cupy.ascontiguousarray(x), *_window_args(geometry, x.shape[2:], out),
+                                              y)
     return y, PoolSaved(x.shape, geometry)
 
 
-def avgpool2d_backward(gy, saved):
+def avgpool_backward(gy, saved):
     import cupy
     x_shape, geometry = saved.x_shape, saved.geometry
-    N, C, H, W = x_shape
     gx = cupy.empty(x_shape, dtype=gy.dtype)
     kernel = _pooling("avgpool_backward", gy.dtype.name)
-    kernel(cupy.ascontiguousarray(gy), *_window_args(geometry, H, W, gy.shape[2], gy.shape[3]), gx)
+    kernel(cupy.ascontiguousarray(gy), *_window_args(geometry, x_shape[2:], gy.shape[2:]), gx)
     return gx
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# batchnorm (ops/batchnorm.py does the rest): per-channel sums in float64 by reduction kernels over (N, HW), the
+# batchnorm (ops/batchnorm.py does the rest): per-channel sums in float64 by reduction kernels over (N, S), the
 # normalisation and its gradient element-wise
 
 
@@ -182,12 +200,12 @@ def _channel(v, dtype):
 
 
 def bn_sums(x3):
-    """Per-channel float64 sums of a (N, C, HW) array."""
+    """Per-channel float64 sums of a (N, C, S) array."""
     return _bn_kernels(x3.dtype.name)[0](x3, axis=(0, 2))
 
 
 def bn_centred_dot(a3, x3, mean):
-    """Per-channel float64 ``sum(a * (x - mean))`` over (N, HW)."""
+    """Per-channel float64 ``sum(a * (x - mean))`` over (N, S)."""
     kernel = _bn_kernels(x3.dtype.name)[1 if a3 is not x3 else 2]
     mean = mean.reshape(1, -1, 1)
     return kernel(a3, x3, mean, axis=(0, 2)) if a3 is not x3 else kernel(x3, mean, axis=(0, 2))
@@ -343,3 +361,69 @@ def add_into(target, source):
 
 def add(a, b):
     return _add2(a.dtype.name)(a, b)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# leaky relu, tanh and scale: one launch each way, computed in the accumulation type
+
+
+def _elementwise(inputs, outputs, body, name, dtype):
+    """An element-wise kernel over arrays of ``dtype`` computing in ``A`` (its accumulation type, also the type of
+    the scalar parameters named ``A``)."""
+    import cupy
+    scalar = master_dtype(dtype).name
+    return cupy.ElementwiseKernel(inputs.replace("A ", f"{scalar} "), outputs, body, f"spmdcnn_{name}_{dtype}",
+                                  preamble=f"typedef {_accumulator(dtype)} A;")
+
+
+@functools.cache
+def _leaky_relu(dtype):
+    forward = _elementwise("T x, A slope", "T y, bool positive",
+                           "positive = (A)x > (A)0; y = positive ? x : (T)((A)x * slope)", "leaky_relu_forward", dtype)
+    backward = _elementwise("T gy, bool positive, A slope", "T gx", "gx = positive ? gy : (T)((A)gy * slope)",
+                            "leaky_relu_backward", dtype)
+    return forward, backward
+
+
+def leaky_relu_forward(x, negative_slope, inplace):
+    import cupy
+    positive = cupy.empty(x.shape, dtype=bool)
+    y = x if inplace else cupy.empty_like(x)
+    _leaky_relu(x.dtype.name)[0](x, master_dtype(x.dtype).type(negative_slope), y, positive)
+    return y, positive
+
+
+def leaky_relu_backward(gy, positive, negative_slope):
+    return _leaky_relu(gy.dtype.name)[1](gy, positive, master_dtype(gy.dtype).type(negative_slope))
+
+
+@functools.cache
+def _tanh(dtype):
+    forward = _elementwise("T x", "T y", "y = (T)tanh((A)x)", "tanh_forward", dtype)
+    backward = _elementwise("T gy, T y", "T gx", "const A v = (A)y; gx = (T)((A)gy * ((A)1 - v * v))",
+                            "tanh_backward", dtype)
+    return forward, backward
+
+
+def tanh_forward(x, inplace):
+    import cupy
+    y = x if inplace else cupy.empty_like(x)
+    _tanh(x.dtype.name)[0](x, y)
+    return y, y
+
+
+def tanh_backward(gy, y):
+    return _tanh(gy.dtype.name)[1](gy, y)
+
+
+@functools.cache
+def _scale(dtype):
+    return _elementwise("T x, A factor", "T y", "y = (T)((A)x * factor)", "scale", dtype)
+
+
+def scale(x, factor, inplace):
+    """``factor * x``, over ``x`` when ``inplace``."""
+    import cupy
+    y = x if inplace else cupy.empty_like(x)
+    _scale(x.dtype.name)(x, master_dtype(x.dtype).type(factor), y)
+    return y

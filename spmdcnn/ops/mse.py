@@ -1,0 +1,42 @@
+"""Mean squared error for regression, averaged over the global batch and the targets, as
+``torch.nn.functional.mse_loss`` (reduction ``mean``):
+
+    loss = sum_{n, k} (y[n, k] - t[n, k])^2 / (N_global * K),    gy = 2 (y - t) / (N_global * K)
+
+A tile holding some of the samples returns its share of the sum; the shares add up to the global mean. A target
+row of NaN marks a padding sample (evaluation pads its last batch to the plan's size): it adds nothing to the loss
+or to the gradient, and the mean still divides by the whole batch, as the cross-entropy's label -1 does
+(``ops/loss.py``). bfloat16 predictions are taken in float32; the gradient comes back in their type.
+"""
+
+from .. import backend
+from .saved import MSESaved
+
+
+def mse_loss_forward(y, targets, total=None):
+    """``(loss share, saved)`` of predictions ``y`` (N, K) against ``targets`` (N, K)."""
+    xp = backend.array_module(y)
+    dtype = y.dtype
+    if dtype.name == "bfloat16":
+        y = y.astype(xp.float32)
+    N, K = y.shape
+    if targets.shape != (N, K):
+        raise ValueError(f"mse_loss: predictions of shape {(N, K)} but targets of shape {targets.shape}")
+    total = N if total is None else total
+    padding = xp.isnan(targets).any(axis=1) if N else xp.zeros(0, dtype=bool)
+    difference = y - xp.where(padding[:, None], y, targets.astype(y.dtype, copy=False))   # padding: 0
+    loss = float((difference * difference).sum(dtype=xp.float64)) / (total * K)
+    return loss, MSESaved(difference, total * K, dtype)
+
+
+def mse_loss_backward(gloss, saved):
+    gy = saved.difference * (2.0 * gloss / saved.count)
+    return gy.astype(saved.dtype, copy=False)
+
+
+def absolute_errors(y, targets):
+    """The sum of ``|y - t|`` over the samples that are not padding (a NaN target row): evaluation's mean
+    absolute error adds these up."""
+    xp = backend.array_module(y)
+    valid = ~xp.isnan(targets).any(axis=1)
+    return float(xp.abs(y[valid].astype(xp.float64) - targets[valid]).sum())
