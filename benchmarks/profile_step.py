@@ -16,7 +16,7 @@ import spmdcnn  # noqa: F401  (first: it tunes OpenBLAS before NumPy loads it)
 import numpy as np
 
 from spmdcnn.graph import load_model
-from spmdcnn.io.dataset import SyntheticData
+from spmdcnn.io.synthetic import SyntheticData
 from spmdcnn.runtime import kernels
 from spmdcnn.runtime.bench import blas_info
 from spmdcnn.runtime.executor import Executor
@@ -69,7 +69,7 @@ def main():
         kernels.BIND[op] = bind_timed
     executor = Executor(graph, np, np.float32)
     optimizer = SGD(executor.params.shapes, np.float32, np, lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    images, labels = SyntheticData(graph.input_shape, graph.num_classes, args.batch).batch(0, 0, args.batch)
+    images, labels = SyntheticData.for_model(graph, args.batch).batch(0, 0, args.batch)
     for step in range(args.steps + 1):
         if step == 1:
             spent.clear()

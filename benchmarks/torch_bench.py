@@ -20,7 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from torch_reference import TorchNet  # noqa: E402
 
 from spmdcnn.graph import load_model  # noqa: E402
-from spmdcnn.io.dataset import SyntheticData  # noqa: E402
+from spmdcnn.io.synthetic import SyntheticData  # noqa: E402
 from spmdcnn.runtime.executor import Executor  # noqa: E402
 
 
@@ -40,7 +40,7 @@ def main():
     del executor
     net.train()
     optimizer = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
-    images, labels = SyntheticData(graph.input_shape, graph.num_classes, args.batch).batch(0, 0, args.batch)
+    images, labels = SyntheticData.for_model(graph, args.batch).batch(0, 0, args.batch)
     images, labels = torch.from_numpy(images), torch.from_numpy(labels)
     times = []
     for step in range(args.warmup + args.steps):

@@ -65,7 +65,7 @@ def _ddp_process(rank, model, batch, ranks, steps, warmup, port, results):
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     from torch_reference import TorchNet
     from spmdcnn.graph import load_model
-    from spmdcnn.io.dataset import SyntheticData
+    from spmdcnn.io.synthetic import SyntheticData
     from spmdcnn.runtime.executor import Executor
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     os.environ.update({"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)})
@@ -78,7 +78,7 @@ def _ddp_process(rank, model, batch, ranks, steps, warmup, port, results):
     wrapped = torch.nn.parallel.DistributedDataParallel(net, bucket_cap_mb=25)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=1e-3, momentum=0.9, weight_decay=5e-4)
     share = batch // ranks
-    images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch).batch(0, 0, batch)
+    images, labels = SyntheticData.for_model(graph, batch).batch(0, 0, batch)
     mine = slice(rank * share, (rank + 1) * share)          # this process's share of spmdcnn's global batch
     images, labels = torch.from_numpy(images[mine].copy()), torch.from_numpy(labels[mine].copy())
     times = []

@@ -57,11 +57,11 @@ def write_job(tmp_path, name, **overrides):
     return path
 
 
-def write_plan(tmp_path, name, devices, seed):
+def write_plan(tmp_path, name, devices, seed, model="small_resnet"):
     sys.path.insert(0, os.path.join(ROOT, "tests", "mpi"))
     from plans import random_plan
     from spmdcnn.graph import load_model
-    plan = random_plan(load_model(os.path.join(ROOT, "models", "small_resnet.yaml")), 6, devices, seed)
+    plan = random_plan(load_model(os.path.join(ROOT, "models", f"{model}.yaml")), 6, devices, seed)
     path = tmp_path / f"{name}.yaml"
     path.write_text(plan.text)
     return path
@@ -72,25 +72,29 @@ def losses(path):
     return [json.loads(line)["loss"] for line in open(path, encoding="utf-8")]
 
 
-def test_a_checkpoint_from_4_ranks_resumes_on_2_ranks_under_another_plan(tmp_path):
+@pytest.mark.parametrize("model", ["small_resnet", "tiny_volume"])
+def test_a_checkpoint_from_4_ranks_resumes_on_2_ranks_under_another_plan(tmp_path, model):
     """4 ranks, plan A, 3 steps; then 2 ranks, plan B, to step 6: the same weights and losses as one process
-    running 6 steps without a break."""
-    whole = write_job(tmp_path, "whole")
+    running 6 steps without a break (an image classifier, and a volume regression whose plans split depth)."""
+    model_path = os.path.join(ROOT, "models", f"{model}.yaml")
+    whole = write_job(tmp_path, "whole", model=model_path)
     result = subprocess.run(spmdcnn("train", whole, "--set", "plan=data"), cwd=ROOT, env=ENV, capture_output=True,
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    split = write_job(tmp_path, "split")
-    first = mpiexec(4, *spmdcnn("train", split, "--set", f"plan={write_plan(tmp_path, 'a', 4, 1)}",
+    split = write_job(tmp_path, "split", model=model_path)
+    first = mpiexec(4, *spmdcnn("train", split, "--set", f"plan={write_plan(tmp_path, 'a', 4, 1, model)}",
                                 "--set", "steps=3"))
     assert first.returncode == 0, first.stdout + first.stderr
     assert "4 ranks" in first.stdout and first.stdout.count("checkpoint written") == 1
-    second = mpiexec(2, *spmdcnn("train", split, "--set", f"plan={write_plan(tmp_path, 'b', 2, 2)}"))
+    second = mpiexec(2, *spmdcnn("train", split, "--set", f"plan={write_plan(tmp_path, 'b', 2, 2, model)}"))
     assert second.returncode == 0, second.stdout + second.stderr
     assert "resumed from" in second.stdout and "at step 3" in second.stdout
     np.testing.assert_allclose(losses(tmp_path / "split.jsonl"), losses(tmp_path / "whole.jsonl"), rtol=1e-10)
     with h5py.File(tmp_path / "whole.h5") as a, h5py.File(tmp_path / "split.h5") as b:
         assert a.attrs["step"] == b.attrs["step"] == 6
         assert "devices: 2" in b.attrs["plan"]
+        if model == "tiny_volume":
+            assert " d: " in b.attrs["plan"] or " d: " in open(tmp_path / "a.yaml").read()
         for group in ("params", "buffers", "optimizer/momentum"):
             names = []
             a[group].visit(lambda n: names.append(n) if isinstance(a[group][n], h5py.Dataset) else None)

@@ -33,7 +33,7 @@ def _staged_values(source):
     whole when the crop is most of them)."""
     windows = source.augment.windows(source.stored_shape, 0, None, [0])
     ranges = [(0, extent) for extent in source.sample_shape]
-    return int(np.prod(stored_read(windows, 0, ranges, (1, 1, 1), source.stored_shape[2]).count))
+    return int(np.prod(stored_read(windows, 0, ranges, (1,) * len(ranges), source.stored_shape[-1]).count))
 
 
 def data_bench(path, batch, workers="auto", prefetch="auto", augment=None, batches=50, warmup=3, dtype="float32",

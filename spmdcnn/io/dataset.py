@@ -1,6 +1,8 @@
 """Training data: the HDF5 dataset of docs/formats.md#dataset-files and a synthetic source with the same interface.
 
-    /images (N, C, H, W) uint8 or float32;  /labels (N,) integer;  optional attrs mean, std (per channel)
+    /images (N, C, S...) uint8 or float32 (images (N, C, H, W), volumes (N, C, D, H, W), sequences (N, C, W));
+    the answers: /labels (N,) integer (classification) or /targets (N, K) float32 (regression, mse_loss);
+    optional attrs mean, std (per channel)
 
 Batch ``s`` of epoch ``e`` holds the samples ``order(e)[s*B : (s+1)*B]``, where ``order(e)`` is the identity
 without shuffling and a permutation drawn from a generator keyed by (seed, e) with it: a fixed function of
@@ -14,7 +16,6 @@ import zlib
 import h5py
 import numpy as np
 
-from ..counters import stream_key, uniform
 from .atomic import written_aside
 from .augment import Augment, count, stored_read
 from .batch import Batch
@@ -81,18 +82,24 @@ def reading_batch(source, indices, dtype, epoch=None):
     def read(box, steps):
         (n0, n1), *region = box
         return source.read(indices[n0:n1], dtype, region, None if steps is None else steps[1:], epoch=epoch)[0]
-    return Batch(len(indices), read, lambda lo, hi: source.read_labels(indices[lo:hi]))
+    return Batch(len(indices), read, lambda lo, hi: source.read_answers(indices[lo:hi]))
 
 
 def _ranges(region, shape):
-    """``(c, h, w)`` ranges, the whole sample when ``region`` is None."""
+    """``(c, spatial...)`` ranges, the whole sample when ``region`` is None."""
     return [tuple(r) for r in region] if region is not None else [(0, extent) for extent in shape]
 
 
 def _cut(region, shape, steps):
-    """The ``(c, h, w)`` slices of ``region`` read with ``steps`` (every step-th element; None: all)."""
-    steps = steps or (1, 1, 1)
+    """The ``(c, spatial...)`` slices of ``region`` read with ``steps`` (every step-th element; None: all)."""
+    steps = steps or (1,) * len(shape)
     return tuple(slice(lo, hi, step) for (lo, hi), step in zip(_ranges(region, shape), steps))
+
+
+def describe_samples(shape):
+    """``images (C, H, W)``, ``volumes (C, D, H, W)`` or ``sequences (C, W)``: what samples of ``shape`` are."""
+    return {2: "sequences (C, W)", 3: "images (C, H, W)", 4: "volumes (C, D, H, W)"}.get(len(shape),
+                                                                                          f"{len(shape)}-d samples")
 
 
 class HDF5Dataset(_Source):
@@ -101,10 +108,11 @@ class HDF5Dataset(_Source):
     kind = "hdf5"
     KEPT_BUFFERS = 4    # read shapes whose buffers are kept (a rank's reads take one or two; evaluation one more)
 
-    def __init__(self, path, seed=0, shuffle=True, augment=None):
+    def __init__(self, path, seed=0, shuffle=True, augment=None, answers=None):
         self.path = str(path)
         self.seed, self.shuffle = seed, shuffle
         self.augment = augment or Augment()
+        self.answers = answers      # labels or targets: what batches carry (None: labels, else what the file has)
         self._staged = {}
         self.file = self._open(CHUNK_CACHE_BYTES)
         try:
@@ -131,18 +139,37 @@ class HDF5Dataset(_Source):
             raise DataError(f"{self.path}: cannot open dataset (not HDF5, or unreadable): {error}") from None
 
     def _validate(self):
-        for key in ("images", "labels"):
-            if not isinstance(self.file.get(key), h5py.Dataset):
-                raise DataError(f"{self.path}: dataset lacks /{key} as an array (expected /images (N, C, H, W) and "
-                                "/labels (N,))")
-        self.images, self.labels = self.file["images"], self.file["labels"]
-        if self.images.ndim != 4 or self.images.dtype not in (np.uint8, np.float32, np.float64):
-            raise DataError(f"{self.path}: /images must be (N, C, H, W) uint8 or float32, got "
-                            f"{self.images.shape} {self.images.dtype}")
-        if self.labels.shape != (self.images.shape[0],) or self.labels.dtype.kind not in "iu":
-            raise DataError(f"{self.path}: /labels must be ({self.images.shape[0]},) integers, got "
-                            f"{self.labels.shape} {self.labels.dtype}")
-        self.all_labels = self.labels[()].astype(np.int64)   # small: read once, for checks and batches
+        expected = ("expected /images (N, C, H, W) or (N, C, D, H, W) and /labels (N,) or /targets (N, K); "
+                    "docs/formats.md#dataset-files")
+        if not isinstance(self.file.get("images"), h5py.Dataset):
+            raise DataError(f"{self.path}: dataset lacks /images as an array ({expected})")
+        present = [key for key in ("labels", "targets") if isinstance(self.file.get(key), h5py.Dataset)]
+        if not present:
+            raise DataError(f"{self.path}: dataset lacks /labels and /targets as arrays ({expected})")
+        self.images = self.file["images"]
+        if not 3 <= self.images.ndim <= 5 or self.images.dtype not in (np.uint8, np.float32, np.float64):
+            raise DataError(f"{self.path}: /images must be (N, C, H, W) images or (N, C, D, H, W) volumes "
+                            f"((N, C, W) sequences), uint8 or float32, got {self.images.shape} {self.images.dtype}")
+        N = self.images.shape[0]
+        self.all_labels = self.all_targets = None       # small: read once, for checks and batches
+        if "labels" in present:
+            labels = self.file["labels"]
+            if labels.shape != (N,) or labels.dtype.kind not in "iu":
+                raise DataError(f"{self.path}: /labels must be ({N},) integers, got {labels.shape} {labels.dtype}")
+            self.all_labels = labels[()].astype(np.int64)
+        if "targets" in present:
+            targets = self.file["targets"]
+            if targets.ndim != 2 or targets.shape[0] != N or targets.dtype.kind != "f":
+                raise DataError(f"{self.path}: /targets must be ({N}, K) floats (K values per sample to regress), "
+                                f"got {targets.shape} {targets.dtype}")
+            self.all_targets = targets[()].astype(np.float32)
+            if not np.isfinite(self.all_targets).all():
+                raise DataError(f"{self.path}: /targets holds NaN or infinite values (sample "
+                                f"{int(np.argwhere(~np.isfinite(self.all_targets))[0, 0])})")
+        if self.answers is None:
+            self.answers = present[0]
+        elif self.answers not in present:
+            raise DataError(f"{self.path}: the dataset has no /{self.answers}")
         C = self.images.shape[1]
         self.mean = self._channel_attr("mean", C)
         self.std = self._channel_attr("std", C)
@@ -167,73 +194,103 @@ class HDF5Dataset(_Source):
 
     @property
     def stored_shape(self):
-        """(C, H, W) of the images in the file."""
+        """(C, S...) of the samples in the file."""
         return tuple(self.images.shape[1:])
 
     @property
     def sample_shape(self):
-        """(C, H, W) of the images the model sees: the stored ones, or their crop."""
+        """(C, S...) of the samples the model sees: the stored ones, or their crop."""
         return self.augment.output_shape(self.stored_shape)
+
+    @property
+    def num_targets(self):
+        """K of the /targets the batches carry, or None when they carry labels."""
+        return self.all_targets.shape[1] if self.answers == "targets" else None
 
     def spec(self):
         """What opens this source again in another process (:mod:`spmdcnn.io.prefetch`)."""
         return {"kind": "hdf5", "path": self.path, "seed": self.seed, "shuffle": self.shuffle,
-                "augment": {"crop": self.augment.crop, "flip": self.augment.flip}}
+                "augment": self.augment.spec(), "answers": self.answers}
 
     def check_model(self, graph, crop_key="data.augment.crop: {crop}"):
-        """Refuse images the model does not take (``crop_key``: how the hint says to crop them, ``{crop}`` the
-        [H, W]) and labels outside its classes."""
+        """Refuse samples the model does not take (``crop_key``: how the hint says to crop them, ``{crop}`` the
+        crop's extents), answers of another kind than its loss compares with (labels for softmax cross-entropy,
+        targets for mse_loss), labels outside its classes and a target count other than its outputs; from then on
+        the batches carry the answers the model's loss reads."""
         if self.sample_shape != graph.input_shape:
             crop = f" cropped by data.augment.crop to {list(self.sample_shape)}" if self.augment.crop else ""
             hint = (f": set {crop_key.format(crop=list(graph.input_shape[1:]))} to crop them"
-                    if not self.augment.crop and self.stored_shape[0] == graph.input_shape[0]
+                    if not self.augment.crop and len(self.stored_shape) == len(graph.input_shape)
+                    and self.stored_shape[0] == graph.input_shape[0]
                     and all(s >= m for s, m in zip(self.stored_shape[1:], graph.input_shape[1:])) else "")
-            raise DataError(f"{self.path}: images are {list(self.stored_shape)} (C, H, W){crop} but model "
-                            f"'{graph.name}' takes {list(graph.input_shape)}{hint}")
-        if self.num_samples:
-            low, high = int(self.all_labels.min()), int(self.all_labels.max())
-            if low < 0 or high >= graph.num_classes:
-                raise DataError(f"{self.path}: labels range over [{low}, {high}] but model '{graph.name}' has "
-                                f"{graph.num_classes} classes (labels must lie in [0, {graph.num_classes - 1}])")
+            kind, axes = describe_samples(self.stored_shape).split(" ", 1)
+            takes = list(graph.input_shape) if len(graph.input_shape) == len(self.stored_shape) else \
+                "{1} {0} {2}".format(list(graph.input_shape), *describe_samples(graph.input_shape).split(" ", 1))
+            raise DataError(f"{self.path}: {kind} are {list(self.stored_shape)} {axes}{crop} but model "
+                            f"'{graph.name}' takes {takes}{hint}")
+        loss = f"model '{graph.name}' ends in {graph.loss.op}"
+        if graph.answers == "targets":
+            if self.all_targets is None:
+                raise DataError(f"{self.path}: the dataset has no /targets, but {loss}, which regresses "
+                                f"{graph.num_outputs} values per sample: write them as /targets (N, "
+                                f"{graph.num_outputs}) float32")
+            if self.all_targets.shape[1] != graph.num_outputs:
+                raise DataError(f"{self.path}: /targets holds {self.all_targets.shape[1]} values per sample, but "
+                                f"{loss} over {graph.num_outputs} outputs")
+        else:
+            if self.all_labels is None:
+                raise DataError(f"{self.path}: the dataset has no /labels, but {loss}, which needs a class per "
+                                "sample (its /targets are for a regression loss, mse_loss)")
+            if self.num_samples:
+                low, high = int(self.all_labels.min()), int(self.all_labels.max())
+                if low < 0 or high >= graph.num_classes:
+                    raise DataError(f"{self.path}: labels range over [{low}, {high}] but model '{graph.name}' has "
+                                    f"{graph.num_classes} classes (labels must lie in [0, {graph.num_classes - 1}])")
+        self.answers = graph.answers
+
+    def _answers_array(self):
+        return self.all_labels if self.answers == "labels" else self.all_targets
 
     def identity(self):
-        # the labels' checksum tells a replaced or reordered file from the one a run started with
-        return {**super().identity(), "data.labels_crc32": zlib.crc32(self.all_labels.tobytes()),
+        # the answers' checksum tells a replaced or reordered file from the one a run started with
+        key = "data.labels_crc32" if self.answers == "labels" else "data.targets_crc32"
+        return {**super().identity(), key: zlib.crc32(self._answers_array().tobytes()),
                 "data.augment": self.augment.identity()}
 
     def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None):
-        """Images (as ``dtype``, scaled and normalised) and int64 labels of the samples ``indices``; only the
-        channel, row and column ranges of ``region`` (``[(c0, c1), (h0, h1), (w0, w1)]``, in the coordinates of
-        the images the model sees: the crop) when given, and of those only every ``steps``-th element.
+        """Samples (as ``dtype``, scaled and normalised) and answers (int64 labels, or float32 targets) of the
+        samples ``indices``; only the channel and spatial ranges of ``region`` (``[(c0, c1), (lo, hi) per spatial
+        axis]``, in the coordinates of the samples the model sees: the crop) when given, and of those only every
+        ``steps``-th element.
         ``epoch``: the training epoch whose crops and flips to apply (:mod:`spmdcnn.io.augment`); None reads the
         center crop, unflipped. ``out``: an array of the result's shape and ``dtype`` to fill (else one is made).
 
-        Each sample is one hyperslab of the file (:func:`~spmdcnn.io.augment.stored_read`: the rows the region
-        needs, and the columns from its first to its last or whole rows), read straight into a buffer kept for the
-        next batch of this shape (a point selection over several samples is executed element by element by HDF5:
-        30x slower)."""
+        Each sample is one hyperslab of the file (:func:`~spmdcnn.io.augment.stored_read`: the positions the
+        region needs along every axis but the last, and along the last from its first to its last or whole rows),
+        read straight into a buffer kept for the next batch of this shape (a point selection over several samples
+        is executed element by element by HDF5: 30x slower)."""
         indices = np.asarray(indices, dtype=np.int64)
         ranges = _ranges(region, self.sample_shape)
-        steps = tuple(steps or (1, 1, 1))
+        steps = tuple(steps or (1,) * len(ranges))
         shape = (len(indices),) + tuple(count(lo, hi, s) for (lo, hi), s in zip(ranges, steps))
         if out is None:
             out = np.empty(shape, dtype=dtype)
         elif out.shape != shape or out.dtype != np.dtype(dtype):
             raise ValueError(f"out is {out.shape} {out.dtype}, the read gives {shape} {np.dtype(dtype)}")
         if not out.size:
-            return out, self.read_labels(indices)
+            return out, self.read_answers(indices)
         if indices.min() < 0 or indices.max() >= self.num_samples:
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
         windows = self.augment.windows(self.stored_shape, self.seed, epoch, indices)
-        parts = [stored_read(windows, k, ranges, steps, self.stored_shape[2]) for k in range(len(indices))]
+        parts = [stored_read(windows, k, ranges, steps, self.stored_shape[-1]) for k in range(len(indices))]
         staged = self._read_parts(indices, parts)
-        if all(part.columns == slice(0, staged.shape[3], 1) for part in parts):
+        if all(part.identity for part in parts):
             np.copyto(out, staged, casting="unsafe")
         else:
             for k, part in enumerate(parts):
-                np.copyto(out[k], staged[k, :, :, part.columns], casting="unsafe")
+                np.copyto(out[k], staged[k][part.picks], casting="unsafe")
         self._normalise(out, slice(ranges[0][0], ranges[0][1], steps[0]))
-        return out, self.read_labels(indices)
+        return out, self.read_answers(indices)
 
     def _read_parts(self, indices, parts):
         """Sample ``indices[k]``'s :class:`~spmdcnn.io.augment.StoredRead` ``parts[k]``, each into its row of a
@@ -259,13 +316,15 @@ class HDF5Dataset(_Source):
         255, then less ``mean`` and over ``std`` per channel where the file has them."""
         if self.images.dtype == np.uint8:
             out /= 255
+        per_channel = (1, -1) + (1,) * (out.ndim - 2)
         if self.mean is not None:
-            out -= self.mean[channels].reshape(1, -1, 1, 1).astype(out.dtype)
+            out -= self.mean[channels].reshape(per_channel).astype(out.dtype)
         if self.std is not None:
-            out /= self.std[channels].reshape(1, -1, 1, 1).astype(out.dtype)
+            out /= self.std[channels].reshape(per_channel).astype(out.dtype)
 
-    def read_labels(self, indices):
-        return self.all_labels[np.asarray(indices, dtype=np.int64)]
+    def read_answers(self, indices):
+        """The answers of the samples ``indices``: int64 labels, or float32 targets (K per sample)."""
+        return self._answers_array()[np.asarray(indices, dtype=np.int64)]
 
     def close(self):
         self.file.close()
@@ -311,111 +370,82 @@ def held_out_problems(train, val):
 
 
 def dataset_info(path):
-    """What ``spmdcnn data info`` prints: samples, image shape and type, labels, mean/std, description."""
+    """What ``spmdcnn data info`` prints: samples, their shape and type, the answers (labels per class, or the
+    targets' count and range), mean/std, description."""
     data = HDF5Dataset(path, shuffle=False)
     try:
-        labels, counts = np.unique(data.all_labels, return_counts=True)
         description, names = data.file.attrs.get("description"), data.file.attrs.get("classes")
-        return {"samples": data.num_samples, "shape": list(data.sample_shape), "dtype": str(data.images.dtype),
-                "classes": len(labels), "labels": [int(labels.min()), int(labels.max())] if len(labels) else [],
-                "per_class": {str(k): int(v) for k, v in zip(labels, counts)},
+        info = {"samples": data.num_samples, "shape": list(data.sample_shape), "dtype": str(data.images.dtype),
+                "kind": describe_samples(data.sample_shape).split()[0],
                 "mean": None if data.mean is None else data.mean.tolist(),
                 "std": None if data.std is None else data.std.tolist(),
                 "description": None if description is None else str(description),
                 "class_names": None if names is None else [str(name) for name in names]}
+        if data.all_labels is not None:
+            labels, counts = np.unique(data.all_labels, return_counts=True)
+            info.update({"classes": len(labels), "labels": [int(labels.min()), int(labels.max())] if len(labels)
+                         else [], "per_class": {str(k): int(v) for k, v in zip(labels, counts)}})
+        if data.all_targets is not None:
+            targets = data.all_targets.astype(np.float64)
+            info["targets"] = {"count": targets.shape[1],
+                               "min": targets.min(axis=0).tolist() if len(targets) else [],
+                               "max": targets.max(axis=0).tolist() if len(targets) else [],
+                               "mean": targets.mean(axis=0).tolist() if len(targets) else [],
+                               "names": _names(data.file["targets"].attrs.get("names"))}
+        return info
     finally:
         data.close()
 
 
-def write_dataset(path, images, labels, mean=None, std=None, description=None):
-    """Write ``images`` (N, C, H, W) uint8 or float32 and ``labels`` (N,) as an HDF5 dataset (:func:`write_blocks`);
-    ``mean`` and ``std`` per channel, if given."""
-    images, labels = np.asarray(images), np.asarray(labels, dtype=np.int64)
-    if images.ndim != 4 or images.dtype not in (np.uint8, np.float32) or labels.shape != images.shape[:1]:
-        raise ValueError(f"expected images (N, C, H, W) uint8 or float32 and labels (N,), got {images.shape} "
-                         f"{images.dtype} and {labels.shape}")
-    write_blocks(path, images.shape[1:], images.dtype, labels, [images], (mean, std),
-                 {"description": description} if description else None)
+def _names(values):
+    return None if values is None else [v.decode() if isinstance(v, bytes) else str(v) for v in np.atleast_1d(values)]
 
 
-def write_blocks(path, shape, dtype, labels, blocks, statistics=None, attrs=None, chunk=1):
-    """Write ``len(labels)`` images of ``shape`` (C, H, W) and ``dtype``, which ``blocks`` yields in turn as
-    (n, C, H, W) arrays, and ``labels``, atomically (into a file beside ``path``, renamed over it when complete).
-    ``statistics``: the per-channel ``(mean, std)`` (either may be None), or a function that gives them once every
-    block is written; ``attrs``: the file's attributes; ``chunk``: images per HDF5 chunk (one: a shuffled read of a
-    sample touches that sample alone; 0: no chunks, one contiguous array)."""
-    count = len(labels)
+def _answers(answers, count=None):
+    """``answers`` as written: (N,) int64 labels, or (N, K) float32 targets; ValueError otherwise."""
+    answers = np.asarray(answers)
+    if answers.ndim == 1 and answers.dtype.kind in "iu":
+        return answers.astype(np.int64)
+    if answers.ndim == 2 and answers.dtype.kind in "fiu":
+        return answers.astype(np.float32)
+    raise ValueError(f"expected labels (N,) integers or targets (N, K) floats, got {answers.shape} {answers.dtype}")
+
+
+def write_dataset(path, images, answers, mean=None, std=None, description=None, target_names=None):
+    """Write ``images`` (N, C, S...) uint8 or float32 and their ``answers`` as an HDF5 dataset (:func:`write_blocks`):
+    (N,) integer labels, or (N, K) float targets; ``mean`` and ``std`` per channel, if given."""
+    images, answers = np.asarray(images), _answers(answers)
+    if not 3 <= images.ndim <= 5 or images.dtype not in (np.uint8, np.float32) or len(answers) != len(images):
+        raise ValueError(f"expected images (N, C, H, W) or (N, C, D, H, W), uint8 or float32, and an answer per "
+                         f"sample, got {images.shape} {images.dtype} and {answers.shape}")
+    attrs = {"description": description} if description else None
+    write_blocks(path, images.shape[1:], images.dtype, answers, [images], (mean, std), attrs,
+                 target_names=target_names)
+
+
+def write_blocks(path, shape, dtype, answers, blocks, statistics=None, attrs=None, chunk=1, target_names=None):
+    """Write ``len(answers)`` samples of ``shape`` (C, S...) and ``dtype``, which ``blocks`` yields in turn as
+    (n, C, S...) arrays, and their ``answers``, atomically (into a file beside ``path``, renamed over it when
+    complete): (N,) integer labels as /labels, or (N, K) float targets as /targets (``target_names``: a name per
+    target, kept as the attribute ``names``). ``statistics``: the per-channel ``(mean, std)`` (either may be None),
+    or a function that gives them once every block is written; ``attrs``: the file's attributes; ``chunk``:
+    samples per HDF5 chunk (one: a shuffled read of a sample touches that sample alone; 0: no chunks, one
+    contiguous array)."""
+    answers = _answers(answers)
+    count = len(answers)
     with written_aside(path) as temporary, h5py.File(temporary, "w") as f:
         chunks = (min(int(chunk), count),) + tuple(shape) if chunk and count else None
         images = f.create_dataset("images", (count,) + tuple(shape), dtype=dtype, chunks=chunks)
-        f.create_dataset("labels", data=np.asarray(labels, dtype=np.int64))
+        written = f.create_dataset("labels" if answers.ndim == 1 else "targets", data=answers)
+        if target_names is not None:
+            written.attrs["names"] = [str(name) for name in target_names]
         done = 0
         for block in blocks:
             images[done:done + len(block)] = block
             done += len(block)
         if done != count:
-            raise ValueError(f"{path}: {done} images for {count} labels")
+            raise ValueError(f"{path}: {done} samples for {count} answers")
         for key, value in zip(("mean", "std"), (statistics() if callable(statistics) else statistics) or ()):
             if value is not None:
                 images.attrs[key] = np.asarray(value, dtype=np.float64)
         f.attrs.update(attrs or {})
-
-
-class SyntheticData(_Source):
-    """Learnable synthetic images; sample ``i`` is a fixed function of (seed, i), so any part of any batch can be
-    made alone. Its label comes from a counter-based hash of (seed, i); its image is the label's fixed pattern
-    (a coarse 4x4 grid per channel, stretched over the image, times ``signal``) plus standard normal noise
-    from a generator keyed by (seed, i)."""
-
-    GRID = 4
-    kind = "synthetic"
-    path = "synthetic data"
-
-    def __init__(self, sample_shape, num_classes, num_samples=50_000, seed=0, signal=0.5, shuffle=True):
-        self.sample_shape = tuple(sample_shape)
-        self.num_classes = int(num_classes)
-        self.num_samples = int(num_samples)
-        self.seed, self.signal, self.shuffle = seed, float(signal), shuffle
-        if self.num_samples <= 0:
-            raise DataError(f"{self.path}: num_samples must be positive, got {self.num_samples}")
-        C, H, W = self.sample_shape
-        patterns = np.random.default_rng([int(seed), 0x5EED]).standard_normal(
-            (self.num_classes, C, self.GRID, self.GRID)).astype(np.float32)
-        # pattern cell (r, c) covers the rows with r == h * GRID // H and the columns with c == w * GRID // W
-        self._row_counts = np.bincount(np.arange(H) * self.GRID // H, minlength=self.GRID)
-        self._col_counts = np.bincount(np.arange(W) * self.GRID // W, minlength=self.GRID)
-        self._coarse = patterns * np.float32(signal)
-        self._label_key = stream_key(seed, "synthetic labels")
-
-    def check_model(self, graph):
-        pass
-
-    def identity(self):
-        return {**super().identity(), "data.signal": self.signal}
-
-    def read_labels(self, indices):
-        indices = np.asarray(indices, dtype=np.int64)
-        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
-            raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
-        return (uniform(np, self._label_key, indices.astype(np.uint64)) * self.num_classes).astype(np.int64)
-
-    def spec(self):
-        """What makes this source again in another process (:mod:`spmdcnn.io.prefetch`)."""
-        return {"kind": "synthetic", "sample_shape": list(self.sample_shape), "num_classes": self.num_classes,
-                "num_samples": self.num_samples, "seed": self.seed, "signal": self.signal, "shuffle": self.shuffle}
-
-    def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None):
-        """Like :meth:`HDF5Dataset.read` (without augmentation: ``epoch`` changes nothing); a sample is made whole
-        (it is a function of (seed, i)), then cut."""
-        labels = self.read_labels(indices)
-        cut = _cut(region, self.sample_shape, steps)
-        shape = (len(labels),) + tuple(len(range(c.start, c.stop, c.step)) for c in cut)
-        images = np.empty(shape, dtype=dtype) if out is None else out
-        if images.shape != shape:
-            raise ValueError(f"out is {images.shape}, the read gives {shape}")
-        for row, (index, label) in enumerate(zip(np.asarray(indices).tolist(), labels.tolist())):
-            noise = np.random.default_rng([int(self.seed), 0x1A6E, index]).standard_normal(
-                self.sample_shape, dtype=np.float32)
-            noise += np.repeat(np.repeat(self._coarse[label], self._row_counts, axis=1), self._col_counts, axis=2)
-            images[row] = noise[cut]
-        return images, labels

@@ -34,9 +34,9 @@ SCHEMA = {
         "signal": (_NUMBER, 0.5),            # synthetic data: strength of the class patterns against unit noise
         "val": ((str, type(None)), None),    # held-out HDF5 dataset, evaluated every eval.every steps and at the end
         "make": ((str, type(None)), None),   # digits: write path and val with `spmdcnn data digits` when missing
-        "augment": {                         # training images only; data.val is center-cropped (io/augment.py)
-            "crop": ((list, type(None)), None),     # [H, W] of a random crop of each stored image
-            "flip": (bool, False),                  # a random horizontal flip
+        "augment": {                         # training samples only; data.val is center-cropped (io/augment.py)
+            "crop": ((list, type(None)), None),     # [H, W] or [D, H, W] of a random crop of each stored sample
+            "flip": ((bool, list), False),          # a random flip of the last axis, or of each axis listed (d, h, w)
         },
         "workers": (_ANY_COUNT, "auto"),     # processes reading ahead for each rank (0: read in the step)
         "prefetch": (_ANY_COUNT, "auto"),    # batches read ahead (auto: one per worker and one more)
@@ -320,15 +320,21 @@ def _check_plan(plan, where):
 
 def _check_data(job, where):
     data, every = job["data"], job["eval"]["every"]
-    crop = data["augment"]["crop"]
+    crop, flip = data["augment"]["crop"], data["augment"]["flip"]
     if crop is not None:
         try:
             Augment.from_spec({"crop": crop})
         except FormatError:
-            raise FormatError(f"{where('data.augment.crop')}: 'data.augment.crop' must be [H, W], two positive "
-                              f"integers, got {crop!r}") from None
+            raise FormatError(f"{where('data.augment.crop')}: 'data.augment.crop' must be [H, W] (images) or "
+                              f"[D, H, W] (volumes), positive integers, got {crop!r}") from None
+    if isinstance(flip, list):
+        try:
+            Augment.from_spec({"flip": flip})
+        except FormatError:
+            raise FormatError(f"{where('data.augment.flip')}: 'data.augment.flip' must be true, false or a list of "
+                              f"distinct axes among d, h, w, got {flip!r}") from None
     if data["kind"] != "hdf5" and (crop is not None or data["augment"]["flip"]):
-        raise FormatError(f"{where('data.augment')}: 'data.augment' applies to stored images: it needs data.kind "
+        raise FormatError(f"{where('data.augment')}: 'data.augment' applies to stored samples: it needs data.kind "
                           f"hdf5, got {data['kind']}")
     for key in ("workers", "prefetch"):
         value = data[key]

@@ -18,7 +18,8 @@ import numpy as np
 from .. import cores_per_rank
 from .augment import Augment, count
 from .batch import Batch
-from .dataset import DataError, HDF5Dataset, SyntheticData
+from .dataset import DataError, HDF5Dataset
+from .synthetic import SyntheticData
 from .workers import CLOSE_GRACE_S, SharedBuffer, Worker, attach, close_all
 
 MAX_AUTO_WORKERS = 8
@@ -108,24 +109,27 @@ def evaluation_batches(count, batch):
     return batch_of
 
 
-def _labels(source, indices):
-    """The labels of ``indices``, -1 for padding."""
-    labels = np.full(len(indices), -1, dtype=np.int64)
+def _answers(source, indices):
+    """The answers of ``indices``: labels (-1 for padding), or targets (a row of NaN for padding)."""
     real = indices >= 0
-    labels[real] = source.read_labels(indices[real])
-    return labels
+    if source.num_targets is None:
+        answers = np.full(len(indices), -1, dtype=np.int64)
+    else:
+        answers = np.full((len(indices), source.num_targets), np.nan, dtype=np.float32)
+    answers[real] = source.read_answers(indices[real])
+    return answers
 
 
-def batch_read(arrays, labels, what):
+def batch_read(arrays, answers, what):
     """The :class:`~spmdcnn.io.batch.Batch` of a batch already read: ``arrays`` by box (``_key``), one per read,
-    and its ``labels``. The arrays may be a shared slot that workers refill once the next batch is taken: they are
-    valid until then."""
+    and its ``answers``. The arrays may be a shared slot that workers refill once the next batch is taken: they
+    are valid until then."""
     def read(box, steps):
         try:
             return arrays[_key(box, steps)]
         except KeyError:
             raise DataError(f"{what}: the box {box} was not read ahead for this rank") from None
-    return Batch(len(labels), read, lambda lo, hi: labels[lo:hi])
+    return Batch(len(answers), read, lambda lo, hi: answers[lo:hi])
 
 
 class SlotReader:
@@ -256,7 +260,7 @@ class Loader:
         self.next_step += 1
         if self.workers:
             self._fill()       # the previous batch's slot is free now: the caller has moved on to this one
-        return batch_read(arrays, _labels(self.source, indices), f"{self.source.path}, step {step + 1}"), waited
+        return batch_read(arrays, _answers(self.source, indices), f"{self.source.path}, step {step + 1}"), waited
 
     def again(self):
         """Start over from the first step (another evaluation), keeping the workers, which begin reading at once;

@@ -1,7 +1,8 @@
 """Evaluation of a held-out dataset under any plan: every sample once, in order, in batches of the plan's size.
 
 The plan fixes the global batch, so the last batch is padded: its padding samples read as zeros and carry the
-label -1, which the loss leaves out and no prediction matches (``ops/loss.py``). Batch normalization uses its
+label -1 (or a row of NaN targets), which the loss leaves out and no prediction matches (``ops/loss.py``,
+``ops/mse.py``). Batch normalization uses its
 running statistics and dropout is off, so the padding changes nothing of the real samples' results. The batches
 are read as training's are (:class:`~spmdcnn.io.prefetch.Loader`): by worker processes reading ahead, or with
 ``workers`` 0 by the rank when each batch is taken; images at their center crop, never flipped.
@@ -20,8 +21,9 @@ def evaluation_loader(executor, source, batch, dtype, workers=0, prefetch=2, tim
 
 
 def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.0, loader=None):
-    """``(loss, accuracy)`` of the model over every sample of ``source``: the mean loss per sample and the
-    fraction predicted right (collective: every rank of the executor's world calls it). ``loader``: an
+    """``(loss, score)`` of the model over every sample of ``source``: the mean loss per sample and the fraction
+    predicted right, or for a regression loss the mean absolute error over samples and targets (collective: every
+    rank of the executor's world calls it). ``loader``: an
     :func:`evaluation_loader` of an earlier evaluation to read with again (else one is made and closed)."""
     own = loader is None
     if own:
@@ -44,4 +46,5 @@ def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.
         loader.close()
     else:
         loader.again()      # the next evaluation's first batches are read while training goes on
-    return loss / total, correct / total
+    graph = executor.graph
+    return loss / total, correct / (total * (graph.num_outputs if graph.answers == "targets" else 1))

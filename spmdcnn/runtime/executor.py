@@ -189,7 +189,7 @@ class Executor:
             is_loss = layer is loss_layer
             if is_loss:
                 (n0, n1), = site.box
-                answers = self.xp.asarray(batch.labels(n0, n1))
+                answers = self.xp.asarray(batch.answers(n0, n1))
                 correct = _score(layer, xs[0], answers)
                 xs.append(answers)
             started = perf_counter()

@@ -202,14 +202,13 @@ def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=N
     one fixed synthetic batch, the whole model here or, with ``plan``, this rank's share of it on the ranks of
     ``world``. ``feed``: a function of the executor that gives the batch of each step index instead (a function
     of the index: ``spmdcnn bench --data``)."""
-    from ..io.dataset import SyntheticData
+    from ..io.synthetic import SyntheticData
     from .executor import Executor, array_batch
     executor = Executor(graph, xp, dtype, seed=seed, plan=plan, world=world, sync=sync, batchnorm=batchnorm)
     optimizer = SGD(executor.params.shapes, executor.param_dtype, xp, lr=1e-3, momentum=0.9, weight_decay=5e-4)
     update = optimizer.updater(executor.params.flat, executor.grads.flat)
     if feed is None:
-        images, labels = SyntheticData(graph.input_shape, graph.num_classes, batch, seed=seed).batch(0, 0, batch,
-                                                                                                    dtype)
+        images, labels = SyntheticData.for_model(graph, batch, seed=seed).batch(0, 0, batch, dtype)
         fixed = array_batch(xp.asarray(images), xp.asarray(labels))
 
         def batch_of(index):

@@ -19,7 +19,8 @@ from ..cost.memory import format_bytes
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.augment import Augment
-from ..io.dataset import DataError, SyntheticData, held_out_problems, open_checked
+from ..io.dataset import DataError, held_out_problems, open_checked
+from ..io.synthetic import SyntheticData
 from ..io.prefetch import AUTO_MIN_READ_S, Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
@@ -38,8 +39,8 @@ def make_data(job, graph):
     spec = job["data"]
     if spec["kind"] == "hdf5":
         return open_checked(spec["path"], graph, spec["seed"], spec["shuffle"], Augment.from_spec(spec["augment"]))
-    return SyntheticData(graph.input_shape, graph.num_classes, spec["num_samples"], seed=spec["seed"],
-                         signal=spec["signal"], shuffle=spec["shuffle"])
+    return SyntheticData.for_model(graph, spec["num_samples"], seed=spec["seed"], signal=spec["signal"],
+                                   shuffle=spec["shuffle"])
 
 
 def make_val(job, graph):
@@ -214,7 +215,8 @@ class Trainer:
 
     def run(self):
         """Train from ``start_step`` to the end; returns ``{"steps", "losses", "val"}`` (losses of this run's
-        steps; the last evaluation's ``(loss, accuracy)`` of ``data.val``, or None)."""
+        steps; the last evaluation's ``(loss, accuracy)`` of ``data.val``, or ``(loss, mean absolute error)`` for a
+        regression loss, or None)."""
         job, graph = self.job, self.graph
         metrics = None
         where = "one process" if self.world.size == 1 else f"{self.world.size} ranks"
@@ -265,8 +267,7 @@ class Trainer:
                     written = step
             if self.val is not None and evaluated is None and step == self.total_steps and not signals.got:
                 evaluated = self._evaluate()        # a run resumed at its end, or of no steps
-                self.log(f"step {step:>6}/{self.total_steps}  val loss {evaluated[0]:.4f}  val acc "
-                         f"{evaluated[1]:.4f}")
+                self.log(f"step {step:>6}/{self.total_steps}  {self._held_out(evaluated)}")
             final = ckpt_path and written != step
             if final:
                 self._checkpoint(step)
@@ -339,27 +340,60 @@ class Trainer:
         count = len(interval.losses)
         # the slowest rank's wait for its batches (the others wait for it at the next exchange)
         waited = max(self.world.allgather(interval.waited)) if self.world.size > 1 else interval.waited
+        metric, short = self._metric
+        per = self.graph.num_outputs if self.regression else 1
         record = {"step": step, "epoch": (step - 1) // self.steps_per_epoch, "loss": loss,
                   "loss_avg": float(np.mean(interval.losses)) if count else loss,
-                  "accuracy": interval.correct / (count * self.batch) if count else None,
+                  metric: interval.correct / (count * self.batch * per) if count else None,
                   "images_per_s": count * self.batch / elapsed if count else None, "lr": self.optimizer.lr,
                   "step_s": elapsed / count if count else None,
                   "data_wait_s": waited / count if count else None,
                   "predicted_step_s": self.plan.predicted_s}
         line = (f"step {step:>6}/{self.total_steps}  epoch {record['epoch']}  loss {loss:.4f}  "
-                f"(avg {record['loss_avg']:.4f})  acc {record['accuracy']:.3f}  "
+                f"(avg {record['loss_avg']:.4f})  {short} {record[metric]:.3f}  "
                 f"{record['images_per_s']:.1f} images/s  {record['step_s'] * 1e3:.1f} ms/step")
         if record["predicted_step_s"]:
             line += f" (predicted {record['predicted_step_s'] * 1e3:.1f})"
         if count:
             line += f"  data wait {record['data_wait_s'] * 1e3:.1f} ms/step"
         if evaluated is not None:
-            record["val_loss"], record["val_accuracy"] = evaluated
-            line += f"  val loss {evaluated[0]:.4f}  val acc {evaluated[1]:.4f}"
+            record["val_loss"], record[f"val_{metric}"] = evaluated
+            if self.constant_mae is not None:
+                record["val_mae_constant"] = self.constant_mae
+            line += f"  {self._held_out(evaluated)}"
         self.log(line)
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
+
+    @property
+    def regression(self):
+        return self.graph.answers == "targets"
+
+    @property
+    def _metric(self):
+        """``(metrics key, log word)`` of the score: accuracy, or the mean absolute error of a regression."""
+        return ("mae", "mae") if self.regression else ("accuracy", "acc")
+
+    def _held_out(self, evaluated):
+        """The log's words for an evaluation ``(loss, score)`` of data.val: with a regression's mean absolute
+        error, that of the constant guess (the training targets' mean) beside it."""
+        text = f"val loss {evaluated[0]:.4f}  val {self._metric[1]} {evaluated[1]:.4f}"
+        if self.constant_mae is not None:
+            text += f" (a constant guess, the training targets' mean: {self.constant_mae:.4f})"
+        return text
+
+    @property
+    def constant_mae(self):
+        """The held-out mean absolute error of predicting the training targets' mean for every sample (None
+        without targets or held-out data): what a network that learned nothing scores."""
+        train, val = self.data, self.val
+        if not self.regression or val is None or getattr(train, "all_targets", None) is None:
+            return None
+        if not hasattr(self, "_constant_mae"):
+            guess = train.all_targets.astype(np.float64).mean(axis=0)
+            self._constant_mae = float(np.abs(val.all_targets.astype(np.float64) - guess).mean())
+        return self._constant_mae
 
     def _checkpoint(self, step):
         state = state_for(self.job, self.data, step, step // self.steps_per_epoch)

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from spmdcnn.graph import load_model
-from spmdcnn.io.dataset import DataError, HDF5Dataset, SyntheticData, sample_order
+from spmdcnn.io.dataset import DataError, HDF5Dataset, sample_order
+from spmdcnn.io.synthetic import SyntheticData
 from spmdcnn.io.yamlfile import FormatError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -220,10 +221,11 @@ def test_missing_array(tmp_path, absent):
     expect_error(write_dataset(tmp_path / "d.h5", images, labels), f"/{absent}")
 
 
-@pytest.mark.parametrize("shape", [(N, H, W), (N, C, H, W, 1), (N,)])
+@pytest.mark.parametrize("shape", [(N, C), (N, C, 4, H, W, 1), (N,)])
 def test_images_of_the_wrong_ndim(tmp_path, shape):
     images = np.zeros(shape, dtype=np.uint8)
-    expect_error(write_dataset(tmp_path / "d.h5", images, labels_for()), "/images", "(N, C, H, W)")
+    expect_error(write_dataset(tmp_path / "d.h5", images, labels_for()), "/images", "(N, C, H, W)",
+                 "(N, C, D, H, W)")
 
 
 def test_images_of_an_unsupported_dtype(tmp_path):
@@ -390,7 +392,7 @@ def test_synthetic_region_reads_and_tiles_of_a_batch():
     assert batch.size == 8
     box = ((3, 7), (1, 3), (2, 6), (0, 2))
     np.testing.assert_array_equal(batch.images(box), images[3:7, 1:3, 2:6, 0:2])
-    np.testing.assert_array_equal(batch.labels(3, 7), labels[3:7])
+    np.testing.assert_array_equal(batch.answers(3, 7), labels[3:7])
 
 
 def test_tiles_of_an_hdf5_batch_follow_the_epoch_order(tmp_path, opened):
@@ -400,7 +402,7 @@ def test_tiles_of_an_hdf5_batch_follow_the_epoch_order(tmp_path, opened):
     batch = data.tiles(2, 1, 6)
     box = ((1, 4), (0, 2), (1, 3), (2, 4))
     np.testing.assert_array_equal(batch.images(box), images[1:4, :, 1:3, 2:4])
-    np.testing.assert_array_equal(batch.labels(0, 6), labels)
+    np.testing.assert_array_equal(batch.answers(0, 6), labels)
 
 
 @pytest.mark.parametrize("steps", [(1, 2, 2), (1, 3, 1), (2, 1, 3)])
@@ -430,3 +432,106 @@ def test_images_stored_as_a_group_are_refused(tmp_path):
         f.create_dataset("labels", data=[0])
     with pytest.raises(DataError, match="lacks /images as an array"):
         HDF5Dataset(tmp_path / "g.h5")
+
+
+# --- volumes and regression targets -------------------------------------------------------------------------------
+
+VOLUME_MODEL = os.path.join(os.path.dirname(TINY), "tiny_volume.yaml")
+
+
+def write_volumes(path, n=6, shape=(2, 11, 9, 8), targets=3, labels=False):
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=float_images(n, shape))
+        if targets:
+            f.create_dataset("targets", data=np.random.default_rng(1).uniform(-1, 1, (n, targets)).astype(np.float32))
+        if labels:
+            f.create_dataset("labels", data=labels_for(n))
+    return str(path)
+
+
+def test_a_volume_dataset_with_targets_fits_a_regression_model(tmp_path, opened):
+    graph = load_model(VOLUME_MODEL)
+    path = write_volumes(tmp_path / "v.h5")
+    data = opened(path)
+    data.check_model(graph)
+    assert data.answers == "targets" and data.num_targets == 3 and data.sample_shape == graph.input_shape
+    x, t = data.read([4, 1], region=[(1, 2), (2, 9), (0, 9), (3, 5)], steps=(1, 2, 1, 1))
+    with h5py.File(path) as f:
+        np.testing.assert_array_equal(x, f["images"][()][[4, 1], 1:2, 2:9:2, 0:9, 3:5])
+        np.testing.assert_array_equal(t, f["targets"][()][[4, 1]])
+    assert "data.targets_crc32" in data.identity()
+
+
+def test_a_dataset_whose_sample_rank_differs_from_the_model_s(tmp_path, opened):
+    with pytest.raises(DataError) as info:
+        opened(write_dataset(tmp_path / "d.h5", uint8_images(4, (2, 11, 9)), labels_for(4))).check_model(
+            load_model(VOLUME_MODEL))
+    assert "images are [2, 11, 9] (C, H, W) but model 'tiny_volume' takes volumes [2, 11, 9, 8] (C, D, H, W)" in \
+        str(info.value)
+
+
+def test_targets_missing_for_mse_loss(tmp_path, opened):
+    path = write_volumes(tmp_path / "v.h5", targets=0, labels=True)
+    with pytest.raises(DataError) as info:
+        opened(path).check_model(load_model(VOLUME_MODEL))
+    assert path in str(info.value) and "no /targets" in str(info.value) and "mse_loss" in str(info.value)
+
+
+def test_labels_missing_for_cross_entropy(tmp_path, opened):
+    graph = load_model(TINY)
+    path = str(tmp_path / "t.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=uint8_images(4, graph.input_shape))
+        f.create_dataset("targets", data=np.zeros((4, 2), np.float32))
+    with pytest.raises(DataError) as info:
+        opened(path).check_model(graph)
+    assert "no /labels" in str(info.value) and "softmax_cross_entropy" in str(info.value)
+
+
+def test_a_target_count_other_than_the_network_s_outputs(tmp_path, opened):
+    path = write_volumes(tmp_path / "v.h5", targets=4)
+    with pytest.raises(DataError, match="/targets holds 4 values per sample, but model 'tiny_volume' ends in mse_loss "
+                                        "over 3 outputs"):
+        opened(path).check_model(load_model(VOLUME_MODEL))
+
+
+@pytest.mark.parametrize("targets,fragment", [(np.zeros((6,), np.float32), "/targets must be (6, K) floats"),
+                                              (np.zeros((6, 2), np.int64), "/targets must be (6, K) floats"),
+                                              (np.full((6, 2), np.nan, np.float32), "NaN or infinite")])
+def test_malformed_targets(tmp_path, targets, fragment):
+    path = str(tmp_path / "v.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=float_images(6, (2, 4, 4, 4)))
+        f.create_dataset("targets", data=targets)
+    expect_error(path, fragment)
+
+
+def test_a_dataset_with_labels_and_targets_gives_what_the_model_reads(tmp_path, opened):
+    path = write_volumes(tmp_path / "v.h5", labels=True)
+    data = opened(path)
+    assert data.answers == "labels"
+    data.check_model(load_model(VOLUME_MODEL))
+    assert data.answers == "targets" and data.read_answers([0, 1]).shape == (2, 3)
+    again = opened(path, **{k: v for k, v in data.spec().items() if k in ("answers", "seed", "shuffle")})
+    assert again.answers == "targets"
+
+
+def test_synthetic_regression_data_is_a_function_of_seed_and_sample():
+    graph = load_model(VOLUME_MODEL)
+    data = SyntheticData.for_model(graph, num_samples=10, seed=3)
+    assert data.answers == "targets" and data.num_targets == 3
+    x, t = data.read([2, 7])
+    y, u = data.read([7], region=[(0, 2), (3, 7), (0, 9), (0, 8)])
+    np.testing.assert_array_equal(u[0], t[1])
+    np.testing.assert_array_equal(y[0], x[1][:, 3:7])
+    assert np.all(np.abs(t) <= 1) and not np.array_equal(t[0], t[1])
+
+
+def test_write_blocks_writes_targets_with_their_names(tmp_path):
+    from spmdcnn.io.dataset import dataset_info, write_dataset as write
+    path = tmp_path / "w.h5"
+    write(path, float_images(5, (1, 3, 4, 5)), np.arange(10, dtype=np.float32).reshape(5, 2), target_names=["a", "b"])
+    info = dataset_info(path)
+    assert info["shape"] == [1, 3, 4, 5] and info["kind"] == "volumes"
+    assert info["targets"]["count"] == 2 and info["targets"]["names"] == ["a", "b"]
+    assert info["targets"]["min"] == [0.0, 1.0] and info["targets"]["max"] == [8.0, 9.0] and "classes" not in info

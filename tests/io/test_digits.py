@@ -44,7 +44,7 @@ def test_a_held_out_share_of_every_class(tmp_path):
 
 def test_write_dataset_refuses_what_the_format_does_not_hold(tmp_path):
     with pytest.raises(ValueError, match="expected images"):
-        write_dataset(tmp_path / "x.h5", np.zeros((3, 8, 8), np.uint8), [0, 1, 2])
+        write_dataset(tmp_path / "x.h5", np.zeros((3, 8), np.uint8), [0, 1, 2])
     with pytest.raises(ValueError, match="expected images"):
         write_dataset(tmp_path / "x.h5", np.zeros((3, 1, 8, 8), np.uint8), [0, 1])
     assert not os.listdir(tmp_path)

@@ -27,7 +27,7 @@ def _global(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape)
 
 
-@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet"])
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "tiny_volume"])
 def test_redistribution_is_adjoint_to_its_scatter_add(world, name):
     graph = load_model(os.path.join(MODELS, f"{name}.yaml"))
     problems = []

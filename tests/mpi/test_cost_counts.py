@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import agree
-from plans import random_plan
+from plans import answers, random_plan
 from spmdcnn.cost.compute import ComputeModel
 from spmdcnn.cost.machine import default_machine
 from spmdcnn.cost.model import CostModel
@@ -38,7 +38,7 @@ def counted(world, graph, plan, batchnorm=None):
     executor = Executor(graph, np, np.float64, seed=0, plan=plan, world=world, batchnorm=batchnorm)
     rng = np.random.default_rng(0)
     images = rng.standard_normal((plan.batch,) + graph.input_shape)
-    labels = rng.integers(0, graph.num_classes, plan.batch)
+    labels = answers(graph, rng, plan.batch)
     world.reset()
     executor.forward(images, labels, step=0)
     executor.backward()
@@ -46,7 +46,8 @@ def counted(world, graph, plan, batchnorm=None):
     return sum(c[0] for c in counters), sum(c[1] for c in counters)
 
 
-@pytest.mark.parametrize("model_name", ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "pool_first"])
+@pytest.mark.parametrize("model_name", ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "pool_first",
+                                        "tiny_volume"])
 @pytest.mark.parametrize("seed", range(3))
 def test_predicted_bytes_are_the_bytes_the_ranks_move(world, model_name, seed):
     graph = _model(model_name)
@@ -69,7 +70,7 @@ def test_predicted_bytes_are_the_bytes_the_ranks_move(world, model_name, seed):
     agree(world, problems)
 
 
-@pytest.mark.parametrize("model_name", ["small_resnet", "pool_first"])
+@pytest.mark.parametrize("model_name", ["small_resnet", "pool_first", "tiny_volume"])
 @pytest.mark.parametrize("group", [1, 2, 4])
 def test_predicted_bytes_under_ghost_batch_norm(world, model_name, group):
     """Ghost batch norm: the components' statistics, gamma's and beta's gradients in the buckets and the running

@@ -1,8 +1,8 @@
 """Any plan on any number of ranks computes what one process computes (docs/formats.md#training-semantics): the loss, every layer's
 output and output gradient, every parameter gradient, and the weights, running statistics and momentum after
-three SGD steps, for random per-layer plans (uneven splits, n/c/h/w and mixes, strided, dilated and padded
-windows split over h and w, batchnorm over n and h, concat, add, dropout, permuted and partial device lists,
-idle ranks) and for the named strategies."""
+three SGD steps, for random per-layer plans (uneven splits, n/c/d/h/w and mixes, strided, dilated and padded
+windows split over d, h and w, batchnorm over n, d and h, concat, add, dropout, permuted and partial device lists,
+idle ranks), on images and volumes, and for the named strategies."""
 
 import os
 
@@ -47,16 +47,38 @@ STRIDED = {"name": "strided", "input": [3, 11, 10], "layers": [
        {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 
+# the same over volumes: kernel-1 windows striding over depth, height and width (with padding, on the data), an
+# even kernel with padding 'same', a dilated window, batch norm, and a regression loss
+STRIDED_VOLUME = {"name": "strided_volume", "input": [2, 9, 8, 7], "layers": [
+    {"name": "c1", "op": "conv3d", "out_channels": 3, "kernel": 2, "padding": "same"},
+    {"name": "bn", "op": "batchnorm3d"},
+    {"name": "down", "op": "conv3d", "out_channels": 3, "kernel": 1, "stride": [2, 3, 2]},
+    {"name": "on_data", "op": "conv3d", "out_channels": 2, "kernel": 1, "stride": 2, "padding": [1, 0, 2],
+     "inputs": ["data"]},
+    {"name": "dilated", "op": "conv3d", "out_channels": 2, "kernel": [2, 3, 1], "dilation": [3, 1, 1],
+     "stride": [1, 2, 1], "padding": [[1, 2], [0, 1], [0, 0]], "inputs": ["bn"]},
+    {"name": "pool", "op": "avgpool3d", "kernel": [1, 2, 2], "stride": 2, "inputs": ["c1"]}]
+    + [{"name": f"f_{ref}", "op": "flatten", "inputs": [ref]} for ref in ("down", "on_data", "dilated", "pool")]
+    + [{"name": f"l_{ref}", "op": "linear", "out_features": 2, "inputs": [f"f_{ref}"]}
+       for ref in ("down", "on_data", "dilated", "pool")]
+    + [{"name": "sum", "op": "add", "inputs": [f"l_{ref}" for ref in ("down", "on_data", "dilated", "pool")]},
+       {"name": "loss", "op": "mse_loss"}]}
+
+
 def _graph(name):
+    from spmdcnn.graph.graph import parse_model
     if name == "strided":
-        from spmdcnn.graph.graph import parse_model
         return parse_model(STRIDED)
+    if name == "strided_volume":
+        return parse_model(STRIDED_VOLUME)
     return load_model(os.path.join(MODELS, f"{name}.yaml"))
 
 
 def _batches(graph, dtype):
     rng = np.random.default_rng(11)
     images = rng.standard_normal((STEPS, BATCH) + graph.input_shape).astype(dtype)
+    if graph.answers == "targets":
+        return images, rng.uniform(-1, 1, (STEPS, BATCH, graph.num_outputs)).astype(np.float32)
     return images, rng.integers(0, graph.num_classes, (STEPS, BATCH))
 
 
@@ -142,7 +164,8 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
     return problems, held
 
 
-MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "strided"]
+MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "strided", "tiny_volume",
+                     "strided_volume"]
 
 
 @pytest.mark.parametrize("name", MODELS_UNDER_TEST)
@@ -155,7 +178,7 @@ def test_random_plans_float64(world, name):
     agree(world, problems)
 
 
-@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet"])
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "tiny_volume"])
 def test_random_plans_float32(world, name):
     graph = _graph(name)
     problems = []
@@ -167,7 +190,7 @@ def test_random_plans_float32(world, name):
 
 
 @pytest.mark.parametrize("strategy", ["data", "model", "owt"])
-@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet"])
+@pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "tiny_volume"])
 def test_named_strategies(world, name, strategy):
     found, _ = check_plan(world, name, named(strategy, _graph(name), BATCH, world.size))
     agree(world, found)
@@ -177,6 +200,15 @@ def test_named_strategies(world, name, strategy):
 @pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "strided"])
 def test_spatial_splits(world, name, spec):
     """Windows with stride, padding, dilation and rectangular kernels split over height and width: halos."""
+    found, _ = check_plan(world, name, uniform_plan(_graph(name), BATCH, world.size, spec))
+    agree(world, found)
+
+
+@pytest.mark.parametrize("spec", [{"d": 2, "h": 2}, {"d": 4}, {"w": 3}, {"n": 2, "d": 2}, {"c": 2, "d": 2},
+                                  {"d": 2, "h": 2, "w": 2}])
+@pytest.mark.parametrize("name", ["tiny_volume", "strided_volume"])
+def test_spatial_splits_of_volumes(world, name, spec):
+    """Volumes split over depth, height and width at once: halos along every axis, corners included."""
     found, _ = check_plan(world, name, uniform_plan(_graph(name), BATCH, world.size, spec))
     agree(world, found)
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import agree
-from plans import random_plan
+from plans import answers, random_plan
 from spmdcnn.graph import load_model
 from spmdcnn.runtime.executor import Executor
 from spmdcnn.runtime.optimizer import SGD
@@ -27,7 +27,7 @@ def _train(graph, plan, world, group):
     losses = []
     for step in range(STEPS):
         images = rng.standard_normal((BATCH,) + graph.input_shape)
-        labels = rng.integers(0, graph.num_classes, BATCH)
+        labels = answers(graph, rng, BATCH)
         loss, _, _ = executor.forward(images, labels, step=step)
         executor.backward(update=optimizer.updater(executor.params.flat, executor.grads.flat))
         losses.append(loss)
@@ -50,7 +50,7 @@ def _problems(tag, reference, run):
     return problems
 
 
-@pytest.mark.parametrize("name", ["small_resnet", "small_inception"])
+@pytest.mark.parametrize("name", ["small_resnet", "small_inception", "tiny_volume"])
 @pytest.mark.parametrize("group", [2, 4, 8])
 def test_any_plan_equals_one_process_under_the_same_group(world, name, group):
     graph = load_model(os.path.join(MODELS, f"{name}.yaml"))

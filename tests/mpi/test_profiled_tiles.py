@@ -10,7 +10,7 @@ import pytest
 
 from conftest import agree
 from kernel_calls import recording
-from plans import random_plan
+from plans import answers, random_plan
 from spmdcnn.cost.tiles import tile_shape, tile_shapes
 from spmdcnn.graph import load_model, parse_model
 from spmdcnn.runtime.executor import Executor
@@ -41,7 +41,7 @@ def _by_layer(executor, calls):
     rng = np.random.default_rng(0)
     graph = executor.graph
     images = rng.standard_normal((BATCH,) + graph.input_shape)
-    labels = rng.integers(0, graph.num_classes, BATCH)
+    labels = answers(graph, rng, BATCH)
     found = {}
     for site in executor.program.sites.values():
         if site.kernel is not None:
@@ -64,7 +64,7 @@ def _by_layer(executor, calls):
     return found
 
 
-@pytest.mark.parametrize("name", ["strided", "small_inception", "small_resnet", "pool_first"])
+@pytest.mark.parametrize("name", ["strided", "small_inception", "small_resnet", "pool_first", "tiny_volume"])
 def test_the_profiler_runs_each_ranks_tiles_as_the_rank_does(world, monkeypatch, name):
     graph = _model(name)
     calls = recording(monkeypatch)

@@ -144,3 +144,47 @@ def test_augmented_training_read_ahead_under_random_plans_equals_one_process(wor
     world.barrier()
     if world.rank == 0:
         shutil.rmtree(os.path.dirname(data))
+
+
+VOLUME_MODEL = os.path.join(os.path.dirname(MODEL), "tiny_volume.yaml")
+
+
+def test_a_volume_regression_read_ahead_under_random_plans_equals_one_process(world):
+    """Volumes (N, C, D, H, W) with targets: random crops along every axis and flips of d, h and w, read ahead by
+    workers under plans that split the samples, channels, depth, rows and columns every way; the same losses and
+    held-out mean absolute error as one process reading in the step."""
+    from plans import random_plan
+    from spmdcnn.runtime.train import Trainer
+    root = None
+    plans = []
+    if world.rank == 0:
+        root = tempfile.mkdtemp(prefix="spmdcnn-mpi-")
+        rng = np.random.default_rng(2)
+        for name, count, shape in (("train", 30, (2, 13, 10, 9)), ("val", 7, (2, 12, 10, 8))):
+            dataset.write_dataset(os.path.join(root, f"{name}.h5"), rng.standard_normal((count,) + shape)
+                                  .astype(np.float32), rng.uniform(-1, 1, (count, 3)).astype(np.float32))
+        for seed in range(3):
+            plans.append(os.path.join(root, f"plan{seed}.yaml"))
+            with open(plans[-1], "w", encoding="utf-8") as f:
+                f.write(random_plan(load_model(VOLUME_MODEL), 6, world.size, 20 + seed).text)
+    root, plans = world.bcast((root, plans))
+
+    def job(plan, workers):
+        return parse_job({"model": VOLUME_MODEL, "batch_size": 6, "steps": 8, "dtype": "float64", "plan": plan,
+                          "data": {"kind": "hdf5", "path": os.path.join(root, "train.h5"), "shuffle": True,
+                                   "seed": 1, "workers": workers, "val": os.path.join(root, "val.h5"),
+                                   "augment": {"crop": [11, 9, 8], "flip": ["d", "h", "w"]}},
+                          "eval": {"every": 4}, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log": {"every": 100}})
+    reference = Trainer(job("data", 0), log=lambda line: None, world=World(None)).run()
+    problems = [] if 0 < reference["val"][1] < 2 else [f"one process's held-out MAE {reference['val'][1]}"]
+    for plan, workers in zip(plans, (0, 1, 2)):
+        got = Trainer(job(plan, workers), log=lambda line: None, world=world).run()
+        if not np.allclose(got["losses"], reference["losses"], rtol=1e-10, atol=0):
+            problems.append(f"{plan}, {workers} workers: losses {got['losses']} != one process's "
+                            f"{reference['losses']}")
+        if not np.allclose(got["val"], reference["val"], rtol=1e-10, atol=0):
+            problems.append(f"{plan}: val {got['val']} != one process's {reference['val']}")
+    agree(world, problems)
+    world.barrier()
+    if world.rank == 0:
+        shutil.rmtree(root)

@@ -86,7 +86,6 @@ def output_magnitude(net, name):
     ``|terms|`` of the dot product behind it), ``|y|`` otherwise."""
     layer = net.graph.by_name[name]
     x, y = net.records[name]
-    a = layer.attrs
     x, y = x.detach().abs(), y.detach()
     w, b = (net.param(f"{name}.{kind}") for kind in ("weight", "bias"))
     b = None if b is None else b.detach().abs()

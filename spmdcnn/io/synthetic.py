@@ -1,0 +1,99 @@
+"""Synthetic training data: learnable samples of any shape, each a fixed function of (seed, sample), with the
+interface of the HDF5 dataset (``io/dataset.py``), for jobs of ``data.kind: synthetic`` and the benchmarks."""
+
+import numpy as np
+
+from ..counters import stream_key, uniform
+from .dataset import DataError, _cut, _Source
+
+
+class SyntheticData(_Source):
+    """Learnable synthetic samples (images, volumes or sequences); sample ``i`` is a fixed function of (seed, i),
+    so any part of any batch can be made alone.
+
+    Classification (``targets`` None): its label comes from a counter-based hash of (seed, i); its sample is the
+    label's fixed pattern (a coarse grid of GRID cells per spatial axis per channel, stretched over the sample,
+    times ``signal``) plus standard normal noise from a generator keyed by (seed, i). Regression (``targets`` K):
+    its K targets are counter-based hashes of (seed, i, k) in [-1, 1], and its sample is the sum of K fixed
+    patterns weighted by them, times ``signal``, plus the noise."""
+
+    GRID = 4
+    kind = "synthetic"
+    path = "synthetic data"
+
+    def __init__(self, sample_shape, num_classes, num_samples=50_000, seed=0, signal=0.5, shuffle=True,
+                 targets=None):
+        self.sample_shape = tuple(sample_shape)
+        self.num_classes = int(num_classes)
+        self.num_samples = int(num_samples)
+        self.targets = None if targets is None else int(targets)
+        self.answers = "labels" if targets is None else "targets"
+        self.seed, self.signal, self.shuffle = seed, float(signal), shuffle
+        if self.num_samples <= 0:
+            raise DataError(f"{self.path}: num_samples must be positive, got {self.num_samples}")
+        C, spatial = self.sample_shape[0], self.sample_shape[1:]
+        patterns = np.random.default_rng([int(seed), 0x5EED]).standard_normal(
+            (self.targets or self.num_classes, C) + (self.GRID,) * len(spatial)).astype(np.float32)
+        # pattern cell j along an axis covers the positions p with j == p * GRID // extent
+        self._counts = [np.bincount(np.arange(extent) * self.GRID // extent, minlength=self.GRID)
+                        for extent in spatial]
+        self._coarse = patterns * np.float32(signal)
+        self._label_key = stream_key(seed, "synthetic labels")
+
+    @classmethod
+    def for_model(cls, graph, num_samples=50_000, seed=0, signal=0.5, shuffle=True):
+        """Samples of ``graph``'s input shape with the answers its loss reads: labels of its classes, or its
+        outputs' count of targets."""
+        targets = graph.num_outputs if graph.answers == "targets" else None
+        return cls(graph.input_shape, graph.num_outputs, num_samples, seed, signal, shuffle, targets)
+
+    @property
+    def num_targets(self):
+        return self.targets
+
+    def check_model(self, graph):
+        pass
+
+    def identity(self):
+        return {**super().identity(), "data.signal": self.signal, "data.answers": self.answers}
+
+    def read_answers(self, indices):
+        """Labels (int64), or targets (float32, K per sample)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
+            raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
+        if self.targets is None:
+            return (uniform(np, self._label_key, indices.astype(np.uint64)) * self.num_classes).astype(np.int64)
+        counters = indices.astype(np.uint64)[:, None] * np.uint64(self.targets) + np.arange(self.targets,
+                                                                                             dtype=np.uint64)
+        return (2 * uniform(np, self._label_key, counters) - 1).astype(np.float32)
+
+    def spec(self):
+        """What makes this source again in another process (:mod:`spmdcnn.io.prefetch`)."""
+        return {"kind": "synthetic", "sample_shape": list(self.sample_shape), "num_classes": self.num_classes,
+                "num_samples": self.num_samples, "seed": self.seed, "signal": self.signal, "shuffle": self.shuffle,
+                "targets": self.targets}
+
+    def _stretched(self, coarse):
+        """A coarse (C, GRID...) pattern stretched over the sample's spatial extents."""
+        for axis, counts in enumerate(self._counts):
+            coarse = np.repeat(coarse, counts, axis=axis + 1)
+        return coarse
+
+    def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None):
+        """Like :meth:`HDF5Dataset.read` (without augmentation: ``epoch`` changes nothing); a sample is made whole
+        (it is a function of (seed, i)), then cut."""
+        answers = self.read_answers(indices)
+        cut = _cut(region, self.sample_shape, steps)
+        shape = (len(answers),) + tuple(len(range(c.start, c.stop, c.step)) for c in cut)
+        images = np.empty(shape, dtype=dtype) if out is None else out
+        if images.shape != shape:
+            raise ValueError(f"out is {images.shape}, the read gives {shape}")
+        for row, (index, answer) in enumerate(zip(np.asarray(indices).tolist(), answers)):
+            noise = np.random.default_rng([int(self.seed), 0x1A6E, index]).standard_normal(
+                self.sample_shape, dtype=np.float32)
+            coarse = self._coarse[int(answer)] if self.targets is None else \
+                np.tensordot(answer, self._coarse, axes=1)
+            noise += self._stretched(coarse)
+            images[row] = noise[cut]
+        return images, answers
