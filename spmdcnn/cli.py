@@ -9,7 +9,7 @@ import traceback
 from . import __version__
 from .cli_files import add_file_commands, ahead_arg, augment_arg, count_arg
 from .cli_plans import add_plan_commands, batchnorm_option, sync_arguments, sync_options
-from .cost.memory import format_bytes as _format_bytes
+from .sizes import format_bytes as _format_bytes
 
 EXAMPLES = """\
 examples (from the repository's folder; docs/ describes every file format):
@@ -107,7 +107,7 @@ def cmd_bench(args):
                    world, args.machine, not args.json, tf32=args.tf32, transport=args.transport,
                    share_gpus=args.share_gpus, data=args.data, augment=args.augment, workers=args.workers,
                    prefetch=args.prefetch, sync=sync_options(args), batchnorm=batchnorm_option(args),
-                   trace=args.trace)
+                   trace=args.trace, memory=args.memory)
     if world.rank != 0:
         return 0
     if args.json:
@@ -281,6 +281,8 @@ def build_parser():
                         "the whole model)")
     p.add_argument("--machine", help="machine YAML for --plan auto, whose sync (allreduce or parameter-server) "
                    "the ranks run (default: the built-in local machine)")
+    p.add_argument("--memory", metavar="SIZE", help="with --plan auto: the most memory a device may hold (16GiB, "
+                   "800MB; the job's memory key), which the search keeps to")
     p.add_argument("--data", metavar="FILE", help="train on this HDF5 dataset's shuffled batches, read as training "
                    "reads them, instead of one fixed synthetic batch; the time a step waits for its batch is printed")
     p.add_argument("--augment", type=augment_arg, metavar="YAML", help="with --data: data.augment as YAML, e.g. "

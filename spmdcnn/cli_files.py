@@ -90,13 +90,15 @@ def augment_arg(text):
 
 
 def cmd_data(args):
+    import os
     if args.action == "digits":
-        import os
         from .io.digits import make_digits
         paths = [os.path.join(args.output, name) for name in ("train.h5", "val.h5")]
         train, val = make_digits(*paths, held_out=args.held_out, seed=args.seed)
         print(f"wrote {paths[0]} ({train} samples) and {paths[1]} ({val} held out)")
         return 0
+    if args.action == "cosmo":
+        return _cosmo(args)
     if args.action == "convert":
         return _convert(args)
     from .io.dataset import dataset_info
@@ -104,13 +106,41 @@ def cmd_data(args):
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    labels = f" (labels {info['labels'][0]}..{info['labels'][1]})" if info["labels"] else ""
-    print(f"{args.file}: {info['samples']} samples of {'x'.join(map(str, info['shape']))} (C x H x W) {info['dtype']}, "
-          f"{info['classes']} classes{labels}")
+    axes = {2: "C x W", 3: "C x H x W", 4: "C x D x H x W"}.get(len(info["shape"]), "C x ...")
+    answers = []
+    if "classes" in info:
+        labels = f" (labels {info['labels'][0]}..{info['labels'][1]})" if info["labels"] else ""
+        answers.append(f"{info['classes']} classes{labels}")
+    if "targets" in info:
+        answers.append(f"{info['targets']['count']} targets per sample")
+    print(f"{args.file}: {info['samples']} samples of {'x'.join(map(str, info['shape']))} ({axes}) "
+          f"{info['dtype']}, {' and '.join(answers)}")
     for key in ("class_names", "mean", "std", "description"):
         if info.get(key) is not None:
             print(f"  {key}: {info[key]}")
-    print("  samples per class: " + ", ".join(f"{label}: {count}" for label, count in info["per_class"].items()))
+    if "per_class" in info:
+        print("  samples per class: " + ", ".join(f"{label}: {count}" for label, count in info["per_class"].items()))
+    if "targets" in info:
+        targets = info["targets"]
+        names = targets["names"] or [f"target {k}" for k in range(targets["count"])]
+        for k, name in enumerate(names):
+            if targets["min"]:
+                print(f"  {name}: {targets['min'][k]:.4g} .. {targets['max'][k]:.4g}, mean {targets['mean'][k]:.4g}")
+    return 0
+
+
+def _cosmo(args):
+    """``data cosmo``: universes to regress 4 parameters from (:mod:`spmdcnn.io.cosmo`), with progress."""
+    import os
+    from .io.cosmo import make_cosmo
+    from .progress import Progress
+    paths = [os.path.join(args.output, name) for name in ("train.h5", "val.h5")]
+    val_samples = max(1, args.samples // 4) if args.val_samples is None else args.val_samples
+    with Progress(args.samples + val_samples, f"data cosmo {args.output}", "universes") as progress:
+        train, val = make_cosmo(*paths, size=args.size, samples=args.samples, val_samples=val_samples,
+                                seed=args.seed, progress=progress.update)
+    print(f"wrote {paths[0]} ({train} universes of 4x{args.size}^3) and {paths[1]} ({val} held out); targets: "
+          "amplitude, spectral_index, cutoff, growth_index, each in [-1, 1]")
     return 0
 
 
@@ -128,13 +158,15 @@ def _convert(args):
 
     def progress(total):
         return Progress(total, "convert", unit="images")
-    if args.labels and not os.path.isdir(args.source):
+    if args.targets and (os.path.isdir(args.source) or args.labels):
+        raise DataError(f"--targets {args.targets}: targets go with a samples .npy, instead of --labels")
+    if (args.labels or args.targets) and not os.path.isdir(args.source):
         if args.classes:
             raise DataError(f"--classes {args.classes}: class names label the images of a folder (with --labels, "
                             "a text or CSV file); an images .npy takes integer labels")
-        count, shape = convert_arrays(args.source, args.labels, args.output, args.channels_last, args.normalize,
-                                      progress, args.chunk)
-        what = ""
+        count, shape = convert_arrays(args.source, args.labels or args.targets, args.output, args.channels_last,
+                                      args.normalize, progress, args.chunk, targets=bool(args.targets))
+        what = f", targets from {args.targets}" if args.targets else ""
     else:
         count, shape, classes = convert_folder(
             args.source, args.output, args.size, args.grayscale, args.normalize, progress, labels=args.labels,
@@ -148,7 +180,8 @@ def _convert(args):
             how = (f" as in {args.classes}{shared}" if args.classes else
                    ", numbered in sorted order (no --classes)" if args.labels else "")
             what = f", {len(classes)} classes ({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}){how}"
-    print(f"wrote {args.output}: {count} images of {'x'.join(map(str, shape))} (C x H x W){what}")
+    kind, axes = {2: ("sequences", "C x W"), 3: ("images", "C x H x W"), 4: ("volumes", "C x D x H x W")}[len(shape)]
+    print(f"wrote {args.output}: {count} {kind} of {'x'.join(map(str, shape))} ({axes}){what}")
     return 0
 
 
@@ -184,11 +217,8 @@ def add_file_commands(sub, common):
     _add_data_commands(sub, common)
 
 
-def _add_data_commands(sub, common):
-    """``data digits``, ``convert``, ``info`` and ``bench``."""
-    p = sub.add_parser("data", parents=[common], help="make, inspect and time HDF5 datasets",
-                       description="Make, inspect and time HDF5 datasets (docs/formats.md#dataset-files).")
-    dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+def _add_making_commands(dsub, common):
+    """``data digits`` and ``data cosmo``: datasets spmdcnn writes itself."""
     d = dsub.add_parser("digits", parents=[common], help="scikit-learn's handwritten digits as train.h5 and val.h5",
                         description="Write scikit-learn's handwritten digits (1,797 8x8 images, shipped with "
                         "spmdcnn) as OUTPUT/train.h5 and OUTPUT/val.h5, a held-out share of each class in val.h5.")
@@ -196,18 +226,42 @@ def _add_data_commands(sub, common):
     d.add_argument("--held-out", type=float, default=0.2, help="share of each class held out (default 0.2)")
     d.add_argument("--seed", type=int, default=0, help="seed of the split (default 0)")
     d.set_defaults(run=cmd_data)
+    d = dsub.add_parser("cosmo", parents=[common], help="universes of Gaussian random fields to regress 4 parameters "
+                        "from", description="Write OUTPUT/train.h5 and OUTPUT/val.h5: volumes of 4 x SIZE^3, four "
+                        "snapshots of a Gaussian random field whose power spectrum depends on 4 parameters "
+                        "(amplitude, spectral index, cutoff, growth index), with those parameters, normalised to "
+                        "[-1, 1], as /targets: a regression task for 3D CNNs such as models/cosmoflow.yaml "
+                        "(docs/formats.md#dataset-files).")
+    d.add_argument("-o", "--output", default="data/cosmo", help="folder to write (default data/cosmo)")
+    d.add_argument("--size", type=int, default=32, help="the volumes' extent along each axis (default 32)")
+    d.add_argument("--samples", type=int, default=1024, help="training universes (default 1024)")
+    d.add_argument("--val-samples", type=int, help="held-out universes (default: a quarter of --samples)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the universes (default 0)")
+    d.set_defaults(run=cmd_data)
+
+
+def _add_data_commands(sub, common):
+    """``data digits``, ``convert``, ``info`` and ``bench``."""
+    p = sub.add_parser("data", parents=[common], help="make, inspect and time HDF5 datasets",
+                       description="Make, inspect and time HDF5 datasets (docs/formats.md#dataset-files).")
+    dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    _add_making_commands(dsub, common)
     d = dsub.add_parser("convert", parents=[common], help="an image folder or NumPy arrays into a dataset",
                         description="Write an HDF5 dataset from an image folder (one sub-folder of images per class, "
                         "their sorted names giving the labels; or one folder of images with --labels, as ImageNet's "
-                        "validation set comes; needs Pillow) or from NumPy arrays (SOURCE the images .npy, --labels "
-                        "the labels .npy). Streams: datasets larger than memory convert. Shows its progress: a bar "
-                        "on a terminal, a line every 5 % in a log.")
-    d.add_argument("source", help="image folder, or images .npy ((N, C, H, W) or (N, H, W, C), uint8 or float32)")
+                        "validation set comes; needs Pillow) or from NumPy arrays (SOURCE the images or volumes .npy, "
+                        "--labels the labels .npy or --targets the regression targets .npy). Streams: datasets "
+                        "larger than memory convert. Shows its progress: a bar on a terminal, a line every 5 % in a "
+                        "log.")
+    d.add_argument("source", help="image folder, or a samples .npy: images (N, C, H, W) or (N, H, W, C), volumes "
+                   "(N, C, D, H, W) or (N, D, H, W, C); uint8 or float32")
     d.add_argument("-o", "--output", required=True, help="dataset HDF5 file to write")
     d.add_argument("--labels", metavar="FILE",
                    help="a folder of images: a text file of one label a line (for its images in sorted name "
                    "order) or a CSV of file,label rows (a header row is skipped; the label the first word of its "
                    "field), labels being integers or class names; an images .npy: a labels .npy ((N,) integers)")
+    d.add_argument("--targets", metavar="FILE", help="a samples .npy: a targets .npy ((N, K) floats, the values "
+                   "mse_loss regresses), written as /targets instead of labels")
     d.add_argument("--classes", metavar="FILE",
                    help="number class names as the training set does: its dataset .h5 (its classes attribute), or "
                    "a text file of one name a line (without it: in sorted order)")
@@ -222,10 +276,10 @@ def _add_data_commands(sub, common):
                    help="images per HDF5 chunk (default 1, fastest for shuffled reads; 0: one contiguous array)")
     layout = d.add_mutually_exclusive_group()
     layout.add_argument("--channels-first", dest="channels_last", action="store_const", const=False, default=None,
-                        help="the images .npy is (N, C, H, W) (without either option: taken as that when only its "
-                        "second dim is 1, 3 or 4; any other shape needs one of the two)")
+                        help="the samples .npy is (N, C, H, W) or (N, C, D, H, W) (without either option: taken as "
+                        "that when only its second dim is 1, 3 or 4; any other shape needs one of the two)")
     layout.add_argument("--channels-last", dest="channels_last", action="store_const", const=True, default=None,
-                        help="the images .npy is (N, H, W, C)")
+                        help="the samples .npy is (N, H, W, C) or (N, D, H, W, C)")
     d.add_argument("--no-normalize", dest="normalize", action="store_false",
                    help="store no per-channel mean and std (by default they are measured and stored)")
     d.set_defaults(run=cmd_data)

@@ -8,7 +8,7 @@ import json
 import os
 
 from .cli_files import positive_float
-from .cost.memory import format_against, format_bytes
+from .sizes import format_against, format_bytes
 
 
 def sync_arguments(p):
@@ -131,7 +131,8 @@ def _tie(args, cost):
 
 
 def cmd_plan(args):
-    from .cost.memory import parse_size, plan_memory
+    from .cost.memory import plan_memory
+    from .sizes import parse_size
     from .graph import load_model
     from .planner import STRATEGIES, make_plan
     from .planner.service import plan_document
@@ -143,6 +144,8 @@ def cmd_plan(args):
     memory = parse_size(args.memory) if args.memory else None
     if memory is not None and args.strategy != "optimal":
         raise ValueError(f"--memory applies to the optimal search, not to --strategy {args.strategy}")
+    if memory is None and args.strategy == "optimal":
+        memory = cost.machine.device.memory        # the device's own, from the machine file (None: no limit)
     tie, tie_source = _tie(args, cost) if memory is None else (0.0, "")
     from .planning_progress import SearchProgress
     progress = SearchProgress(setting=False if args.json else "auto")
@@ -167,18 +170,15 @@ def cmd_plan(args):
                                         "screening": r.screening and r.screening.to_json(),
                                         "lower_bound_s": getattr(r.solution, "lower", None),
                                         "ties": vars(r.ties) if r.ties else None,
-                                        "plan": r.plan.text, "predicted": r.prediction.to_json()}
+                                        "plan": r.plan.text, "predicted": r.prediction.to_json(),
+                                        "memory_bytes": plan_memory(graph, r.plan, cost.itemsize,
+                                                                    cost.machine.device.im2col)}
                                     for s, r in results.items()}}, indent=1))
         return 0
     print(source)
     print_prediction(f"{args.strategy} plan for {graph.name}: {args.devices} devices, batch {args.batch}, machine "
                      f"{cost.machine.name}", chosen.prediction, chosen.plan)
-    used = plan_memory(graph, chosen.plan, cost.itemsize)
-    if memory:
-        used_text, limit_text = format_against(used, memory)
-        print(f"memory: {used_text} on the busiest device (limit {limit_text})")
-    else:
-        print(f"memory: {format_bytes(used)} on the busiest device")
+    print(_memory_line(graph, chosen.plan, cost, memory))
     if chosen.solution is not None:
         sol = chosen.solution
         pruned = f" ({sol.kept} after {'screening and ' if chosen.screening else ''}pruning)" \
@@ -197,7 +197,7 @@ def cmd_plan(args):
         if chosen.ties:
             print(f"ties: {chosen.ties.describe()}")
     if args.compare:
-        _print_comparison(results, args.batch)
+        _print_comparison(results, args.batch, graph, cost, memory)
     if args.output:
         print(f"wrote {args.output}")
     return 0
@@ -211,16 +211,35 @@ def _distance(solution):
             "optimum under the surrogate (a relaxation's lower bound)")
 
 
-def _print_comparison(results, batch):
+def _memory_line(graph, plan, cost, limit=None):
+    """``memory: ...`` of ``plan`` under the memory model: the busiest device's bytes, what it keeps and its
+    largest transient, and against ``limit`` (bytes) when given, how much over it when it does not fit."""
+    from .cost.memory import kept_memory, peak_transient
+    kept = kept_memory(graph, plan, cost.itemsize)
+    transient, layer = peak_transient(graph, plan, cost.itemsize, cost.machine.device.im2col)
+    used = kept + transient
+    parts = f"{format_bytes(kept)} kept for backward + {format_bytes(transient)} while {layer} runs"
+    if limit is None:
+        return f"memory: {format_bytes(used)} on the busiest device ({parts})"
+    used_text, limit_text = format_against(used, limit)
+    over = "" if used <= limit else f"; does not fit: {format_bytes(used - limit)} over"
+    return f"memory: {used_text} on the busiest device ({parts}; limit {limit_text}{over})"
+
+
+def _print_comparison(results, batch, graph, cost, limit=None):
+    from .cost.memory import plan_memory
     base = results["data"].prediction.iteration_s
     print(f"\n{'strategy':<11} {'iteration ms':>12} {'compute':>9} {'transfer':>9} {'sync':>9} {'images/s':>9} "
-          f"{'vs data':>7} {'moved':>10} {'allreduced':>10} {'search s':>8}")
+          f"{'vs data':>7} {'moved':>10} {'allreduced':>10} {'memory':>10} {'search s':>8}")
     for s, r in results.items():
         p = r.prediction.summary()
+        used = plan_memory(graph, r.plan, cost.itemsize, cost.machine.device.im2col)
+        fits = "" if limit is None else ("  fits" if used <= limit else
+                                         f"  does not fit ({format_bytes(used - limit)} over)")
         print(f"{s:<11} {_ms(p['iteration_s']):>12} {_ms(p['compute_s']):>9} {_ms(p['transfer_s']):>9} "
               f"{_ms(p['sync_s']):>9} {batch / p['iteration_s']:>9.1f} {base / p['iteration_s']:>6.2f}x "
               f"{format_bytes(p['bytes_transferred']):>10} {format_bytes(p['bytes_synced']):>10} "
-              f"{r.search_s:>8.3f}")
+              f"{format_bytes(used):>10} {r.search_s:>8.3f}{fits}")
 
 
 def load_plan_for_simulate(spec, args):
@@ -351,8 +370,9 @@ def add_plan_commands(sub, common):
     p.add_argument("--compare", action="store_true", help="also print every strategy side by side")
     p.add_argument("--limit", type=int, default=10**7,
                    help="exhaustive: refuse searches over more combinations than this (default 1e7)")
-    p.add_argument("--memory", metavar="SIZE", help="the most memory a device may keep (16GiB, 800MB, 1.5e9; the "
-                   "memory model of docs/architecture.md): the optimal search keeps to it")
+    p.add_argument("--memory", metavar="SIZE", help="the most memory a device may hold (16GiB, 800MB, 1.5e9; the "
+                   "memory model of docs/architecture.md#memory): the optimal search keeps to it (default: the "
+                   "machine file's device memory, when it gives one)")
     p.add_argument("--tie", type=float, metavar="FRACTION",
                    help="plans predicted within this fraction of the fastest are ties, and the one with the fewest "
                         "exchanges wins (default: the profile's spread; 0 with the analytic model)")

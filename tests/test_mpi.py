@@ -220,6 +220,26 @@ def test_the_quick_start_learns_the_digits_layer_wise_on_four_ranks(tmp_path):
     assert "profile:" not in again.stdout                   # nothing to train: no profiling, no search
 
 
+def test_the_volumes_quick_start_learns_the_universes_on_four_ranks(tmp_path):
+    """The README's volumes quick start: universes written on first use, a plan from the planner over n, c, d, h
+    and w, and a held-out mean absolute error well below a constant guess's."""
+    data = tmp_path / "cosmo"
+    overrides = [f"data.path={data / 'train.h5'}", f"data.val={data / 'val.h5'}", f"checkpoint.path={tmp_path / 'c.h5'}",
+                 f"log.metrics={tmp_path / 'c.jsonl'}"]
+    command = [MPIEXEC, "-n", "4", *spmdcnn("train", "jobs/cosmo_quickstart.yaml",
+                                            *[x for o in overrides for x in ("--set", o)])]
+    result = subprocess.run(command, cwd=ROOT, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "data: wrote" in result.stdout and "universes" in result.stdout and "warning" not in result.stdout
+    assert "4 ranks; plan auto (optimal under the cost model" in result.stdout
+    records = [json.loads(line) for line in open(tmp_path / "c.jsonl", encoding="utf-8")]
+    evaluations = [r for r in records if "val_mae" in r]
+    assert len(evaluations) == 6 and all(r["val_mae_constant"] > 0.4 for r in evaluations)
+    assert evaluations[-1]["val_mae"] < 0.65 * evaluations[-1]["val_mae_constant"], evaluations
+    assert "(a constant guess, the training targets' mean: " in result.stdout
+
+
 def test_errors_every_rank_finds_are_printed_once(tmp_path):
     result = mpiexec(2, *spmdcnn("bench", tmp_path / "absent.yaml", "--batch", "4"), timeout=120)
     assert result.returncode == 2

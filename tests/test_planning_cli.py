@@ -262,11 +262,12 @@ def test_the_profile_name_does_not_depend_on_optional_packages():
 
 def test_long_device_lists_are_abbreviated_and_memory_shows_the_limits_digits(tmp_path):
     result = run("plan", "models/vgg16.yaml", "--devices", 16, "--batch", 512, "--machine", PAPER, "--memory",
-                 "1.87GiB")
+                 "2.70GiB")
     assert result.returncode == 0, result.stderr
     assert "devices: [0, 1, 2, ..., 15]}" in result.stdout and "7, 8, 9" not in result.stdout
-    used = re.search(r"memory: (\d\.\d\d) GiB on the busiest device \(limit 1\.87 GiB\)", result.stdout)
-    assert used and float(used.group(1)) <= 1.87, result.stdout
+    used = re.search(r"memory: (\d\.\d\d) GiB on the busiest device \((.*) kept for backward \+ (.*) while "
+                     r"(\S+) runs; limit 2\.70 GiB\)", result.stdout)
+    assert used and float(used.group(1)) <= 2.70 and used.group(4) in result.stdout.split("memory:")[0], result.stdout
     assert max(len(line) for line in result.stdout.splitlines() if "devices: [" in line) < 120
 
 

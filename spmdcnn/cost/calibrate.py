@@ -141,7 +141,8 @@ def calibrate(world, name="local", quick=False, xp=np):
     allreduces = measure_allreduces(world, quick, xp)
     rates = world.allgather(device_rates(quick, world.barrier, xp))    # every rank at once: training's contention
     device = Device(rates[0]["name"],
-                    *(statistics.fmean(r[key] for r in rates) for key in ("flops", "memory_bandwidth", "overhead")))
+                    *(statistics.fmean(r[key] for r in rates) for key in ("flops", "memory_bandwidth", "overhead")),
+                    im2col=xp is np)       # on GPUs cuDNN runs the convolutions: no im2col columns
     intra = links.get("intra_node") or links.get("inter_node")
     inter = links.get("inter_node") or intra
     measured = {"ranks": world.size, "hosts": sorted(set(where.hosts), key=where.hosts.index),

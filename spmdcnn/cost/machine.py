@@ -15,16 +15,17 @@ Devices are numbered node by node: device ``d`` is on node ``d // devices_per_no
 default with ``--map-by core`` or ``srun``'s block distribution). ``device.name`` says what the devices are:
 ``cpu`` (or this computer's processor, as ``calibrate`` writes it) lets ``plan``, ``simulate`` and ``plot`` time
 tiles from this computer's cached profile, any other name keeps them to the analytic model unless ``--profile``
-names one; ``flops`` and ``memory_bandwidth`` are the rates of the analytic model used for tiles no profile covers.
-``spmdcnn calibrate`` measures all of these under ``mpiexec``.
+names one; ``flops`` and ``memory_bandwidth`` are the rates of the analytic model for tiles no profile covers;
+``memory`` (bytes) is the planner's default memory limit, and ``im2col: false`` (GPUs) leaves the im2col columns out
+of the memory model (:mod:`.memory`). ``spmdcnn calibrate`` measures these under ``mpiexec``.
 
 Allreduces run the algorithm an MPI library or NCCL picks for the size (:class:`Regimes`): latency-bound small
-messages by recursive doubling (``ceil(log2 p)`` steps of the whole message), bandwidth-bound large ones by a
-ring (``2(p-1)`` steps of ``1/p`` of it); the model takes the faster, so the crossover follows from the two fits.
-Each regime is a ``{bandwidth, latency}`` per level (a group within one node uses ``intra_node``'s, one that
-spans nodes ``inter_node``'s); without ``allreduce``, both regimes of a level are its link. ``sync:
-parameter-server`` sums parameter gradients through a server per replica group instead, as the paper's runtime
-did (:class:`ParameterServer`); batch norm's statistics and the loss still use the allreduce regimes.
+messages by recursive doubling (``ceil(log2 p)`` steps of the whole message), bandwidth-bound large ones by a ring
+(``2(p-1)`` steps of ``1/p`` of it); the model takes the faster, so the crossover follows from the two fits. Each
+regime is a ``{bandwidth, latency}`` per level (a group within one node uses ``intra_node``'s, one that spans nodes
+``inter_node``'s); without ``allreduce``, both regimes of a level are its link. ``sync: parameter-server`` sums
+parameter gradients through a server per replica group instead, as the paper's runtime did
+(:class:`ParameterServer`); batch norm's statistics and the loss still use the allreduce regimes.
 
 Big clusters have switches above the nodes: ``switches`` lists their levels, innermost first::
 
@@ -33,23 +34,22 @@ Big clusters have switches above the nodes: ``switches`` lists their levels, inn
       - {name: spine, nodes: 256, oversubscription: 2, latency: 3.0e-6}   # 8 leaves under the spine, 2:1
 
 Each level's ``nodes`` is how many nodes one switch of the level has under it (node ``n`` is under switch ``n //
-nodes`` of the level), a multiple of the level below's and greater; the last level's must cover all of the
-machine's ``nodes``. Devices are then at one of these **levels** (:meth:`Machine.level`): 0 on one node
-(``intra_node``), 1 on different nodes under one switch of the first level (``inter_node``; without ``switches``,
-any two nodes), ``k + 1`` when their lowest common switch is of level ``k`` (0-based, ``k >= 1``). A level's
-:class:`Switch` ``link`` is the link of the level below (``inter_node`` for the first level) with its bandwidth
-divided by the level's ``oversubscription`` (default 1: how many times more the nodes under one switch of the level
-below can send up than the level carries) and its latency, unless the file gives ``bandwidth`` or ``latency``.
-``allreduce`` may name the levels above the first by their switch's name; a switch level without them takes the
-regimes of the level below, their bandwidths divided by the ratio of the two levels' link bandwidths and their
-latencies increased by the difference of the links' latencies (not below zero). :meth:`Machine.tiers` lists the
-levels a job of ``count`` devices spans, as blocks of devices, for tables that price transfers per level.
+nodes`` of the level), a multiple of the level below's and greater; the last level's must cover all of the machine's
+``nodes``. Devices are then at one of these **levels** (:meth:`Machine.level`): 0 on one node (``intra_node``), 1 on
+different nodes under one switch of the first level (``inter_node``; without ``switches``, any two nodes), ``k + 1``
+when their lowest common switch is of level ``k`` (0-based, ``k >= 1``). A level's :class:`Switch` ``link`` is the
+link of the level below (``inter_node`` for the first) with its bandwidth divided by the level's
+``oversubscription`` (default 1: how many times more the nodes under one switch of the level below can send up than
+the level carries) and its latency, unless the file gives ``bandwidth`` or ``latency``. ``allreduce`` may name the
+levels above the first by their switch's name; a switch level without them takes the regimes of the level below,
+their bandwidths divided by the ratio of the two levels' link bandwidths and their latencies increased by the
+difference of the links' latencies (not below zero). :meth:`Machine.tiers` lists the levels a job of ``count``
+devices spans, as blocks of devices, for tables that price transfers per level.
 """
 
 import math
 import re
 from collections import Counter
-
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -63,7 +63,7 @@ SYNC_MODES = ("allreduce", "parameter-server")
 _LEVELS = ("intra_node", "inter_node")
 _REGIME_KEYS = {"small", "large"}
 _LINK_KEYS = {"bandwidth", "latency"}
-_DEVICE_KEYS = {"name", "flops", "memory_bandwidth", "overhead"}
+_DEVICE_KEYS = {"name", "flops", "memory_bandwidth", "overhead", "im2col", "memory"}
 _SWITCH_KEYS = {"name", "nodes", "oversubscription", "latency", "bandwidth"}
 _NAME = re.compile(r"[A-Za-z0-9_.+-]+")
 
@@ -146,6 +146,8 @@ class Device:
     flops: float = 5.0e10               # floating-point operations per second (analytic compute model)
     memory_bandwidth: float = 1.0e10    # bytes/s
     overhead: float = 1.0e-6             # s per NumPy call or kernel launch
+    im2col: bool = True                 # convolutions build im2col columns (NumPy); false: cuDNN on a GPU
+    memory: float = None                # bytes a device holds: the planner's default memory limit
 
 
 @dataclass(frozen=True)
@@ -318,7 +320,8 @@ class Machine:
                  f"intra_node: {link(self.intra_node)}    # bytes/s, s per message",
                  f"inter_node: {link(self.inter_node)}",
                  f"device: {{name: {d.name!r}, flops: {d.flops:.4g}, memory_bandwidth: {d.memory_bandwidth:.4g}, "
-                 f"overhead: {d.overhead:.4g}}}"]
+                 f"overhead: {d.overhead:.4g}{'' if d.im2col else ', im2col: false'}"
+                 f"{'' if d.memory is None else f', memory: {d.memory:.4g}'}}}"]
         if self.sync != "allreduce":
             lines.append(f"sync: {self.sync}")
         if self.switches:
@@ -346,12 +349,10 @@ def _exact(value):
 
 def _number(value):
     """YAML 1.1 reads ``1.8e10`` (no sign in the exponent) as a string: accept it as the number it means."""
-    if isinstance(value, str):
-        try:
-            return float(value)
-        except ValueError:
-            return value
-    return value
+    try:
+        return float(value) if isinstance(value, str) else value
+    except ValueError:          # not a number: the caller says what it expected
+        return value
 
 
 def _positive(value, where, key):
@@ -382,23 +383,13 @@ def _count(value, where, key):
 def from_mapping(data, source="<machine>"):
     try:
         check_keys(data, _KEYS, source, required=("format", "nodes", "devices_per_node", "intra_node"))
-    except FormatError as error:
-        raise MachineError(str(error)) from None
-    if data["format"] != FORMAT:
-        raise MachineError(f"{source}: format must be {FORMAT!r}, got {data['format']!r}")
-    nodes = _count(data["nodes"], source, "nodes")
-    per_node = _count(data["devices_per_node"], source, "devices_per_node")
-    try:
+        if data["format"] != FORMAT:
+            raise MachineError(f"{source}: format must be {FORMAT!r}, got {data['format']!r}")
+        nodes = _count(data["nodes"], source, "nodes")
+        per_node = _count(data["devices_per_node"], source, "devices_per_node")
         intra = _link(data["intra_node"], f"{source}: intra_node")
         inter = _link(data["inter_node"], f"{source}: inter_node") if "inter_node" in data else intra
-        device = Device()
-        if data.get("device") is not None:
-            spec = data["device"]
-            check_keys(spec, _DEVICE_KEYS, f"{source}: device")
-            device = Device(str(spec.get("name", device.name)),
-                            *(_positive(spec.get(key, getattr(device, key)), f"{source}: device", key)
-                              for key in ("flops", "memory_bandwidth")),
-                            _positive(spec.get("overhead", device.overhead), f"{source}: device", "overhead"))
+        device = Device() if data.get("device") is None else _device(data["device"], f"{source}: device")
         switches = _switches(data.get("switches"), f"{source}: switches", inter)
         allreduce = _regimes(data.get("allreduce"), f"{source}: allreduce", switches)
     except MachineError:
@@ -408,6 +399,19 @@ def from_mapping(data, source="<machine>"):
     return Machine(str(data.get("name", "machine")), nodes, per_node, intra, inter, device, source,
                    data.get("measured") or {}, allreduce, data.get("sync", "allreduce"),     # sync: checked there
                    switches)    # that the last level covers the nodes: checked there
+
+
+def _device(spec, where):
+    """The :class:`Device` of a machine file's ``device`` mapping."""
+    check_keys(spec, _DEVICE_KEYS, where)
+    im2col, memory, default = spec.get("im2col", True), spec.get("memory"), Device()
+    if not isinstance(im2col, bool):
+        raise MachineError(f"{where}: 'im2col' must be true (convolutions build im2col columns, as on CPUs) or false "
+                           f"(cuDNN on GPUs), got {im2col!r}")
+    return Device(str(spec.get("name", default.name)),
+                  *(_positive(spec.get(key, getattr(default, key)), where, key)
+                    for key in ("flops", "memory_bandwidth", "overhead")),
+                  im2col, None if memory is None else _positive(memory, where, "memory"))
 
 
 def _switches(data, where, inter):

@@ -52,14 +52,15 @@ class _Moments:
         self.count, self.total, self.squares = 0, np.zeros(channels), np.zeros(channels)
 
     def add(self, block, step=1 << 20):
-        """Add the images ``block`` (N, C, H, W), about ``step`` values at a time (float64 copies stay small)."""
+        """Add the samples ``block`` (N, C, S...), about ``step`` values at a time (float64 copies stay small)."""
         scale = 255 if block.dtype == np.uint8 else 1
         rows = max(1, step // max(1, block[0].size))
+        axes = (0,) + tuple(range(2, block.ndim))
         for i in range(0, len(block), rows):
             values = block[i:i + rows].astype(np.float64) / scale
             self.count += values.size // values.shape[1]
-            self.total += values.sum(axis=(0, 2, 3))
-            self.squares += np.square(values).sum(axis=(0, 2, 3))
+            self.total += values.sum(axis=axes)
+            self.squares += np.square(values).sum(axis=axes)
 
     def result(self):
         """``(mean, std)`` (a constant channel's std taken as 1), or None before any value."""
@@ -108,14 +109,17 @@ def _block_size(shape, itemsize):
     return max(1, BLOCK_BYTES // max(1, int(np.prod(shape)) * itemsize))
 
 
-def convert_arrays(images_path, labels_path, output, channels_last=None, normalize=True, progress=None, chunk=1):
-    """Convert ``.npy`` images and labels; returns ``(count, (C, H, W))``. ``channels_last``: True if the images
-    are (N, H, W, C), False if (N, C, H, W), None (the default) to read it from their shape, refusing a shape
-    that does not tell (:func:`_is_channels_last`). ``progress``, ``chunk``: see the module's docstring."""
+def convert_arrays(images_path, labels_path, output, channels_last=None, normalize=True, progress=None, chunk=1,
+                   targets=False):
+    """Convert ``.npy`` samples and their labels, or (``targets``) their targets (N, K); returns ``(count, (C,
+    S...))``. The samples are images (N, C, H, W), volumes (N, C, D, H, W) or sequences (N, C, W), or the same with
+    the channels last. ``channels_last``: True if the channels are last, False if second, None (the default) to
+    read it from their shape, refusing a shape that does not tell (:func:`_is_channels_last`). ``progress``,
+    ``chunk``: see the module's docstring."""
     chunk = _checked_chunk(chunk)
-    images, labels = _load_arrays(images_path, labels_path)
+    images, labels = _load_arrays(images_path, labels_path, targets)
     if _is_channels_last(images.shape, channels_last, images_path):
-        images = images.transpose(0, 3, 1, 2)          # (N, C, H, W), a view of the memory map
+        images = np.moveaxis(images, -1, 1)             # (N, C, S...), a view of the memory map
     shape = tuple(images.shape[1:])
     step = _block_size(shape, images.dtype.itemsize)
     blocks = (np.ascontiguousarray(images[i:i + step]) for i in range(0, len(images), step))
@@ -126,9 +130,10 @@ def convert_arrays(images_path, labels_path, output, channels_last=None, normali
     return len(images), shape
 
 
-def _load_arrays(images_path, labels_path):
-    """``(images, labels)`` memory-mapped from their ``.npy`` files: 4-dimensional uint8 or float32 images, as
-    many non-negative integer labels; DataError naming the file otherwise."""
+def _load_arrays(images_path, labels_path, targets=False):
+    """``(samples, answers)`` memory-mapped from their ``.npy`` files: 3- to 5-dimensional uint8 or float32 samples,
+    as many non-negative integer labels, or (``targets``) float targets (N, K); DataError naming the file
+    otherwise."""
     arrays = []
     for path in (images_path, labels_path):
         try:
@@ -140,9 +145,15 @@ def _load_arrays(images_path, labels_path):
                             "numpy.save")
         arrays.append(array)
     images, labels = arrays
-    if images.ndim != 4 or images.dtype not in (np.uint8, np.float32):
-        raise DataError(f"{images_path}: expected (N, C, H, W) or (N, H, W, C) images, uint8 or float32, got "
-                        f"{images.shape} {images.dtype}")
+    if not 3 <= images.ndim <= 5 or images.dtype not in (np.uint8, np.float32):
+        raise DataError(f"{images_path}: expected (N, C, H, W) or (N, H, W, C) images, (N, C, D, H, W) or (N, D, H, "
+                        f"W, C) volumes, uint8 or float32, got {images.shape} {images.dtype}")
+    if targets:
+        if labels.ndim != 2 or len(labels) != len(images) or labels.dtype.kind != "f" \
+                or not np.isfinite(labels).all():
+            raise DataError(f"{labels_path}: expected targets ({images.shape[0]}, K), finite floats, got "
+                            f"{labels.shape} {labels.dtype}")
+        return images, np.asarray(labels, dtype=np.float32)
     if labels.shape != images.shape[:1] or labels.dtype.kind not in "iu":
         raise DataError(f"{labels_path}: expected {images.shape[0]} integer labels, got {labels.shape} {labels.dtype}")
     if len(labels) and int(labels.min()) < 0:
@@ -150,30 +161,39 @@ def _load_arrays(images_path, labels_path):
     return images, labels
 
 
+def _axes(ndim):
+    """``(first, last)``: the layouts of samples of ``ndim`` dims (the batch's included) in words."""
+    spatial = {3: "W", 4: "H, W", 5: "D, H, W"}[ndim]
+    return f"(N, C, {spatial})", f"(N, {spatial}, C)"
+
+
 def _is_channels_last(shape, channels_last, path):
-    """Whether images of ``shape`` (4 dims) are (N, H, W, C). ``channels_last`` when it is True or False; when
-    None, (N, C, H, W) if the second dim is a channel count (CHANNEL_COUNTS) and the last is not, and any other
-    shape is refused (DataError) with the option that says which it is."""
+    """Whether samples of ``shape`` (3 to 5 dims) have their channels last. ``channels_last`` when it is True or
+    False; when None, channels second if the second dim is a channel count (CHANNEL_COUNTS) and the last is not,
+    and any other shape is refused (DataError) with the option that says which it is."""
     if channels_last is not None:
         return bool(channels_last)
-    first, last = shape[1] in CHANNEL_COUNTS, shape[3] in CHANNEL_COUNTS
+    first, last = shape[1] in CHANNEL_COUNTS, shape[-1] in CHANNEL_COUNTS
     if first and not last:
         return False
-    what, counts = f"{path}: images of shape {tuple(shape)}", "a channel count (1, 3 or 4)"
+    (before, after), kind = _axes(len(shape)), "images" if len(shape) == 4 else "samples"
+    what, counts = f"{path}: {kind} of shape {tuple(shape)}", "a channel count (1, 3 or 4)"
     if last and not first:
-        raise DataError(f"{what} look like (N, H, W, C), {_read_as(shape, True)}: the last dim ({shape[3]}) is "
+        raise DataError(f"{what} look like {after}, {_read_as(shape, True)}: the last dim ({shape[-1]}) is "
                         f"{counts} and the second ({shape[1]}) is not; pass --channels-last (or --channels-first "
-                        f"if they really are (N, C, H, W), {_read_as(shape, False)})")
-    how = (f"the second dim ({shape[1]}) and the last ({shape[3]}) could both be {counts}" if first else
-           f"neither the second dim ({shape[1]}) nor the last ({shape[3]}) is {counts}")
-    raise DataError(f"{what} are ambiguous: {how}; pass --channels-first if they are (N, C, H, W), "
-                    f"{_read_as(shape, False)}, or --channels-last if they are (N, H, W, C), {_read_as(shape, True)}")
+                        f"if they really are {before}, {_read_as(shape, False)})")
+    how = (f"the second dim ({shape[1]}) and the last ({shape[-1]}) could both be {counts}" if first else
+           f"neither the second dim ({shape[1]}) nor the last ({shape[-1]}) is {counts}")
+    raise DataError(f"{what} are ambiguous: {how}; pass --channels-first if they are {before}, "
+                    f"{_read_as(shape, False)}, or --channels-last if they are {after}, {_read_as(shape, True)}")
 
 
 def _read_as(shape, channels_last):
     """How ``shape`` reads in a layout: ``3 channels of 6 x 5 (H x W)``."""
-    _, C, H, W = (shape[0], shape[3], shape[1], shape[2]) if channels_last else shape
-    return f"{C} channel{'s' * (C != 1)} of {H} x {W} (H x W)"
+    C = shape[-1] if channels_last else shape[1]
+    spatial = shape[1:-1] if channels_last else shape[2:]
+    axes = {1: "W", 2: "H x W", 3: "D x H x W"}[len(spatial)]
+    return f"{C} channel{'s' * (C != 1)} of {' x '.join(map(str, spatial))} ({axes})"
 
 
 def list_folder(folder, labels=None, classes=None):

@@ -30,10 +30,10 @@ SCHEMA = {
         "path": ((str, type(None)), None),
         "shuffle": (bool, True),
         "seed": (int, 0),
-        "num_samples": (int, 50_000),        # synthetic data: samples per epoch
+        "num_samples": ((int, type(None)), None),    # synthetic data: samples per epoch (50,000); make: cosmo's
         "signal": (_NUMBER, 0.5),            # synthetic data: strength of the class patterns against unit noise
         "val": ((str, type(None)), None),    # held-out HDF5 dataset, evaluated every eval.every steps and at the end
-        "make": ((str, type(None)), None),   # digits: write path and val with `spmdcnn data digits` when missing
+        "make": ((str, type(None)), None),   # digits | cosmo: write path and val (spmdcnn data ...) when missing
         "augment": {                         # training samples only; data.val is center-cropped (io/augment.py)
             "crop": ((list, type(None)), None),     # [H, W] or [D, H, W] of a random crop of each stored sample
             "flip": ((bool, list), False),          # a random flip of the last axis, or of each axis listed (d, h, w)
@@ -60,6 +60,7 @@ SCHEMA = {
     },
     "batchnorm": ((str, dict), "global"),    # global, or {group: G}: statistics over groups of G samples (ghost)
     "plan": ((str, type(None)), "auto"),
+    "memory": ((str, int, float, type(None)), None),   # the most a device may hold: plan auto keeps to it
     "machine": ((str, type(None)), None),
     "backend": (str, "auto"),
     "dtype": (str, "float32"),
@@ -85,7 +86,7 @@ SCHEMA = {
 }
 _CHOICES = {
     ("data", "kind"): ("hdf5", "synthetic"),
-    ("data", "make"): ("digits",),
+    ("data", "make"): ("digits", "cosmo"),
     ("optimizer", "kind"): ("sgd",),
     ("optimizer", "schedule"): ("constant", "step", "cosine"),
     ("backend",): ("auto", "numpy", "cupy"),
@@ -263,7 +264,7 @@ def parse_job(values, source="<job>", overrides=()):
           "give exactly one of 'steps' and 'epochs'")
     for key, value in (("seed", job["seed"]), ("data.seed", job["data"]["seed"])):
         check(0 <= value < 2 ** 63, key, f"'{key}' must lie in [0, 2**63), got {value}")
-    check(job["data"]["num_samples"] > 0, "data.num_samples",
+    check(job["data"]["num_samples"] is None or job["data"]["num_samples"] > 0, "data.num_samples",
           f"'data.num_samples' must be positive, got {job['data']['num_samples']}")
     for key in ("steps", "epochs"):
         check(job[key] is None or job[key] >= 0, key, f"'{key}' must be non-negative, got {job[key]}")
@@ -283,6 +284,14 @@ def parse_job(values, source="<job>", overrides=()):
     check(job["sync"]["bucket_mb"] > 0, "sync.bucket_mb",
           f"'sync.bucket_mb' must be a positive number (MiB), got {job['sync']['bucket_mb']}")
     _check_plan(job["plan"], where)
+    if job["memory"] is not None:
+        from ..sizes import parse_size
+        try:
+            parse_size(job["memory"])
+        except ValueError as error:
+            raise FormatError(f"{where('memory')}: 'memory': {error}") from None
+        check(job["plan"] == "auto", "memory", f"'memory' is the limit plan: auto keeps to; plan {job['plan']} is "
+              "not searched (spmdcnn plan --memory tells whether a plan fits)")
     _check_data(job, where)
     _check_optimizer(job["optimizer"], where)
     return Job(job, where)

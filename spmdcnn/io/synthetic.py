@@ -6,6 +6,8 @@ import numpy as np
 from ..counters import stream_key, uniform
 from .dataset import DataError, _cut, _Source
 
+SYNTHETIC_SAMPLES = 50_000      # samples per epoch of a job's synthetic data unless data.num_samples says
+
 
 class SyntheticData(_Source):
     """Learnable synthetic samples (images, volumes or sequences); sample ``i`` is a fixed function of (seed, i),

@@ -12,11 +12,10 @@ by each of :data:`SYNC_WEIGHTS`, scores those optima and the fixed strategies on
 (:meth:`~spmdcnn.cost.model.CostModel.simulate`), and returns the fastest there.
 """
 
-import heapq
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from ..tiling.config import dims_of, output_shape
 from ..tiling.plan import NAMED, Plan, named
 
 from .configs import configurations, searched
+from .memory import within_memory
 
 STRATEGIES = ("optimal",) + NAMED + ("exhaustive",)
 SCREEN_WORK = 5e6       # table entries times devices above which the configurations are screened first (measured)
@@ -202,6 +202,18 @@ class Problem:
             found[i] += [layer_memory(layer, config.degrees, self.cost.batch, itemsize) for config in self.choices[i]]
         return found
 
+    def transients(self, itemsize):
+        """Per node, the most bytes each configuration holds while one of its layers runs, on the device that
+        holds the most (:func:`spmdcnn.cost.memory.layer_transient`)."""
+        from ..cost.memory import layer_transient
+        im2col = self.cost.machine.device.im2col
+        found = [np.zeros(len(c)) for c in self.choices]
+        for layer in self.graph.layers:
+            i = self.index[self.root[layer.name]]
+            found[i] = np.maximum(found[i], [layer_transient(layer, config.degrees, self.cost.batch, itemsize, im2col)
+                                             for config in self.choices[i]])
+        return found
+
     def plan(self, choices, batch, source):
         configs = {name: self.choices[self.index[self.root[name]]][choices[self.index[self.root[name]]]]
                    for name in (layer.name for layer in self.graph.layers)}
@@ -211,7 +223,7 @@ class Problem:
 def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None, tie=0.0,
               tie_source="the profile's spread", progress=None):
     """The :class:`Result` of ``strategy`` for ``graph`` on ``devices`` devices under ``cost``; with ``memory``
-    (bytes), the optimum among the plans that keep at most that much on every device (:func:`_within_memory`).
+    (bytes), the optimum among the plans that hold at most that much on every device (:mod:`.memory`).
     ``optimal`` returns the fastest on the timeline of the candidates it scores (:func:`_candidates`). With
     ``tie`` (a fraction: the profile's spread), it takes candidates predicted within that much of the fastest as
     equal, adds the surrogate's optima with fewer exchanges (:func:`_fewest_exchanges`), and returns the one with
@@ -231,7 +243,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
     sizes = [len(c) for c in problem.choices]
     progress("search")
     if strategy == "optimal" and memory is not None:
-        solution = _within_memory(problem, sizes, memory, cost.itemsize)
+        solution = within_memory(problem, sizes, memory, cost.itemsize)
     elif strategy == "optimal":
         solution = search.optimize(sizes, problem.node_costs, problem.edges)
     else:
@@ -279,7 +291,7 @@ def _candidates(problem, sizes, searched, memory):
     plans += [(name, named(name, graph, cost.batch, problem.devices)) for name in NAMED]
     if memory is not None:
         plans = plans[:1] + [(label, plan) for label, plan in plans[1:]
-                             if plan_memory(graph, plan, cost.itemsize) <= memory]
+                             if plan_memory(graph, plan, cost.itemsize, cost.machine.device.im2col) <= memory]
     return plans
 
 
@@ -334,123 +346,6 @@ def _fewest_exchanges(problem, sizes, fastest, tie, overhead):
         if value <= fastest.cost + band and count(found.choices) < most:
             found_choices.append(found.choices)
     return found_choices
-
-
-def _within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, seconds=30.0):
-    """The fastest plan whose memory (:meth:`Problem.memory`) fits in ``memory`` bytes.
-
-    The unlimited optimum when it fits. Otherwise a Lagrangian relaxation of the limit: the search runs on the
-    costs plus ``price`` times each configuration's bytes; the price rises until a plan fits and is bisected for
-    ``rounds`` steps, giving a fitting plan (an upper bound) and, at every price, a lower bound on the best fitting
-    plan's cost (the relaxed optimum minus ``price`` times the limit). Where the two differ, branch and bound
-    closes the gap: a node of the tree restricts some layers' configurations, its bound is the relaxed optimum
-    at the best price under those restrictions, and it branches on the layer whose relaxed choice takes the most
-    memory beyond its lightest allowed one (that choice alone, or all but it). Exact when the tree is searched
-    within ``nodes`` relaxed searches and ``seconds``; otherwise the best fitting plan found, not proven optimal but
-    within a proven distance of it (the least bound of the subtrees left), which its method names. A limit below
-    the lightest plan's memory is an error."""
-    from ..cost.memory import format_against
-    from . import search
-    bytes_ = problem.memory(itemsize)
-    costs, edges = problem.node_costs, problem.edges
-
-    def solve(price, allowed=None):
-        priced = [c + price * b for c, b in zip(costs, bytes_)]
-        if allowed:
-            for v, mask in allowed.items():
-                priced[v] = np.where(mask, priced[v], np.inf)
-        solution = search.optimize(sizes, priced, edges)
-        used = float(sum(b[c] for b, c in zip(bytes_, solution.choices)))
-        return solution, used
-    solution, used = solve(0.0)
-    if used <= memory:
-        return solution
-    lightest = float(sum(b.min() for b in bytes_))
-    if lightest > memory:
-        needs, limit = format_against(lightest, memory)
-        raise ValueError(f"no plan fits in {limit} per device (--memory): the lightest needs {needs} "
-                         "(the memory model of docs/architecture.md#the-cost-model-and-the-planner)")
-    bound, bound_price = solution.cost, 0.0          # price 0: the unlimited optimum bounds every fitting plan
-    best, low, high = None, 0.0, max(abs(solution.cost), 1e-12) / used
-    for _ in range(64):                 # raise the price until a plan fits
-        fits, used = solve(high)
-        if fits.cost - high * memory > bound:
-            bound, bound_price = fits.cost - high * memory, high
-        if used <= memory:
-            best, value = fits, search.evaluate(sizes, costs, edges, fits.choices)
-            break
-        low, high = high, high * 4
-    if best is None:
-        raise ValueError(f"no plan found within {format_against(memory, memory)[0]} per device (--memory)")
-    for _ in range(rounds):             # and bisect it down, keeping the fastest that fits and the best bound
-        middle = (low + high) / 2
-        candidate, used = solve(middle)
-        if candidate.cost - middle * memory > bound:
-            bound, bound_price = candidate.cost - middle * memory, middle
-        if used > memory:
-            low = middle
-            continue
-        high = middle
-        found = search.evaluate(sizes, costs, edges, candidate.choices)
-        if found < value:
-            best, value = candidate, found
-    best, value, lower = _branch_and_bound(solve, bytes_, memory, bound_price, best, value, bound, nodes,
-                                           time.perf_counter() + seconds,
-                                           lambda choices: search.evaluate(sizes, costs, edges, choices))
-    exact = lower >= value - 1e-9 * max(abs(value), 1e-12)
-    gap = 0.0 if exact else (value - lower) / abs(value)
-    method = best.method + ("+memory limit (Lagrangian branch and bound)" if exact else
-                            f"+memory limit (Lagrangian branch and bound, within {100 * gap:.2g} % of optimal)")
-    return replace(best, cost=value, exact=exact, method=method, lower=None if exact else lower)
-
-
-def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, deadline, objective):
-    """``(best, value, lower)``: the fitting plan of least ``objective`` found from the incumbent ``best``
-    (``value``) by best-first branch and bound on relaxed searches at ``price`` (see :func:`_within_memory`), and a
-    proven lower bound on the best fitting plan's objective: ``value`` itself when the tree was searched within
-    ``budget`` searches before ``deadline`` (``time.perf_counter``), else the least bound of the subtrees left.
-    ``bound`` is the root's lower bound."""
-    tolerance = 1e-9 * max(abs(value), 1e-12)
-    if value - bound <= tolerance:
-        return best, value, value
-    heap = [(bound, 0, {})]                # a heap of subtrees to search: (parent's bound, order, restrictions)
-    searches = 0
-    while heap:
-        if searches >= budget or time.perf_counter() > deadline:
-            return best, value, min(value, heap[0][0])
-        _, _, allowed = heapq.heappop(heap)
-        solution, used = solve(price, allowed)
-        searches += 1
-        lower = solution.cost - price * memory
-        if not np.isfinite(solution.cost) or lower >= value - tolerance:
-            continue                        # nothing in this subtree beats the incumbent
-        if used <= memory:
-            found = objective(solution.choices)
-            if found < value:
-                best, value = solution, found
-            if found - lower <= tolerance:
-                continue                    # the subtree's best fitting plan is this one
-        # branch on the layer whose relaxed choice takes the most memory beyond its lightest allowed configuration
-        # (a plan that fits: beyond the least its other allowed configurations take)
-        excess = []
-        for v, (b, c) in enumerate(zip(bytes_, solution.choices)):
-            mask = allowed.get(v, np.ones(len(b), dtype=bool))
-            others = mask.copy()
-            others[c] = False
-            if used <= memory:
-                excess.append(b[c] - b[others].min() if others.any() else -np.inf)
-            else:
-                excess.append(b[c] - b[mask].min())
-        v = int(np.argmax(excess))
-        if excess[v] == -np.inf or (used > memory and excess[v] <= 0):
-            continue        # every layer fixed, or every layer at its lightest: nothing better in this subtree
-        mask = allowed.get(v, np.ones(len(bytes_[v]), dtype=bool))
-        without, only = mask.copy(), np.zeros_like(mask)
-        without[solution.choices[v]] = False
-        only[solution.choices[v]] = True
-        heapq.heappush(heap, (lower, searches * 2 + 1, {**allowed, v: only}))
-        heapq.heappush(heap, (lower, searches * 2, {**allowed, v: without}))
-    return best, value, value
 
 
 def workers():

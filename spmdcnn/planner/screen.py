@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .bounds import relaxed_bounds
+from .memory import plan_bytes
 
 MARGIN = 1e-9
 SHRINK = 0.8            # rounds stop after one that keeps more than this fraction
@@ -83,7 +84,8 @@ def screen(problem, jobs, edges, memory=None, tie=0.0):
     slack = {f"gradient sync weighted {SYNC_WEIGHTS[0]:g}":
              (lambda upper: max(PRICES) * tie * (upper + overhead)) if tie > 0 else (lambda upper: 0.0)}
     objectives = [(f"gradient sync weighted {w:g}", problem.weighted(w)) for w in SYNC_WEIGHTS]
-    used = problem.memory(problem.cost.itemsize) if memory is not None else None
+    used = (problem.memory(problem.cost.itemsize), problem.transients(problem.cost.itemsize)) \
+        if memory is not None else None
     exact = _Exact(problem, jobs, edges)
     keep = [np.arange(len(c)) for c in problem.choices]
     before, stages, uppers = sum(map(len, keep)), [], {}
@@ -163,11 +165,13 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
                                  restricted).choices
         found.append([int(k[c[p]]) for k, c, p in zip(keep, candidates, picked)])
     if memory is not None:
-        from . import _within_memory
+        from .memory import within_memory
         from types import SimpleNamespace
+        kept, transients = used
         lower = SimpleNamespace(node_costs=costs[0], edges=[(u, v, t) for (u, v), t in tables.items()],
-                                memory=lambda itemsize: [b[k] for b, k in zip(used, keep)])
-        fitting = _within_memory(lower, [len(k) for k in keep], memory, problem.cost.itemsize, nodes=0).choices
+                                memory=lambda itemsize: [b[k] for b, k in zip(kept, keep)],
+                                transients=lambda itemsize: [t[k] for t, k in zip(transients, keep)])
+        fitting = within_memory(lower, [len(k) for k in keep], memory, problem.cost.itemsize, nodes=0).choices
         found.append([int(k[c]) for k, c in zip(keep, fitting)])
         objectives = objectives + [(MEMORY, objectives[0][1])]     # any fitting plan bounds its optimum
         costs.append(costs[0])
@@ -175,7 +179,7 @@ def _stage(problem, jobs, edges, keep, sample, objectives, exact, uppers, used, 
     kept = [np.zeros(len(k), dtype=bool) for k in keep]
     for (label, weighted), local, bound in zip(objectives, costs, bounds):
         candidates = found[:len(objectives) - (memory is not None)] if label != MEMORY else \
-            [x for x in found if math.fsum(b[c] for b, c in zip(used, x)) <= memory]
+            [x for x in found if plan_bytes(*used, x) <= memory]
         upper = min([exact.value(weighted, x) for x in candidates] + [uppers.get(label, math.inf)])
         uppers[label] = upper
         cut = upper + slack.get(label, lambda _: 0.0)(upper)

@@ -4,15 +4,18 @@ and give every rank the plan it found."""
 import time
 
 from ..cost.compute import Profile
+from ..cost.memory import plan_memory
+from ..sizes import format_against, parse_size
 from ..planner import make_plan
 from ..planner.service import cost_model
 from ..tiling.plan import named, parse_plan_text
 from .profile import default_path, device_name, profile
 
 
-def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None):
+def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None, memory=None):
     """The optimal plan for ``graph`` on the ranks of ``world`` (collective). ``machine``: a machine YAML path
-    or None (the built-in local machine); ``sync`` and ``batchnorm``: the job's keys."""
+    or None (the built-in local machine); ``sync``, ``batchnorm`` and ``memory`` (the most a device may hold,
+    bytes or a size such as ``80GB``): the job's keys."""
     if world.size == 1:
         plan = named("data", graph, batch, 1)
         plan.source = "plan auto (one device: the whole model here)"
@@ -45,7 +48,8 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         if world.rank != 0:
             return None
         cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize, sync=sync, batchnorm=batchnorm)
-        best = make_plan(graph, world.size, cost, "optimal", tie=store.spread)
+        limit = cost.machine.device.memory if memory is None else parse_size(memory)
+        best = make_plan(graph, world.size, cost, "optimal", tie=store.spread, memory=limit)
         data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
         predicted = best.prediction.iteration_s
         log(f"plan auto: searched {best.configurations} configurations of {best.nodes} layers in "
@@ -55,6 +59,10 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         log("plan auto: scored " + ", ".join(f"{label} {seconds * 1e3:.1f} ms" for label, seconds in best.candidates))
         if best.ties:
             log(f"plan auto: {best.ties.describe()}")
+        if limit is not None:
+            used = plan_memory(graph, best.plan, cost.itemsize, cost.machine.device.im2col)
+            log(f"plan auto: {format_against(used, limit)[0]} per device under the memory model (memory: "
+                f"{format_against(used, limit)[1]})")
         for layer in graph.layers:
             log(f"  {layer.name}: {best.plan[layer.name].describe(short=True)}")
         return best.plan.text, predicted

@@ -94,7 +94,7 @@ def _timed(run, world, finish, warmup, steps, trace):
 
 def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
           world=None, machine=None, verbose=False, tf32=False, transport="auto", share_gpus=False, data=None,
-          augment=None, workers="auto", prefetch="auto", sync=None, batchnorm=None, trace=None):
+          augment=None, workers="auto", prefetch="auto", sync=None, batchnorm=None, trace=None, memory=None):
     """Time ``steps`` training iterations after ``warmup`` on the ranks of ``world`` under ``plan``.
 
     Every iteration starts after a barrier and lasts until the slowest rank is done. The breakdown per rank:
@@ -102,7 +102,7 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     allreduces from start to completion, batchnorm statistics, loss), ``sync_exposed_s`` (the part of it the rank
     waited for: not hidden behind backward), ``compute_s`` (the rest); bytes are totals over all ranks per
     iteration. ``sync``: the job's ``sync`` mapping (bucket size, overlap), the ``machine`` file's ``sync`` its
-    mode; ``batchnorm``: the job's key.
+    mode; ``batchnorm`` and ``memory`` (for ``plan`` auto): the job's keys.
     ``trace``: a path to write the last timed iteration to, every rank's, as Chrome trace-event JSON.
     The iterations train on one fixed synthetic batch, or with ``data`` (an HDF5 dataset path) on its shuffled
     batches as training reads them (``augment``: a ``data.augment`` mapping; ``workers``, ``prefetch``: as the job
@@ -122,7 +122,8 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     graph, plan_spec, xp, dtype, source, sync = world.agree(load)
     world.use(choose_transport(world, xp, transport, print if world.rank == 0 and verbose else None))
     plan = plan_spec or auto_plan(graph, batch, world, machine, xp, dtype,
-                                  print if world.rank == 0 and verbose else (lambda line: None), sync, batchnorm)
+                                  print if world.rank == 0 and verbose else (lambda line: None), sync, batchnorm,
+                                  memory)
     fed = _Fed(source, batch, backend.master_dtype(dtype), warmup, steps, workers, prefetch, node_ranks[1])
     failed = True
     try:

@@ -19,10 +19,23 @@ def data_to_make(job):
     return bool(spec["make"]) and not (os.path.exists(spec["path"]) and os.path.exists(spec["val"]))
 
 
-def make_missing_data(job, log):
-    """``data.make``: write ``data.path`` and ``data.val`` when either is missing (rank 0 only)."""
+def make_missing_data(job, log, graph=None):
+    """``data.make``: write ``data.path`` and ``data.val`` when either is missing (rank 0 only): scikit-learn's
+    digits, or universes (``cosmo``) of the size of ``graph``'s input, ``data.num_samples`` of them (1,024 when
+    not given) and a quarter as many held out."""
     spec = job["data"]
     if not data_to_make(job):
+        return
+    if spec["make"] == "cosmo":
+        from ..io.cosmo import SNAPSHOTS, make_cosmo
+        shape = tuple(graph.input_shape)
+        if shape[0] != len(SNAPSHOTS) or len(shape) != 4 or len(set(shape[1:])) != 1:
+            raise FormatError(f"{_where(job, 'data.make')}: 'data.make: cosmo' writes universes of {len(SNAPSHOTS)} "
+                              f"channels on a cube, [4, S, S, S]; model '{graph.name}' takes {list(shape)}")
+        train, val = make_cosmo(spec["path"], spec["val"], size=shape[1], samples=spec["num_samples"] or 1024,
+                                seed=spec["seed"])
+        log(f"data: wrote {spec['path']} ({train} universes) and {spec['val']} ({val} held out), Gaussian random "
+            f"fields of {shape[1]}^3 (spmdcnn data cosmo)")
         return
     from ..io.digits import make_digits
     train, val = make_digits(spec["path"], spec["val"], seed=spec["seed"])
@@ -88,7 +101,7 @@ def check_outputs(job):
             raise CheckpointError(f"{key} {path} (from {_where(job, key)}): {problem}")
 
 
-def prepare_outputs(job, log):
+def prepare_outputs(job, log, graph=None):
     """Once the whole job is checked: the folders of its outputs, each tried with a file written and removed
     (permissions ``os.access`` cannot see, such as a read-only mount, show now, not at the first checkpoint), and
     the data ``data.make`` writes."""
@@ -102,4 +115,4 @@ def prepare_outputs(job, log):
             os.unlink(probe)
         except OSError as error:
             raise CheckpointError(f"{key} {path} (from {_where(job, key)}): cannot write there: {error}") from None
-    make_missing_data(job, log)
+    make_missing_data(job, log, graph)

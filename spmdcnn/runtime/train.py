@@ -15,12 +15,12 @@ from ..comm import World, choose_transport
 from ..comm.transport import check as check_transport
 from ..cost.buckets import SyncOptions
 from ..cost.machine import load_machine
-from ..cost.memory import format_bytes
+from ..sizes import format_bytes
 from ..graph import load_model
 from ..io.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from ..io.augment import Augment
 from ..io.dataset import DataError, held_out_problems, open_checked
-from ..io.synthetic import SyntheticData
+from ..io.synthetic import SYNTHETIC_SAMPLES, SyntheticData
 from ..io.prefetch import AUTO_MIN_READ_S, Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
@@ -39,7 +39,7 @@ def make_data(job, graph):
     spec = job["data"]
     if spec["kind"] == "hdf5":
         return open_checked(spec["path"], graph, spec["seed"], spec["shuffle"], Augment.from_spec(spec["augment"]))
-    return SyntheticData.for_model(graph, spec["num_samples"], seed=spec["seed"], signal=spec["signal"],
+    return SyntheticData.for_model(graph, spec["num_samples"] or SYNTHETIC_SAMPLES, seed=spec["seed"], signal=spec["signal"],
                                    shuffle=spec["shuffle"])
 
 
@@ -104,7 +104,7 @@ class Trainer:
         self.bar = self.rank == 0 and log is None         # a progress bar while training (log.progress)
         try:
             self.world.agree(self._check)             # the whole job, before anything is written
-            self.world.agree(lambda: prepare_outputs(job, self.log) if self.rank == 0 else None)
+            self.world.agree(lambda: prepare_outputs(job, self.log, self.graph) if self.rank == 0 else None)
             ckpt = self.world.agree(self._open)
             self.complete = self.world.bcast(self._complete(ckpt))
             self.world.use(choose_transport(self.world, self.xp, job["transport"], self.log))
@@ -113,7 +113,7 @@ class Trainer:
                 self.plan.source = "plan data (to evaluate a complete run)"
             elif self.plan is None:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
-                                      self.log, self.sync, job["batchnorm"])
+                                      self.log, self.sync, job["batchnorm"], job["memory"])
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
                                    "job": json.dumps(job, sort_keys=True, default=str),
                                    "data (sample count, shape, labels)": json.dumps(

@@ -107,8 +107,8 @@ def test_arrays_convert_memory_mapped(tmp_path, monkeypatch):
     np.save(tmp_path / "bad.npy", labels[:3])
     with pytest.raises(DataError, match="expected 11 integer labels"):
         convert_arrays(tmp_path / "x.npy", tmp_path / "bad.npy", tmp_path / "b.h5")
-    with pytest.raises(DataError, match="expected \\(N, C, H, W\\) or \\(N, H, W, C\\) images, uint8 or float32, "
-                       "got \\(11,\\) int64"):
+    with pytest.raises(DataError, match="expected \\(N, C, H, W\\) or \\(N, H, W, C\\) images, \\(N, C, D, H, W\\) or "
+                       "\\(N, D, H, W, C\\) volumes, uint8 or float32, got \\(11,\\) int64"):
         convert_arrays(tmp_path / "y.npy", tmp_path / "y.npy", tmp_path / "b.h5")
 
 
@@ -517,3 +517,51 @@ def test_a_training_set_s_single_mean_and_std_stand_for_every_channel_of_the_hel
                  "--size", "4", "4", "-o", str(tmp_path / "v.h5")]) == 0
     with h5py.File(tmp_path / "v.h5") as f:
         assert f["images"].attrs["mean"].tolist() == [0.25] * 3 and f["images"].attrs["std"].tolist() == [0.5] * 3
+
+
+# --- volumes and targets ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_volumes_and_targets_from_arrays(tmp_path, capsys, channels_last):
+    from spmdcnn.cli import main
+    from spmdcnn.io.dataset import HDF5Dataset
+    rng = np.random.default_rng(0)
+    volumes = rng.standard_normal((5, 2, 6, 5, 7)).astype(np.float32)
+    targets = rng.uniform(-1, 1, (5, 3)).astype(np.float32)
+    np.save(tmp_path / "v.npy", np.moveaxis(volumes, 1, -1) if channels_last else volumes)
+    np.save(tmp_path / "t.npy", targets)
+    layout = ["--channels-last"] if channels_last else ["--channels-first"]
+    assert main(["data", "convert", str(tmp_path / "v.npy"), "--targets", str(tmp_path / "t.npy"), "-o",
+                 str(tmp_path / "v.h5"), *layout]) == 0
+    assert "5 volumes of 2x6x5x7 (C x D x H x W), targets from" in capsys.readouterr().out
+    data = HDF5Dataset(tmp_path / "v.h5")
+    try:
+        assert data.answers == "targets" and data.sample_shape == (2, 6, 5, 7)
+        np.testing.assert_array_equal(data.all_targets, targets)
+        with h5py.File(tmp_path / "v.h5") as f:
+            np.testing.assert_array_equal(f["images"][()], volumes)
+            np.testing.assert_allclose(f["images"].attrs["mean"], volumes.mean(axis=(0, 2, 3, 4)), rtol=1e-5)
+    finally:
+        data.close()
+
+
+@pytest.mark.parametrize("targets,fragment", [(np.zeros(5, np.float32), "expected targets (5, K)"),
+                                              (np.zeros((5, 2), np.int64), "finite floats"),
+                                              (np.full((5, 2), np.inf, np.float32), "finite floats")])
+def test_bad_targets_are_refused_naming_the_file(tmp_path, capsys, targets, fragment):
+    from spmdcnn.cli import main
+    np.save(tmp_path / "v.npy", np.zeros((5, 1, 3, 3, 3), np.float32))
+    np.save(tmp_path / "t.npy", targets)
+    assert main(["data", "convert", str(tmp_path / "v.npy"), "--targets", str(tmp_path / "t.npy"), "-o",
+                 str(tmp_path / "v.h5")]) == 2
+    err = capsys.readouterr().err
+    assert fragment in err and "t.npy" in err
+
+
+def test_an_ambiguous_volume_layout_names_both(tmp_path, capsys):
+    from spmdcnn.cli import main
+    np.save(tmp_path / "v.npy", np.zeros((2, 3, 5, 5, 3), np.float32))
+    np.save(tmp_path / "t.npy", np.zeros((2, 1), np.float32))
+    assert main(["data", "convert", str(tmp_path / "v.npy"), "--targets", str(tmp_path / "t.npy"), "-o",
+                 str(tmp_path / "v.h5")]) == 2
+    assert "(N, C, D, H, W)" in capsys.readouterr().err

@@ -35,13 +35,13 @@ def test_defaults_are_filled_in(tmp_path):
     job = load_job(write(tmp_path, MINIMAL))
     assert job == {
         "model": "models/tiny_cnn.yaml", "batch_size": 8, "steps": 5, "epochs": None,
-        "data": {"kind": "synthetic", "path": None, "shuffle": True, "seed": 0, "num_samples": 50_000, "signal": 0.5,
+        "data": {"kind": "synthetic", "path": None, "shuffle": True, "seed": 0, "num_samples": None, "signal": 0.5,
                  "val": None, "make": None, "augment": {"crop": None, "flip": False}, "workers": "auto",
                  "prefetch": "auto", "timeout": 300.0},
         "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.0, "weight_decay": 0.0, "nesterov": False,
                       "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1, "min_lr": 0.0},
         "sync": {"bucket_mb": 25.0, "overlap": True}, "batchnorm": "global",
-        "plan": "auto", "machine": None, "backend": "auto", "dtype": "float32", "init": None,
+        "plan": "auto", "memory": None, "machine": None, "backend": "auto", "dtype": "float32", "init": None,
             "transport": "auto", "share_gpus": False, "tf32": False,
         "checkpoint": {"path": None, "every": None, "keep": 1}, "resume": "auto", "seed": 0,
         "log": {"every": 10, "metrics": None, "progress": "auto"}, "eval": {"every": None},
@@ -61,7 +61,7 @@ def test_a_partial_section_keeps_the_other_defaults(tmp_path):
     assert job["optimizer"] == {"kind": "sgd", "lr": 0.5, "momentum": 0.9, "weight_decay": 0.0, "nesterov": False,
                                 "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1,
                                 "min_lr": 0.0}
-    assert job["data"] == {"kind": "synthetic", "path": None, "shuffle": True, "seed": 4, "num_samples": 50_000,
+    assert job["data"] == {"kind": "synthetic", "path": None, "shuffle": True, "seed": 4, "num_samples": None,
                            "signal": 0.5, "val": None, "make": None, "augment": {"crop": None, "flip": False},
                            "workers": "auto", "prefetch": "auto", "timeout": 300.0}
 
@@ -96,7 +96,7 @@ def test_the_full_documented_example_is_accepted(tmp_path):
         """)
     job = load_job(path)
     assert job["data"] == {"kind": "hdf5", "path": "data/train.h5", "shuffle": True, "seed": 0,
-                           "num_samples": 50_000, "signal": 0.5, "val": None, "make": None,
+                           "num_samples": None, "signal": 0.5, "val": None, "make": None,
                            "augment": {"crop": None, "flip": False}, "workers": "auto", "prefetch": "auto",
                            "timeout": 300.0}
     assert job["optimizer"]["weight_decay"] == 0.0005

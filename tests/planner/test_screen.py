@@ -81,7 +81,7 @@ def test_screened_plans_are_the_plans(name, devices, machine, monkeypatch):
 def test_the_screen_keeps_the_optimum_within_memory(monkeypatch):
     graph, cost = cost_of("alexnet", 16, PAPER)
     free = make_plan(graph, 16, cost)
-    limit = 0.8 * plan_memory(graph, free.plan, cost.itemsize)
+    limit = 0.8 * plan_memory(graph, free.plan, cost.itemsize, im2col=False)
     monkeypatch.setattr(planner, "SCREEN_WORK", math.inf)
     plain = make_plan(graph, 16, cost, memory=limit)
     monkeypatch.setattr(planner, "SCREEN_WORK", 0)
@@ -89,7 +89,7 @@ def test_the_screen_keeps_the_optimum_within_memory(monkeypatch):
     screened = make_plan(graph, 16, cost, memory=limit)
     assert screened.screening is not None
     assert "within the memory limit" in dict(screened.screening.bounds)
-    assert plan_memory(graph, screened.plan, cost.itemsize) <= limit
+    assert plan_memory(graph, screened.plan, cost.itemsize, im2col=False) <= limit
     assert screened.solution.cost == pytest.approx(plain.solution.cost, rel=1e-12)
 
 
