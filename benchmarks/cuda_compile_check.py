@@ -84,12 +84,16 @@ def elementwise_cases():
         _, _, _, affine, backward = kernels._bn_kernels(dtype)
         yield f"bn_affine_{dtype}", affine, {"T": dtype, "A": accumulate}
         yield f"bn_backward_{dtype}", backward, {"T": dtype, "A": accumulate}
-        for ndim in (2, 4):
+        for ndim in (2, 4, 5):
             yield f"dropout_forward_{ndim}d_{dtype}", kernels._dropout_forward(ndim), {"T": dtype, "A": accumulate}
         yield f"dropout_backward_{dtype}", kernels._dropout_backward(), {"T": dtype, "A": accumulate}
         forward, backward = kernels._relu()
         yield f"relu_forward_{dtype}", forward, {"T": dtype}
         yield f"relu_backward_{dtype}", backward, {"T": dtype}
+        for name, pair in (("leaky_relu", kernels._leaky_relu(dtype)), ("tanh", kernels._tanh(dtype))):
+            yield f"{name}_forward_{dtype}", pair[0], {"T": dtype, "A": accumulate}
+            yield f"{name}_backward_{dtype}", pair[1], {"T": dtype, "A": accumulate}
+        yield f"scale_{dtype}", kernels._scale(dtype), {"T": dtype, "A": accumulate}
         yield f"add_into_{dtype}", kernels._add(dtype), {"T": dtype}
         yield f"add_{dtype}", kernels._add2(dtype), {"T": dtype}
     for momentum in (False, True):
@@ -99,26 +103,25 @@ def elementwise_cases():
 
 
 def describe_convolutions():
-    """Describe the forward, data-gradient and weight-gradient graphs of every convolution case of the op tests,
-    in every data type and layout; returns how many."""
+    """Describe the forward, data-gradient and weight-gradient graphs of every convolution case of the op tests
+    (sequences, images and volumes), in every data type and layout; returns how many."""
     from op_cases import CONV_CASES
     from spmdcnn.ops.conv import ConvGeometry
     from spmdcnn.ops.cuda import conv
     from spmdcnn.ops.window import output_extent
     count = 0
     for x_shape, w_shape, stride, padding, dilation, _ in CONV_CASES.values():
-        geometry = ConvGeometry(stride, padding, dilation)
+        geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
         extra, symmetric = conv._symmetric(geometry, w_shape[2:])
-        N, C, H, W = x_shape
-        H, W = H + sum(extra[0]), W + sum(extra[1])
-        y_shape = (N, w_shape[0]) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in zip(
-            (H, W), w_shape[2:], geometry.stride, symmetric, geometry.dilation))
+        spatial = tuple(size + sum(pad) for size, pad in zip(x_shape[2:], extra))
+        y_shape = x_shape[:1] + (w_shape[0],) + tuple(output_extent(size, k, s, p, p, d) for size, k, s, p, d in zip(
+            spatial, w_shape[2:], geometry.stride, symmetric, geometry.dilation))
         for kind in ("fprop", "dgrad", "wgrad"):
             for io, out in (("float32", "float32"), ("float64", "float64"), ("bfloat16", "bfloat16"),
                             ("bfloat16", "float32")):
                 for layout in conv.LAYOUTS:
-                    conv.describe(kind, io, out, (N, C, H, W), w_shape, y_shape, symmetric, geometry.stride,
-                                  geometry.dilation, layout)
+                    conv.describe(kind, io, out, x_shape[:2] + spatial, w_shape, y_shape, symmetric,
+                                  geometry.stride, geometry.dilation, layout)
                     count += 1
     return count
 

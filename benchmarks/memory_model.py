@@ -36,15 +36,18 @@ from spmdcnn.tiling.plan import from_mapping, named  # noqa: E402
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 # model, batch, plans: each a named strategy or {dimension: degree} for every layer that can take it
 CASES = [
-    ("cosmo_small", 8, ["data", {"d": 2}, {"d": 2, "h": 2}, {"c": 2}, "owt"]),
-    ("tiny_volume", 6, ["data", {"d": 2}, {"n": 2, "h": 2}]),
-    ("cosmoflow", 2, ["data", {"d": 2}, {"d": 2, "h": 2}]),
+    ("cosmo_small", 8, ["data", {"d": 2}, {"h": 2}, {"c": 2}, "owt", {"d": 2, "h": 2}]),
+    ("tiny_volume", 6, ["data", {"d": 2}, {"w": 2}, {"n": 2, "h": 2}]),
+    ("cosmoflow", 2, ["data", {"d": 2}, {"h": 2}, {"d": 2, "h": 2}]),
     ("small_resnet", 16, ["data", {"h": 2}, "owt"]),
 ]
 
 
 def uniform(graph, batch, devices, spec):
-    """``spec`` for every layer that can take it (capped at its extents), the others over n."""
+    """``spec`` for every layer that can take it (capped at its extents), the others over n; None when ``spec``
+    does not make as many tiles as there are devices."""
+    if int(np.prod(list(spec.values()))) != devices:
+        return None
     from spmdcnn.tiling.config import dims_of, names_of, output_shape
     layers = {}
     for layer in graph.layers:
@@ -93,8 +96,8 @@ def main():
         for spec in specs:
             plan = named(spec, graph, batch, world.size) if isinstance(spec, str) else \
                 uniform(graph, batch, world.size, spec)
-            if isinstance(spec, dict) and world.size == 1 and spec != {"c": 1}:
-                continue            # one rank: only the named strategies (every split is one tile)
+            if plan is None:
+                continue            # a split of another number of devices (one rank: only the named strategies)
             peak = max(world.allgather(measure(graph, plan, world)))
             kept = kept_memory(graph, plan, 4)
             transient, layer = peak_transient(graph, plan, 4)

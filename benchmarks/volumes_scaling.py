@@ -6,8 +6,8 @@ and switches, the memory model with the device's memory as the limit), not a mea
 
 For each model (models/cosmoflow.yaml at 128^3, models/cosmoflow_512.yaml at 512^3) and device count:
 
-- weak scaling: a fixed batch per device (``--weak``, default 4 at 128^3 and 1 at 512^3, where 2 samples per device
-  fit no plan on a 40 GB device);
+- weak scaling: a fixed batch per device (``--weak``, default 4 at 128^3, and at 512^3 one sample per 4 devices, as
+  LBANN split each sample over 4 GPUs: one sample needs 42.7 GiB, more than a 40 GB device holds);
 - strong scaling: a fixed global batch (``--strong``, default 64), so that beyond 64 devices only splitting a
   sample can use more devices;
 
@@ -39,7 +39,7 @@ from spmdcnn.tiling.config import dims_of, names_of, output_shape  # noqa: E402
 from spmdcnn.tiling.plan import from_mapping, named  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-MODELS = {"cosmoflow": 4, "cosmoflow_512": 1}        # model: samples per device of weak scaling
+MODELS = {"cosmoflow": 4, "cosmoflow_512": 0.25}     # model: samples per device of weak scaling
 
 
 def depth_split(graph, batch, devices, depth):
@@ -96,7 +96,8 @@ def main():
     parser.add_argument("--machine", default=os.path.join(ROOT, "jobs", "machines", "cluster-4x256-fat-tree.yaml"))
     parser.add_argument("--memory", help="the device memory limit (default: the machine file's)")
     parser.add_argument("--strong", type=int, default=64, help="the global batch of strong scaling (default 64)")
-    parser.add_argument("--weak", type=int, help="samples per device of weak scaling (default: 4 at 128^3, 1 at 512^3)")
+    parser.add_argument("--weak", type=float, help="samples per device of weak scaling (default: 4 at 128^3, 0.25 at "
+                        "512^3)")
     args = parser.parse_args()
     machine = load_machine(args.machine)
     limit = parse_size(args.memory) if args.memory else machine.device.memory
@@ -106,11 +107,11 @@ def main():
         graph = load_model(os.path.join(ROOT, "models", f"{name}.yaml"))
         for kind, per in (("weak", args.weak or MODELS.get(name, 1)), ("strong", None)):
             print(f"\n{name} ({'x'.join(map(str, graph.input_shape))}), {kind} scaling"
-                  + (f", {per} sample{'s' * (per != 1)} per device" if per else f", global batch {args.strong}"))
+                  + (f", {per:g} sample{'s' * (per != 1)} per device" if per else f", global batch {args.strong}"))
             print(f"{'devices':>7} {'batch':>6}  {'data parallel':>22}  {'best depth split':>26}  "
                   f"{'planner':>22} {'vs data':>8} {'vs depth':>8}  {'search s':>8}  planner's convolutions")
             for devices in args.devices:
-                batch = per * devices if per else args.strong
+                batch = max(1, int(per * devices)) if per else args.strong
                 data, splits, planned, convs, seconds = case(graph, machine, devices, batch, limit)
                 fitting = {d: r for d, r in splits.items() if r[2]}
                 depth = max(fitting, key=lambda d: fitting[d][0]) if fitting else None

@@ -13,7 +13,8 @@ def scale_forward(x, factor, inplace=False):
     return xp.multiply(x, x.dtype.type(factor), out=x if inplace else None), None
 
 
-def scale_backward(gy, factor):
+def scale_backward(gy, saved, factor):
+    """``factor * gy`` (``saved``: forward's None, as every op's backward takes it)."""
     if backend.on_device(gy):
         return cuda.scale(gy, factor, False)
     return gy * gy.dtype.type(factor)

@@ -118,26 +118,14 @@ def _plain(function, backward):
     return bind
 
 
-def _relu(kernel):
-    return (lambda xs, run: relu.relu_forward(xs[0], inplace=kernel.overwrites(run))), \
-        (lambda gy, saved: [relu.relu_backward(gy, saved)])
-
-
-def _leaky_relu(kernel):
-    slope = kernel.layer.attrs["negative_slope"]
-    return (lambda xs, run: leaky_relu.leaky_relu_forward(xs[0], slope, inplace=kernel.overwrites(run))), \
-        (lambda gy, saved: [leaky_relu.leaky_relu_backward(gy, saved, slope)])
-
-
-def _tanh(kernel):
-    return (lambda xs, run: tanh.tanh_forward(xs[0], inplace=kernel.overwrites(run))), \
-        (lambda gy, saved: [tanh.tanh_backward(gy, saved)])
-
-
-def _scale(kernel):
-    factor = kernel.layer.attrs["factor"]
-    return (lambda xs, run: scale.scale_forward(xs[0], factor, inplace=kernel.overwrites(run))), \
-        (lambda gy, saved: [scale.scale_backward(gy, factor)])
+def _elementwise(function, backward, *keys):
+    """One input that it may overwrite, the layer's attributes ``keys`` passed to both directions:
+    ``function(x, *attributes, inplace=...)`` and ``backward(gy, saved, *attributes)``."""
+    def bind(kernel):
+        attributes = tuple(kernel.layer.attrs[key] for key in keys)
+        return (lambda xs, run: function(xs[0], *attributes, inplace=kernel.overwrites(run))), \
+            (lambda gy, saved: [backward(gy, saved, *attributes)])
+    return bind
 
 
 def _add(kernel):
@@ -276,10 +264,10 @@ BIND = {
     "avgpool": _pool(pool.avgpool_forward, pool.avgpool_backward),
     "global_avgpool": _plain(pool.global_avgpool_forward, pool.global_avgpool_backward),
     "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
-    "relu": _relu,
-    "leaky_relu": _leaky_relu,
-    "tanh": _tanh,
-    "scale": _scale,
+    "relu": _elementwise(relu.relu_forward, relu.relu_backward),
+    "leaky_relu": _elementwise(leaky_relu.leaky_relu_forward, leaky_relu.leaky_relu_backward, "negative_slope"),
+    "tanh": _elementwise(tanh.tanh_forward, tanh.tanh_backward),
+    "scale": _elementwise(scale.scale_forward, scale.scale_backward, "factor"),
     "add": _add,
     "concat": _concat,
     "batchnorm": _batchnorm,

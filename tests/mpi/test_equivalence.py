@@ -65,12 +65,25 @@ STRIDED_VOLUME = {"name": "strided_volume", "input": [2, 9, 8, 7], "layers": [
        {"name": "loss", "op": "mse_loss"}]}
 
 
+# sequences (N, C, W): the same ops over one spatial axis
+SEQUENCE = {"name": "sequence", "input": [3, 17], "layers": [
+    {"name": "c1", "op": "conv1d", "out_channels": 4, "kernel": 3, "padding": [[2, 0]], "dilation": 2},
+    {"name": "bn", "op": "batchnorm1d"}, {"name": "act", "op": "leaky_relu"},
+    {"name": "pool", "op": "maxpool1d", "kernel": 3, "stride": 2, "padding": 1},
+    {"name": "c2", "op": "conv1d", "out_channels": 5, "kernel": 2, "padding": "same"},
+    {"name": "avg", "op": "avgpool1d", "kernel": 2},
+    {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 3},
+    {"name": "loss", "op": "softmax_cross_entropy"}]}
+
+
 def _graph(name):
     from spmdcnn.graph.graph import parse_model
     if name == "strided":
         return parse_model(STRIDED)
     if name == "strided_volume":
         return parse_model(STRIDED_VOLUME)
+    if name == "sequence":
+        return parse_model(SEQUENCE)
     return load_model(os.path.join(MODELS, f"{name}.yaml"))
 
 
@@ -165,7 +178,7 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
 
 
 MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "strided", "tiny_volume",
-                     "strided_volume"]
+                     "strided_volume", "sequence"]
 
 
 @pytest.mark.parametrize("name", MODELS_UNDER_TEST)

@@ -163,3 +163,31 @@ def test_linear_relu_and_loss(dtype):
     gx2, gw2, gb2 = linear.linear_backward(gh2, saved_h2)
     for what, a, e in (("gx", gx2, gx), ("gw", gw2, gw), ("gb", gb2, gb)):
         _close(a, e, dtype, what)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_leaky_relu_tanh_scale_and_mse_on_the_gpu(dtype):
+    """The element-wise ops of volumes networks and the regression loss, on a volume-shaped array."""
+    from spmdcnn.ops import leaky_relu, mse, scale, tanh
+    rng = _rng(21)
+    x = rng.standard_normal((2, 3, 4, 5, 3))
+    gy = rng.standard_normal(x.shape)
+    on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
+    y, mask = leaky_relu.leaky_relu_forward(x, 0.3)
+    y2, mask2 = leaky_relu.leaky_relu_forward(on(x), 0.3)
+    _close(y2, y, dtype, "leaky relu")
+    assert np.array_equal(cp.asnumpy(mask2), mask)
+    _close(leaky_relu.leaky_relu_backward(on(gy), mask2, 0.3), leaky_relu.leaky_relu_backward(gy, mask, 0.3), dtype,
+           "leaky relu gradient")
+    t, saved = tanh.tanh_forward(x)
+    t2, saved2 = tanh.tanh_forward(on(x))
+    _close(t2, t, dtype, "tanh")
+    _close(tanh.tanh_backward(on(gy), saved2), tanh.tanh_backward(gy, saved), dtype, "tanh gradient")
+    _close(scale.scale_forward(on(x), 1.2)[0], scale.scale_forward(x, 1.2)[0], dtype, "scale")
+    _close(scale.scale_backward(on(gy), None, 1.2), scale.scale_backward(gy, None, 1.2), dtype, "scale gradient")
+    p, targets = rng.standard_normal((6, 4)), rng.uniform(-1, 1, (6, 4)).astype(np.float32)
+    targets[5] = np.nan                                      # a padding row
+    value, saved = mse.mse_loss_forward(p, targets, total=5)
+    value2, saved2 = mse.mse_loss_forward(on(p), cp.asarray(targets), total=5)
+    assert abs(value2 - value) <= TOLERANCE[dtype] * 10
+    _close(mse.mse_loss_backward(1.0, saved2), mse.mse_loss_backward(1.0, saved), dtype, "mse gradient")
