@@ -4,7 +4,7 @@ For each plan, every rank builds its executor and SGD optimizer, runs two traini
 allocates the kernels' scratch buffers, which then stay) and then a third, and the peak of the arrays it holds
 during that third iteration is taken from Python's allocation tracer (tracemalloc, which sees every NumPy array;
 started before the executor is made, so that parameters, gradients, momentum and buffers count). Each tile reads
-only its box of a synthetic batch, as training reads a dataset. The model's number is :func:`plan_memory`: the
+only its box of a synthetic batch, as training reads a dataset. The model's number is ``plan_memory``'s: the
 bytes kept from forward to backward summed over the layers plus the largest transient, for the busiest device;
 the measured one is the largest rank's peak. Run on 1 or 2 ranks:
 
@@ -23,7 +23,7 @@ import spmdcnn  # noqa: E402,F401  (first: it tunes OpenBLAS before NumPy loads 
 import numpy as np  # noqa: E402
 
 from spmdcnn.comm import World  # noqa: E402
-from spmdcnn.cost.memory import kept_memory, peak_transient, plan_memory  # noqa: E402
+from spmdcnn.cost.memory import kept_memory, peak_transient  # noqa: E402
 from spmdcnn.sizes import format_bytes  # noqa: E402
 from spmdcnn.graph import load_model  # noqa: E402
 from spmdcnn.io.dataset import reading_batch  # noqa: E402
@@ -101,7 +101,7 @@ def main():
             peak = max(world.allgather(measure(graph, plan, world)))
             kept = kept_memory(graph, plan, 4)
             transient, layer = peak_transient(graph, plan, 4)
-            predicted = plan_memory(graph, plan, 4)
+            predicted = kept + transient            # plan_memory's sum
             rows.append((name, batch, plan.source, predicted, peak, kept, transient, layer))
     if world.rank == 0:
         print(f"memory model against the largest rank's traced peak, {world.size} rank{'s' * (world.size != 1)}, "

@@ -1,6 +1,9 @@
 """The ``spmdcnn checkpoint`` and ``spmdcnn data`` commands: checkpoints and datasets, in and out."""
 
 import json
+import os
+
+from .io.samples import axes_text, kind
 
 
 def cmd_checkpoint(args):
@@ -90,7 +93,6 @@ def augment_arg(text):
 
 
 def cmd_data(args):
-    import os
     if args.action == "digits":
         from .io.digits import make_digits
         paths = [os.path.join(args.output, name) for name in ("train.h5", "val.h5")]
@@ -106,7 +108,7 @@ def cmd_data(args):
     if args.json:
         print(json.dumps(info, indent=1))
         return 0
-    axes = {2: "C x W", 3: "C x H x W", 4: "C x D x H x W"}.get(len(info["shape"]), "C x ...")
+    axes = f"C x {axes_text(len(info['shape']) - 1, ' x ')}"
     answers = []
     if "classes" in info:
         labels = f" (labels {info['labels'][0]}..{info['labels'][1]})" if info["labels"] else ""
@@ -131,11 +133,10 @@ def cmd_data(args):
 
 def _cosmo(args):
     """``data cosmo``: universes to regress 4 parameters from (:mod:`spmdcnn.io.cosmo`), with progress."""
-    import os
-    from .io.cosmo import make_cosmo
+    from .io.cosmo import held_out, make_cosmo
     from .progress import Progress
     paths = [os.path.join(args.output, name) for name in ("train.h5", "val.h5")]
-    val_samples = max(1, args.samples // 4) if args.val_samples is None else args.val_samples
+    val_samples = held_out(args.samples) if args.val_samples is None else args.val_samples
     with Progress(args.samples + val_samples, f"data cosmo {args.output}", "universes") as progress:
         train, val = make_cosmo(*paths, size=args.size, samples=args.samples, val_samples=val_samples,
                                 seed=args.seed, progress=progress.update)
@@ -149,7 +150,6 @@ def _convert(args):
     ``--labels``. Its progress goes to standard output, like the ``wrote ...`` line printed last (the progress is
     closed, its bar erased, before): one stream keeps them in order in a batch log, and errors alone on standard
     error."""
-    import os
     from . import usable_cores
     from .io.convert import convert_arrays, convert_folder
     from .io.labels import training_statistics
@@ -180,8 +180,9 @@ def _convert(args):
             how = (f" as in {args.classes}{shared}" if args.classes else
                    ", numbered in sorted order (no --classes)" if args.labels else "")
             what = f", {len(classes)} classes ({', '.join(classes[:5])}{' ...' if len(classes) > 5 else ''}){how}"
-    kind, axes = {2: ("sequences", "C x W"), 3: ("images", "C x H x W"), 4: ("volumes", "C x D x H x W")}[len(shape)]
-    print(f"wrote {args.output}: {count} {kind} of {'x'.join(map(str, shape))} ({axes}){what}")
+    rank = len(shape) - 1
+    print(f"wrote {args.output}: {count} {kind(rank)} of {'x'.join(map(str, shape))} (C x {axes_text(rank, ' x ')})"
+          f"{what}")
     return 0
 
 

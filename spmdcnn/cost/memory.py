@@ -27,14 +27,15 @@ A plan's memory, :func:`plan_memory`, is the sum over its layers of their heavie
 largest transient among the layers: an upper bound on what any device holds, reached by device 0 when the
 splits are even (every configuration puts its tiles on devices ``0 .. count-1``, so device 0 holds a tile of
 every layer; with uneven splits a later device holds the larger parts). It is the model the planner's memory limit
-uses (``planner._within_memory``); ``benchmarks/memory_model.py`` measures it against the ranks' peak.
+uses (``planner/memory.py``); ``benchmarks/memory_model.py`` measures it against the ranks' peak.
 """
 
 from itertools import product
 from math import ceil, prod
 
 from ..graph.optable import KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_OUTPUT
-from ..ops.conv import ConvGeometry, _Layout
+from ..ops.conv import ConvGeometry, workspace_elements
+from ..ops.window import is_padded, padded_extents
 from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs
@@ -97,18 +98,13 @@ def _transient(layer, box, batch, itemsize, im2col=True):
     if layer.spec.window:
         need = tile_needs[0]
         x_shape = shape_of(need.box, need.steps)
-        padded = prod(x_shape[:2]) * prod(size + before + after for size, (before, after)
-                                          in zip(x_shape[2:], need.pads))
-        if layer.spec.family == "conv" and im2col and min(x_shape) > 0:
-            geometry = layer.window
-            tile = ConvGeometry(need.stride(geometry.stride), need.pads, geometry.dilation, rank=len(x_shape) - 2)
-            if not tile.is_pointwise(geometry.kernel):
-                layout = _Layout(x_shape, geometry.kernel, tile, itemsize)
-                columns = x_shape[1] * prod(geometry.kernel) * layout.block * layout.P
-                elements += columns + layer.attrs["out_channels"] * layout.block * layout.P \
-                    + layout.block * x_shape[1] * (prod(layout.padded) + layout.tail)
-        elif layer.spec.family != "conv" and any(before or after for before, after in need.pads):
-            elements += padded                          # pooling pads a copy of its input
+        if layer.spec.family == "conv":
+            if im2col:
+                geometry = layer.window
+                tile = ConvGeometry(need.stride(geometry.stride), need.pads, geometry.dilation, rank=len(x_shape) - 2)
+                elements += workspace_elements(x_shape, geometry.kernel, layer.attrs["out_channels"], tile, itemsize)
+        elif is_padded(need.pads):
+            elements += prod(x_shape[:2]) * prod(padded_extents(x_shape[2:], need.pads))   # pooling pads a copy
     return itemsize * elements
 
 

@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..graph.optable import READS_CHANNEL_PARTS
+from ..ops.window import padded_extents
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs as tile_needs
@@ -315,8 +316,7 @@ def tile_shape(layer, box, needs):
     for need in needs:
         shape = _extents(need.box, need.steps)
         if window:
-            shape = shape[:2] + tuple(extent + before + after for extent, (before, after) in zip(shape[2:],
-                                                                                               need.padding))
+            shape = shape[:2] + padded_extents(shape[2:], need.padding)
         inputs.append(shape)
     attrs = ()              # (key, value) pairs sorted by key
     if window:

@@ -5,7 +5,7 @@ from functools import cached_property
 
 from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
-from .optable import OPS, needs_gradient, window
+from .optable import ANSWERS_TARGETS, OPS, needs_gradient, window
 from .blocks import DATA, expand_layers
 
 _MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names"}
@@ -100,6 +100,17 @@ class Graph:
     def answers(self):
         """What the loss compares the output with: ``labels`` (a class per sample) or ``targets`` (K values)."""
         return self.loss.spec.answers
+
+    @property
+    def regression(self):
+        """Whether the loss regresses targets (mse_loss) rather than classifying."""
+        return self.answers == ANSWERS_TARGETS
+
+    @property
+    def scored_per_sample(self):
+        """The values a sample's score counts: its class (a prediction right or wrong), or each of its targets
+        (an absolute error)."""
+        return self.num_outputs if self.regression else 1
 
     @property
     def spatial_rank(self):

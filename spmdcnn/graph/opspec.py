@@ -12,6 +12,7 @@ spatial axes is specified once for every spatial rank, and its row's ``spatial``
 
 from math import prod
 
+from ..io.samples import axis_names
 from ..io.yamlfile import FormatError
 from ..ops.window import output_extents
 from .optable import OPS, SPATIAL_NAMES, window
@@ -58,7 +59,7 @@ def _positive_int(value, key, where, allow_zero=False):
 
 
 def _axes_words(rank):
-    return {1: "[w]", 2: "[h, w]", 3: "[d, h, w]"}[rank]
+    return f"[{', '.join(axis_names(rank))}]"
 
 
 def _per_axis(value, key, where, rank, allow_zero=False):

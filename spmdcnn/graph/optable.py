@@ -18,6 +18,7 @@ for the runtime, the profiler and the cost model.
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ..io.samples import described
 from ..ops.window import ntuple, sides
 
 # what an output tile reads of its inputs (tiling/fields.py)
@@ -40,7 +41,7 @@ ANSWERS_LABELS = "labels"               # an integer class per sample
 ANSWERS_TARGETS = "targets"             # K real values per sample
 
 SPATIAL_RANKS = (1, 2, 3)
-SPATIAL_NAMES = {1: "a sequence (C, W)", 2: "an image (C, H, W)", 3: "a volume (C, D, H, W)"}
+SPATIAL_NAMES = {rank: described(rank, plural=False) for rank in SPATIAL_RANKS}   # "a volume (C, D, H, W)"
 
 
 @dataclass(frozen=True)

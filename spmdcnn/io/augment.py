@@ -21,18 +21,13 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..counters import stream_key, uniform
+from .samples import AXES, axis_names, kind as kind_of
 from .yamlfile import FormatError
 
 KEYS = ("crop", "flip")
-AXES = ("d", "h", "w")
 # the counter streams of each axis's offsets and flips, by its name (the last two as images have always drawn them)
 CROP_STREAMS = {"d": "augment crop depth", "h": "augment crop rows", "w": "augment crop columns"}
 FLIP_STREAMS = {"d": "augment flip depth", "h": "augment flip rows", "w": "augment flip"}
-
-
-def axis_names(rank):
-    """The names of ``rank`` spatial axes: ``w``; ``h, w``; ``d, h, w``."""
-    return AXES[len(AXES) - rank:]
 
 
 @dataclass(frozen=True)
@@ -113,7 +108,7 @@ class Augment:
         larger than them, a flip of an axis they lack; or None."""
         rank = len(stored) - 1
         names = axis_names(rank)
-        kind = {1: "sequences", 2: "images", 3: "volumes"}.get(rank, "samples")
+        kind = kind_of(rank)
         if self.crop and len(self.crop) != rank:
             return (f"{key}.crop {list(self.crop)} has {len(self.crop)} extent{'s' * (len(self.crop) != 1)}, but the "
                     f"stored {kind} have {rank} spatial axes ({', '.join(names)}: {list(stored[1:])})")

@@ -34,6 +34,7 @@ import numpy as np
 
 from .dataset import DataError, write_blocks
 from .labels import load_classes, numbered, read_labels, training_statistics, unknown
+from .samples import axes_text, kind as samples_kind
 from .workers import Worker, close_all
 
 BLOCK_BYTES = 32 << 20      # images per block written: about this many bytes
@@ -163,7 +164,7 @@ def _load_arrays(images_path, labels_path, targets=False):
 
 def _axes(ndim):
     """``(first, last)``: the layouts of samples of ``ndim`` dims (the batch's included) in words."""
-    spatial = {3: "W", 4: "H, W", 5: "D, H, W"}[ndim]
+    spatial = axes_text(ndim - 2)
     return f"(N, C, {spatial})", f"(N, {spatial}, C)"
 
 
@@ -176,7 +177,7 @@ def _is_channels_last(shape, channels_last, path):
     first, last = shape[1] in CHANNEL_COUNTS, shape[-1] in CHANNEL_COUNTS
     if first and not last:
         return False
-    (before, after), kind = _axes(len(shape)), "images" if len(shape) == 4 else "samples"
+    (before, after), kind = _axes(len(shape)), samples_kind(len(shape) - 2)
     what, counts = f"{path}: {kind} of shape {tuple(shape)}", "a channel count (1, 3 or 4)"
     if last and not first:
         raise DataError(f"{what} look like {after}, {_read_as(shape, True)}: the last dim ({shape[-1]}) is "
@@ -192,8 +193,7 @@ def _read_as(shape, channels_last):
     """How ``shape`` reads in a layout: ``3 channels of 6 x 5 (H x W)``."""
     C = shape[-1] if channels_last else shape[1]
     spatial = shape[1:-1] if channels_last else shape[2:]
-    axes = {1: "W", 2: "H x W", 3: "D x H x W"}[len(spatial)]
-    return f"{C} channel{'s' * (C != 1)} of {' x '.join(map(str, spatial))} ({axes})"
+    return f"{C} channel{'s' * (C != 1)} of {' x '.join(map(str, spatial))} ({axes_text(len(spatial), ' x ')})"
 
 
 def list_folder(folder, labels=None, classes=None):

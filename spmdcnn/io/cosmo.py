@@ -28,6 +28,12 @@ PARAMETERS = (("amplitude", 0.5, 1.5), ("spectral_index", -3.0, -1.0), ("cutoff"
               ("growth_index", 0.5, 2.0))
 SNAPSHOTS = (0.25, 0.5, 0.75, 1.0)      # the scale factor of each channel
 BLOCK = 64                              # universes made and written at a time
+SAMPLES = 1024                          # training universes unless told (data cosmo --samples, data.num_samples)
+
+
+def held_out(samples):
+    """How many universes are held out for ``samples`` training ones unless told: a quarter of them."""
+    return max(1, samples // 4)
 
 
 def _wavenumbers(size):
@@ -113,10 +119,10 @@ def write_universes(path, size, first, count, seed, progress=None, statistics=No
     return tuple(found)
 
 
-def make_cosmo(train_path, val_path, size=32, samples=1024, val_samples=None, seed=0, progress=None):
+def make_cosmo(train_path, val_path, size=32, samples=SAMPLES, val_samples=None, seed=0, progress=None):
     """Write ``samples`` training universes to ``train_path`` and ``val_samples`` (a quarter of them by default)
     held-out ones to ``val_path``, normalised alike (the training set's mean and std); returns the two counts."""
-    val_samples = max(1, samples // 4) if val_samples is None else val_samples
+    val_samples = held_out(samples) if val_samples is None else val_samples
     if size < 4 or samples < 1 or val_samples < 1:
         raise ValueError(f"cosmo: --size must be 4 or more and the sample counts positive, got size {size}, "
                          f"{samples} and {val_samples} samples")

@@ -17,6 +17,7 @@ import h5py
 import numpy as np
 
 from .atomic import written_aside
+from . import samples
 from .augment import Augment, count, stored_read
 from .batch import Batch
 from .yamlfile import FormatError
@@ -94,12 +95,6 @@ def _cut(region, shape, steps):
     """The ``(c, spatial...)`` slices of ``region`` read with ``steps`` (every step-th element; None: all)."""
     steps = steps or (1,) * len(shape)
     return tuple(slice(lo, hi, step) for (lo, hi), step in zip(_ranges(region, shape), steps))
-
-
-def describe_samples(shape):
-    """``images (C, H, W)``, ``volumes (C, D, H, W)`` or ``sequences (C, W)``: what samples of ``shape`` are."""
-    return {2: "sequences (C, W)", 3: "images (C, H, W)", 4: "volumes (C, D, H, W)"}.get(len(shape),
-                                                                                          f"{len(shape)}-d samples")
 
 
 class HDF5Dataset(_Source):
@@ -223,13 +218,13 @@ class HDF5Dataset(_Source):
                     if not self.augment.crop and len(self.stored_shape) == len(graph.input_shape)
                     and self.stored_shape[0] == graph.input_shape[0]
                     and all(s >= m for s, m in zip(self.stored_shape[1:], graph.input_shape[1:])) else "")
-            kind, axes = describe_samples(self.stored_shape).split(" ", 1)
-            takes = list(graph.input_shape) if len(graph.input_shape) == len(self.stored_shape) else \
-                "{1} {0} {2}".format(list(graph.input_shape), *describe_samples(graph.input_shape).split(" ", 1))
-            raise DataError(f"{self.path}: {kind} are {list(self.stored_shape)} {axes}{crop} but model "
-                            f"'{graph.name}' takes {takes}{hint}")
+            rank, wanted = len(self.stored_shape) - 1, len(graph.input_shape) - 1
+            takes = list(graph.input_shape) if wanted == rank else \
+                f"{samples.kind(wanted)} {list(graph.input_shape)} {samples.layout(wanted)}"
+            raise DataError(f"{self.path}: {samples.kind(rank)} are {list(self.stored_shape)} {samples.layout(rank)}"
+                            f"{crop} but model '{graph.name}' takes {takes}{hint}")
         loss = f"model '{graph.name}' ends in {graph.loss.op}"
-        if graph.answers == "targets":
+        if graph.regression:
             if self.all_targets is None:
                 raise DataError(f"{self.path}: the dataset has no /targets, but {loss}, which regresses "
                                 f"{graph.num_outputs} values per sample: write them as /targets (N, "
@@ -376,7 +371,7 @@ def dataset_info(path):
     try:
         description, names = data.file.attrs.get("description"), data.file.attrs.get("classes")
         info = {"samples": data.num_samples, "shape": list(data.sample_shape), "dtype": str(data.images.dtype),
-                "kind": describe_samples(data.sample_shape).split()[0],
+                "kind": samples.kind(len(data.sample_shape) - 1),
                 "mean": None if data.mean is None else data.mean.tolist(),
                 "std": None if data.std is None else data.std.tolist(),
                 "description": None if description is None else str(description),
@@ -401,7 +396,7 @@ def _names(values):
     return None if values is None else [v.decode() if isinstance(v, bytes) else str(v) for v in np.atleast_1d(values)]
 
 
-def _answers(answers, count=None):
+def _answers(answers):
     """``answers`` as written: (N,) int64 labels, or (N, K) float32 targets; ValueError otherwise."""
     answers = np.asarray(answers)
     if answers.ndim == 1 and answers.dtype.kind in "iu":

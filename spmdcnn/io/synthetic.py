@@ -23,7 +23,7 @@ class SyntheticData(_Source):
     kind = "synthetic"
     path = "synthetic data"
 
-    def __init__(self, sample_shape, num_classes, num_samples=50_000, seed=0, signal=0.5, shuffle=True,
+    def __init__(self, sample_shape, num_classes, num_samples=SYNTHETIC_SAMPLES, seed=0, signal=0.5, shuffle=True,
                  targets=None):
         self.sample_shape = tuple(sample_shape)
         self.num_classes = int(num_classes)
@@ -43,10 +43,10 @@ class SyntheticData(_Source):
         self._label_key = stream_key(seed, "synthetic labels")
 
     @classmethod
-    def for_model(cls, graph, num_samples=50_000, seed=0, signal=0.5, shuffle=True):
+    def for_model(cls, graph, num_samples=SYNTHETIC_SAMPLES, seed=0, signal=0.5, shuffle=True):
         """Samples of ``graph``'s input shape with the answers its loss reads: labels of its classes, or its
         outputs' count of targets."""
-        targets = graph.num_outputs if graph.answers == "targets" else None
+        targets = graph.num_outputs if graph.regression else None
         return cls(graph.input_shape, graph.num_outputs, num_samples, seed, signal, shuffle, targets)
 
     @property

@@ -62,7 +62,7 @@ def combine_moments(stats):
 
 
 def batchnorm_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momentum=0.1, training=True,
-                        reduce=None, gather=None, count=None):
+                      reduce=None, gather=None, count=None):
     """Returns ``y, saved``; in training also updates ``running_mean`` and ``running_var`` in place. On the GPU
     the sums and the element-wise passes are fused kernels (ops/cuda); parameters and statistics may be float32
     under bfloat16 activations. Over the tiles of the same channels (None: this tile holds all of them),

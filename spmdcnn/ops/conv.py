@@ -31,7 +31,8 @@ from .saved import ConvSaved
 from .cuda import conv as cudnn
 from .parallel import over_samples
 from .scratch import scratch
-from .window import interior, is_padded, kernel_positions, ntuple, output_extents, rank_of, sides, window_slice
+from .window import (interior, is_padded, kernel_positions, ntuple, output_extents, padded_extents, rank_of, sides,
+                     window_slice)
 
 COLUMN_BYTES = 48 << 20
 # Shifted rows compute discarded positions (Wp - oW per row of an image); above this fraction of the kept ones
@@ -74,7 +75,7 @@ class _Layout:
         N, C = x_shape[:2]
         self.C, self.spatial, self.kernel = C, tuple(x_shape[2:]), tuple(kernel)
         self.geometry = geometry
-        self.padded = tuple(size + before + after for size, (before, after) in zip(self.spatial, geometry.padding))
+        self.padded = padded_extents(self.spatial, geometry.padding)
         self.out = geometry.output_shape(self.spatial, kernel)
         inner_kept, inner_all = prod(self.out[1:]), prod(self.padded[1:])
         self.shifted = all(s == 1 for s in geometry.stride) and inner_all - inner_kept <= SHIFTED_WASTE * inner_kept
@@ -164,6 +165,17 @@ class _Layout:
         K = product.shape[0]
         grid = product.reshape((K, nb) + self.grid)[(slice(None), slice(None)) + tuple(slice(0, o) for o in self.out)]
         return grid.swapaxes(0, 1)
+
+
+def workspace_elements(x_shape, kernel, out_channels, geometry, itemsize):
+    """Elements of the scratch arrays the im2col path holds while it convolves an input of ``x_shape`` (the memory
+    model's workspace, ``cost/memory.py``): a block's columns, their product with the weight and the padded block;
+    none for a pointwise convolution or an empty input."""
+    if geometry.is_pointwise(kernel) or min(x_shape) == 0:
+        return 0
+    layout = _Layout(x_shape, kernel, geometry, itemsize)
+    C, positions = x_shape[1], layout.block * layout.P
+    return (C * prod(kernel) + out_channels) * positions + layout.block * C * (prod(layout.padded) + layout.tail)
 
 
 def conv_forward(x, w, b, geometry, need_input_grad=True):

@@ -11,12 +11,19 @@ from .. import backend
 from .saved import LossSaved
 
 
+def widened(x):
+    """``(x, its type)``, ``x`` taken in float32 if it is bfloat16: a loss computes in float32 at least, and its
+    gradient goes back in the type it came in."""
+    dtype = x.dtype
+    if dtype.name == "bfloat16":
+        x = x.astype(backend.array_module(x).float32)
+    return x, dtype
+
+
 def softmax_cross_entropy_forward(logits, labels, total=None):
     """bfloat16 logits are taken in float32; the gradient comes back in the logits' type."""
     xp = backend.array_module(logits)
-    dtype = logits.dtype
-    if dtype.name == "bfloat16":
-        logits = logits.astype(xp.float32)
+    logits, dtype = widened(logits)
     N, F = logits.shape
     total = N if total is None else total
     if labels.shape != (N,):

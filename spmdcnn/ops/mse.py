@@ -10,15 +10,14 @@ or to the gradient, and the mean still divides by the whole batch, as the cross-
 """
 
 from .. import backend
+from .loss import widened
 from .saved import MSESaved
 
 
 def mse_loss_forward(y, targets, total=None):
     """``(loss share, saved)`` of predictions ``y`` (N, K) against ``targets`` (N, K)."""
     xp = backend.array_module(y)
-    dtype = y.dtype
-    if dtype.name == "bfloat16":
-        y = y.astype(xp.float32)
+    y, dtype = widened(y)
     N, K = y.shape
     if targets.shape != (N, K):
         raise ValueError(f"mse_loss: predictions of shape {(N, K)} but targets of shape {targets.shape}")

@@ -12,7 +12,8 @@ from .. import backend
 from .cuda import kernels as cuda
 from .parallel import over_samples
 from .saved import PoolSaved
-from .window import interior, kernel_positions, ntuple, output_extents, pad_spatial, rank_of, sides, window_slice
+from .window import (interior, kernel_positions, ntuple, output_extents, pad_spatial, padded_extents, rank_of, sides,
+                     window_slice)
 
 
 class PoolGeometry:
@@ -80,8 +81,7 @@ def maxpool_forward(x, geometry):
 
 
 def _padded_zeros(xp, x_shape, geometry, dtype):
-    return xp.zeros(tuple(x_shape[:2]) + tuple(size + before + after for size, (before, after)
-                                               in zip(x_shape[2:], geometry.padding)), dtype=dtype)
+    return xp.zeros(tuple(x_shape[:2]) + padded_extents(x_shape[2:], geometry.padding), dtype=dtype)
 
 
 def maxpool_backward(gy, saved):

@@ -79,8 +79,8 @@ class MSESaved(NamedTuple):
 
 class BatchNormSaved(NamedTuple):
     """What forward keeps for backward: in ``eval`` mode the per-channel ``scale`` alone; in ``train`` the input as
-    (N, C, S) (S the positions per channel of a sample), the batch ``mean``, ``gamma``, ``inv_std``, the ``count`` of values per channel and the ``reduce``
-    that sums over the replica group."""
+    (N, C, S) (S the positions per channel of a sample), the batch ``mean``, ``gamma``, ``inv_std``, the ``count``
+    of values per channel and the ``reduce`` that sums over the replica group."""
 
     mode: str
     scale: object

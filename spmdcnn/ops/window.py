@@ -60,13 +60,17 @@ def is_padded(padding):
     return any(before or after for before, after in padding)
 
 
+def padded_extents(spatial, padding):
+    """The extents of ``spatial`` extents padded by ``padding`` (a ``(before, after)`` pair per axis)."""
+    return tuple(size + before + after for size, (before, after) in zip(spatial, padding))
+
+
 def pad_spatial(x, padding, value=0.0):
     """Copy of ``x`` (N, C, spatial...) padded along its spatial axes; ``x`` itself when there is no padding."""
     if not is_padded(padding):
         return x
     xp = backend.array_module(x)
-    padded = tuple(size + before + after for size, (before, after) in zip(x.shape[2:], padding))
-    out = xp.empty(x.shape[:2] + padded, dtype=x.dtype)
+    out = xp.empty(x.shape[:2] + padded_extents(x.shape[2:], padding), dtype=x.dtype)
     inner = [slice(None), slice(None)]
     for axis, ((before, after), size) in enumerate(zip(padding, x.shape[2:])):
         # the slabs before and after the interior along this axis, inside the interior along the earlier ones

@@ -194,24 +194,24 @@ class Problem:
 
     def memory(self, itemsize):
         """Per node, the bytes each configuration keeps on the device that holds the most
-        (:mod:`spmdcnn.cost.memory`; a node's relu and dropout layers included)."""
+        (:func:`spmdcnn.cost.memory.layer_memory`; a node's relu and dropout layers included: their sum)."""
         from ..cost.memory import layer_memory
-        found = [np.zeros(len(c)) for c in self.choices]
-        for layer in self.graph.layers:
-            i = self.index[self.root[layer.name]]
-            found[i] += [layer_memory(layer, config.degrees, self.cost.batch, itemsize) for config in self.choices[i]]
-        return found
+        return self._per_node(lambda layer, degrees: layer_memory(layer, degrees, self.cost.batch, itemsize), np.add)
 
     def transients(self, itemsize):
         """Per node, the most bytes each configuration holds while one of its layers runs, on the device that
-        holds the most (:func:`spmdcnn.cost.memory.layer_transient`)."""
+        holds the most (:func:`spmdcnn.cost.memory.layer_transient`: the most over the node's layers)."""
         from ..cost.memory import layer_transient
         im2col = self.cost.machine.device.im2col
+        return self._per_node(lambda layer, degrees: layer_transient(layer, degrees, self.cost.batch, itemsize,
+                                                                     im2col), np.maximum)
+
+    def _per_node(self, measure, fold):
+        """Per node, ``measure(layer, degrees)`` of each configuration folded over the node's layers by ``fold``."""
         found = [np.zeros(len(c)) for c in self.choices]
         for layer in self.graph.layers:
             i = self.index[self.root[layer.name]]
-            found[i] = np.maximum(found[i], [layer_transient(layer, config.degrees, self.cost.batch, itemsize, im2col)
-                                             for config in self.choices[i]])
+            found[i] = fold(found[i], [measure(layer, config.degrees) for config in self.choices[i]])
         return found
 
     def plan(self, choices, batch, source):

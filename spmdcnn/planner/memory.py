@@ -28,6 +28,16 @@ def plan_bytes(kept, transients, choices):
     return float(sum(k[c] for k, c in zip(kept, choices))) + float(max(t[c] for t, c in zip(transients, choices)))
 
 
+def _tolerance(value):
+    """How far apart two objectives within rounding of ``value`` may lie."""
+    return 1e-9 * max(abs(value), 1e-12)
+
+
+def _reaches(bound, value):
+    """Whether a lower ``bound`` proves that nothing beats ``value``."""
+    return bound >= value - _tolerance(value)
+
+
 def _lightest(kept, transients, levels):
     """Per level ``T`` of ``levels`` (sorted): the least kept bytes of a plan whose transients are at most ``T``
     (infinite where some node has no such configuration)."""
@@ -81,7 +91,7 @@ def within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, se
     heap = [(-np.inf, int(feasible[0]), int(feasible[-1]))]
     while heap:
         bound, lo, hi = heapq.heappop(heap)
-        if bound >= value - 1e-9 * max(abs(value), 1e-12):
+        if _reaches(bound, value):
             continue
         if time.perf_counter() > deadline:
             heapq.heappush(heap, (bound, lo, hi))
@@ -89,7 +99,7 @@ def within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, se
         solution, found, lower = relaxed(lo, hi)
         if solution is not None and plan_bytes(kept, transients, solution.choices) <= memory and found < value:
             best, value = solution, found
-        if lower >= value - 1e-9 * max(abs(value), 1e-12):
+        if _reaches(lower, value):
             continue
         if lo == hi:
             unclosed.append(lower)
@@ -100,7 +110,7 @@ def within_memory(problem, sizes, memory, itemsize, rounds=24, nodes=100_000, se
     if best is None:
         raise ValueError(f"no plan found within {format_against(memory, memory)[0]} per device (--memory)")
     lower = min([value] + unclosed + [bound for bound, _, _ in heap])
-    exact = lower >= value - 1e-9 * max(abs(value), 1e-12)
+    exact = _reaches(lower, value)
     gap = 0.0 if exact else (value - lower) / abs(value)
     method = best.method + ("+memory limit (peak search, Lagrangian branch and bound)" if exact else
                             f"+memory limit (peak search, Lagrangian branch and bound, within {100 * gap:.2g} % "
@@ -157,7 +167,7 @@ def _within_kept(sizes, costs, edges, kept, budget, allowed, objective, rounds, 
             best, value = candidate, found
     best, value, lower = _branch_and_bound(solve, kept, budget, price_at, best, value, bound, nodes, deadline,
                                            objective, allowed)
-    exact = lower >= value - 1e-9 * max(abs(value), 1e-12)
+    exact = _reaches(lower, value)
     return replace(best, cost=value, exact=exact), value, lower
 
 
@@ -169,7 +179,7 @@ def _branch_and_bound(solve, bytes_, memory, price, best, value, bound, budget, 
     bound. A node of the tree restricts some layers' configurations (the root to ``start``, ``{node: mask}``), its
     bound is the relaxed optimum at the best price under those restrictions, and it branches on the layer whose
     relaxed choice takes the most memory beyond its lightest allowed one (that choice alone, or all but it)."""
-    tolerance = 1e-9 * max(abs(value), 1e-12)
+    tolerance = _tolerance(value)
     if value - bound <= tolerance:
         return best, value, value
     heap = [(bound, 0, dict(start or {}))]      # subtrees to search: (parent's bound, order, restrictions)

@@ -61,8 +61,8 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
             log(f"plan auto: {best.ties.describe()}")
         if limit is not None:
             used = plan_memory(graph, best.plan, cost.itemsize, cost.machine.device.im2col)
-            log(f"plan auto: {format_against(used, limit)[0]} per device under the memory model (memory: "
-                f"{format_against(used, limit)[1]})")
+            used_text, limit_text = format_against(used, limit)
+            log(f"plan auto: {used_text} per device under the memory model (memory: {limit_text})")
         for layer in graph.layers:
             log(f"  {layer.name}: {best.plan[layer.name].describe(short=True)}")
         return best.plan.text, predicted

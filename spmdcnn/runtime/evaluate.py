@@ -46,5 +46,4 @@ def evaluate(executor, source, batch, dtype, workers=0, prefetch=2, timeout=300.
         loader.close()
     else:
         loader.again()      # the next evaluation's first batches are read while training goes on
-    graph = executor.graph
-    return loss / total, correct / (total * (graph.num_outputs if graph.answers == "targets" else 1))
+    return loss / total, correct / (total * executor.graph.scored_per_sample)

@@ -205,7 +205,7 @@ class Executor:
             if layer.name in keep:
                 kept[layer.name] = y
         loss, correct = self.world.sum_scalars(loss, correct)
-        return loss, int(round(correct)) if self.graph.answers == ANSWERS_LABELS else correct, kept
+        return loss, correct if self.graph.regression else int(round(correct)), kept
 
     def _gather_inputs(self, site, outputs, batch):
         """``{slot: input box array}`` for this rank's tile of the site's layer (empty when it holds none)."""

@@ -197,8 +197,8 @@ def _ghost_batchnorm(kernel):
     def forward(xs, run):
         if not run.training:
             return batchnorm.batchnorm_forward(xs[0], views.params["weight"], views.params["bias"],
-                                                 views.buffers["running_mean"], views.buffers["running_var"],
-                                                 eps=a["eps"], training=False)
+                                               views.buffers["running_mean"], views.buffers["running_var"],
+                                               eps=a["eps"], training=False)
         y, saved, (means, variances) = batchnorm.ghost_batchnorm_forward(
             xs[0], views.params["weight"], views.params["bias"], site.spans, ghost.count, a["eps"], ghost.gather)
         xp = backend.array_module(means)

@@ -27,12 +27,12 @@ def make_missing_data(job, log, graph=None):
     if not data_to_make(job):
         return
     if spec["make"] == "cosmo":
-        from ..io.cosmo import SNAPSHOTS, make_cosmo
+        from ..io.cosmo import SAMPLES, SNAPSHOTS, make_cosmo
         shape = tuple(graph.input_shape)
         if shape[0] != len(SNAPSHOTS) or len(shape) != 4 or len(set(shape[1:])) != 1:
             raise FormatError(f"{_where(job, 'data.make')}: 'data.make: cosmo' writes universes of {len(SNAPSHOTS)} "
                               f"channels on a cube, [4, S, S, S]; model '{graph.name}' takes {list(shape)}")
-        train, val = make_cosmo(spec["path"], spec["val"], size=shape[1], samples=spec["num_samples"] or 1024,
+        train, val = make_cosmo(spec["path"], spec["val"], size=shape[1], samples=spec["num_samples"] or SAMPLES,
                                 seed=spec["seed"])
         log(f"data: wrote {spec['path']} ({train} universes) and {spec['val']} ({val} held out), Gaussian random "
             f"fields of {shape[1]}^3 (spmdcnn data cosmo)")

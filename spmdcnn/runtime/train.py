@@ -7,6 +7,7 @@ import signal
 import sys
 import threading
 import time
+from functools import cached_property
 
 import numpy as np
 
@@ -39,8 +40,8 @@ def make_data(job, graph):
     spec = job["data"]
     if spec["kind"] == "hdf5":
         return open_checked(spec["path"], graph, spec["seed"], spec["shuffle"], Augment.from_spec(spec["augment"]))
-    return SyntheticData.for_model(graph, spec["num_samples"] or SYNTHETIC_SAMPLES, seed=spec["seed"], signal=spec["signal"],
-                                   shuffle=spec["shuffle"])
+    return SyntheticData.for_model(graph, spec["num_samples"] or SYNTHETIC_SAMPLES, seed=spec["seed"],
+                                   signal=spec["signal"], shuffle=spec["shuffle"])
 
 
 def make_val(job, graph):
@@ -341,10 +342,9 @@ class Trainer:
         # the slowest rank's wait for its batches (the others wait for it at the next exchange)
         waited = max(self.world.allgather(interval.waited)) if self.world.size > 1 else interval.waited
         metric, short = self._metric
-        per = self.graph.num_outputs if self.regression else 1
         record = {"step": step, "epoch": (step - 1) // self.steps_per_epoch, "loss": loss,
                   "loss_avg": float(np.mean(interval.losses)) if count else loss,
-                  metric: interval.correct / (count * self.batch * per) if count else None,
+                  metric: interval.correct / (count * self.batch * self.graph.scored_per_sample) if count else None,
                   "images_per_s": count * self.batch / elapsed if count else None, "lr": self.optimizer.lr,
                   "step_s": elapsed / count if count else None,
                   "data_wait_s": waited / count if count else None,
@@ -367,13 +367,9 @@ class Trainer:
             metrics.flush()
 
     @property
-    def regression(self):
-        return self.graph.answers == "targets"
-
-    @property
     def _metric(self):
         """``(metrics key, log word)`` of the score: accuracy, or the mean absolute error of a regression."""
-        return ("mae", "mae") if self.regression else ("accuracy", "acc")
+        return ("mae", "mae") if self.graph.regression else ("accuracy", "acc")
 
     def _held_out(self, evaluated):
         """The log's words for an evaluation ``(loss, score)`` of data.val: with a regression's mean absolute
@@ -383,17 +379,15 @@ class Trainer:
             text += f" (a constant guess, the training targets' mean: {self.constant_mae:.4f})"
         return text
 
-    @property
+    @cached_property
     def constant_mae(self):
         """The held-out mean absolute error of predicting the training targets' mean for every sample (None
         without targets or held-out data): what a network that learned nothing scores."""
         train, val = self.data, self.val
-        if not self.regression or val is None or getattr(train, "all_targets", None) is None:
+        if not self.graph.regression or val is None or getattr(train, "all_targets", None) is None:
             return None
-        if not hasattr(self, "_constant_mae"):
-            guess = train.all_targets.astype(np.float64).mean(axis=0)
-            self._constant_mae = float(np.abs(val.all_targets.astype(np.float64) - guess).mean())
-        return self._constant_mae
+        guess = train.all_targets.astype(np.float64).mean(axis=0)
+        return float(np.abs(val.all_targets.astype(np.float64) - guess).mean())
 
     def _checkpoint(self, step):
         state = state_for(self.job, self.data, step, step // self.steps_per_epoch)

@@ -11,16 +11,17 @@ import functools
 from dataclasses import dataclass
 from itertools import product
 
+from ..io.samples import AXES, axis_names
 from .boxes import part
 
-NAMES = ("n", "c", "d", "h", "w")     # every dimension a tensor may have, in tensor order
-SPATIAL = ("d", "h", "w")             # the spatial axes' names: a tensor with fewer has the last ones
+SPATIAL = AXES                        # the spatial axes' names: a tensor with fewer has the last ones
+NAMES = ("n", "c") + SPATIAL          # every dimension a tensor may have, in tensor order
 
 
 def names_of(rank):
     """The names of the dimensions of a tensor of ``rank`` dimensions (the batch included), in tensor order:
     ``n`` for the loss's, ``n, c`` for features, then ``w``, ``h, w`` or ``d, h, w`` for 1 to 3 spatial axes."""
-    return NAMES[:min(rank, 2)] + SPATIAL[len(SPATIAL) - max(rank - 2, 0):]
+    return NAMES[:min(rank, 2)] + axis_names(max(rank - 2, 0))
 
 
 def dims_of(layer):

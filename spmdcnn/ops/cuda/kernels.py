@@ -1,6 +1,7 @@
 """Fused CuPy kernels for the ops whose NumPy versions are chains of array expressions: pooling, batchnorm,
-dropout, the element-wise activations and the SGD update. Each computes exactly what its NumPy counterpart computes (same formula, same tie
-rules, same counter-based dropout mask), in one or two launches instead of one per expression or per sample.
+dropout, the element-wise activations and the SGD update. Each computes exactly what its NumPy counterpart
+computes (same formula, same tie rules, same counter-based dropout mask), in one or two launches instead of one per
+expression or per sample.
 
 Kernels are compiled on first use (CuPy caches them on disk); this module imports without CuPy. Every kernel is
 generic over the array type ``T``; bfloat16 (ml_dtypes' type in CuPy) computes and accumulates in float32 (``A``),
