@@ -199,7 +199,10 @@ def test_the_quick_start_learns_the_digits_layer_wise_on_four_ranks(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "data: wrote" in result.stdout and (data / "val.h5").exists()
-    assert "4 ranks; plan auto (optimal under the cost model" in result.stdout
+    assert "4 ranks; plan auto (" in result.stdout
+    # the model proposes, measurement disposes: its best plans timed, data parallelism among them, each said
+    assert "plan auto: timing the model's" in result.stdout and "  data parallelism: predicted" in result.stdout
+    assert "plan auto: chose " in result.stdout
     import json
     records = [json.loads(line) for line in open(tmp_path / "q.jsonl", encoding="utf-8")]
     evaluations = [r for r in records if "val_accuracy" in r]
@@ -232,7 +235,7 @@ def test_the_volumes_quick_start_learns_the_universes_on_four_ranks(tmp_path):
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "data: wrote" in result.stdout and "universes" in result.stdout and "warning" not in result.stdout
-    assert "4 ranks; plan auto (optimal under the cost model" in result.stdout
+    assert "4 ranks; plan auto (" in result.stdout
     records = [json.loads(line) for line in open(tmp_path / "c.jsonl", encoding="utf-8")]
     evaluations = [r for r in records if "val_mae" in r]
     assert len(evaluations) == 6 and all(r["val_mae_constant"] > 0.4 for r in evaluations)
@@ -300,7 +303,7 @@ def test_plan_auto_profiles_searches_and_broadcasts_the_plan(tmp_path):
     assert first.returncode == 0, first.stdout + first.stderr
     assert "plan auto: searched" in first.stdout and "tile shapes measured" in first.stdout
     assert first.stdout.count("plan auto: searched") == 1          # rank 0 logs, once
-    assert "2 ranks; plan auto (optimal under the cost model" in first.stdout
+    assert "2 ranks; plan auto (" in first.stdout
     assert len(os.listdir(tmp_path / "cache")) == 1
     # the second run finds every tile time in the cache, and resumes from the first run's checkpoint
     again = write_job(tmp_path, "auto", plan="auto", steps=8,

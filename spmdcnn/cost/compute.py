@@ -114,10 +114,11 @@ class Profile:
     runs slower than alone (its inputs are no longer in cache, the runtime's own work between kernels), and
     :attr:`factor`, the median ratio, scales every tile time by that much."""
 
-    def __init__(self, device, entries=None, shapes=None, path=None, in_situ=None, spreads=None):
+    def __init__(self, device, entries=None, shapes=None, path=None, in_situ=None, spreads=None, trials=None):
         self.device, self.entries, self.shapes, self.path = device, dict(entries or {}), dict(shapes or {}), path
         self.in_situ = dict(in_situ or {})
         self.spreads = dict(spreads or {})
+        self.trials = dict(trials or {})        # plan: auto's measured candidates (runtime/trials.py)
 
     @property
     def spread(self):
@@ -134,16 +135,26 @@ class Profile:
 
     @property
     def wait(self):
-        """Seconds the ranks lose at each point where they synchronize (0 when measured on one rank)."""
-        waits = [r["wait"] for r in self.in_situ.values() if "wait" in r]
+        """Seconds the ranks lose at each point where they synchronize, beyond the compute and the collective the
+        model gives (0 when measured on one rank; older profiles' ``wait``, measured per point alone, where an entry has
+        no ``latency``)."""
+        waits = [r["latency"] if "latency" in r else r["wait"] for r in self.in_situ.values()
+                 if "latency" in r or "wait" in r]
         return statistics.median(waits) if waits else 0.0
 
     @property
     def drift(self):
-        """Seconds the ranks lose where they synchronize per second of compute since they last did (None when no
-        reference iteration measured it: profiles from before it was, whose :attr:`wait` is per point)."""
-        drifts = [r["drift"] for r in self.in_situ.values() if "drift" in r]
-        return statistics.median(drifts) if drifts else None
+        """Seconds the ranks lose where they synchronize per second of the model's compute since they last did,
+        on top of :attr:`wait` (0 for profiles that measured none)."""
+        drifts = [r["drift"] for r in self.in_situ.values() if "latency" in r]
+        return statistics.median(drifts) if drifts else 0.0
+
+    @property
+    def step(self):
+        """Seconds per step of the runtime's own work that a data-parallel step on the ranks took beyond what the
+        model gave it (0 on one rank and for profiles that measured none; may be negative)."""
+        steps = [r["step"] for r in self.in_situ.values() if "step" in r]
+        return statistics.median(steps) if steps else 0.0
 
     def get(self, shape):
         return self.entries.get(shape.key)
@@ -160,6 +171,7 @@ class Profile:
     def save(self, path=None):
         path = path or self.path
         data = {"format": PROFILE_FORMAT, "device": self.device, "in_situ": self.in_situ,
+                **({"trials": self.trials} if self.trials else {}),
                 "entries": [{"key": key, "seconds": seconds,
                              **({"spread": self.spreads[key]} if key in self.spreads else {}),
                              **({"shape": self.shapes[key].to_json()} if key in self.shapes else {})}
@@ -185,7 +197,8 @@ class Profile:
         entries = {e["key"]: float(e["seconds"]) for e in data.get("entries", [])}
         shapes = {e["key"]: TileShape.from_json(e["shape"]) for e in data.get("entries", []) if "shape" in e}
         spreads = {e["key"]: float(e["spread"]) for e in data.get("entries", []) if "spread" in e}
-        return cls(data.get("device", "unknown"), entries, shapes, path, data.get("in_situ"), spreads)
+        return cls(data.get("device", "unknown"), entries, shapes, path, data.get("in_situ"), spreads,
+                   data.get("trials"))
 
 
 class ComputeModel:
@@ -197,7 +210,8 @@ class ComputeModel:
         self._layers = {}
         self.scale = self._calibrate()
         self.wait = profile.wait if profile is not None else 0.0
-        self.drift = profile.drift if profile is not None else None
+        self.drift = profile.drift if profile is not None else 0.0
+        self.step = profile.step if profile is not None else 0.0
 
     def analytic(self, calls, flops, nbytes):
         d = self.device

@@ -38,7 +38,7 @@ class LayerCost:
 @dataclass
 class Prediction:
     layers: list = field(default_factory=list)
-    overhead_s: float = 0.0         # per iteration: the loss and accuracy allreduce, with its wait
+    overhead_s: float = 0.0         # per iteration: the loss's allreduce with its wait, the runtime's work per step
     timeline: object = None         # the Timeline it comes from (None: the additive surrogate)
 
     def _sum(self, key):
@@ -139,9 +139,8 @@ class CostModel:
 
     def point_wait(self, gap):
         """Seconds the devices lose where they synchronize after ``gap`` seconds of compute since they last did:
-        the profile's drift times the gap, or, from a profile that measured no drift, its wait per point."""
-        drift = self.compute.drift
-        return self.compute.wait if drift is None else drift * gap
+        the profile's wait per point and its drift times the gap."""
+        return self.compute.wait + self.compute.drift * gap
 
     def node_split(self, layer, configs):
         """``(critical, gradient)`` float64 arrays over ``configs``: ``t_c`` plus the sync on the critical path
@@ -170,10 +169,10 @@ class CostModel:
 
     def overhead(self, devices):
         """The surrogate's charge per iteration for the loss's sum: its allreduce and the profile's wait per
-        point (the timeline charges the drift since the ranks last met instead)."""
+        point (the timeline adds the drift since the ranks last met), and the runtime's work per step."""
         if devices < 2:
             return 0.0
-        return self.loss_sum(devices) + self.compute.wait
+        return self.loss_sum(devices) + self.compute.wait + self.compute.step
 
     def loss_sum(self, devices):
         """The loss's sum after forward (two float64), no wait: 0 on one device."""

@@ -56,7 +56,7 @@ class Timeline:
     rank: int
     buckets: list = field(default_factory=list)     # the slowest device's BucketCosts
     ends: list = field(default_factory=list)        # every device's end
-    overhead_s: float = 0.0                         # the loss's sum after forward, its wait included
+    overhead_s: float = 0.0     # the loss's sum after forward, its wait included, and the runtime's work per step
     served: bool = False                            # buckets are parameter servers' pulls (their pushes: sync)
 
     @property
@@ -155,6 +155,7 @@ class Walk(NamedTuple):
     ready: dict         # {layer: when its backward is done}: its buckets are ready then, before its exchange
     end: float          # when backward ends
     spans: list         # (name, kind, start, end) of each exchange, forward, the loss's sum and backward
+    points: list        # (gap, communication, wait) of each synchronization point, in order
 
 
 def walk(layers, loss_s, wait):
@@ -163,7 +164,7 @@ def walk(layers, loss_s, wait):
     waits ``wait(gap)``, ``gap`` the compute lane's seconds from the end of the previous point to its start (the
     ranks drift apart in between; the first to arrive waits); its own communication is not part of the gap."""
     now = last = 0.0
-    met, spans, ready = [], [], {}
+    met, spans, ready, points = [], [], {}, []
 
     def part(name, kind, seconds, communication, shown=True):
         nonlocal now, last
@@ -173,6 +174,7 @@ def walk(layers, loss_s, wait):
         else:
             now += seconds - communication
             extra = wait(now - last)
+            points.append((now - last, communication, extra))
             now += communication + extra
             last = now
             met.append(now)
@@ -190,7 +192,8 @@ def walk(layers, loss_s, wait):
         parts[layer.name].append(part(layer.name, "backward", lane.backward, lane.points[2], layer.needs_grad))
         ready[layer.name] = now
         parts[layer.name].append(part(layer.name, "exchange", lane.backward_x, lane.points[3], lane.backward_x > 0))
-    return Walk([(layer, Lane(*parts[layer.name])) for layer, _ in layers], overhead, met, ready, now, spans)
+    return Walk([(layer, Lane(*parts[layer.name])) for layer, _ in layers], overhead, met, ready, now, spans,
+                points)
 
 
 def schedule(per_device, ready, end, options, wait, met=()):
@@ -336,7 +339,8 @@ def timeline(cost, plan, options=None):
                             moved, synced)
     ends = [device_end(buckets, walked.end, updates) for buckets in per_device]
     rank = max(range(len(ends)), key=ends.__getitem__)
-    return rows, Timeline(ends[rank], walked.end, rank, per_device[rank], ends, walked.overhead_s,
+    step = cost.compute.step if plan.devices > 1 else 0.0       # the runtime's own work per step, measured
+    return rows, Timeline(ends[rank] + step, walked.end, rank, per_device[rank], ends, walked.overhead_s + step,
                           cost.machine.served)
 
 

@@ -61,6 +61,12 @@ SCHEMA = {
     "batchnorm": ((str, dict), "global"),    # global, or {group: G}: statistics over groups of G samples (ghost)
     "plan": ((str, type(None)), "auto"),
     "memory": ((str, int, float, type(None)), None),   # the most a device may hold: plan auto keeps to it
+    "trials": {                              # plan auto times the model's best plans (runtime/trials.py)
+        "plans": (int, 3),                   # how many, data parallelism among them (0 or 1: no trials)
+        "steps": (int, 5),                   # timed steps each, after warmup
+        "warmup": (int, 2),
+        "share": (_NUMBER, 0.05),            # the most of the run's steps they may take
+    },
     "machine": ((str, type(None)), None),
     "backend": (str, "auto"),
     "dtype": (str, "float32"),
@@ -284,6 +290,12 @@ def parse_job(values, source="<job>", overrides=()):
     check(job["sync"]["bucket_mb"] > 0, "sync.bucket_mb",
           f"'sync.bucket_mb' must be a positive number (MiB), got {job['sync']['bucket_mb']}")
     _check_plan(job["plan"], where)
+    trials = job["trials"]
+    for key in ("plans", "warmup"):
+        check(trials[key] >= 0, f"trials.{key}", f"'trials.{key}' must be 0 or more, got {trials[key]}")
+    check(trials["steps"] > 0, "trials.steps", f"'trials.steps' must be positive, got {trials['steps']}")
+    check(0 < trials["share"] <= 1, "trials.share",
+          f"'trials.share' must be a fraction of the run's steps in (0, 1], got {trials['share']}")
     if job["memory"] is not None:
         from ..sizes import parse_size
         try:

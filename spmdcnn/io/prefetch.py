@@ -190,12 +190,14 @@ class Loader:
 
     def _auto_workers(self, local_ranks):
         """``data.workers: auto``: none when reading every batch here would take under AUTO_MIN_READ_S in all
-        (timed on the first, which is kept for the first step), else :func:`default_workers`."""
+        (timed on the first, read twice: the first read also opens the file and its caches; kept for the first
+        step), else :func:`default_workers`."""
         if self.issued >= self.stop:
             return 0
-        started = time.perf_counter()
         epoch, indices = self.batch_of(self.issued)
         arrays = self.layout.private()
+        read_batch(self.source, self.layout, indices, epoch, arrays)       # the first read also opens the file
+        started = time.perf_counter()
         read_batch(self.source, self.layout, indices, epoch, arrays)
         self.probe_s = time.perf_counter() - started
         self._first = (arrays, indices)

@@ -72,6 +72,7 @@ class Result:
     searched: Plan = None       # the surrogate's optimum at weight 1 (the plan ``solution`` describes)
     screening: object = None    # what screening the configurations did (:class:`.screen.Screening`), if it ran
     phases: dict = None         # seconds of each stage: costs, bounds, screen, tables, search, scoring
+    scored: list = None         # (label, plan, timeline seconds) of every plan ``optimal`` scored, fastest first
 
 
 class _Phases:
@@ -267,10 +268,12 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
         count, chosen_s, chosen, prediction = min(within, key=lambda c: (c[0], c[1]))
         ties = Ties(tie, best_prediction.iteration_s, chosen_s, count, exchanges(cost, best), len(within),
                     tie_source)
+        scored = sorted(pool, key=lambda entry: entry[2].iteration_s)
     elapsed = time.perf_counter() - start
     candidates = [(label, p.iteration_s) for label, _, p in scored]
     return Result(_relabelled(chosen, "plan optimal"), prediction, strategy, elapsed, solution, len(sizes),
-                  problem.considered, ties, candidates, searched_plan, problem.screening, progress.seconds())
+                  problem.considered, ties, candidates, searched_plan, problem.screening, progress.seconds(),
+                  [(label, plan, p.iteration_s) for label, plan, p in scored])
 
 
 def _candidates(problem, sizes, searched, memory):

@@ -1,5 +1,5 @@
-"""``plan: auto``: before the first step, profile what the cache lacks (all ranks at once), search on rank 0,
-and give every rank the plan it found."""
+"""``plan: auto``: before the first step, profile what the cache lacks (all ranks at once), search on rank 0, time
+the model's best plans on the ranks (:mod:`.trials`), and give every rank the fastest measured."""
 
 import time
 
@@ -9,13 +9,17 @@ from ..sizes import format_against, parse_size
 from ..planner import make_plan
 from ..planner.service import cost_model
 from ..tiling.plan import named, parse_plan_text
+from . import trials as trial
 from .profile import default_path, device_name, profile
 
 
-def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None, memory=None):
-    """The optimal plan for ``graph`` on the ranks of ``world`` (collective). ``machine``: a machine YAML path
-    or None (the built-in local machine); ``sync``, ``batchnorm`` and ``memory`` (the most a device may hold,
-    bytes or a size such as ``80GB``): the job's keys."""
+def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None, memory=None, trials=None,
+              source=None, run_steps=None, seed=0, read_dtype=None):
+    """The plan for ``graph`` on the ranks of ``world`` (collective): the cost model's optimum, or with ``trials``
+    (a :class:`~.trials.TrialSettings` that is on) the fastest measured of its best plans. ``machine``: a machine
+    YAML path or None (the built-in local machine); ``sync``, ``batchnorm`` and ``memory`` (the most a device may
+    hold, bytes or a size such as ``80GB``): the job's keys. The trials train on ``source`` (an opened dataset;
+    None: a synthetic batch) with ``seed``, within their share of ``run_steps`` (None: no bound)."""
     if world.size == 1:
         plan = named("data", graph, batch, 1)
         plan.source = "plan auto (one device: the whole model here)"
@@ -38,11 +42,9 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
     measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log, machine=machine,
                        progress=True)
     if (measured or len(store.in_situ) != references) and world.rank == 0:
-        try:
-            store.save(path)
-        except OSError as error:
-            log(f"plan auto: could not cache the profile in {path}: {error}")
+        _save(store, path, log)
     profiled = time.perf_counter() - start
+    settings = trials or trial.TrialSettings(plans=0)
 
     def search():
         if world.rank != 0:
@@ -50,24 +52,88 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize, sync=sync, batchnorm=batchnorm)
         limit = cost.machine.device.memory if memory is None else parse_size(memory)
         best = make_plan(graph, world.size, cost, "optimal", tie=store.spread, memory=limit)
-        data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
+        data_plan = named("data", graph, batch, world.size)
+        data = cost.simulate(data_plan).iteration_s
         predicted = best.prediction.iteration_s
         log(f"plan auto: searched {best.configurations} configurations of {best.nodes} layers in "
             f"{best.search_s:.2f} s (profile {path}: {measured} tile shapes measured in {profiled:.1f} s); "
             f"predicted {predicted * 1e3:.1f} ms per step, data parallelism {data * 1e3:.1f} ms "
             f"({data / predicted:.2f}x), both on the timeline of what runs")
-        log("plan auto: scored " + ", ".join(f"{label} {seconds * 1e3:.1f} ms" for label, seconds in best.candidates))
         if best.ties:
             log(f"plan auto: {best.ties.describe()}")
         if limit is not None:
             used = plan_memory(graph, best.plan, cost.itemsize, cost.machine.device.im2col)
             used_text, limit_text = format_against(used, limit)
             log(f"plan auto: {used_text} per device under the memory model (memory: {limit_text})")
-        for layer in graph.layers:
-            log(f"  {layer.name}: {best.plan[layer.name].describe(short=True)}")
-        return best.plan.text, predicted
-    text, predicted = world.bcast(world.agree(search))
-    plan = parse_plan_text(text, graph, batch, world.size, "plan auto")
-    plan.source = f"plan auto (optimal under the cost model, predicted {predicted * 1e3:.1f} ms per step)"
+        proposed = [(_label(best.plan, data_plan, "the model's choice"), best.plan.text, predicted)]
+        if settings.on:
+            fits = [(label, plan, seconds) for label, plan, seconds in best.scored
+                    if limit is None or plan_memory(graph, plan, cost.itemsize, cost.machine.device.im2col) <= limit]
+            data_fits = any(plan.text == data_plan.text for _, plan, _ in fits) or limit is None or \
+                plan_memory(graph, data_plan, cost.itemsize, cost.machine.device.im2col) <= limit
+            scored = [(proposed[0][0], best.plan, predicted)] + [
+                (_label(plan, data_plan, label), plan, seconds) for label, plan, seconds in fits]
+            chosen = trial.candidates(scored, settings.plans, data_plan if data_fits else None, data)
+            proposed = [(label, plan.text, seconds) for label, plan, seconds in chosen]
+            if not data_fits:
+                log("plan auto: data parallelism does not fit the memory limit: not among the trials")
+        return proposed
+    proposed = [(label, parse_plan_text(text, graph, batch, world.size, "plan auto"), seconds)
+                for label, text, seconds in world.bcast(world.agree(search))]
+    (label, plan, predicted), chosen_by = proposed[0], "optimal under the cost model"
+    if len(proposed) > 1:
+        found = _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm,
+                        source, run_steps, seed, read_dtype)
+        winner = trial.fastest(found) if found else None
+        if winner is not None:
+            label, plan, predicted = winner.label, winner.plan, winner.predicted_s
+            chosen_by = f"the fastest of {len(found)} plans timed here, {winner.measured_s * 1e3:.1f} ms per step"
+            log(f"plan auto: chose {label}, {chosen_by}")
+    for layer in graph.layers:
+        log(f"  {layer.name}: {plan[layer.name].describe(short=True)}")
+    plan.source = f"plan auto ({label}: {chosen_by}; predicted {predicted * 1e3:.1f} ms per step)"
     plan.predicted_s = predicted
     return plan
+
+
+def _label(plan, data_plan, label):
+    return "data parallelism" if plan.text == data_plan.text else label
+
+
+def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm, source,
+            run_steps, seed, read_dtype):
+    """The :class:`~.trials.Trial` s of ``proposed``, from the profile's cache or timed now (and cached); None
+    when the run is too short for them."""
+    key = trial.cache_key(graph, batch, world.size, sync, batchnorm, settings)
+    found = world.bcast(trial.cached(store, key, proposed) if world.rank == 0 else None)
+    if found is not None:
+        log(f"plan auto: the trials of these {len(found)} plans are cached in {path} (measured per step):")
+    else:
+        steps = settings.steps_within(len(proposed), run_steps)
+        if not steps:
+            log(f"plan auto: no trials: {len(proposed)} plans of {settings.warmup} + 2 steps would take more than "
+                f"{settings.share * 100:g} % of the run's {run_steps} steps (trials.share)")
+            return None
+        total = len(proposed) * (settings.warmup + steps)
+        share = f", {100 * total / run_steps:.1f} % of the run's {run_steps}" if run_steps else ""
+        batches = "the job's batches" if source is not None else "a synthetic batch"
+        log(f"plan auto: timing the model's {len(proposed)} best plans, data parallelism among them, "
+            f"{settings.warmup} + {steps} steps each on these ranks and {batches} ({total} steps{share}; the run's "
+            "weights are untouched)")
+        start = time.perf_counter()
+        found = trial.run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed, sync, batchnorm,
+                                 source, read_dtype=read_dtype)
+        if world.rank == 0:
+            trial.remember(store, key, found)
+            _save(store, path, log)
+        log(f"plan auto: the trials took {time.perf_counter() - start:.1f} s (measured per step):")
+    for found_trial in found:
+        log(trial.describe(found_trial))
+    return found
+
+
+def _save(store, path, log):
+    try:
+        store.save(path)
+    except OSError as error:
+        log(f"plan auto: could not cache the profile in {path}: {error}")

@@ -3,7 +3,6 @@ process or on MPI ranks under a plan, with the time split into compute, transfer
 
 import resource
 import statistics
-import time
 
 from .. import backend
 from ..comm import World, choose_transport
@@ -18,7 +17,7 @@ from ..tiling.plan import load_plan
 from .autoplan import auto_plan
 from ..io.trace import write_trace
 from .profile import training_step
-from .trace import traced_step
+from .trials import timed_steps
 
 
 def peak_rss_bytes():
@@ -72,26 +71,6 @@ class _Fed:
                 "worker_peak_bytes": max(loader.peaks) if loader and loader.peaks else None}
 
 
-def _timed(run, world, finish, warmup, steps, trace):
-    """``(times, events)``: each timed step's seconds (from a barrier until the slowest rank is done, ``finish()``
-    waiting for the device) and, with ``trace``, the last timed step's events on this rank."""
-    times, events = [], []
-    for step in range(warmup + steps):
-        if step == warmup:
-            world.reset()
-        world.barrier()
-        start = time.perf_counter()
-        if trace and step == warmup + steps - 1:
-            events = traced_step(lambda: (run(step), finish()), run.executor, world)
-        else:
-            run(step)
-            finish()
-        world.barrier()
-        if step >= warmup:
-            times.append(time.perf_counter() - start)
-    return times, events
-
-
 def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="auto", seed=0, plan="data",
           world=None, machine=None, verbose=False, tf32=False, transport="auto", share_gpus=False, data=None,
           augment=None, workers="auto", prefetch="auto", sync=None, batchnorm=None, trace=None, memory=None):
@@ -129,7 +108,7 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
     try:
         run = training_step(graph, batch, xp, dtype, world, plan, seed, fed if source is not None else None, sync,
                             batchnorm)
-        times, events = _timed(run, world, backend.synchronizer(xp), warmup, steps, trace)
+        times, events = timed_steps(run, world, backend.synchronizer(xp), warmup, steps, trace)
         failed = False
     finally:
         fed.close(failed)

@@ -154,14 +154,16 @@ class Executor:
         elif self.plan is not None and size != self.plan.batch:
             raise ValueError(f"the plan is for batch {self.plan.batch}, got a batch of {size}")
 
-    def forward(self, images, labels=None, step=0, training=True, keep=()):
+    def forward(self, images, labels=None, step=0, training=True, keep=(), also=None):
         """Run the network on a batch: ``images, labels`` arrays of the global batch, or a
         :class:`~spmdcnn.io.batch.Batch` (each tile reads only its box).
 
         Returns ``(loss, score, kept)``: the global mean loss, its score over the global batch (the number of right
         predictions, or for a regression loss the sum of absolute errors over samples and targets: padding samples
         count in neither), and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds (those
-        are left as computed: no layer writes over them)."""
+        are left as computed: no layer writes over them). ``also``: a float64 array of this rank's numbers to sum
+        over the ranks with the loss, in place (the trainer's signal flags ride on the loss's sum rather than cost
+        the step a meeting of their own)."""
         batch = images if labels is None else array_batch(images, labels)
         if training and self.batchnorm is not None and batch.size % self.batchnorm:
             raise ValueError(f"batchnorm.group {self.batchnorm} does not divide the batch of {batch.size}")
@@ -204,7 +206,9 @@ class Executor:
                 outputs[layer.name] = y
             if layer.name in keep:
                 kept[layer.name] = y
-        loss, correct = self.world.sum_scalars(loss, correct)
+        loss, correct, *summed = self.world.sum_scalars(loss, correct, *(() if also is None else also.tolist()))
+        if also is not None:
+            also[:] = summed
         return loss, correct if self.graph.regression else int(round(correct)), kept
 
     def _gather_inputs(self, site, outputs, batch):

@@ -175,26 +175,68 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
     count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log,
                            progress)
     key = reference_key(graph, batch, devices, world.size)
-    if key not in profile_store.in_situ:
+    if "latency" not in profile_store.in_situ.get(key, {}):
         sample = max(batch // devices, 1)
         whole = {layer.name: [ParallelConfig((1,) * len(output_shape(layer, sample)), (0,))] for layer in graph.layers}
         count += _measure_tiles(profile_store, *shapes_to_profile(graph, sample, 1, whole), world, xp, dtype,
                                 repeats, None)
         measured = max(world.allgather(reference_iteration(graph, sample, xp, dtype, world)))
-        wait, drift = synchronization_wait(graph, sample * world.size, world, xp, dtype, machine) \
-            if world.size > 1 else (0.0, 0.0)
         isolated = sum(ComputeModel(Device(), profile_store).layer_seconds(layer, whole[layer.name][0], sample)
                        for layer in graph.layers) / profile_store.factor
-        profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "wait": wait, "drift": drift}
+        reference = profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "latency": 0.0,
+                                                  "drift": 0.0}
+        found = None
+        if world.size > 1:
+            found = _synchronize(graph, sample * world.size, world, xp, dtype, machine, profile_store, reference)
         if log:
-            share = "" if devices == 1 else f", its share of the global batch {batch} on {devices} devices"
-            ranks = "one rank" if world.size == 1 else f"each of {world.size} ranks at once"
-            wait_text = f"; ranks drift {drift * 100:.1f} % apart between synchronizations ({wait * 1e3:.2f} ms " \
-                f"lost per point here)" if world.size > 1 else ""
-            log(f"profile: one training iteration of the whole model at {sample} samples per device{share}, on "
-                f"{ranks}: {measured * 1e3:.1f} ms, its tiles run alone {isolated * 1e3:.1f} ms, so tile times "
-                f"are scaled by {profile_store.factor:.3f}{wait_text}")
+            log(reference_text(reference, sample, batch, devices, world.size, profile_store.factor, found))
     return count
+
+
+def _synchronize(graph, batch, world, xp, dtype, machine, store, reference):
+    """Measure the ranks' :func:`synchronization` into ``reference`` (the ``in_situ`` entry of ``store`` being
+    made) and what the data-parallel step took beyond the model with it (``step``: the runtime's own work, which
+    no tile includes); returns the :class:`Synchronization`."""
+    from ..planner.service import cost_model
+    from ..tiling.plan import named
+    itemsize = np.dtype(dtype).itemsize
+    found = synchronization(graph, batch, world, xp, dtype, cost_model(graph, batch, world.size, machine, store,
+                                                                       itemsize))
+    reference.update(latency=found.latency, drift=found.drift, step=0.0)
+    cost = cost_model(graph, batch, world.size, machine, store, itemsize)     # with the waits just measured
+    reference["step"] = found.measured - cost.simulate(named("data", graph, batch, world.size)).iteration_s
+    return found
+
+
+def reference_text(reference, sample, batch, devices, ranks, factor, found=None):
+    """The profile's line on a reference iteration (``reference``: its ``in_situ`` entry) and, on several ranks,
+    the data-parallel run that measured their meetings (``found``, a :class:`Synchronization`): what was run, what
+    it took, and what the cost model takes from it."""
+    measured, isolated = reference["measured"] * 1e3, reference["isolated"] * 1e3
+    share = "" if devices == 1 else f" (its share of the global batch {batch} on {devices} devices)"
+    if ranks == 1:
+        text = f"profile: a training step of the whole model at {sample} samples{share} took {measured:.1f} ms"
+    else:
+        cores = _cores()
+        sharing = f"; {ranks} ranks share {cores} cores" if cores and ranks > cores else ""
+        text = (f"profile: {ranks} ranks each ran a training step of the whole model at {sample} samples{share} at "
+                f"once, without communicating{sharing}: {measured:.1f} ms")
+    text += (f"; its layers measured alone add up to {isolated:.1f} ms, so the plan's layer times are taken as "
+             f"{factor:.2f}x their times alone")
+    if found is not None:
+        text += (f"; a data-parallel step on the {ranks} ranks took {found.measured * 1e3:.1f} ms: meeting at its "
+                 f"{found.points} synchronization points cost {found.latency * 1e3:.2f} ms each and "
+                 f"{found.drift * 100:.0f} % of the compute since the last, and the runtime's own work "
+                 f"{reference['step'] * 1e3:.2f} ms per step")
+    return text
+
+
+def _cores():
+    """The cores this process may run on (None where the system does not say)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count()
 
 
 def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=None, sync=None, batchnorm=None):
@@ -233,49 +275,79 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=5, warmup=2):
     return median_seconds(run, repeats, warmup, sync=synchronizer(xp))
 
 
+POINT_KINDS = ("loss", "batchnorm")      # the collectives on a data-parallel step's critical path
+
+
 class Synchronization(NamedTuple):
-    """What the ranks lose where they synchronize (:func:`synchronization_wait`)."""
+    """What the ranks lose where they synchronize beyond the profile's compute and the machine's collectives
+    (:func:`synchronization`): a point after ``gap`` seconds of the model's compute since the ranks last met costs
+    ``latency + drift * gap``."""
 
-    wait: float     # seconds per point, on average over the points of the measured run
-    drift: float    # seconds per second of a rank's compute since the ranks last synchronized
+    latency: float      # seconds per point
+    drift: float        # seconds per second of the model's compute since the ranks last met
+    points: int         # synchronization points per data-parallel step
+    measured: float     # the data-parallel step measured (seconds: the slowest rank's median step)
 
 
-def synchronization_wait(graph, batch, world, xp, dtype, machine=None, steps=5, warmup=1):
-    """The :class:`Synchronization` of the ranks: the data-parallel plan trains at ``batch`` on all ranks for a
-    few iterations, and the small collectives every rank waits in on the critical path (the loss's sum, batch
-    norm's gathers and sums) take longer than the allreduce model of ``machine`` (a machine YAML path; None: the
-    built-in local machine) gives a message of their size. Ranks drift apart between two such points (uneven
-    cores, the operating system, ranks sharing a core take turns) and the first to arrive waits for the last, so
-    the excess grows with the work done since the ranks last met: ``drift`` is the excess over that work (each
-    point's time since the step began or the previous point ended), ``wait`` the mean excess per point; both the
-    median rank's. Large allreduces are left out: their time is the model's bandwidth, not drift."""
-    from ..cost.machine import default_machine, load_machine
+def synchronization(graph, batch, world, xp, dtype, cost, steps=8, warmup=2):
+    """The :class:`Synchronization` of the ranks of ``world``, in the units of ``cost`` (a
+    :class:`~spmdcnn.cost.model.CostModel` of ``graph`` at ``batch`` on them from the profile being measured):
+    the data-parallel plan trains for a few steps one after the other (no barrier between them, as in training),
+    and each segment of a step (a rank's step starts where its previous one ended), from the end of one point where
+    every rank meets (the loss's sum, batch norm's gathers and sums) to the end of the next, is set against what
+    the cost model gives it: the profile's compute and the machine's collective. Ranks drift apart (uneven cores,
+    the operating system), ranks that share cores take turns, and each meeting costs a wake-up: the excess is
+    fitted as ``latency + drift * gap`` (both at least 0), ``gap`` the model's compute in the segment. Measured
+    in the model's own units, a wait is never counted twice: when ranks share cores, the profile's compute
+    already includes their taking turns (:func:`reference_iteration`), and what is left is the meeting."""
+    from ..cost.timeline import layer_lanes, walk
     from ..tiling.plan import named
     plan = named("data", graph, batch, world.size)
     step, sync = training_step(graph, batch, xp, dtype, world, plan), synchronizer(xp)
-    starts = []
-    for index in range(warmup + steps):
-        if index == warmup:
-            world.reset()
-        world.barrier()
-        if index >= warmup:
-            starts.append(time.perf_counter())
+    segments, totals = [], []
+    world.barrier()
+    for index in range(warmup):
         step(index)
         sync()
-    small = sorted((start, end) for start, end, what in world.counters.intervals if what in ("loss", "batchnorm"))
     world.reset()
-    machine = load_machine(machine) if machine else default_machine()
-    modelled = machine.allreduce_time(tuple(range(world.size)), 2 * 8)
-    excess = [end - start - modelled for start, end in small]
-    gaps, met = [], 0.0
-    for start, end in small:
-        met = max([met] + [s for s in starts if s <= start])
-        gaps.append(max(start - met, 0.0))
-        met = end
-    mine = (statistics.fmean(excess) if excess else 0.0, sum(excess) / sum(gaps) if sum(gaps) > 0 else 0.0)
+    mark = time.perf_counter()
+    for index in range(warmup, warmup + steps):        # one after the other, as training runs them
+        start, seen = mark, len(world.counters.intervals)
+        step(index)
+        sync()
+        mark = time.perf_counter()
+        totals.append(mark - start)
+        ends = sorted(end for _, end, what in world.counters.intervals[seen:] if what in POINT_KINDS)
+        segments.append(np.diff([start] + ends))
+    world.reset()
+    walked = walk(layer_lanes(cost, plan)[1], cost.loss_sum(world.size), lambda gap: 0.0)
+    gaps = np.array([gap for gap, _, _ in walked.points])
+    modelled = gaps + np.array([communication for _, communication, _ in walked.points])
+    counted = {len(segment) for segment in segments}
+    mine = np.median(segments, axis=0) if counted == {len(gaps)} else None
     ranks = world.allgather(mine)
-    return Synchronization(max(statistics.median(r[0] for r in ranks), 0.0),
-                           max(statistics.median(r[1] for r in ranks), 0.0))
+    measured = max(world.allgather(statistics.median(totals)))
+    if any(r is None for r in ranks) or not len(gaps):
+        return Synchronization(0.0, 0.0, len(gaps), measured)
+    excess = np.median(ranks, axis=0) - modelled
+    latency, drift = _fit_wait(gaps, excess)
+    return Synchronization(latency, drift, len(gaps), measured)
+
+
+def _fit_wait(gaps, excess):
+    """``(a, b)``, both at least 0, of the least-squares fit ``excess ~ a + b * gaps``."""
+    if len(gaps) > 1 and np.ptp(gaps) > 0:
+        b, a = np.polyfit(gaps, excess, 1)
+        if a >= 0 and b >= 0:
+            return float(a), float(b)
+    a = max(float(np.mean(excess)), 0.0)
+    b = max(float(np.dot(excess, gaps) / np.dot(gaps, gaps)), 0.0) if np.dot(gaps, gaps) > 0 else 0.0
+    if not a:
+        return 0.0, b
+    if not b:
+        return a, 0.0
+    fits = [(float(np.sum((excess - a) ** 2)), (a, 0.0)), (float(np.sum((excess - b * gaps) ** 2)), (0.0, b))]
+    return min(fits)[1]
 
 
 def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=False):

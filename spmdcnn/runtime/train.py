@@ -27,6 +27,7 @@ from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
+from .trials import TrialSettings
 from .evaluate import evaluate, evaluation_loader
 from .executor import Executor
 from .optimizer import SGD
@@ -101,7 +102,7 @@ class Trainer:
         say = log or (lambda line: print(line, flush=True))
         self.log = say if self.rank == 0 else (lambda line: None)
         self.data = self.val = self.loader = self.val_loader = None
-        self.progress = None
+        self.progress, self.read_s = None, 0.0
         self.bar = self.rank == 0 and log is None         # a progress bar while training (log.progress)
         try:
             self.world.agree(self._check)             # the whole job, before anything is written
@@ -114,7 +115,9 @@ class Trainer:
                 self.plan.source = "plan data (to evaluate a complete run)"
             elif self.plan is None:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
-                                      self.log, self.sync, job["batchnorm"], job["memory"])
+                                      self.log, self.sync, job["batchnorm"], job["memory"],
+                                      TrialSettings.of(job["trials"]), self.data, self.total_steps, job["seed"],
+                                      self.read_dtype)
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
                                    "job": json.dumps(job, sort_keys=True, default=str),
                                    "data (sample count, shape, labels)": json.dumps(
@@ -242,13 +245,13 @@ class Trainer:
             self.loader = self._loader(step)
             while step < self.total_steps:
                 self.optimizer.lr = learning_rate(job["optimizer"], step, self.total_steps)
-                loss, correct, waited = self._step(step)
+                loss, correct, waited, flags = self._step(step, signals)
                 step += 1
                 history.append(loss)
                 interval.add(loss, correct, waited)
                 if self.progress:
                     self.progress.update(step, note=f"loss {loss:.4f}")
-                signalled = signals.received(self.world)      # every rank the same: all stop after this step
+                signalled = signals.received(flags)     # every rank the same: all stop after this step
                 end = step == self.total_steps
                 evaluate_now = (not signalled and self.val is not None
                                 and (end or (eval_every and step % eval_every == 0)))
@@ -303,10 +306,20 @@ class Trainer:
                "no steps left to read" if loader.first >= loader.stop else "read in each step (" + (
                    f"data.workers auto: the first batch read in {loader.probe_s * 1e3:.2f} ms, the run's would take "
                    f"under {AUTO_MIN_READ_S:g} s" if loader.probe_s is not None else "data.workers 0") + ")")
+        read = loader.probe_s if loader.probe_s is not None and not loader.workers else 0.0
+        self.read_s = max(self.world.allgather(read)) if self.world.size > 1 else read
+        if self.plan.predicted_s and self.read_s:
+            how += (f"; the slowest rank's read, {self.read_s * 1e3:.2f} ms, is part of each step's prediction: "
+                    f"{self.plan.predicted_s * 1e3:.1f} ms the plan, {self.step_predicted_s * 1e3:.1f} ms in all")
         self.log(f"data: {self.data.path}, {self.data.num_samples:,} samples "
                  f"{'shuffled' if self.data.shuffle else 'in order'}"
                  + (f", {augment.describe()}" if augment else "") + f"; {how}")
         return loader
+
+    @property
+    def step_predicted_s(self):
+        """The step the plan's prediction gives with reading its batch (where a step reads its own), or None."""
+        return self.plan.predicted_s + self.read_s if self.plan.predicted_s else None
 
     def _close(self, failed=True):
         """Close the data (after an error, the workers are killed without finishing their reads)."""
@@ -327,15 +340,18 @@ class Trainer:
                                                 self.node_ranks[1])
         return evaluate(self.executor, self.val, self.batch, self.read_dtype, loader=self.val_loader)
 
-    def _step(self, step):
+    def _step(self, step, signals=None):
+        """``(loss, score, seconds waited for the batch, flags)`` of one training step; the ``signals``' flags
+        (:meth:`_Signals.flags`, when given) as they were before the loss was summed, summed over the ranks."""
         executor = self.executor
         batch, waited = self.loader.next(step)
-        loss, correct, _ = executor.forward(batch, step=step)
+        flags = signals.flags() if signals is not None else None
+        loss, correct, _ = executor.forward(batch, step=step, also=flags)
         if not np.isfinite(loss):       # before the update: the weights stay those of the last good step
             executor.program.finish_deferred()      # no collective left running when every rank stops
             raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
         executor.backward(update=self.optimizer.updater(executor.params.flat, executor.grads.flat))
-        return loss, correct, waited
+        return loss, correct, waited, flags
 
     def _report(self, step, loss, interval, elapsed, evaluated, metrics):
         count = len(interval.losses)
@@ -348,7 +364,7 @@ class Trainer:
                   "images_per_s": count * self.batch / elapsed if count else None, "lr": self.optimizer.lr,
                   "step_s": elapsed / count if count else None,
                   "data_wait_s": waited / count if count else None,
-                  "predicted_step_s": self.plan.predicted_s}
+                  "predicted_step_s": self.step_predicted_s, "predicted_plan_s": self.plan.predicted_s}
         line = (f"step {step:>6}/{self.total_steps}  epoch {record['epoch']}  loss {loss:.4f}  "
                 f"(avg {record['loss_avg']:.4f})  {short} {record[metric]:.3f}  "
                 f"{record['images_per_s']:.1f} images/s  {record['step_s'] * 1e3:.1f} ms/step")
@@ -398,9 +414,9 @@ class Trainer:
 class _Signals:
     """SIGTERM (Slurm's pre-emption signal, and what ``scancel`` and MPICH's ``mpiexec`` pass on) and SIGUSR1
     (what ``sbatch --signal`` is usually set to send ahead of a time limit, and what Open MPI's ``mpirun``
-    passes on) ask the run to stop: the handler notes the signal, and right after each step the ranks agree (one
-    small allreduce) whether any of them got one, so that they all stop after the same step and write its
-    checkpoint together, with no evaluation first. A second signal ends the process as the signal would, unless
+    passes on) ask the run to stop: the handler notes the signal, and in each step the ranks agree whether any of
+    them got one before the step's loss was summed (the flags ride on that sum), so that they all stop after the
+    same step and write its checkpoint together, with no evaluation first. A second signal ends the process as the signal would, unless
     it comes within ``DUPLICATE_S`` of the first: a rank may get one request twice at once (the scheduler signals
     every process of a step, and the launcher it also signalled passes it on), and that is still one request.
     Outside the main thread nothing is installed."""
@@ -425,10 +441,14 @@ class _Signals:
             return
         self.got, self.first_at = number, time.monotonic()
 
-    def received(self, world):
-        """The name of a signal some rank received (every rank gets the same answer), or None."""
-        flags = np.array([float(self.got == getattr(signal, name, None)) for name in self.NAMES])
-        flags = world.allreduce(flags) if world.size > 1 else flags
+    def flags(self):
+        """This rank's flags, one per signal of :attr:`NAMES` (float64): summed over the ranks with the step's loss
+        (:meth:`Executor.forward`'s ``also``), which costs no meeting of its own."""
+        return np.array([float(self.got == getattr(signal, name, None)) for name in self.NAMES])
+
+    def received(self, flags):
+        """The name of a signal some rank received, from the :meth:`flags` summed over the ranks (every rank gets
+        the same answer), or None."""
         return next((name for name, flag in zip(self.NAMES, flags) if flag), None)
 
     def restore(self):

@@ -187,15 +187,37 @@ def test_the_drift_lost_on_the_compute_lane_is_at_most_the_drift_of_its_compute(
         assert before.timeline.backward_end_s < after.timeline.backward_end_s <= lane * 1.05 * (1 + 1e-12)
 
 
-def test_a_profile_without_drift_is_charged_its_wait_per_point():
+def test_a_point_costs_the_profiles_latency_and_drift_and_older_profiles_their_wait():
+    """A point after ``gap`` seconds of the model's compute costs ``latency + drift * gap``; a profile from before
+    latencies were measured is charged its wait per point, and its drift (then measured against each rank's own
+    compute, not the model's) is not used."""
     from spmdcnn.cost.compute import Profile
     graph, cost = cost_model("alexnet", 16)
     m = cost.machine
-    old = Profile("test", in_situ={"x": {"measured": 1.0, "isolated": 1.0, "wait": 2e-3}})
-    new = Profile("test", in_situ={"x": {"measured": 1.0, "isolated": 1.0, "wait": 2e-3, "drift": 0.1}})
-    assert old.drift is None and new.drift == 0.1
+    old = Profile("test", in_situ={"x": {"measured": 1.0, "isolated": 1.0, "wait": 2e-3, "drift": 1.6}})
+    new = Profile("test", in_situ={"x": {"measured": 1.0, "isolated": 1.0, "latency": 1e-3, "drift": 0.1,
+                                         "step": 4e-3}})
+    assert (old.drift, old.wait, old.step) == (0.0, 2e-3, 0.0) and (new.drift, new.wait, new.step) == (0.1, 1e-3,
+                                                                                                      4e-3)
     charged = [CostModel(graph, 16, m, ComputeModel(m.device, p)).point_wait(0.5) for p in (old, new)]
-    assert charged == pytest.approx([2e-3, 0.05])
+    assert charged == pytest.approx([2e-3, 1e-3 + 0.05])
+
+
+def test_the_runtimes_work_per_step_is_added_once_to_every_plan_on_several_devices():
+    from spmdcnn.cost.compute import Profile
+    graph, cost = cost_model("alexnet", 16)
+    m = cost.machine
+    bare = Profile("test", in_situ={"x": {"measured": 1.0, "isolated": 1.0, "latency": 0.0, "drift": 0.0}})
+    busy = Profile("test", in_situ={"x": {"measured": 1.0, "isolated": 1.0, "latency": 0.0, "drift": 0.0,
+                                          "step": 4e-3}})
+    for seed in range(3):
+        plan = random_plan(graph, 16, 4, seed)
+        a, b = (CostModel(graph, 16, m, ComputeModel(m.device, p)).simulate(plan) for p in (bare, busy))
+        assert b.iteration_s == pytest.approx(a.iteration_s + 4e-3)
+        assert b.timeline.iteration_s == pytest.approx(b.iteration_s)
+    one = named("data", graph, 16, 1)
+    a, b = (CostModel(graph, 16, m, ComputeModel(m.device, p)).simulate(one) for p in (bare, busy))
+    assert a.iteration_s == b.iteration_s       # one process: no meeting, nothing measured per step
 
 
 def served(bandwidth=1e9, latency=1e-5):

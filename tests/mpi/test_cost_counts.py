@@ -92,14 +92,19 @@ def test_predicted_bytes_under_ghost_batch_norm(world, model_name, group):
 
 
 def test_the_wait_per_synchronization_is_measured_on_a_data_parallel_run(world):
-    """``spmdcnn profile``'s wait per point and drift: finite, non-negative shares of a real data-parallel run,
-    the same on every rank, and the run leaves the counters clean."""
-    from spmdcnn.runtime.profile import synchronization_wait
+    """``spmdcnn profile``'s latency per point and drift: finite, non-negative, in the cost model's units, the
+    same on every rank, from a real data-parallel run of as many points as the model walks; the run leaves the
+    counters clean."""
+    from spmdcnn.planner.service import cost_model
+    from spmdcnn.runtime.profile import synchronization
     graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
-    found = synchronization_wait(graph, 2 * world.size, world, np, np.float32, steps=2)
+    cost = cost_model(graph, 2 * world.size, world.size)
+    found = synchronization(graph, 2 * world.size, world, np, np.float32, cost, steps=2)
     every = world.allgather(tuple(found))
-    problems = [f"wait {found.wait!r} s"] if not 0.0 <= found.wait < 1.0 else []
+    problems = [f"latency {found.latency!r} s"] if not 0.0 <= found.latency < 1.0 else []
     problems += [f"drift {found.drift!r}"] if not 0.0 <= found.drift < 10.0 else []
+    problems += [f"measured {found.measured!r} s"] if not 0.0 < found.measured < 10.0 else []
+    problems += [f"{found.points} points"] if found.points < 2 else []
     problems += [f"ranks disagree: {every}"] if len(set(every)) != 1 else []
     problems += ["counters left"] if world.counters.sync_s or world.counters.bytes_synced else []
     agree(world, problems)

@@ -188,11 +188,11 @@ def test_a_signal_stops_before_the_evaluation_and_a_signal_at_the_end_completes_
                           log=events.append)
         step, evaluate, done = trainer._step, trainer._evaluate, []
 
-        def signalled(index, at=at, step=step, done=done):
+        def signalled(index, signals=None, at=at, step=step, done=done):
             if index == at:
                 os.kill(os.getpid(), signal.SIGTERM)
             done.append(index + 1)
-            return step(index)
+            return step(index, signals)
         monkeypatch.setattr(trainer, "_step", signalled)
         monkeypatch.setattr(trainer, "_evaluate",
                             lambda evaluate=evaluate, done=done: events.append(f"eval {done[-1]}") or evaluate())
@@ -217,7 +217,8 @@ def test_zero_steps_evaluate_the_initial_weights(tmp_path):
 
 
 def test_a_plan_files_prediction_is_the_logged_predicted_step_time(tmp_path):
-    """``spmdcnn plan -o`` writes ``predicted``; a job under that file logs it beside the measured step time."""
+    """``spmdcnn plan -o`` writes ``predicted``; a job under that file logs it beside the measured step time, with
+    the time the step takes to read its batch (data.workers auto reads in the step here)."""
     from spmdcnn.planner import make_plan
     from spmdcnn.planner.service import cost_model, plan_document
     from spmdcnn.tiling.plan import PlanError, parse_plan_text
@@ -226,6 +227,8 @@ def test_a_plan_files_prediction_is_the_logged_predicted_step_time(tmp_path):
     (tmp_path / "plan.yaml").write_text(plan_document(result))
     Trainer(job(tmp_path, plan=str(tmp_path / "plan.yaml")), log=lambda line: None).run()
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert records[-1]["predicted_step_s"] == pytest.approx(result.prediction.iteration_s, rel=1e-6)
+    assert records[-1]["predicted_plan_s"] == pytest.approx(result.prediction.iteration_s, rel=1e-6)
+    read = records[-1]["predicted_step_s"] - records[-1]["predicted_plan_s"]    # a step reads its batch
+    assert 0 < read < records[-1]["data_wait_s"] * 10 + 0.01
     with pytest.raises(PlanError, match="predicted must hold iteration_s"):
         parse_plan_text(result.plan.text + "predicted: {iteration_s: -1}\n", graph, 8, 1, "bad.yaml")

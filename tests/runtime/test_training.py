@@ -267,10 +267,10 @@ def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint(tmp_path, monke
     trainer = Trainer(make_job(tmp_path / "b"), log=quiet)
     step = trainer._step
 
-    def signalled(index):
+    def signalled(index, signals=None):
         if index == 2:
             os.kill(os.getpid(), signal.SIGTERM)
-        return step(index)
+        return step(index, signals)
     monkeypatch.setattr(trainer, "_step", signalled)
     before = signal.getsignal(signal.SIGTERM)
     result = trainer.run()
@@ -288,11 +288,11 @@ def test_one_stop_request_delivered_twice_at_once_still_checkpoints(tmp_path, mo
     trainer = Trainer(make_job(tmp_path), log=quiet)
     step = trainer._step
 
-    def signalled(index):
+    def signalled(index, signals=None):
         if index == 2:
             os.kill(os.getpid(), signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)
-        return step(index)
+        return step(index, signals)
     monkeypatch.setattr(trainer, "_step", signalled)
     result = trainer.run()
     assert result["stopped"] == "SIGTERM" and result["steps"] == 3

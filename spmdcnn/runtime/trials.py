@@ -1,0 +1,249 @@
+"""Trials: the cost model proposes, measurement disposes (docs/planning.md#trials).
+
+``plan: auto`` (and ``spmdcnn plan --trials K`` under ``mpiexec``) times the model's few best plans, data
+parallelism always among them, for a few steps each on the job's own ranks and batches, and keeps the fastest
+measured. Each candidate trains on an executor of its own, built from the job's seed and dropped after its steps:
+the run's weights, optimizer and data order are those it would have without trials, so a run with trials equals
+the same run under the plan they chose (and every plan equals one process). The trials take at most ``share`` of
+the run's steps; what they measured is cached in the profile, keyed by the model, batch, ranks and sync options,
+and a later run whose candidates are the same skips them.
+"""
+
+import gc
+import hashlib
+import json
+import os
+import statistics
+import time
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+
+from ..backend import synchronizer
+from ..comm.errors import CollectiveError
+from ..io.prefetch import Loader
+from ..io.workers import CLOSE_GRACE_S
+from .profile import training_step
+from .trace import traced_step
+
+
+MARGIN = 0.03      # how much faster than the model's choice another plan must run to replace it
+
+
+@dataclass(frozen=True)
+class TrialSettings:
+    """The job's ``trials`` mapping: ``plans`` timed (0 or 1: no trials), ``steps`` timed each after ``warmup``,
+    and the most of the run's steps they may take (``share``)."""
+
+    plans: int = 3
+    steps: int = 5
+    warmup: int = 2
+    share: float = 0.05
+
+    @classmethod
+    def of(cls, spec):
+        """From the job's ``trials`` mapping (None: the defaults)."""
+        return cls(**(spec or {}))
+
+    @property
+    def on(self):
+        return self.plans > 1
+
+    def steps_within(self, count, run_steps):
+        """Timed steps per plan for ``count`` plans within ``share`` of ``run_steps`` (None: the run's steps are
+        unknown, no bound), fewer than :attr:`steps` when the share needs it; 0 when not even two fit."""
+        if run_steps is None:
+            return self.steps
+        fits = int(self.share * run_steps) // count - self.warmup
+        return min(self.steps, fits) if fits >= 2 else 0
+
+
+class Trial(NamedTuple):
+    """One candidate: its ``label`` (how the planner found it), ``plan``, predicted seconds per step and the
+    median measured (None when it could not run: ``error`` says why)."""
+
+    label: str
+    plan: object
+    predicted_s: float
+    measured_s: float = None
+    error: str = None
+
+
+def candidates(scored, count, data_plan, data_predicted_s):
+    """The ``(label, plan, predicted seconds)`` to time: the planner's choice first (``scored[0]``), then the
+    fastest other distinct plans of ``scored`` (``(label, plan, seconds)`` fastest first), ``count`` in all, data
+    parallelism (``data_plan``, unless None: it does not fit) always among them."""
+    chosen, seen = [], set()
+    for label, plan, seconds in scored:
+        if plan.text not in seen:
+            seen.add(plan.text)
+            chosen.append((label, plan, seconds))
+    chosen = chosen[:count]
+    if data_plan is not None and data_plan.text not in {plan.text for _, plan, _ in chosen}:
+        chosen = chosen[:count - 1] + [("data parallelism", data_plan, data_predicted_s)]
+    return chosen
+
+
+def cache_key(graph, batch, ranks, sync, batchnorm, settings):
+    """Where a profile keeps the trials of ``graph`` at ``batch`` on ``ranks`` ranks under these options."""
+    digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
+    options = json.dumps({"sync": vars(sync) if sync is not None else None, "batchnorm": batchnorm,
+                          "plans": settings.plans}, sort_keys=True, default=str)
+    return f"{graph.name} ({digest}) batch {batch} on {ranks} ranks, {options}"
+
+
+def cached(store, key, proposed):
+    """The :class:`Trial` s ``store`` (a Profile) holds under ``key`` for exactly the ``proposed`` plans
+    (``(label, plan, predicted)``), with today's predictions, or None."""
+    entry = store.trials.get(key)
+    if not entry or entry.get("plans") != [plan.text for _, plan, _ in proposed]:
+        return None
+    return [Trial(label, plan, predicted, measured, error)
+            for (label, plan, predicted), measured, error in zip(proposed, entry["measured"], entry["errors"])]
+
+
+def remember(store, key, trials):
+    store.trials[key] = {"plans": [t.plan.text for t in trials], "measured": [t.measured_s for t in trials],
+                         "errors": [t.error for t in trials]}
+
+
+class _Batches:
+    """The job's batches for a trial (``training_step``'s ``feed``): a loader of this rank's reads from
+    ``start``, read in the step."""
+
+    def __init__(self, source, batch, dtype, start, count):
+        self.source, self.batch, self.dtype, self.start, self.count = source, batch, dtype, start, count
+        self.loader = None
+
+    def __call__(self, executor):
+        steps = self.source.batches_per_epoch(self.batch)
+        self.loader = Loader(self.source, executor.data_reads(), self.batch, self.dtype, steps, self.start,
+                             self.start + self.count, 0)
+        return lambda index: self.loader.next(self.start + index)[0]
+
+    def close(self):
+        if self.loader is not None:
+            self.loader.close(grace=CLOSE_GRACE_S)
+
+
+def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0, sync=None, batchnorm=None,
+               source=None, start=0, read_dtype=None):
+    """Time each of ``proposed`` (``(label, plan, predicted)``) for ``settings.warmup`` and ``steps`` steps on the
+    ranks of ``world`` (collective; the slowest rank's median step, run as training runs them: :func:`paced_steps`):
+    a fresh executor of the plan trains on ``source``'s batches from step ``start``
+    (an opened dataset; None: a fixed synthetic batch) and is dropped. A candidate the memory of some rank cannot
+    hold (:func:`refuse`), or whose executor could not be built (it raised on every rank), is kept with the reason
+    and not timed. Returns the :class:`Trial` s."""
+    found = []
+    local = world.node_ranks()[1] if world.size > 1 else 1
+    for label, plan, predicted in proposed:
+        try:
+            world.agree(lambda: refuse(graph, plan, dtype, xp, local))
+        except (CollectiveError, ValueError) as error:
+            found.append(Trial(label, plan, predicted, None, str(error)))
+            continue
+        feed = None if source is None else _Batches(source, batch, read_dtype or dtype, start,
+                                                    settings.warmup + steps)
+        try:
+            run = world.agree(lambda: training_step(graph, batch, xp, dtype, world, plan, seed, feed, sync,
+                                                    batchnorm))
+        except (CollectiveError, ValueError, MemoryError, OSError, RuntimeError) as error:
+            found.append(Trial(label, plan, predicted, None, str(error) or type(error).__name__))
+            if feed is not None:
+                feed.close()
+            continue
+        try:
+            times = paced_steps(run, world, synchronizer(xp), settings.warmup, steps)
+        finally:
+            if feed is not None:
+                feed.close()
+            del run
+            gc.collect()
+        measured = max(world.allgather(statistics.median(times)))     # every rank decides alike
+        found.append(Trial(label, plan, predicted, measured))
+    return found
+
+
+def available_bytes(xp, local_ranks=1):
+    """The memory one of ``local_ranks`` ranks sharing this node (or device) may still take: its share of what the
+    system (or the device) has free; None where it does not say."""
+    if xp is not np:
+        free, _ = xp.cuda.Device().mem_info
+        return free // local_ranks
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") // local_ranks
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def refuse(graph, plan, dtype, xp, local_ranks=1):
+    """Raise ValueError when this rank's share of free memory cannot hold ``plan`` under the memory model (a trial
+    that would swap or fail to allocate times nothing worth knowing)."""
+    from ..cost.memory import plan_memory
+    from ..sizes import format_bytes
+    free = available_bytes(xp, local_ranks)
+    need = plan_memory(graph, plan, np.dtype(dtype).itemsize, xp is np)
+    if free is not None and need > free:
+        raise ValueError(f"refused: it needs {format_bytes(need)} per device under the memory model, "
+                         f"{format_bytes(free)} is free for each rank here")
+
+
+def fastest(trials, margin=MARGIN):
+    """The trial to keep (None when none ran): the first (the model's choice) unless another ran faster by more
+    than ``margin`` (a fraction: what a few steps on a busy machine do not tell apart), then the fastest."""
+    ran = [t for t in trials if t.measured_s is not None]
+    if not ran:
+        return None
+    best = min(ran, key=lambda t: t.measured_s)
+    first = trials[0]
+    if first.measured_s is not None and first.measured_s <= best.measured_s * (1 + margin):
+        return first
+    return best
+
+
+def describe(trial):
+    """One line of a trial for the log: predicted against measured."""
+    if trial.measured_s is None:
+        return f"  {trial.label}: predicted {trial.predicted_s * 1e3:.1f} ms, could not run: {trial.error}"
+    off = 100 * (trial.predicted_s / trial.measured_s - 1)
+    return (f"  {trial.label}: predicted {trial.predicted_s * 1e3:.1f} ms, measured {trial.measured_s * 1e3:.1f} ms "
+            f"per step ({off:+.0f} %)")
+
+
+def paced_steps(run, world, finish, warmup, steps):
+    """This rank's seconds of each of ``steps`` steps after ``warmup``, run one after the other as training runs
+    them (a barrier before the first only; each step from the end of the one before, ``finish()`` waiting for the
+    device)."""
+    world.barrier()
+    for step in range(warmup):
+        run(step)
+        finish()
+    times, mark = [], time.perf_counter()
+    for step in range(warmup, warmup + steps):
+        run(step)
+        finish()
+        times.append(time.perf_counter() - mark)
+        mark += times[-1]
+    world.reset()
+    return times
+
+
+def timed_steps(run, world, finish, warmup, steps, trace=False):
+    """``(times, events)``: each timed step's seconds (from a barrier until the slowest rank is done, ``finish()``
+    waiting for the device) and, with ``trace``, the last timed step's events on this rank."""
+    times, events = [], []
+    for step in range(warmup + steps):
+        if step == warmup:
+            world.reset()
+        world.barrier()
+        start = time.perf_counter()
+        if trace and step == warmup + steps - 1:
+            events = traced_step(lambda: (run(step), finish()), run.executor, world)
+        else:
+            run(step)
+            finish()
+        world.barrier()
+        if step >= warmup:
+            times.append(time.perf_counter() - start)
+    return times, events

@@ -1,0 +1,138 @@
+"""``plan: auto``'s trials on ranks (runtime/trials.py): the model's best plans timed on the job's ranks and data,
+the run then equal to the same run under the plan they chose (and to one process), their result cached, a
+candidate that cannot run reported and passed over, and no trials when they are off or the run too short."""
+
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+from conftest import agree
+from spmdcnn.comm import World
+from test_trainer_on_ranks import _dataset, _job
+
+TRIALS = {"plans": 3, "steps": 2, "warmup": 1, "share": 1.0}
+
+
+@pytest.fixture
+def cache(world, monkeypatch):
+    folder = world.bcast(tempfile.mkdtemp(prefix="spmdcnn-trials-") if world.rank == 0 else None)
+    monkeypatch.setenv("SPMDCNN_CACHE", folder)
+    return folder
+
+
+def _trained(world, job, lines=None):
+    from spmdcnn.runtime.train import Trainer
+    trainer = Trainer(job, log=(lines.append if lines is not None else lambda line: None), world=world)
+    return trainer.plan, trainer.run()["losses"]
+
+
+def _trial_job(data, plan="auto", trials=TRIALS, steps=10):
+    job = _job(data, plan)
+    job["steps"], job["trials"] = steps, dict(trials)
+    return job
+
+
+@pytest.mark.timeout(300)
+def test_the_trials_choose_among_the_models_best_and_the_run_equals_that_plan_alone(world, cache):
+    if world.size == 1:
+        pytest.skip("trials time plans on several ranks")
+    data = _dataset(world)
+    lines = []
+    plan, losses = _trained(world, _trial_job(data), lines)
+    timed = [line for line in lines if "predicted" in line and "measured" in line and "per step (" in line]
+    problems = []
+    if world.rank == 0:
+        text = "\n".join(lines)
+        if "plan auto: timing the model's" not in text or not 2 <= len(timed) <= 3:
+            problems.append(f"no trials logged:\n{text}")
+        if not any(line.startswith("  data parallelism: predicted") for line in timed):
+            problems.append(f"data parallelism not timed: {timed}")
+        if "plan auto: chose " not in text:
+            problems.append("no choice logged")
+    path = None
+    if world.rank == 0:
+        path = os.path.join(cache, "chosen.yaml")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(plan.text)
+    path = world.bcast(path)
+    _, alone = _trained(world, _trial_job(data, path, {"plans": 0}))
+    if losses != alone:
+        problems.append(f"trials changed the run: {losses} against {alone}")
+    _, one = _trained(World(None), _trial_job(data, "data", {"plans": 0}))
+    if not np.allclose(losses, one, rtol=0, atol=1e-10):
+        problems.append(f"not one process's losses: {losses} against {one}")
+    agree(world, problems)
+
+
+@pytest.mark.timeout(300)
+def test_a_second_run_takes_the_trials_from_the_cache(world, cache, monkeypatch):
+    if world.size == 1:
+        pytest.skip("trials time plans on several ranks")
+    from spmdcnn.runtime import trials
+    data = _dataset(world)
+    first, _ = _trained(world, _trial_job(data))
+
+    def refused(*args, **keys):
+        raise AssertionError("the trials ran again")
+    monkeypatch.setattr(trials, "run_trials", refused)
+    lines = []
+    again, _ = _trained(world, _trial_job(data), lines)
+    problems = [] if again.text == first.text else ["another plan from the cache"]
+    if world.rank == 0 and not any("are cached in" in line for line in lines):
+        problems.append("the cache not said")
+    agree(world, problems)
+
+
+@pytest.mark.timeout(300)
+def test_a_candidate_that_cannot_run_or_is_refused_is_said_and_passed_over(world, cache, monkeypatch):
+    if world.size == 1:
+        pytest.skip("trials time plans on several ranks")
+    from spmdcnn.runtime import trials
+    data = _dataset(world)
+    step, calls = trials.training_step, []
+
+    def failing(graph, batch, xp, dtype, world_, plan, *args):
+        calls.append(plan.text)
+        if len(calls) == 2:                       # every rank: the second candidate fails as it is built
+            raise ValueError("no room for this plan")
+        return step(graph, batch, xp, dtype, world_, plan, *args)
+    monkeypatch.setattr(trials, "training_step", failing)
+    lines = []
+    plan, _ = _trained(world, _trial_job(data), lines)
+    problems = []
+    if world.rank == 0 and not any("could not run: no room for this plan" in line for line in lines):
+        problems.append("the failure not said:\n" + "\n".join(lines))
+    monkeypatch.setattr(trials, "training_step", step)
+    monkeypatch.setattr(trials, "available_bytes", lambda xp, local=1: 1 if world.rank == world.size - 1 else None)
+    monkeypatch.setenv("SPMDCNN_CACHE", cache + "-refused")
+    lines.clear()
+    refused, _ = _trained(world, _trial_job(data), lines)
+    if world.rank == 0:
+        text = "\n".join(lines)
+        if "refused: it needs" not in text or f"(on rank {world.size - 1})" not in text:
+            problems.append("the refusal not said:\n" + text)
+        if "plan auto: chose" in text:
+            problems.append("a plan chosen though none ran")
+    agree(world, problems)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("trials,steps,said", [({"plans": 0}, 10, None), ({"plans": 1}, 10, None),
+                                                ({"plans": 3, "share": 0.05}, 10, "plan auto: no trials")])
+def test_no_trials_when_off_or_the_run_is_too_short(world, cache, monkeypatch, trials, steps, said):
+    if world.size == 1:
+        pytest.skip("trials time plans on several ranks")
+    from spmdcnn.runtime import trials as module
+    monkeypatch.setattr(module, "run_trials", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trials ran")))
+    data = _dataset(world)
+    lines = []
+    _trained(world, _trial_job(data, trials=trials, steps=steps), lines)
+    problems = []
+    if world.rank == 0 and said is not None and not any(said in line for line in lines):
+        problems.append(f"{said!r} not said")
+    said_trials = [line for line in lines if "plan auto: timing" in line or "the trials" in line]
+    if world.rank == 0 and said is None and said_trials:
+        problems.append(f"trials though off: {said_trials}")
+    agree(world, problems)
