@@ -317,7 +317,8 @@ def main(argv=None):
             parser.error(f"--{name} must be positive")
     if getattr(args, "warmup", 0) < 0:
         parser.error("--warmup must be zero or positive")
-    if args.command in SERIAL:          # under mpiexec: rank 0 runs it, once; every rank exits with its status
+    if args.command in SERIAL and getattr(args, "trials", None) is None:    # plan --trials runs on every rank
+        # under mpiexec: rank 0 runs it, once; every rank exits with its status
         from .comm.guard import serial
         return serial(lambda: _run(args, alone=True))
     return _run(args)

@@ -105,8 +105,9 @@ def print_prediction(title, prediction, plan):
     s = prediction.summary()
     timeline = prediction.timeline
     sums = "sums through parameter servers" if timeline is not None and timeline.served else "allreduces"
+    runtime = f" + the runtime's own work {_ms(s['runtime_s'])}" if s["runtime_s"] else ""
     print(f"predicted iteration {_ms(s['iteration_s'])} ms = compute {_ms(s['compute_s'])} + transfer "
-          f"{_ms(s['transfer_s'])} + exposed sync {_ms(s['sync_s'])} ms; {plan.batch / s['iteration_s']:.1f} "
+          f"{_ms(s['transfer_s'])} + exposed sync {_ms(s['sync_s'])}{runtime} ms; {plan.batch / s['iteration_s']:.1f} "
           f"images/s; moves {format_bytes(s['bytes_transferred'])} between layers and {sums} "
           f"{format_bytes(s['bytes_synced'])} per iteration")
     if timeline is not None and timeline.buckets and timeline.served:
@@ -131,6 +132,8 @@ def _tie(args, cost):
 
 
 def cmd_plan(args):
+    if args.trials is not None:
+        return cmd_plan_trials(args)
     from .cost.memory import plan_memory
     from .sizes import parse_size
     from .graph import load_model
@@ -201,6 +204,69 @@ def cmd_plan(args):
     if args.output:
         print(f"wrote {args.output}")
     return 0
+
+
+def cmd_plan_trials(args):
+    """``spmdcnn plan --trials K`` under ``mpiexec``: rank 0 searches, every rank times the model's K best plans
+    (runtime/trials.py, on a synthetic batch), rank 0 prints them and writes the fastest measured."""
+    import numpy as np
+    from . import backend
+    from .comm import World
+    from .graph import load_model
+    from .planner import make_plan
+    from .planner.service import plan_document
+    from .runtime.autoplan import choose, propose
+    from .runtime.trials import TrialSettings
+    from .sizes import parse_size
+    from .tiling.plan import parse_plan_text
+    world = World.create()
+    say = print if world.rank == 0 else (lambda line: None)
+    if args.trials < 2:
+        raise ValueError(f"--trials {args.trials}: time 2 or more plans (without --trials the model chooses)")
+    if args.strategy != "optimal" or args.compare:
+        raise ValueError("--trials times the optimal search's best plans: not with --strategy or --compare")
+    if world.size != args.devices:
+        raise ValueError(f"--trials times plans on the ranks it runs on: start it with mpiexec -n {args.devices} "
+                         f"(it runs on {world.size})")
+    graph = load_model(args.model)
+    cost, source = _cost_for(args, graph, args.batch, args.devices)
+    settings = TrialSettings(plans=args.trials)
+
+    def search():
+        if world.rank != 0:
+            return None
+        limit = parse_size(args.memory) if args.memory else cost.machine.device.memory
+        tie, tie_source = _tie(args, cost) if limit is None else (0.0, "")
+        best = make_plan(graph, args.devices, cost, "optimal", memory=limit, tie=tie, tie_source=tie_source)
+        return propose(best, cost, settings, limit, say)
+    say(source)
+    proposed = [(label, parse_plan_text(text, graph, args.batch, args.devices, "plan --trials"), seconds)
+                for label, text, seconds in world.bcast(world.agree(search))]
+    store = cost.compute.profile
+    xp = backend.rank_module("auto", world.node_ranks())
+    dtype = np.dtype(args.dtype)
+    label, plan, predicted, chosen_by = choose(
+        proposed, graph, args.batch, world, xp, dtype, settings, store if store is not None else _NoCache(),
+        getattr(store, "path", None), say, cost.sync, batchnorm_option(args))
+    if world.rank != 0:
+        return 0
+    prediction = cost.simulate(plan)
+    print_prediction(f"{label} for {graph.name}: {args.devices} devices, batch {args.batch}, {chosen_by}",
+                     prediction, plan)
+    if args.output:
+        from .cost.calibrate import prepare_output
+        from .planner import Result
+        prepare_output(args.output)
+        with open(args.output, "w", encoding="utf-8") as handle:
+            handle.write(plan_document(Result(plan, prediction, "optimal"), args.model, args.output))
+        print(f"wrote {args.output}")
+    return 0
+
+
+class _NoCache:
+    """Where trials are remembered when no profile holds them (the analytic model): nowhere."""
+
+    trials = {}
 
 
 def _distance(solution):
@@ -377,6 +443,10 @@ def add_plan_commands(sub, common):
                    help="plans predicted within this fraction of the fastest are ties, and the one with the fewest "
                         "exchanges wins (default: the profile's spread; 0 with the analytic model)")
     p.add_argument("-o", "--output", help="write the plan YAML (with 'predicted') here")
+    p.add_argument("--trials", type=int, metavar="K",
+                   help="under mpiexec -n DEVICES: time the model's K best plans (data parallelism among them) for "
+                        "a few steps each on these ranks, keep the fastest measured, and print predicted against "
+                        "measured for each (docs/planning.md#trials)")
     cost_options(p)
     p.set_defaults(run=cmd_plan)
 

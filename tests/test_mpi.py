@@ -514,3 +514,27 @@ def test_commands_that_need_no_ranks_print_once_and_exit_cleanly_under_mpiexec(t
     assert failed.returncode == 2, failed.stdout + failed.stderr
     assert failed.stderr.count("spmdcnn: error:") == 1 and "absent.h5" in failed.stderr, failed.stderr
     assert "rank" not in failed.stderr and "abort" not in failed.stderr.lower(), failed.stderr
+
+
+def test_plan_trials_time_the_models_best_plans_on_the_ranks_and_write_the_fastest(tmp_path):
+    """``spmdcnn plan --trials K`` under mpiexec: the model's K best plans timed on the ranks, each said with its
+    prediction, the fastest measured written; a second call takes the trials from the profile."""
+    model = os.path.join(ROOT, "models", "tiny_cnn.yaml")
+    profile = tmp_path / "p.json"
+    made = mpiexec(2, *spmdcnn("profile", model, "--batch", 8, "--devices", 2, "-o", profile))
+    assert made.returncode == 0, made.stdout + made.stderr
+    command = spmdcnn("plan", model, "--devices", 2, "--batch", 8, "--profile", profile, "--trials", 3,
+                      "-o", tmp_path / "plan.yaml")
+    first = mpiexec(2, *command)
+    assert first.returncode == 0, first.stdout + first.stderr
+    timed = [line for line in first.stdout.splitlines() if "measured" in line and "per step (" in line]
+    assert 2 <= len(timed) <= 3 and any(line.startswith("  data parallelism: predicted") for line in timed), \
+        first.stdout
+    assert "plan auto: chose " in first.stdout and first.stdout.count("wrote ") == 1      # rank 0 says it, once
+    written = (tmp_path / "plan.yaml").read_text()
+    assert "predicted:" in written
+    again = mpiexec(2, *command)
+    assert again.returncode == 0 and "are cached in" in again.stdout, again.stdout
+    assert (tmp_path / "plan.yaml").read_text() == written
+    alone = subprocess.run(command, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=120)
+    assert alone.returncode == 2 and "start it with mpiexec -n 2 (it runs on 1)" in alone.stderr, alone.stderr

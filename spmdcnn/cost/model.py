@@ -38,8 +38,9 @@ class LayerCost:
 @dataclass
 class Prediction:
     layers: list = field(default_factory=list)
-    overhead_s: float = 0.0         # per iteration: the loss's allreduce with its wait, the runtime's work per step
+    overhead_s: float = 0.0         # per iteration: the loss's allreduce with its wait
     timeline: object = None         # the Timeline it comes from (None: the additive surrogate)
+    runtime_s: float = 0.0          # per iteration: the runtime's own work the profile measured on the ranks
 
     def _sum(self, key):
         return sum(getattr(row, key) for row in self.layers)
@@ -58,12 +59,12 @@ class Prediction:
 
     @property
     def iteration_s(self):
-        return self.compute_s + self.transfer_s + self.sync_s
+        return self.compute_s + self.transfer_s + self.sync_s + self.runtime_s
 
     def summary(self):
         """The plan YAML's ``predicted`` mapping."""
         return {"iteration_s": self.iteration_s, "compute_s": self.compute_s, "transfer_s": self.transfer_s,
-                "sync_s": self.sync_s, "allreduce_s": self._sum("allreduce_s"),
+                "sync_s": self.sync_s, "runtime_s": self.runtime_s, "allreduce_s": self._sum("allreduce_s"),
                 "bytes_transferred": self._sum("bytes_transferred"), "bytes_synced": self._sum("bytes_synced")}
 
     def to_json(self):
@@ -181,7 +182,8 @@ class CostModel:
     def surrogate(self, plan):
         """The additive :class:`Prediction` the search's tables give ``plan`` (each layer's gradients one
         allreduce on the critical path): what the planner's dynamic program minimizes at weight 1."""
-        prediction = Prediction(overhead_s=self.overhead(plan.devices))
+        runtime = self.compute.step if plan.devices > 1 else 0.0
+        prediction = Prediction(overhead_s=self.overhead(plan.devices) - runtime, runtime_s=runtime)
         for layer in self.graph.layers:
             config = plan[layer.name]
             compute, sync, synced = self.node(layer, config)
@@ -207,7 +209,7 @@ class CostModel:
             for name, nbytes in bucket.layers.items():
                 share[name] = share.get(name, 0.0) + bucket.exposed_s * nbytes / bucket.nbytes
                 allreduce[name] = allreduce.get(name, 0.0) + (bucket.seconds + bucket.wait_s) * nbytes / bucket.nbytes
-        prediction = Prediction(overhead_s=found.overhead_s, timeline=found)
+        prediction = Prediction(overhead_s=found.overhead_s, timeline=found, runtime_s=found.runtime_s)
         for layer in self.graph.layers:
             compute, transfer, batchnorm, moved, synced = rows[layer.name]
             prediction.layers.append(LayerCost(layer.name, plan[layer.name].describe(short=True), compute, transfer,

@@ -56,8 +56,9 @@ class Timeline:
     rank: int
     buckets: list = field(default_factory=list)     # the slowest device's BucketCosts
     ends: list = field(default_factory=list)        # every device's end
-    overhead_s: float = 0.0     # the loss's sum after forward, its wait included, and the runtime's work per step
+    overhead_s: float = 0.0                         # the loss's sum after forward, its wait included
     served: bool = False                            # buckets are parameter servers' pulls (their pushes: sync)
+    runtime_s: float = 0.0                          # the runtime's own work per step, measured (in iteration_s)
 
     @property
     def allreduce_s(self):
@@ -340,8 +341,8 @@ def timeline(cost, plan, options=None):
     ends = [device_end(buckets, walked.end, updates) for buckets in per_device]
     rank = max(range(len(ends)), key=ends.__getitem__)
     step = cost.compute.step if plan.devices > 1 else 0.0       # the runtime's own work per step, measured
-    return rows, Timeline(ends[rank] + step, walked.end, rank, per_device[rank], ends, walked.overhead_s + step,
-                          cost.machine.served)
+    return rows, Timeline(ends[rank] + step, walked.end, rank, per_device[rank], ends, walked.overhead_s,
+                          cost.machine.served, step)
 
 
 def timeline_events(cost, plan, options=None):

@@ -52,8 +52,7 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize, sync=sync, batchnorm=batchnorm)
         limit = cost.machine.device.memory if memory is None else parse_size(memory)
         best = make_plan(graph, world.size, cost, "optimal", tie=store.spread, memory=limit)
-        data_plan = named("data", graph, batch, world.size)
-        data = cost.simulate(data_plan).iteration_s
+        data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
         predicted = best.prediction.iteration_s
         log(f"plan auto: searched {best.configurations} configurations of {best.nodes} layers in "
             f"{best.search_s:.2f} s (profile {path}: {measured} tile shapes measured in {profiled:.1f} s); "
@@ -65,21 +64,46 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
             used = plan_memory(graph, best.plan, cost.itemsize, cost.machine.device.im2col)
             used_text, limit_text = format_against(used, limit)
             log(f"plan auto: {used_text} per device under the memory model (memory: {limit_text})")
-        proposed = [(_label(best.plan, data_plan, "the model's choice"), best.plan.text, predicted)]
-        if settings.on:
-            fits = [(label, plan, seconds) for label, plan, seconds in best.scored
-                    if limit is None or plan_memory(graph, plan, cost.itemsize, cost.machine.device.im2col) <= limit]
-            data_fits = any(plan.text == data_plan.text for _, plan, _ in fits) or limit is None or \
-                plan_memory(graph, data_plan, cost.itemsize, cost.machine.device.im2col) <= limit
-            scored = [(proposed[0][0], best.plan, predicted)] + [
-                (_label(plan, data_plan, label), plan, seconds) for label, plan, seconds in fits]
-            chosen = trial.candidates(scored, settings.plans, data_plan if data_fits else None, data)
-            proposed = [(label, plan.text, seconds) for label, plan, seconds in chosen]
-            if not data_fits:
-                log("plan auto: data parallelism does not fit the memory limit: not among the trials")
-        return proposed
+        return propose(best, cost, settings, limit, log)
     proposed = [(label, parse_plan_text(text, graph, batch, world.size, "plan auto"), seconds)
                 for label, text, seconds in world.bcast(world.agree(search))]
+    label, plan, predicted, chosen_by = choose(proposed, graph, batch, world, xp, dtype, settings, store, path, log,
+                                               sync, batchnorm, source, run_steps, seed, read_dtype)
+    for layer in graph.layers:
+        log(f"  {layer.name}: {plan[layer.name].describe(short=True)}")
+    plan.source = f"plan auto ({label}: {chosen_by}; predicted {predicted * 1e3:.1f} ms per step)"
+    plan.predicted_s = predicted
+    return plan
+
+
+def propose(best, cost, settings, limit=None, log=None):
+    """``[(label, plan text, predicted seconds)]``: the planner's choice (``best``, a planner Result under
+    ``cost``) and, with ``settings`` on, the model's next best plans within the memory ``limit`` (bytes or None),
+    data parallelism among them when it fits (:func:`~.trials.candidates`)."""
+    graph = cost.graph
+    data_plan = named("data", graph, cost.batch, best.plan.devices)
+    predicted = best.prediction.iteration_s
+    proposed = [(_label(best.plan, data_plan, "the model's choice"), best.plan.text, predicted)]
+    if not settings.on:
+        return proposed
+
+    def fits(plan):
+        return limit is None or plan_memory(graph, plan, cost.itemsize, cost.machine.device.im2col) <= limit
+    scored = [(proposed[0][0], best.plan, predicted)] + [
+        (_label(plan, data_plan, label), plan, seconds) for label, plan, seconds in best.scored if fits(plan)]
+    data_fits = fits(data_plan)
+    chosen = trial.candidates(scored, settings.plans, data_plan if data_fits else None,
+                              cost.simulate(data_plan).iteration_s)
+    if not data_fits and log:
+        log("plan auto: data parallelism does not fit the memory limit: not among the trials")
+    return [(label, plan.text, seconds) for label, plan, seconds in chosen]
+
+
+def choose(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync=None, batchnorm=None,
+           source=None, run_steps=None, seed=0, read_dtype=None):
+    """``(label, plan, predicted seconds, how it was chosen)`` among ``proposed`` (``(label, plan, predicted)``,
+    the model's choice first; collective): the first alone, or the fastest measured of their trials
+    (:func:`_trials`, cached in ``store``, the profile at ``path``)."""
     (label, plan, predicted), chosen_by = proposed[0], "optimal under the cost model"
     if len(proposed) > 1:
         found = _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm,
@@ -89,11 +113,9 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
             label, plan, predicted = winner.label, winner.plan, winner.predicted_s
             chosen_by = f"the fastest of {len(found)} plans timed here, {winner.measured_s * 1e3:.1f} ms per step"
             log(f"plan auto: chose {label}, {chosen_by}")
-    for layer in graph.layers:
-        log(f"  {layer.name}: {plan[layer.name].describe(short=True)}")
-    plan.source = f"plan auto ({label}: {chosen_by}; predicted {predicted * 1e3:.1f} ms per step)"
-    plan.predicted_s = predicted
-    return plan
+        elif found:
+            log(f"plan auto: none of the {len(found)} plans could be timed: keeping the model's choice")
+    return label, plan, predicted, chosen_by
 
 
 def _label(plan, data_plan, label):
@@ -102,8 +124,8 @@ def _label(plan, data_plan, label):
 
 def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm, source,
             run_steps, seed, read_dtype):
-    """The :class:`~.trials.Trial` s of ``proposed``, from the profile's cache or timed now (and cached); None
-    when the run is too short for them."""
+    """The :class:`~.trials.Trial` s of ``proposed``, from the profile's cache or timed now (and cached in
+    ``store`` at ``path``, when given); None when the run is too short for them."""
     key = trial.cache_key(graph, batch, world.size, sync, batchnorm, settings)
     found = world.bcast(trial.cached(store, key, proposed) if world.rank == 0 else None)
     if found is not None:
@@ -125,7 +147,8 @@ def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log
                                  source, read_dtype=read_dtype)
         if world.rank == 0:
             trial.remember(store, key, found)
-            _save(store, path, log)
+            if path:
+                _save(store, path, log)
         log(f"plan auto: the trials took {time.perf_counter() - start:.1f} s (measured per step):")
     for found_trial in found:
         log(trial.describe(found_trial))

@@ -1,0 +1,89 @@
+"""The pure parts of plan: auto's trials (runtime/trials.py) and of the ranks' meeting costs (runtime/profile.py):
+which plans are timed, within what share of the run, which is kept, and how the cache and the fit behave."""
+
+import os
+
+import numpy as np
+import pytest
+
+from spmdcnn.cost.compute import Profile
+from spmdcnn.graph import load_model
+from spmdcnn.runtime import trials
+from spmdcnn.runtime.profile import _fit_wait
+from spmdcnn.tiling.plan import named
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
+
+
+@pytest.fixture(scope="module")
+def plans():
+    graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
+    return graph, {name: named(name, graph, 8, 2) for name in ("data", "owt", "model")}
+
+
+def test_the_models_choice_leads_and_data_parallelism_is_always_timed(plans):
+    _, p = plans
+    scored = [("choice", p["owt"], 1.0), ("again", p["owt"], 1.0), ("model", p["model"], 1.5), ("x", p["data"], 3.0)]
+    chosen = trials.candidates(scored, 2, p["data"], 3.0)
+    assert [(label, plan.text) for label, plan, _ in chosen] == [("choice", p["owt"].text),
+                                                                 ("data parallelism", p["data"].text)]
+    assert [label for label, _, _ in trials.candidates(scored, 3, p["data"], 3.0)] == ["choice", "model", "x"]
+    assert [label for label, _, _ in trials.candidates(scored, 3, None, 3.0)] == ["choice", "model", "x"]
+    assert [label for label, _, _ in trials.candidates(scored[:2], 3, None, 3.0)] == ["choice"]
+
+
+def test_the_trials_keep_within_their_share_of_the_run():
+    settings = trials.TrialSettings(plans=3, steps=5, warmup=2, share=0.05)
+    assert settings.steps_within(3, 440) == 5              # 21 steps of 440
+    assert settings.steps_within(3, 200) == 0              # 10 steps: not 2 timed each after the warm-up
+    assert settings.steps_within(3, 1000) == 5 and settings.steps_within(3, None) == 5
+    assert trials.TrialSettings(plans=3, share=1.0).steps_within(3, 12) == 2
+    assert not trials.TrialSettings(plans=1).on and not trials.TrialSettings(plans=0).on
+
+
+def test_the_models_choice_stays_unless_another_is_clearly_faster(plans):
+    _, p = plans
+    first = trials.Trial("choice", p["owt"], 1.0, 10.0)
+    close = trials.Trial("data parallelism", p["data"], 1.1, 9.8)
+    clear = trials.Trial("data parallelism", p["data"], 1.1, 9.0)
+    failed = trials.Trial("model", p["model"], 1.2, None, "no room")
+    assert trials.fastest([first, close, failed]) is first
+    assert trials.fastest([first, clear, failed]) is clear
+    assert trials.fastest([first._replace(measured_s=None, error="x"), close]) is close
+    assert trials.fastest([failed]) is None
+    assert "could not run: no room" in trials.describe(failed)
+    assert "predicted 1100.0 ms, measured 9000.0 ms per step (-88 %)" in trials.describe(clear)
+
+
+def test_trials_are_cached_for_the_same_candidates_only(plans, tmp_path):
+    graph, p = plans
+    store = Profile("test")
+    found = [trials.Trial("choice", p["owt"], 1.0, 2.0), trials.Trial("model", p["model"], 1.5, None, "refused")]
+    key = trials.cache_key(graph, 8, 2, None, "global", trials.TrialSettings())
+    trials.remember(store, key, found)
+    store.save(str(tmp_path / "p.json"))
+    again = Profile.load(str(tmp_path / "p.json"))
+    proposed = [("choice", p["owt"], 1.1), ("model", p["model"], 1.6)]
+    assert trials.cached(again, key, proposed) == [trials.Trial("choice", p["owt"], 1.1, 2.0),
+                                                   trials.Trial("model", p["model"], 1.6, None, "refused")]
+    assert trials.cached(again, key, proposed[::-1]) is None            # other candidates: time them again
+    assert trials.cached(again, key + " other", proposed) is None
+
+
+def test_a_plan_the_free_memory_cannot_hold_is_refused(plans, monkeypatch):
+    graph, p = plans
+    monkeypatch.setattr(trials, "available_bytes", lambda xp, local=1: 1000)
+    with pytest.raises(ValueError, match="refused: it needs .* per device under the memory model, 1000 B"):
+        trials.refuse(graph, p["data"], np.float32, np)
+    monkeypatch.setattr(trials, "available_bytes", lambda xp, local=1: None)
+    trials.refuse(graph, p["data"], np.float32, np)                     # the system does not say: no refusal
+
+
+@pytest.mark.parametrize("latency,drift", [(2e-4, 0.0), (0.0, 0.3), (1e-4, 0.1)])
+def test_the_meeting_cost_is_fitted_non_negative(latency, drift):
+    gaps = np.array([1e-3, 4e-3, 2e-3, 8e-3, 5e-4])
+    a, b = _fit_wait(gaps, latency + drift * gaps)
+    assert a == pytest.approx(latency, abs=1e-9) and b == pytest.approx(drift, abs=1e-9)
+    a, b = _fit_wait(gaps, 3e-4 - 0.05 * gaps)         # a negative slope is no drift
+    assert b == 0.0 and a >= 0.0
+    assert _fit_wait(gaps, -1e-3 + 0 * gaps) == (0.0, 0.0)
