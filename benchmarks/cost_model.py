@@ -1,7 +1,8 @@
 """Predicted against measured iteration time: the cost model's error on the plans that can run here.
 
 For each model and rank count K: profile the tile shapes with K ranks at once (``spmdcnn profile``), find the
-optimal plan (``spmdcnn plan``), then for the data, owt and optimal plans compare ``spmdcnn simulate``'s
+optimal plan (``spmdcnn plan``; on several ranks ``mpiexec -n K spmdcnn plan --trials 3``, which times the model's
+3 best plans there and keeps the fastest measured), then for the data, owt and optimal plans compare ``spmdcnn simulate``'s
 predicted iteration with the median iteration ``spmdcnn bench`` measures under ``mpiexec -n K``. Every pair of
 numbers is printed, then the median and largest absolute error.
 
@@ -53,6 +54,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=1, help="times the whole set is measured, in turn")
     parser.add_argument("--overlap", nargs="+", default=["on"], choices=["on", "off"],
                         help="gradient allreduces overlapped with backward (sync.overlap), off, or both")
+    parser.add_argument("--trials", type=int, default=3, help="the optimal plan from `spmdcnn plan --trials K` on "
+                        "the ranks (the model's K best timed; default 3; 0: the model's choice alone)")
     parser.add_argument("--json", help="write every pair of numbers here")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="spmdcnn-cost-")
@@ -65,8 +68,9 @@ def main():
             run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile, "--machine",
                  args.machine], ranks)
             optimal = os.path.join(work, f"optimal-{name}-{ranks}.yaml")
+            trials = ["--trials", str(args.trials)] if ranks > 1 and args.trials > 1 else []
             run(["plan", model, "--devices", str(ranks), "--batch", batch, "--machine", args.machine,
-                 "--profile", profile, "-o", optimal], 1)
+                 "--profile", profile, "-o", optimal, *trials], ranks if trials else 1)
             same = _same_as(model, int(batch), ranks, optimal, [p for p in args.plans if p != "optimal"])
             if same:
                 print(f"{name} on {ranks} ranks: the planner's plan is the {same} plan; measured once, as both",

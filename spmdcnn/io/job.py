@@ -63,9 +63,9 @@ SCHEMA = {
     "memory": ((str, int, float, type(None)), None),   # the most a device may hold: plan auto keeps to it
     "trials": {                              # plan auto times the model's best plans (runtime/trials.py)
         "plans": (int, 3),                   # how many, data parallelism among them (0 or 1: no trials)
-        "steps": (int, 5),                   # timed steps each, after warmup
+        "steps": (int, 6),                   # timed steps each, half in each of two passes, after warmup
         "warmup": (int, 2),
-        "share": (_NUMBER, 0.05),            # the most of the run's steps they may take
+        "share": (_NUMBER, 0.1),             # the most of the run's steps they may take
     },
     "machine": ((str, type(None)), None),
     "backend": (str, "auto"),
@@ -293,7 +293,8 @@ def parse_job(values, source="<job>", overrides=()):
     trials = job["trials"]
     for key in ("plans", "warmup"):
         check(trials[key] >= 0, f"trials.{key}", f"'trials.{key}' must be 0 or more, got {trials[key]}")
-    check(trials["steps"] > 0, "trials.steps", f"'trials.steps' must be positive, got {trials['steps']}")
+    check(trials["steps"] >= 2, "trials.steps",
+          f"'trials.steps' must be 2 or more (half in each of two passes), got {trials['steps']}")
     check(0 < trials["share"] <= 1, "trials.share",
           f"'trials.share' must be a fraction of the run's steps in (0, 1], got {trials['share']}")
     if job["memory"] is not None:

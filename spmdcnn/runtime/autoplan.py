@@ -136,12 +136,12 @@ def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log
             log(f"plan auto: no trials: {len(proposed)} plans of {settings.warmup} + 2 steps would take more than "
                 f"{settings.share * 100:g} % of the run's {run_steps} steps (trials.share)")
             return None
-        total = len(proposed) * (settings.warmup + steps)
+        total = settings.total(len(proposed), steps)
         share = f", {100 * total / run_steps:.1f} % of the run's {run_steps}" if run_steps else ""
         batches = "the job's batches" if source is not None else "a synthetic batch"
         log(f"plan auto: timing the model's {len(proposed)} best plans, data parallelism among them, "
-            f"{settings.warmup} + {steps} steps each on these ranks and {batches} ({total} steps{share}; the run's "
-            "weights are untouched)")
+            f"{steps} steps each after a warm-up, in two passes, on these ranks and {batches} ({total} steps{share}; "
+            "the run's weights are untouched)")
         start = time.perf_counter()
         found = trial.run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed, sync, batchnorm,
                                  source, read_dtype=read_dtype)

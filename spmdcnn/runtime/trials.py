@@ -37,9 +37,9 @@ class TrialSettings:
     and the most of the run's steps they may take (``share``)."""
 
     plans: int = 3
-    steps: int = 5
+    steps: int = 6
     warmup: int = 2
-    share: float = 0.05
+    share: float = 0.1
 
     @classmethod
     def of(cls, spec):
@@ -50,13 +50,22 @@ class TrialSettings:
     def on(self):
         return self.plans > 1
 
+    def __post_init__(self):
+        if self.steps < 2:
+            raise ValueError(f"trials.steps must be 2 or more (one in each pass), got {self.steps}")
+
     def steps_within(self, count, run_steps):
         """Timed steps per plan for ``count`` plans within ``share`` of ``run_steps`` (None: the run's steps are
-        unknown, no bound), fewer than :attr:`steps` when the share needs it; 0 when not even two fit."""
+        unknown, no bound), fewer than :attr:`steps` when the share needs it; 0 when not even two fit. A plan runs
+        :attr:`warmup` steps before its first pass and one before its second (:func:`run_trials`)."""
         if run_steps is None:
             return self.steps
-        fits = int(self.share * run_steps) // count - self.warmup
+        fits = int(self.share * run_steps) // count - self.warmup - 1      # and the second pass's warm-up
         return min(self.steps, fits) if fits >= 2 else 0
+
+    def total(self, count, steps):
+        """The steps ``count`` plans of ``steps`` (2 or more) timed steps take, warm-ups included."""
+        return count * (self.warmup + steps + 1)
 
 
 class Trial(NamedTuple):
@@ -129,40 +138,60 @@ class _Batches:
 
 def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0, sync=None, batchnorm=None,
                source=None, start=0, read_dtype=None):
-    """Time each of ``proposed`` (``(label, plan, predicted)``) for ``settings.warmup`` and ``steps`` steps on the
-    ranks of ``world`` (collective; the slowest rank's median step, run as training runs them: :func:`paced_steps`):
-    a fresh executor of the plan trains on ``source``'s batches from step ``start``
-    (an opened dataset; None: a fixed synthetic batch) and is dropped. A candidate the memory of some rank cannot
-    hold (:func:`refuse`), or whose executor could not be built (it raised on every rank), is kept with the reason
-    and not timed. Returns the :class:`Trial` s."""
-    found = []
+    """Time each of ``proposed`` (``(label, plan, predicted)``) for ``steps`` steps on the ranks of ``world``
+    (collective): in two passes, the plans in order and then in reverse (a machine whose speed drifts favours no
+    plan by its turn), each pass on a fresh executor of the plan, which trains on ``source``'s batches from step
+    ``start`` (an opened dataset; None: a fixed synthetic batch) after ``settings.warmup`` steps (one in the second
+    pass) and is dropped. A plan's time is the slowest rank's median step over both passes, the steps run as
+    training runs them (:func:`paced_steps`). A candidate the memory of some rank cannot hold (:func:`refuse`), or
+    whose executor could not be built (it raised on every rank), is kept with the reason and not timed. Returns the
+    :class:`Trial` s, in the order of ``proposed``."""
     local = world.node_ranks()[1] if world.size > 1 else 1
-    for label, plan, predicted in proposed:
+    times, errors = {}, {}
+    for index, (label, plan, predicted) in enumerate(proposed):
         try:
             world.agree(lambda: refuse(graph, plan, dtype, xp, local))
         except (CollectiveError, ValueError) as error:
-            found.append(Trial(label, plan, predicted, None, str(error)))
-            continue
-        feed = None if source is None else _Batches(source, batch, read_dtype or dtype, start,
-                                                    settings.warmup + steps)
-        try:
-            run = world.agree(lambda: training_step(graph, batch, xp, dtype, world, plan, seed, feed, sync,
-                                                    batchnorm))
-        except (CollectiveError, ValueError, MemoryError, OSError, RuntimeError) as error:
-            found.append(Trial(label, plan, predicted, None, str(error) or type(error).__name__))
-            if feed is not None:
-                feed.close()
-            continue
-        try:
-            times = paced_steps(run, world, synchronizer(xp), settings.warmup, steps)
-        finally:
-            if feed is not None:
-                feed.close()
-            del run
-            gc.collect()
-        measured = max(world.allgather(statistics.median(times)))     # every rank decides alike
-        found.append(Trial(label, plan, predicted, measured))
+            errors[index] = str(error)
+    first = (steps + 1) // 2
+    passes = [(range(len(proposed)), settings.warmup, first), (range(len(proposed) - 1, -1, -1), 1, steps - first)]
+    for order, warmup, count in passes:
+        for index in order:
+            if index in errors:
+                continue
+            taken = _timed(proposed[index][1], graph, batch, world, xp, dtype, warmup, count, seed, sync, batchnorm,
+                           source, start, read_dtype)
+            if isinstance(taken, str):
+                errors[index] = taken
+            else:
+                times.setdefault(index, []).extend(taken)
+    found = []
+    for index, (label, plan, predicted) in enumerate(proposed):
+        if index in errors:
+            found.append(Trial(label, plan, predicted, None, errors[index]))
+        else:
+            measured = max(world.allgather(statistics.median(times[index])))     # every rank decides alike
+            found.append(Trial(label, plan, predicted, measured))
     return found
+
+
+def _timed(plan, graph, batch, world, xp, dtype, warmup, steps, seed, sync, batchnorm, source, start, read_dtype):
+    """This rank's seconds of ``steps`` steps of ``plan`` on a fresh executor after ``warmup`` (:func:`run_trials`),
+    or why it could not be built (a string)."""
+    feed = None if source is None else _Batches(source, batch, read_dtype or dtype, start, warmup + steps)
+    try:
+        run = world.agree(lambda: training_step(graph, batch, xp, dtype, world, plan, seed, feed, sync, batchnorm))
+    except (CollectiveError, ValueError, MemoryError, OSError, RuntimeError) as error:
+        if feed is not None:
+            feed.close()
+        return str(error) or type(error).__name__
+    try:
+        return paced_steps(run, world, synchronizer(xp), warmup, steps)
+    finally:
+        if feed is not None:
+            feed.close()
+        del run
+        gc.collect()
 
 
 def available_bytes(xp, local_ranks=1):

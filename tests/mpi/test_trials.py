@@ -28,7 +28,7 @@ def _trained(world, job, lines=None):
     return trainer.plan, trainer.run()["losses"]
 
 
-def _trial_job(data, plan="auto", trials=TRIALS, steps=10):
+def _trial_job(data, plan="auto", trials=TRIALS, steps=12):
     job = _job(data, plan)
     job["steps"], job["trials"] = steps, dict(trials)
     return job

@@ -33,12 +33,17 @@ def test_the_models_choice_leads_and_data_parallelism_is_always_timed(plans):
 
 
 def test_the_trials_keep_within_their_share_of_the_run():
-    settings = trials.TrialSettings(plans=3, steps=5, warmup=2, share=0.05)
-    assert settings.steps_within(3, 440) == 5              # 21 steps of 440
-    assert settings.steps_within(3, 200) == 0              # 10 steps: not 2 timed each after the warm-up
-    assert settings.steps_within(3, 1000) == 5 and settings.steps_within(3, None) == 5
-    assert trials.TrialSettings(plans=3, share=1.0).steps_within(3, 12) == 2
+    settings = trials.TrialSettings(plans=3, steps=6, warmup=2, share=0.1)
+    assert settings.steps_within(3, 440) == 6 and settings.total(3, 6) == 27     # 27 steps of 440
+    assert settings.steps_within(3, 150) == 2 and settings.total(3, 2) == 15     # fewer, within 15 of 150
+    assert settings.steps_within(3, 140) == 0              # not 2 timed each after the warm-ups
+    assert settings.steps_within(3, 10 ** 6) == 6 and settings.steps_within(3, None) == 6
+    for run in range(100, 2000, 7):
+        steps = settings.steps_within(3, run)
+        assert steps == 0 or settings.total(3, steps) <= 0.1 * run
     assert not trials.TrialSettings(plans=1).on and not trials.TrialSettings(plans=0).on
+    with pytest.raises(ValueError, match="2 or more"):
+        trials.TrialSettings(steps=1)
 
 
 def test_the_models_choice_stays_unless_another_is_clearly_faster(plans):
