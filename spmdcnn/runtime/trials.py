@@ -77,6 +77,7 @@ class Trial(NamedTuple):
     predicted_s: float
     measured_s: float = None
     error: str = None
+    spread: float = 0.0         # how much its steps disagreed: (75th - 25th percentile) / median, the widest rank's
 
 
 def candidates(scored, count, data_plan, data_predicted_s):
@@ -108,13 +109,14 @@ def cached(store, key, proposed):
     entry = store.trials.get(key)
     if not entry or entry.get("plans") != [plan.text for _, plan, _ in proposed]:
         return None
-    return [Trial(label, plan, predicted, measured, error)
-            for (label, plan, predicted), measured, error in zip(proposed, entry["measured"], entry["errors"])]
+    spreads = entry.get("spreads") or [0.0] * len(proposed)
+    return [Trial(label, plan, predicted, measured, error, spread) for (label, plan, predicted), measured, error, spread
+            in zip(proposed, entry["measured"], entry["errors"], spreads)]
 
 
 def remember(store, key, trials):
     store.trials[key] = {"plans": [t.plan.text for t in trials], "measured": [t.measured_s for t in trials],
-                         "errors": [t.error for t in trials]}
+                         "errors": [t.error for t in trials], "spreads": [t.spread for t in trials]}
 
 
 class _Batches:
@@ -170,8 +172,10 @@ def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0
         if index in errors:
             found.append(Trial(label, plan, predicted, None, errors[index]))
         else:
-            measured = max(world.allgather(statistics.median(times[index])))     # every rank decides alike
-            found.append(Trial(label, plan, predicted, measured))
+            mine = times[index]
+            quartiles = np.percentile(mine, [25, 75])
+            ranks = world.allgather((statistics.median(mine), float(np.ptp(quartiles)) / statistics.median(mine)))
+            found.append(Trial(label, plan, predicted, max(r[0] for r in ranks), None, max(r[1] for r in ranks)))
     return found
 
 
@@ -220,14 +224,17 @@ def refuse(graph, plan, dtype, xp, local_ranks=1):
 
 def fastest(trials, margin=MARGIN):
     """The trial to keep (None when none ran): the first (the model's choice) unless another ran faster by more
-    than ``margin`` (a fraction: what a few steps on a busy machine do not tell apart), then the fastest."""
+    than ``margin`` (a fraction) and more than the steps of either disagreed among themselves (their
+    :attr:`~Trial.spread`: what a few steps on a busy machine cannot tell apart), then the fastest."""
     ran = [t for t in trials if t.measured_s is not None]
     if not ran:
         return None
     best = min(ran, key=lambda t: t.measured_s)
     first = trials[0]
-    if first.measured_s is not None and first.measured_s <= best.measured_s * (1 + margin):
-        return first
+    if first.measured_s is not None:
+        noise = max(margin, first.spread, best.spread)
+        if first.measured_s <= best.measured_s * (1 + noise):
+            return first
     return best
 
 
@@ -237,7 +244,7 @@ def describe(trial):
         return f"  {trial.label}: predicted {trial.predicted_s * 1e3:.1f} ms, could not run: {trial.error}"
     off = 100 * (trial.predicted_s / trial.measured_s - 1)
     return (f"  {trial.label}: predicted {trial.predicted_s * 1e3:.1f} ms, measured {trial.measured_s * 1e3:.1f} ms "
-            f"per step ({off:+.0f} %)")
+            f"per step ({off:+.0f} %; its steps varied by {100 * trial.spread:.0f} %)")
 
 
 def paced_steps(run, world, finish, warmup, steps):
