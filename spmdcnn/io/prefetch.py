@@ -190,16 +190,20 @@ class Loader:
 
     def _auto_workers(self, local_ranks):
         """``data.workers: auto``: none when reading every batch here would take under AUTO_MIN_READ_S in all
-        (timed on the first, read twice: the first read also opens the file and its caches; kept for the first
-        step), else :func:`default_workers`."""
+        (timed on the second batch, read once here: the first read, kept for the first step, also opens the file
+        and its caches), else :func:`default_workers`."""
         if self.issued >= self.stop:
             return 0
         epoch, indices = self.batch_of(self.issued)
         arrays = self.layout.private()
-        read_batch(self.source, self.layout, indices, epoch, arrays)       # the first read also opens the file
         started = time.perf_counter()
         read_batch(self.source, self.layout, indices, epoch, arrays)
         self.probe_s = time.perf_counter() - started
+        if self.issued + 1 < self.stop:     # the first read also opens the file: the next batch's is the run's
+            epoch, others = self.batch_of(self.issued + 1)
+            started = time.perf_counter()
+            read_batch(self.source, self.layout, others, epoch, self.layout.private())
+            self.probe_s = time.perf_counter() - started
         self._first = (arrays, indices)
         self.issued += 1
         return 0 if self.probe_s * (self.stop - self.first) < AUTO_MIN_READ_S else default_workers(local_ranks)

@@ -359,7 +359,9 @@ def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, lo
     missing = [s for s in shapes if profile_store.get(s) is None]
     missing_updates = [n for n in updates if update_key(n) not in profile_store.entries]
     jobs = [("tile", s) for s in missing] + [("sgd", n) for n in missing_updates]
-    if log:
+    if log and not jobs:
+        log(f"profile: all {len(shapes) + len(updates)} tile shapes the planner considers are in the profile")
+    elif log:
         where = "on this process" if world.size == 1 else f"shared between {world.size} ranks, measuring at once"
         log(f"profile: {len(jobs)} of {len(shapes) + len(updates)} tile shapes to measure, {where}")
     bar = Progress(len(jobs), "profile", unit="tile shapes") if progress and world.rank == 0 and jobs else None

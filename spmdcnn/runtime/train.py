@@ -304,7 +304,7 @@ class Trainer:
                f"{loader.prefetch} batches ahead ({format_bytes(loader.buffer.nbytes)} of shared memory on rank 0"
                f"{crowded})" if loader.workers else
                "no steps left to read" if loader.first >= loader.stop else "read in each step (" + (
-                   f"data.workers auto: the first batch read in {loader.probe_s * 1e3:.2f} ms, the run's would take "
+                   f"data.workers auto: a batch read in {loader.probe_s * 1e3:.2f} ms, the run's would take "
                    f"under {AUTO_MIN_READ_S:g} s" if loader.probe_s is not None else "data.workers 0") + ")")
         read = loader.probe_s if loader.probe_s is not None and not loader.workers else 0.0
         self.read_s = max(self.world.allgather(read)) if self.world.size > 1 else read
