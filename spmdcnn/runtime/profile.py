@@ -286,14 +286,14 @@ class Synchronization(NamedTuple):
     latency: float      # seconds per point
     drift: float        # seconds per second of the model's compute since the ranks last met
     points: int         # synchronization points per data-parallel step
-    measured: float     # the data-parallel step measured (seconds: the slowest rank's mean step)
+    measured: float     # the data-parallel step measured (seconds: the slowest rank's median step)
 
 
 def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2):
     """The :class:`Synchronization` of the ranks of ``world``, in the units of ``cost`` (a
     :class:`~spmdcnn.cost.model.CostModel` of ``graph`` at ``batch`` on them from the profile being measured):
     the data-parallel plan trains for a few steps one after the other (no barrier between them, as in training;
-    ``steps`` None: about a second of them, 5 to 20),
+    ``steps`` None: about a second of them, 5 to 40),
     and each segment of a step (a rank's step starts where its previous one ended), from the end of one point where
     every rank meets (the loss's sum, batch norm's gathers and sums) to the end of the next, is set against what
     the cost model gives it: the profile's compute and the machine's collective. Ranks drift apart (uneven cores,
@@ -311,9 +311,9 @@ def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2):
     for index in range(warmup):
         step(index)
         sync()
-    if steps is None:           # about a second of steps, 5 to 20 of them: the same count on every rank
+    if steps is None:           # about a second of steps, 5 to 40 of them: the same count on every rank
         taken = max(world.allgather((time.perf_counter() - began) / max(warmup, 1)))
-        steps = max(5, min(20, int(1.0 / max(taken, 1e-6))))
+        steps = max(5, min(40, int(1.0 / max(taken, 1e-6))))
     world.reset()
     mark = time.perf_counter()
     for index in range(warmup, warmup + steps):        # one after the other, as training runs them
@@ -331,7 +331,7 @@ def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2):
     counted = {len(segment) for segment in segments}
     mine = np.median(segments, axis=0) if counted == {len(gaps)} else None
     ranks = world.allgather(mine)
-    measured = max(world.allgather(statistics.fmean(totals)))     # what a run's steps take, on the slowest rank
+    measured = max(world.allgather(statistics.median(totals)))    # a step, not this minute's hiccups
     if any(r is None for r in ranks) or not len(gaps):
         return Synchronization(0.0, 0.0, len(gaps), measured)
     excess = np.median(ranks, axis=0) - modelled
