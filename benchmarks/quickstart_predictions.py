@@ -32,11 +32,13 @@ ROOT = os.path.dirname(HERE)
 BUSY = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
 
 
-def quick_start(ranks, work, name, *sets):
-    """``(plan text, predicted step, median measured step, chosen line)`` of one fresh quick start."""
+def quick_start(ranks, work, name, data, *sets):
+    """``(plan text, predicted step, median measured step, chosen line)`` of one fresh quick start, its digits in
+    the folder ``data``."""
     folder = os.path.join(work, name)
     os.makedirs(folder)
-    overrides = [f"checkpoint.path={folder}/q.h5", f"log.metrics={folder}/q.jsonl", "resume=false", *sets]
+    overrides = [f"checkpoint.path={folder}/q.h5", f"log.metrics={folder}/q.jsonl", "resume=false",
+                 f"data.path={data}/train.h5", f"data.val={data}/val.h5", *sets]
     command = [shutil.which("mpiexec"), "-n", str(ranks), sys.executable, "-m", "spmdcnn.cli", "train",
                "jobs/quickstart.yaml"] + [x for o in overrides for x in ("--set", o)]
     result = subprocess.run(command, cwd=ROOT, env={**os.environ, "SPMDCNN_CACHE": os.path.join(folder, "cache")},
@@ -57,6 +59,8 @@ def main():
     parser.add_argument("--runs", type=int, default=5, help="fresh quick starts per rank count")
     parser.add_argument("--load", action="store_true", help="a busy process on core 0 throughout; each run "
                         "followed by data parallelism's")
+    parser.add_argument("--data", default="data/digits", help="where the digits are, or are written the first time "
+                        "(default data/digits, the quick start's)")
     parser.add_argument("--json", help="write every run here")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="spmdcnn-quickstarts-")
@@ -65,11 +69,12 @@ def main():
     try:
         for run in range(args.runs):
             for ranks in args.ranks:
-                plan, predicted, measured, chosen = quick_start(ranks, work, f"{ranks}-{run}")
+                plan, predicted, measured, chosen = quick_start(ranks, work, f"{ranks}-{run}", args.data)
                 entry = {"ranks": ranks, "plan": plan, "predicted_s": predicted, "measured_s": measured,
                          "error": predicted / measured - 1, "chosen": chosen}
                 if args.load:
-                    _, _, data_s, _ = quick_start(ranks, work, f"{ranks}-{run}-data", "plan=data", "trials.plans=0")
+                    _, _, data_s, _ = quick_start(ranks, work, f"{ranks}-{run}-data", args.data, "plan=data",
+                                                 "trials.plans=0")
                     entry["data_measured_s"] = data_s
                 found[ranks].append(entry)
                 extra = f", data parallelism {data_s * 1e3:.2f} ms ({measured / data_s:.3f}x)" if args.load else ""

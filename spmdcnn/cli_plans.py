@@ -446,7 +446,7 @@ def add_plan_commands(sub, common):
     p.add_argument("--trials", type=int, metavar="K",
                    help="under mpiexec -n DEVICES: time the model's K best plans (data parallelism among them) for "
                         "a few steps each on these ranks, keep the fastest measured, and print predicted against "
-                        "measured for each (docs/planning.md#trials)")
+                        "measured for each (docs/architecture.md#trials)")
     cost_options(p)
     p.set_defaults(run=cmd_plan)
 

@@ -79,3 +79,11 @@ def test_search_time_reports_the_command_the_search_and_a_reference():
     stages, search, command = [float(x) for x in fields[4:9]], float(fields[9]), float(fields[10])
     assert 0 < sum(stages) <= search * 1.01 and command >= search
     assert "HEAD: command s, GiB, iteration ms" in out and row[0].endswith(" ms")
+
+
+def test_quickstart_predictions_reports_the_plans_and_the_errors(tmp_path):
+    out = run("benchmarks/quickstart_predictions.py", "--ranks", "2", "--runs", "1", "--data", str(tmp_path / "d"),
+              "--json", str(tmp_path / "q.json"))
+    assert "2 ranks, run 1: predicted" in out and "2 ranks: the same plan in 1 of 1 runs" in out
+    entry = json.loads((tmp_path / "q.json").read_text())["2"][0]
+    assert entry["predicted_s"] > 0 and entry["measured_s"] > 0 and "format:" in entry["plan"]

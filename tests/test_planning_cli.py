@@ -96,7 +96,7 @@ def test_plan_writes_a_plan_with_its_prediction_and_simulate_scores_it(tmp_path)
     data = yaml.safe_load(out.read_text())
     graph = load_model(os.path.join(ROOT, "models", "alexnet.yaml"))
     plan = from_mapping(data, graph, 64, 4, str(out))
-    assert set(data["predicted"]) == {"iteration_s", "compute_s", "transfer_s", "sync_s", "allreduce_s",
+    assert set(data["predicted"]) == {"iteration_s", "compute_s", "transfer_s", "sync_s", "runtime_s", "allreduce_s",
                                       "bytes_transferred", "bytes_synced"}
     simulated = run("simulate", out, "data", "--model", "models/alexnet.yaml", "--devices", 4, "--batch", 64,
                     "--machine", PAPER, "--json")
@@ -156,7 +156,8 @@ def test_profile_measures_each_tile_shape_once_and_the_planner_uses_it(tmp_path)
     first = run("profile", "models/tiny_cnn.yaml", "--batch", 4, "--devices", 2, "-o", out, "--repeats", 2)
     assert first.returncode == 0, first.stderr
     assert "profile: 100 % (" in first.stdout and " tile shapes), " in first.stdout     # progress, in a log
-    assert "at 2 samples per device, its share of the global batch 4 on 2 devices, on one rank" in first.stdout
+    assert "profile: a training step of the whole model at 2 samples (its share of the global batch 4 on 2 " \
+        "devices) took" in first.stdout and "so the plan's layer times are taken as" in first.stdout
     assert "repeated timings of a tile differ by" in first.stdout and "1 rank" not in first.stdout
     store = Profile.load(str(out))
     assert len(store) > 10 and all(seconds > 0 for seconds in store.entries.values())

@@ -1,4 +1,4 @@
-"""Trials: the cost model proposes, measurement disposes (docs/planning.md#trials).
+"""Trials: the cost model proposes, measurement disposes (docs/architecture.md#trials).
 
 ``plan: auto`` (and ``spmdcnn plan --trials K`` under ``mpiexec``) times the model's few best plans, data
 parallelism always among them, for a few steps each on the job's own ranks and batches, and keeps the fastest
@@ -152,7 +152,7 @@ def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0
     times, errors = {}, {}
     for index, (label, plan, predicted) in enumerate(proposed):
         try:
-            world.agree(lambda: refuse(graph, plan, dtype, xp, local))
+            world.agree(lambda plan=plan: refuse(graph, plan, dtype, xp, local))
         except (CollectiveError, ValueError) as error:
             errors[index] = str(error)
     first = (steps + 1) // 2
@@ -275,7 +275,7 @@ def timed_steps(run, world, finish, warmup, steps, trace=False):
         world.barrier()
         start = time.perf_counter()
         if trace and step == warmup + steps - 1:
-            events = traced_step(lambda: (run(step), finish()), run.executor, world)
+            events = traced_step(lambda step=step: (run(step), finish()), run.executor, world)
         else:
             run(step)
             finish()
