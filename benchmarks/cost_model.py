@@ -3,7 +3,8 @@
 For each model and rank count K: profile the tile shapes with K ranks at once (``spmdcnn profile``), find the
 optimal plan (``spmdcnn plan``; on several ranks ``mpiexec -n K spmdcnn plan --trials 3``, which times the model's
 3 best plans there and keeps the fastest measured), then for the data, owt and optimal plans compare ``spmdcnn simulate``'s
-predicted iteration with the median iteration ``spmdcnn bench`` measures under ``mpiexec -n K``. Every pair of
+predicted iteration with the mean iteration ``spmdcnn bench`` measures under ``mpiexec -n K`` (the mean, as a
+run's logged step time and its images/s are: the cost model predicts it). Every pair of
 numbers is printed, then the median and largest absolute error.
 
 With ``--rounds R`` the whole set is measured R times in turn, the plans in reverse order every other round. Each
@@ -102,8 +103,8 @@ def main():
                                            str(args.steps), "--warmup", str(args.warmup), "--json", *sync], ranks))
                 plan = plan if len(args.overlap) == 1 else f"{plan}/{overlap}"
                 row = {"model": name, "batch": int(batch), "ranks": ranks, "plan": plan, "round": round_,
-                       "predicted_ms": predicted["iteration_s"] * 1e3, "measured_ms": measured["step_s_median"] * 1e3,
-                       "error": predicted["iteration_s"] / measured["step_s_median"] - 1,
+                       "predicted_ms": predicted["iteration_s"] * 1e3, "measured_ms": measured["step_s_mean"] * 1e3,
+                       "error": predicted["iteration_s"] / measured["step_s_mean"] - 1,
                        "predicted_parts_ms": [predicted[k] * 1e3 for k in ("compute_s", "transfer_s", "sync_s")],
                        "measured_parts_ms": [measured[k] * 1e3 for k in ("compute_s", "transfer_s", "sync_s")]}
                 pairs.setdefault((name, ranks, plan), []).append(row)

@@ -10,6 +10,8 @@ ratio of measured to modelled time over the profile's points (so a partial profi
 layer's ``t_c`` under a configuration is its slowest tile's time: every device waits for it at the next exchange.
 """
 
+import copy
+import hashlib
 import json
 import os
 import statistics
@@ -106,6 +108,13 @@ def update_work(params, itemsize=4):
     return 1, 4 * params, itemsize * 5 * params
 
 
+def reference_key(graph, batch, devices, ranks):
+    """The ``in_situ`` key of a profile measured for ``graph`` at global ``batch`` on ``devices`` devices by
+    ``ranks`` ranks: ``spmdcnn profile`` writes it once every tile shape the planner considers there is measured."""
+    digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
+    return f"{graph.name} ({digest}) batch {batch} on {devices} devices, {ranks} ranks"
+
+
 class Profile:
     """Measured tile times for one device: ``{TileShape.key: seconds}``, kept in a JSON file.
 
@@ -155,6 +164,16 @@ class Profile:
         model gave it (0 on one rank and for profiles that measured none; may be negative)."""
         steps = [r["step"] for r in self.in_situ.values() if "step" in r]
         return statistics.median(steps) if steps else 0.0
+
+    def restricted(self, key):
+        """This profile with the reference iteration ``key`` alone, when it has it among others (a model measured
+        in place is scaled, and its ranks' meetings charged, by its own measurements rather than the median over
+        the models the cache holds), else itself. The tile times and trials are shared, not copied."""
+        if key not in self.in_situ or len(self.in_situ) == 1:
+            return self
+        view = copy.copy(self)
+        view.in_situ = {key: self.in_situ[key]}
+        return view
 
     def get(self, shape):
         return self.entries.get(shape.key)

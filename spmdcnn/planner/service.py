@@ -3,7 +3,7 @@
 import json
 import os
 
-from ..cost.compute import ComputeModel, Profile
+from ..cost.compute import ComputeModel, Profile, reference_key
 from ..cost.machine import default_machine, load_machine
 from ..cost.model import CostModel
 
@@ -11,13 +11,16 @@ from ..cost.model import CostModel
 def cost_model(graph, batch, devices, machine=None, profile=None, itemsize=4, nodes=None, sync=None,
                batchnorm=None):
     """A :class:`CostModel` from a machine file (or the built-in local machine) and a profile file or
-    :class:`Profile` (or none: the analytic model alone). ``nodes`` overrides the machine's node count; ``sync``:
+    :class:`Profile` (or none: the analytic model alone; of a profile that measured this model, batch and device
+    count in place, that reference iteration's scale and meetings: :meth:`Profile.restricted`). ``nodes`` overrides the machine's node count; ``sync``:
     the job's ``sync`` mapping (bucket size, overlap); ``batchnorm``: the job's key."""
     machine = load_machine(machine) if isinstance(machine, str) else (machine or default_machine())
     if nodes is not None:
         machine = machine.with_nodes(nodes)
     machine.check_devices(devices)
     store = Profile.load(profile) if isinstance(profile, str) else profile
+    if store is not None:
+        store = store.restricted(reference_key(graph, batch, devices, devices))
     return CostModel(graph, batch, machine, ComputeModel(machine.device, store, itemsize), itemsize, sync, batchnorm)
 
 

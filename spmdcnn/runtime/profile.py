@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backend import master_dtype, synchronizer, tf32_allowed
 from ..cost.calibrate import median_seconds, processor_name, spread, timings
-from ..cost.compute import ComputeModel, Profile, update_key
+from ..cost.compute import ComputeModel, Profile, reference_key, update_key
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..graph.graph import Layer
@@ -59,13 +59,6 @@ def cached_profile(devices, dtype=np.float32, per_node=None):
         return None, device, path
     store = Profile.load(path, device)
     return (store if store.device == device else None), device, path
-
-
-def reference_key(graph, batch, devices, ranks):
-    """The ``in_situ`` key of a profile measured for ``graph`` at global ``batch`` on ``devices`` devices by
-    ``ranks`` ranks: :func:`profile` writes it once every tile shape the planner considers there is measured."""
-    digest = hashlib.sha256(graph.text.encode()).hexdigest()[:12]
-    return f"{graph.name} ({digest}) batch {batch} on {devices} devices, {ranks} ranks"
 
 
 def measured_for(store, graph, batch, devices):
@@ -189,7 +182,8 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
         if world.size > 1:
             found = _synchronize(graph, sample * world.size, world, xp, dtype, machine, profile_store, reference)
         if log:
-            log(reference_text(reference, sample, batch, devices, world.size, profile_store.factor, found))
+            log(reference_text(reference, sample, batch, devices, world.size, profile_store.restricted(key).factor,
+                               found))
     return count
 
 
@@ -200,6 +194,8 @@ def _synchronize(graph, batch, world, xp, dtype, machine, store, reference):
     from ..planner.service import cost_model
     from ..tiling.plan import named
     itemsize = np.dtype(dtype).itemsize
+    key = next(k for k, entry in store.in_situ.items() if entry is reference)
+    store = store.restricted(key)           # this model's own scale, whatever else the cache holds
     found = synchronization(graph, batch, world, xp, dtype, cost_model(graph, batch, world.size, machine, store,
                                                                        itemsize))
     reference.update(latency=found.latency, drift=found.drift, step=0.0)
@@ -286,7 +282,7 @@ class Synchronization(NamedTuple):
     latency: float      # seconds per point
     drift: float        # seconds per second of the model's compute since the ranks last met
     points: int         # synchronization points per data-parallel step
-    measured: float     # the data-parallel step measured (seconds: the slowest rank's median step)
+    measured: float     # the data-parallel step measured (seconds: the slowest rank's mean step)
 
 
 def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2):
@@ -331,7 +327,7 @@ def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2):
     counted = {len(segment) for segment in segments}
     mine = np.median(segments, axis=0) if counted == {len(gaps)} else None
     ranks = world.allgather(mine)
-    measured = max(world.allgather(statistics.median(totals)))    # a step, not this minute's hiccups
+    measured = max(world.allgather(statistics.fmean(totals)))     # what a run's logged step is: the mean
     if any(r is None for r in ranks) or not len(gaps):
         return Synchronization(0.0, 0.0, len(gaps), measured)
     excess = np.median(ranks, axis=0) - modelled
