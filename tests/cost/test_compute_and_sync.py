@@ -175,3 +175,23 @@ def test_work_never_shrinks_when_a_tile_grows(op):
             grown = TileShape(op, tile.attrs, tile.inputs, out, tuple((n, tuple(s)) for n, s in params), True)
         assert all(b >= a for a, b in zip(work(tile), work(grown))), (tile, grown)
     assert all(b >= a for a, b in zip(update_work(10), update_work(11)))
+
+
+def test_a_model_measured_in_place_is_scaled_by_its_own_reference_iteration():
+    """A cache holds the reference iterations of several models: the cost model of one of them takes its own
+    scale, meeting latency and runtime work, not the median over the others; a model it has not measured, the
+    median."""
+    from spmdcnn.cost.compute import reference_key
+    from spmdcnn.planner.service import cost_model
+    graph, other = model("small_resnet"), model("tiny_cnn")
+    mine, theirs = reference_key(graph, 8, 2, 2), reference_key(other, 8, 2, 2)
+    store = Profile("test", in_situ={
+        mine: {"measured": 3.0, "isolated": 1.0, "latency": 1e-3, "drift": 0.0, "step": 2e-3},
+        theirs: {"measured": 1.0, "isolated": 1.0, "latency": 0.0, "drift": 0.0, "step": 0.0},
+        "third": {"measured": 1.2, "isolated": 1.0, "latency": 0.0, "drift": 0.0, "step": 0.0}})
+    own = cost_model(graph, 8, 2, profile=store).compute
+    assert (own.profile.factor, own.wait, own.step) == (3.0, 1e-3, 2e-3)
+    assert store.factor == 1.2 and len(store.in_situ) == 3          # the cache itself is unchanged
+    elsewhere = cost_model(graph, 16, 2, profile=store).compute     # another batch: not measured in place
+    assert elsewhere.profile.factor == 1.2
+    assert own.profile.entries is store.entries and own.profile.trials is store.trials
