@@ -160,8 +160,8 @@ class Profile:
 
     @property
     def step(self):
-        """Seconds per step of the runtime's own work that a data-parallel step on the ranks took beyond what the
-        model gave it (0 on one rank and for profiles that measured none; may be negative)."""
+        """Seconds per step of the runtime's own work that a data-parallel run of steps on the ranks (or the one
+        process) took beyond what the model gave it (0 for profiles that measured none; may be negative)."""
         steps = [r["step"] for r in self.in_situ.values() if "step" in r]
         return statistics.median(steps) if steps else 0.0
 

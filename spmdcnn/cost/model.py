@@ -172,7 +172,7 @@ class CostModel:
         """The surrogate's charge per iteration for the loss's sum: its allreduce and the profile's wait per
         point (the timeline adds the drift since the ranks last met), and the runtime's work per step."""
         if devices < 2:
-            return 0.0
+            return self.compute.step
         return self.loss_sum(devices) + self.compute.wait + self.compute.step
 
     def loss_sum(self, devices):
@@ -182,7 +182,7 @@ class CostModel:
     def surrogate(self, plan):
         """The additive :class:`Prediction` the search's tables give ``plan`` (each layer's gradients one
         allreduce on the critical path): what the planner's dynamic program minimizes at weight 1."""
-        runtime = self.compute.step if plan.devices > 1 else 0.0
+        runtime = self.compute.step
         prediction = Prediction(overhead_s=self.overhead(plan.devices) - runtime, runtime_s=runtime)
         for layer in self.graph.layers:
             config = plan[layer.name]

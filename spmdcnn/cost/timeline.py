@@ -340,7 +340,7 @@ def timeline(cost, plan, options=None):
                             moved, synced)
     ends = [device_end(buckets, walked.end, updates) for buckets in per_device]
     rank = max(range(len(ends)), key=ends.__getitem__)
-    step = cost.compute.step if plan.devices > 1 else 0.0       # the runtime's own work per step, measured
+    step = cost.compute.step                    # the runtime's own work per step, measured
     return rows, Timeline(ends[rank] + step, walked.end, rank, per_device[rank], ends, walked.overhead_s,
                           cost.machine.served, step)
 

@@ -24,6 +24,7 @@ from .workers import CLOSE_GRACE_S, SharedBuffer, Worker, attach, close_all
 
 MAX_AUTO_WORKERS = 8
 AUTO_MIN_READ_S = 1.0   # data.workers auto: no workers when all the batches read here in less (they cost more)
+PROBE_READS = 3          # batches after the first that data.workers auto times (their mean)
 STALLED = "raise data.timeout for slow storage, or copy the data to local disk"
 
 
@@ -190,8 +191,8 @@ class Loader:
 
     def _auto_workers(self, local_ranks):
         """``data.workers: auto``: none when reading every batch here would take under AUTO_MIN_READ_S in all
-        (timed on the second batch, read once here: the first read, kept for the first step, also opens the file
-        and its caches), else :func:`default_workers`."""
+        (timed on the mean of the next PROBE_READS batches, read here once: the first read, kept for the first step,
+        also opens the file and its caches), else :func:`default_workers`."""
         if self.issued >= self.stop:
             return 0
         epoch, indices = self.batch_of(self.issued)
@@ -199,11 +200,13 @@ class Loader:
         started = time.perf_counter()
         read_batch(self.source, self.layout, indices, epoch, arrays)
         self.probe_s = time.perf_counter() - started
-        if self.issued + 1 < self.stop:     # the first read also opens the file: the next batch's is the run's
-            epoch, others = self.batch_of(self.issued + 1)
-            started = time.perf_counter()
-            read_batch(self.source, self.layout, others, epoch, self.layout.private())
-            self.probe_s = time.perf_counter() - started
+        following = range(self.issued + 1, min(self.issued + 1 + PROBE_READS, self.stop))
+        if following:       # the first read also opens the file: the next batches' are the run's
+            scratch, started = self.layout.private(), time.perf_counter()
+            for step in following:
+                epoch, others = self.batch_of(step)
+                read_batch(self.source, self.layout, others, epoch, scratch)
+            self.probe_s = (time.perf_counter() - started) / len(following)
         self._first = (arrays, indices)
         self.issued += 1
         return 0 if self.probe_s * (self.stop - self.first) < AUTO_MIN_READ_S else default_workers(local_ranks)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backend import master_dtype, synchronizer, tf32_allowed
 from ..cost.calibrate import median_seconds, processor_name, spread, timings
-from ..cost.compute import ComputeModel, Profile, reference_key, update_key
+from ..cost.compute import ComputeModel, Profile, reference_key, update_key, update_work, work
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..graph.graph import Layer
@@ -178,9 +178,7 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
                        for layer in graph.layers) / profile_store.factor
         reference = profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "latency": 0.0,
                                                   "drift": 0.0}
-        found = None
-        if world.size > 1:
-            found = _synchronize(graph, sample * world.size, world, xp, dtype, machine, profile_store, reference)
+        found = _synchronize(graph, sample * world.size, world, xp, dtype, machine, profile_store, reference)
         if log:
             log(reference_text(reference, sample, batch, devices, world.size, profile_store.restricted(key).factor,
                                found))
@@ -204,10 +202,10 @@ def _synchronize(graph, batch, world, xp, dtype, machine, store, reference):
     return found
 
 
-def reference_text(reference, sample, batch, devices, ranks, factor, found=None):
-    """The profile's line on a reference iteration (``reference``: its ``in_situ`` entry) and, on several ranks,
-    the data-parallel run that measured their meetings (``found``, a :class:`Synchronization`): what was run, what
-    it took, and what the cost model takes from it."""
+def reference_text(reference, sample, batch, devices, ranks, factor, found):
+    """The profile's line on a reference iteration (``reference``: its ``in_situ`` entry) and the data-parallel
+    run that measured the runtime's own work and, on several ranks, their meetings (``found``, a
+    :class:`Synchronization`): what was run, what it took, and what the cost model takes from it."""
     measured, isolated = reference["measured"] * 1e3, reference["isolated"] * 1e3
     share = "" if devices == 1 else f" (its share of the global batch {batch} on {devices} devices)"
     if ranks == 1:
@@ -219,7 +217,10 @@ def reference_text(reference, sample, batch, devices, ranks, factor, found=None)
                 f"once, without communicating{sharing}: {measured:.1f} ms")
     text += (f"; its layers measured alone add up to {isolated:.1f} ms, so the plan's layer times are taken as "
              f"{factor:.2f}x their times alone")
-    if found is not None:
+    if ranks == 1:
+        text += (f"; trained step after step, a step took {found.measured * 1e3:.1f} ms (the runtime's own work "
+                 f"{reference['step'] * 1e3:.2f} ms per step beyond the layers)")
+    else:
         text += (f"; a data-parallel step on the {ranks} ranks took {found.measured * 1e3:.1f} ms: meeting at its "
                  f"{found.points} synchronization points cost {found.latency * 1e3:.2f} ms each and "
                  f"{found.drift * 100:.0f} % of the compute since the last, and the runtime's own work "
@@ -351,10 +352,23 @@ def _fit_wait(gaps, excess):
     return min(fits)[1]
 
 
+def _estimate(job):
+    """The analytic model's seconds of a job of :func:`_measure_tiles` (to put tiles of like sizes together)."""
+    kind, item = job
+    model = ComputeModel(Device())
+    return model.analytic(*(work(item) if kind == "tile" else update_work(item)))
+
+
 def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=False):
+    """Measure the tiles and updates ``profile_store`` lacks. On several ranks each takes a share, in rounds: the
+    jobs sorted by their analytic time, each round one per rank, started together after a barrier, so that every
+    tile is timed while every rank runs one of like size (ranks that share cores then take turns alike for every
+    tile: tile times compare with one another, and the reference iteration scales them all alike)."""
     missing = [s for s in shapes if profile_store.get(s) is None]
     missing_updates = [n for n in updates if update_key(n) not in profile_store.entries]
     jobs = [("tile", s) for s in missing] + [("sgd", n) for n in missing_updates]
+    if world.size > 1:          # rounds of tiles of like sizes, so that every tile is timed with all ranks busy
+        jobs.sort(key=_estimate, reverse=True)
     if log and not jobs:
         log(f"profile: all {len(shapes) + len(updates)} tile shapes the planner considers are in the profile")
     elif log:
@@ -363,7 +377,12 @@ def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, lo
     bar = Progress(len(jobs), "profile", unit="tile shapes") if progress and world.rank == 0 and jobs else None
     mine = {}
     try:
-        for count, i in enumerate(range(world.rank, len(jobs), world.size), 1):
+        rounds = -(-len(jobs) // world.size)
+        for count, i in enumerate(range(world.rank, rounds * world.size, world.size), 1):
+            if world.size > 1:
+                world.barrier()         # each round starts together: as many on every rank
+            if i >= len(jobs):
+                continue
             kind, item = jobs[i]
             if kind == "tile":
                 mine[i] = measure_tile(item, xp, dtype, repeats)

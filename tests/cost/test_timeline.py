@@ -203,7 +203,7 @@ def test_a_point_costs_the_profiles_latency_and_drift_and_older_profiles_their_w
     assert charged == pytest.approx([2e-3, 1e-3 + 0.05])
 
 
-def test_the_runtimes_work_per_step_is_added_once_to_every_plan_on_several_devices():
+def test_the_runtimes_work_per_step_is_added_once_to_every_plan():
     from spmdcnn.cost.compute import Profile
     graph, cost = cost_model("alexnet", 16)
     m = cost.machine
@@ -217,7 +217,7 @@ def test_the_runtimes_work_per_step_is_added_once_to_every_plan_on_several_devic
         assert b.timeline.iteration_s == pytest.approx(b.iteration_s)
     one = named("data", graph, 16, 1)
     a, b = (CostModel(graph, 16, m, ComputeModel(m.device, p)).simulate(one) for p in (bare, busy))
-    assert a.iteration_s == b.iteration_s       # one process: no meeting, nothing measured per step
+    assert b.iteration_s == pytest.approx(a.iteration_s + 4e-3)     # one process too: its steps' own work
 
 
 def served(bandwidth=1e9, latency=1e-5):
