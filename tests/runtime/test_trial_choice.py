@@ -58,6 +58,10 @@ def test_the_models_choice_stays_unless_another_is_clearly_faster(plans):
     assert trials.fastest([failed]) is None
     noisy = first._replace(spread=0.15)                 # its steps disagree by more than the difference
     assert trials.fastest([noisy, clear]) is noisy and trials.fastest([first, clear._replace(spread=0.2)]) is first
+    by_turn = clear._replace(passes=(8.0, 10.5))        # faster only in the pass where it came first
+    assert trials.fastest([first._replace(passes=(10.0, 10.0)), by_turn]) is not by_turn
+    steady = clear._replace(passes=(9.0, 9.1))
+    assert trials.fastest([first._replace(passes=(10.0, 10.0)), steady]) is steady
     assert "could not run: no room" in trials.describe(failed)
     assert "predicted 1100.0 ms, measured 9000.0 ms per step (-88 %; its steps varied by 0 %)" in \
         trials.describe(clear)
@@ -66,14 +70,14 @@ def test_the_models_choice_stays_unless_another_is_clearly_faster(plans):
 def test_trials_are_cached_for_the_same_candidates_only(plans, tmp_path):
     graph, p = plans
     store = Profile("test")
-    found = [trials.Trial("choice", p["owt"], 1.0, 2.0, None, 0.1),
+    found = [trials.Trial("choice", p["owt"], 1.0, 2.0, None, 0.1, (2.0, 2.1)),
              trials.Trial("model", p["model"], 1.5, None, "refused")]
     key = trials.cache_key(graph, 8, 2, None, "global", trials.TrialSettings())
     trials.remember(store, key, found)
     store.save(str(tmp_path / "p.json"))
     again = Profile.load(str(tmp_path / "p.json"))
     proposed = [("choice", p["owt"], 1.1), ("model", p["model"], 1.6)]
-    assert trials.cached(again, key, proposed) == [trials.Trial("choice", p["owt"], 1.1, 2.0, None, 0.1),
+    assert trials.cached(again, key, proposed) == [trials.Trial("choice", p["owt"], 1.1, 2.0, None, 0.1, (2.0, 2.1)),
                                                    trials.Trial("model", p["model"], 1.6, None, "refused")]
     assert trials.cached(again, key, proposed[::-1]) is None            # other candidates: time them again
     assert trials.cached(again, key + " other", proposed) is None
