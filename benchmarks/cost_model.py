@@ -1,8 +1,8 @@
 """Predicted against measured iteration time: the cost model's error on the plans that can run here.
 
 For each model and rank count K: profile the tile shapes with K ranks at once (``spmdcnn profile``), find the
-optimal plan (``spmdcnn plan``; on several ranks ``mpiexec -n K spmdcnn plan --trials 3``, which times the model's
-3 best plans there and keeps the fastest measured), then for the data, owt and optimal plans compare ``spmdcnn simulate``'s
+optimal plan (``spmdcnn plan``; on several ranks ``mpiexec -n K spmdcnn plan --trials 4``, which times the model's
+4 best plans there and keeps the fastest measured), then for the data, owt and optimal plans compare ``spmdcnn simulate``'s
 predicted iteration with the mean iteration ``spmdcnn bench`` measures under ``mpiexec -n K`` (the mean, as a
 run's logged step time and its images/s are: the cost model predicts it). Every pair of
 numbers is printed, then the median and largest absolute error.
@@ -55,8 +55,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=1, help="times the whole set is measured, in turn")
     parser.add_argument("--overlap", nargs="+", default=["on"], choices=["on", "off"],
                         help="gradient allreduces overlapped with backward (sync.overlap), off, or both")
-    parser.add_argument("--trials", type=int, default=3, help="the optimal plan from `spmdcnn plan --trials K` on "
-                        "the ranks (the model's K best timed; default 3; 0: the model's choice alone)")
+    parser.add_argument("--trials", type=int, default=4, help="the optimal plan from `spmdcnn plan --trials K` on "
+                        "the ranks (the model's K best timed; default 4, as plan: auto; 0: the model's choice alone)")
     parser.add_argument("--json", help="write every pair of numbers here")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="spmdcnn-cost-")

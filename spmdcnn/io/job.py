@@ -62,7 +62,7 @@ SCHEMA = {
     "plan": ((str, type(None)), "auto"),
     "memory": ((str, int, float, type(None)), None),   # the most a device may hold: plan auto keeps to it
     "trials": {                              # plan auto times the model's best plans (runtime/trials.py)
-        "plans": (int, 3),                   # how many, data parallelism among them (0 or 1: no trials)
+        "plans": (int, 4),                   # how many, data parallelism among them (0 or 1: no trials)
         "steps": (int, 6),                   # timed steps each, half in each of two passes, after warmup
         "warmup": (int, 2),
         "share": (_NUMBER, 0.1),             # the most of the run's steps they may take

@@ -12,6 +12,8 @@ from ..tiling.plan import named, parse_plan_text
 from . import trials as trial
 from .profile import default_path, device_name, profile
 
+LABELS = {"data": "data parallelism", "owt": "owt (one weird trick)", "model": "model parallelism"}
+
 
 def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None, memory=None, trials=None,
               source=None, run_steps=None, seed=0, read_dtype=None):
@@ -82,15 +84,16 @@ def propose(best, cost, settings, limit=None, log=None):
     data parallelism among them when it fits (:func:`~.trials.candidates`)."""
     graph = cost.graph
     data_plan = named("data", graph, cost.batch, best.plan.devices)
+    names = {named(name, graph, cost.batch, best.plan.devices).text: LABELS[name] for name in LABELS}
     predicted = best.prediction.iteration_s
-    proposed = [(_label(best.plan, data_plan, "the model's choice"), best.plan.text, predicted)]
+    proposed = [(names.get(best.plan.text, "the model's choice"), best.plan.text, predicted)]
     if not settings.on:
         return proposed
 
     def fits(plan):
         return limit is None or plan_memory(graph, plan, cost.itemsize, cost.machine.device.im2col) <= limit
     scored = [(proposed[0][0], best.plan, predicted)] + [
-        (_label(plan, data_plan, label), plan, seconds) for label, plan, seconds in best.scored if fits(plan)]
+        (names.get(plan.text, label), plan, seconds) for label, plan, seconds in best.scored if fits(plan)]
     data_fits = fits(data_plan)
     chosen = trial.candidates(scored, settings.plans, data_plan if data_fits else None,
                               cost.simulate(data_plan).iteration_s)
@@ -116,10 +119,6 @@ def choose(proposed, graph, batch, world, xp, dtype, settings, store, path, log,
         elif found:
             log(f"plan auto: none of the {len(found)} plans could be timed: keeping the model's choice")
     return label, plan, predicted, chosen_by
-
-
-def _label(plan, data_plan, label):
-    return "data parallelism" if plan.text == data_plan.text else label
 
 
 def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm, source,

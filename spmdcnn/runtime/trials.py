@@ -36,7 +36,7 @@ class TrialSettings:
     """The job's ``trials`` mapping: ``plans`` timed (0 or 1: no trials), ``steps`` timed each after ``warmup``,
     and the most of the run's steps they may take (``share``)."""
 
-    plans: int = 3
+    plans: int = 4
     steps: int = 6
     warmup: int = 2
     share: float = 0.1

@@ -50,7 +50,7 @@ def test_defaults_are_filled_in(tmp_path):
                       "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1, "min_lr": 0.0},
         "sync": {"bucket_mb": 25.0, "overlap": True}, "batchnorm": "global",
         "plan": "auto", "memory": None, "machine": None, "backend": "auto", "dtype": "float32", "init": None,
-        "trials": {"plans": 3, "steps": 6, "warmup": 2, "share": 0.1}, "transport": "auto", "share_gpus": False, "tf32": False,
+        "trials": {"plans": 4, "steps": 6, "warmup": 2, "share": 0.1}, "transport": "auto", "share_gpus": False, "tf32": False,
         "checkpoint": {"path": None, "every": None, "keep": 1}, "resume": "auto", "seed": 0,
         "log": {"every": 10, "metrics": None, "progress": "auto"}, "eval": {"every": None},
     }
