@@ -259,7 +259,7 @@ def make_plan(graph, devices, cost, strategy="optimal", limit=None, memory=None,
     _, best, best_prediction = scored[0]
     chosen, prediction, ties = best, best_prediction, None
     if tie > 0 and memory is None:
-        extra = [(f"{tie:g} tie band, fewer exchanges", problem.plan(c, cost.batch, "plan optimal"))
+        extra = [("fewer exchanges, within the tie band", problem.plan(c, cost.batch, "plan optimal"))
                  for c in _fewest_exchanges(problem, sizes, solution, tie, cost.overhead(devices))]
         pool = scored + _scored(cost, extra)
         band = tie * best_prediction.iteration_s

@@ -231,7 +231,7 @@ def refuse(graph, plan, dtype, xp, local_ranks=1):
 def fastest(trials, margin=MARGIN):
     """The trial to keep (None when none ran): the first (the model's choice) unless another ran faster by more
     than ``margin`` (a fraction) and more than the steps of either disagreed among themselves (their
-    :attr:`~Trial.spread`: what a few steps on a busy machine cannot tell apart), and faster in each pass (in
+    :attr:`~Trial.spread`: what a few steps on a busy machine cannot tell apart), overall and in each pass (in
     order, then reversed: not by its turn), then the fastest."""
     ran = [t for t in trials if t.measured_s is not None]
     if not ran:
@@ -240,7 +240,7 @@ def fastest(trials, margin=MARGIN):
     first = trials[0]
     if first.measured_s is not None:
         noise = max(margin, first.spread, best.spread)
-        steady = all(b < f for b, f in zip(best.passes, first.passes))     # faster in each pass, not by its turn
+        steady = all(b * (1 + noise) < f for b, f in zip(best.passes, first.passes))  # in each pass: not by its turn
         if first.measured_s <= best.measured_s * (1 + noise) or not steady:
             return first
     return best

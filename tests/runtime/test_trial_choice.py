@@ -62,6 +62,8 @@ def test_the_models_choice_stays_unless_another_is_clearly_faster(plans):
     assert trials.fastest([first._replace(passes=(10.0, 10.0)), by_turn]) is not by_turn
     steady = clear._replace(passes=(9.0, 9.1))
     assert trials.fastest([first._replace(passes=(10.0, 10.0)), steady]) is steady
+    barely = clear._replace(passes=(8.0, 9.9))          # faster in each pass, but by less than the margin in one
+    assert trials.fastest([first._replace(passes=(10.0, 10.0)), barely]) is not barely
     assert "could not run: no room" in trials.describe(failed)
     assert "predicted 1100.0 ms, measured 9000.0 ms per step (-88 %; its steps varied by 0 %)" in \
         trials.describe(clear)
