@@ -13,6 +13,15 @@ from spmdcnn.comm import World
 from test_trainer_on_ranks import _dataset, _job
 
 TRIALS = {"plans": 3, "steps": 2, "warmup": 1, "share": 1.0}
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture
+def data(world):
+    """The HDF5 dataset of the trainer's tests; trials time plans on several ranks, so one rank skips."""
+    if world.size == 1:
+        pytest.skip("trials time plans on several ranks")
+    return _dataset(world)
 
 
 @pytest.fixture
@@ -34,11 +43,7 @@ def _trial_job(data, plan="auto", trials=TRIALS, steps=12):
     return job
 
 
-@pytest.mark.timeout(300)
-def test_the_trials_choose_among_the_models_best_and_the_run_equals_that_plan_alone(world, cache):
-    if world.size == 1:
-        pytest.skip("trials time plans on several ranks")
-    data = _dataset(world)
+def test_the_trials_choose_among_the_models_best_and_the_run_equals_that_plan_alone(world, cache, data):
     lines = []
     plan, losses = _trained(world, _trial_job(data), lines)
     timed = [line for line in lines if "predicted" in line and "measured" in line and "per step (" in line]
@@ -66,12 +71,8 @@ def test_the_trials_choose_among_the_models_best_and_the_run_equals_that_plan_al
     agree(world, problems)
 
 
-@pytest.mark.timeout(300)
-def test_a_second_run_takes_the_trials_from_the_cache(world, cache, monkeypatch):
-    if world.size == 1:
-        pytest.skip("trials time plans on several ranks")
+def test_a_second_run_takes_the_trials_from_the_cache(world, cache, data, monkeypatch):
     from spmdcnn.runtime import trials
-    data = _dataset(world)
     first, _ = _trained(world, _trial_job(data))
 
     def refused(*args, **keys):
@@ -85,12 +86,8 @@ def test_a_second_run_takes_the_trials_from_the_cache(world, cache, monkeypatch)
     agree(world, problems)
 
 
-@pytest.mark.timeout(300)
-def test_a_candidate_that_cannot_run_or_is_refused_is_said_and_passed_over(world, cache, monkeypatch):
-    if world.size == 1:
-        pytest.skip("trials time plans on several ranks")
+def test_a_candidate_that_cannot_run_or_is_refused_is_said_and_passed_over(world, cache, data, monkeypatch):
     from spmdcnn.runtime import trials
-    data = _dataset(world)
     step, calls = trials.training_step, []
 
     def failing(graph, batch, xp, dtype, world_, plan, *args):
@@ -118,15 +115,11 @@ def test_a_candidate_that_cannot_run_or_is_refused_is_said_and_passed_over(world
     agree(world, problems)
 
 
-@pytest.mark.timeout(300)
 @pytest.mark.parametrize("trials,steps,said", [({"plans": 0}, 10, None), ({"plans": 1}, 10, None),
                                                 ({"plans": 3, "share": 0.05}, 10, "plan auto: no trials")])
-def test_no_trials_when_off_or_the_run_is_too_short(world, cache, monkeypatch, trials, steps, said):
-    if world.size == 1:
-        pytest.skip("trials time plans on several ranks")
+def test_no_trials_when_off_or_the_run_is_too_short(world, cache, data, monkeypatch, trials, steps, said):
     from spmdcnn.runtime import trials as module
     monkeypatch.setattr(module, "run_trials", lambda *a, **k: (_ for _ in ()).throw(AssertionError("trials ran")))
-    data = _dataset(world)
     lines = []
     _trained(world, _trial_job(data, trials=trials, steps=steps), lines)
     problems = []
