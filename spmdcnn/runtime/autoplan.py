@@ -16,12 +16,14 @@ LABELS = {"data": "data parallelism", "owt": "owt (one weird trick)", "model": "
 
 
 def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None, memory=None, trials=None,
-              source=None, run_steps=None, seed=0, read_dtype=None):
+              source=None, run_steps=None, seed=0, read_dtype=None, reads=None):
     """The plan for ``graph`` on the ranks of ``world`` (collective): the cost model's optimum, or with ``trials``
     (a :class:`~.trials.TrialSettings` that is on) the fastest measured of its best plans. ``machine``: a machine
     YAML path or None (the built-in local machine); ``sync``, ``batchnorm`` and ``memory`` (the most a device may
     hold, bytes or a size such as ``80GB``): the job's keys. The trials train on ``source`` (an opened dataset;
-    None: a synthetic batch) with ``seed``, within their share of ``run_steps`` (None: no bound)."""
+    None: a synthetic batch) with ``seed``, within their share of ``run_steps`` (None: no bound). ``reads``: a
+    :class:`~.profile.JobReads` of the job, for the profile's calibration (the prediction then includes reading;
+    ``plan.reads_included``)."""
     if world.size == 1:
         plan = named("data", graph, batch, 1)
         plan.source = "plan auto (one device: the whole model here)"
@@ -42,7 +44,7 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
     start = time.perf_counter()
     references = len(store.in_situ)
     measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log, machine=machine,
-                       progress=True)
+                       progress=True, reads=reads)
     if (measured or len(store.in_situ) != references) and world.rank == 0:
         _save(store, path, log)
     profiled = time.perf_counter() - start
@@ -75,6 +77,7 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         log(f"  {layer.name}: {plan[layer.name].describe(short=True)}")
     plan.source = f"plan auto ({label}: {chosen_by}; predicted {predicted * 1e3:.1f} ms per step)"
     plan.predicted_s = predicted
+    plan.reads_included = reads is not None
     return plan
 
 

@@ -8,7 +8,6 @@ Under ``mpiexec`` every rank measures a share of the shapes at the same time, so
 and memory are measured with the contention they will meet in training; rank 0 writes the file.
 """
 
-import hashlib
 import os
 import statistics
 import time
@@ -159,16 +158,19 @@ def shapes_to_profile(graph, batch, devices, configs=None):
 
 
 def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32, repeats=3, log=None,
-            machine=None, progress=False):
+            machine=None, progress=False, reads=None):
     """Measure every tile shape ``profile_store`` lacks, on all ranks at once, then (if the profile has none for
     this model, batch and rank count) a reference iteration (:func:`reference_iteration`) and the wait per
     synchronization (:func:`synchronization_wait`, against ``machine``: a machine YAML path, or None for the
     built-in local machine); returns the number of tile shapes measured. ``progress``: rank 0 shows the measuring
-    on standard output (:class:`~spmdcnn.progress.Progress`)."""
+    on standard output (:class:`~spmdcnn.progress.Progress`). ``reads``: a :class:`JobReads` (``plan: auto``'s
+    job): the data-parallel calibration then reads the job's batches as its run will, and the profile's entry for
+    this model says so (another job's reads measure it again)."""
     count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log,
                            progress)
     key = reference_key(graph, batch, devices, world.size)
-    if "latency" not in profile_store.in_situ.get(key, {}):
+    entry = profile_store.in_situ.get(key, {})
+    if "latency" not in entry or entry.get("reads") != (reads.describe() if reads else None):
         sample = max(batch // devices, 1)
         whole = {layer.name: [ParallelConfig((1,) * len(output_shape(layer, sample)), (0,))] for layer in graph.layers}
         count += _measure_tiles(profile_store, *shapes_to_profile(graph, sample, 1, whole), world, xp, dtype,
@@ -178,14 +180,16 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
                        for layer in graph.layers) / profile_store.factor
         reference = profile_store.in_situ[key] = {"measured": measured, "isolated": isolated, "latency": 0.0,
                                                   "drift": 0.0}
-        found = _synchronize(graph, sample * world.size, world, xp, dtype, machine, profile_store, reference)
+        if reads is not None:
+            reference["reads"] = reads.describe()
+        found = _synchronize(graph, sample * world.size, world, xp, dtype, machine, profile_store, reference, reads)
         if log:
             log(reference_text(reference, sample, batch, devices, world.size, profile_store.restricted(key).factor,
                                found))
     return count
 
 
-def _synchronize(graph, batch, world, xp, dtype, machine, store, reference):
+def _synchronize(graph, batch, world, xp, dtype, machine, store, reference, feed=None):
     """Measure the ranks' :func:`synchronization` into ``reference`` (the ``in_situ`` entry of ``store`` being
     made) and what the data-parallel step took beyond the model with it (``step``: the runtime's own work, which
     no tile includes); returns the :class:`Synchronization`."""
@@ -194,8 +198,12 @@ def _synchronize(graph, batch, world, xp, dtype, machine, store, reference):
     itemsize = np.dtype(dtype).itemsize
     key = next(k for k, entry in store.in_situ.items() if entry is reference)
     store = store.restricted(key)           # this model's own scale, whatever else the cache holds
-    found = synchronization(graph, batch, world, xp, dtype, cost_model(graph, batch, world.size, machine, store,
-                                                                       itemsize))
+    try:
+        found = synchronization(graph, batch, world, xp, dtype, cost_model(graph, batch, world.size, machine, store,
+                                                                           itemsize), feed=feed)
+    finally:
+        if feed is not None:
+            feed.close()
     reference.update(latency=found.latency, drift=found.drift, step=0.0)
     cost = cost_model(graph, batch, world.size, machine, store, itemsize)     # with the waits just measured
     reference["step"] = found.measured - cost.simulate(named("data", graph, batch, world.size)).iteration_s
@@ -217,11 +225,12 @@ def reference_text(reference, sample, batch, devices, ranks, factor, found):
                 f"once, without communicating{sharing}: {measured:.1f} ms")
     text += (f"; its layers measured alone add up to {isolated:.1f} ms, so the plan's layer times are taken as "
              f"{factor:.2f}x their times alone")
+    on = ", reading the job's batches as its run will," if reference.get("reads") else ""
     if ranks == 1:
-        text += (f"; trained step after step, a step took {found.measured * 1e3:.1f} ms (the runtime's own work "
+        text += (f"; trained step after step{on} a step took {found.measured * 1e3:.1f} ms (the runtime's own work "
                  f"{reference['step'] * 1e3:.2f} ms per step beyond the layers)")
     else:
-        text += (f"; a data-parallel step on the {ranks} ranks took {found.measured * 1e3:.1f} ms: meeting at its "
+        text += (f"; a data-parallel step on the {ranks} ranks{on} took {found.measured * 1e3:.1f} ms: meeting at its "
                  f"{found.points} synchronization points cost {found.latency * 1e3:.2f} ms each and "
                  f"{found.drift * 100:.0f} % of the compute since the last, and the runtime's own work "
                  f"{reference['step'] * 1e3:.2f} ms per step")
@@ -234,6 +243,35 @@ def _cores():
         return len(os.sched_getaffinity(0))
     except (AttributeError, OSError):
         return os.cpu_count()
+
+
+class JobReads:
+    """``training_step``'s ``feed`` that reads a job's batches as its run will (``plan: auto``): its dataset
+    (``source``, opened), read dtype, ``workers`` and ``prefetch`` (the job's keys, ``auto`` deciding as for a run
+    of ``run_steps``). Reading a batch costs a step more than the read's own wait (it runs between the kernels and
+    evicts their data), so the profile's calibration takes its steps this way when it can, and the plan's
+    prediction then includes the reading."""
+
+    def __init__(self, source, batch, dtype, workers, prefetch, run_steps, local_ranks=1):
+        self.source, self.batch, self.dtype = source, batch, dtype
+        self.workers, self.prefetch, self.run_steps, self.local_ranks = workers, prefetch, run_steps, local_ranks
+        self.loader = None
+
+    def describe(self):
+        return f"{self.source.path}, workers {self.workers}, prefetch {self.prefetch}"
+
+    def __call__(self, executor):
+        from ..io.prefetch import Loader
+        stop = max(self.run_steps or 0, 64)
+        self.loader = Loader(self.source, executor.data_reads(), self.batch, self.dtype,
+                             self.source.batches_per_epoch(self.batch), 0, stop, self.workers, self.prefetch,
+                             local_ranks=self.local_ranks)
+        return lambda index: self.loader.next(index)[0]
+
+    def close(self):
+        if self.loader is not None:
+            self.loader.close(grace=0)
+            self.loader = None
 
 
 def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=None, sync=None, batchnorm=None):
@@ -286,7 +324,7 @@ class Synchronization(NamedTuple):
     measured: float     # the data-parallel step measured (seconds: the slowest rank's mean step)
 
 
-def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2):
+def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2, feed=None):
     """The :class:`Synchronization` of the ranks of ``world``, in the units of ``cost`` (a
     :class:`~spmdcnn.cost.model.CostModel` of ``graph`` at ``batch`` on them from the profile being measured):
     the data-parallel plan trains for a few steps one after the other (no barrier between them, as in training;
@@ -297,11 +335,13 @@ def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2):
     the operating system), ranks that share cores take turns, and each meeting costs a wake-up: the excess is
     fitted as ``latency + drift * gap`` (both at least 0), ``gap`` the model's compute in the segment. Measured
     in the model's own units, a wait is never counted twice: when ranks share cores, the profile's compute
-    already includes their taking turns (:func:`reference_iteration`), and what is left is the meeting."""
+    already includes their taking turns (:func:`reference_iteration`), and what is left is the meeting.
+    ``feed``: :func:`training_step`'s (a :class:`JobReads`: the job's batches read as its run reads them; None,
+    a fixed synthetic batch)."""
     from ..cost.timeline import layer_lanes, walk
     from ..tiling.plan import named
     plan = named("data", graph, batch, world.size)
-    step, sync = training_step(graph, batch, xp, dtype, world, plan), synchronizer(xp)
+    step, sync = training_step(graph, batch, xp, dtype, world, plan, feed=feed), synchronizer(xp)
     segments, totals = [], []
     world.barrier()
     began = time.perf_counter()

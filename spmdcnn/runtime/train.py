@@ -27,6 +27,7 @@ from ..io.workers import CLOSE_GRACE_S
 from ..progress import Progress, is_terminal
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
+from .profile import JobReads
 from .trials import TrialSettings
 from .evaluate import evaluate, evaluation_loader
 from .executor import Executor
@@ -117,7 +118,9 @@ class Trainer:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
                                       self.log, self.sync, job["batchnorm"], job["memory"],
                                       TrialSettings.of(job["trials"]), self.data, self.total_steps, job["seed"],
-                                      self.read_dtype)
+                                      self.read_dtype, JobReads(self.data, self.batch, self.read_dtype,
+                                                                job["data"]["workers"], job["data"]["prefetch"],
+                                                                self.total_steps, self.node_ranks[1]))
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
                                    "job": json.dumps(job, sort_keys=True, default=str),
                                    "data (sample count, shape, labels)": json.dumps(
@@ -308,7 +311,9 @@ class Trainer:
                    f"under {AUTO_MIN_READ_S:g} s" if loader.probe_s is not None else "data.workers 0") + ")")
         read = loader.probe_s if loader.probe_s is not None and not loader.workers else 0.0
         self.read_s = max(self.world.allgather(read)) if self.world.size > 1 else read
-        if self.plan.predicted_s and self.read_s:
+        if getattr(self.plan, "reads_included", False):
+            self.read_s = 0.0           # the profile's calibration read the job's batches as this run reads them
+        elif self.plan.predicted_s and self.read_s:
             how += (f"; the slowest rank's read, {self.read_s * 1e3:.2f} ms, is part of each step's prediction: "
                     f"{self.plan.predicted_s * 1e3:.1f} ms the plan, {self.step_predicted_s * 1e3:.1f} ms in all")
         self.log(f"data: {self.data.path}, {self.data.num_samples:,} samples "
