@@ -42,10 +42,12 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         return store if store.device == device else Profile(device, path=path)
     store = world.bcast(world.agree(load))
     start = time.perf_counter()
-    references = len(store.in_situ)
+    references = dict(store.in_situ)
     measured = profile(graph, batch, world.size, world, store, xp, dtype, log=log, machine=machine,
                        progress=True, reads=reads)
-    if (measured or len(store.in_situ) != references) and world.rank == 0:
+    renewed = store.in_situ.keys() != references.keys() or any(store.in_situ[k] is not references[k]
+                                                                for k in references)
+    if (measured or renewed) and world.rank == 0:
         _save(store, path, log)
     profiled = time.perf_counter() - start
     settings = trials or trial.TrialSettings(plans=0)

@@ -129,3 +129,30 @@ def test_no_trials_when_off_or_the_run_is_too_short(world, cache, data, monkeypa
     if world.rank == 0 and said is None and said_trials:
         problems.append(f"trials though off: {said_trials}")
     agree(world, problems)
+
+
+def test_plan_auto_calibrates_on_the_jobs_reads_and_another_jobs_reads_measure_again(world, cache, data):
+    """The profile's data-parallel calibration reads the job's batches as its run does: the plan's prediction
+    includes the reading (the trainer adds no read of its own), the profile's entry names the reads, and a job
+    that reads otherwise (workers reading ahead) measures the entry again."""
+    from spmdcnn.cost.compute import Profile
+    from spmdcnn.runtime.profile import default_path, device_name
+    from spmdcnn.runtime.train import Trainer
+    problems = []
+    for workers, said in ((0, True), (0, False), (1, True)):
+        job = _trial_job(data, trials={"plans": 0})
+        job["data"]["workers"] = workers
+        lines = []
+        trainer = Trainer(job, log=lines.append, world=world)
+        trainer.run()
+        if not trainer.plan.reads_included or trainer.read_s != 0.0:
+            problems.append(f"workers {workers}: the read added to a prediction that includes it")
+        measured = any("reading the job's batches as its run will" in line for line in lines)
+        if world.rank == 0 and measured != said:
+            problems.append(f"workers {workers}: calibration {'not ' if said else ''}measured: {lines}")
+    if world.rank == 0:
+        store = Profile.load(default_path(device_name(world, np, np.float64)))
+        reads = [entry.get("reads") for entry in store.in_situ.values()]
+        if reads != [f"{data}, workers 1, prefetch auto"]:
+            problems.append(f"the profile's reads: {reads}")
+    agree(world, problems)
