@@ -18,7 +18,7 @@ LABELS = {"data": "data parallelism", "owt": "owt (one weird trick)", "model": "
 def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None, memory=None, trials=None,
               source=None, run_steps=None, seed=0, read_dtype=None, reads=None):
     """The plan for ``graph`` on the ranks of ``world`` (collective): the cost model's optimum, or with ``trials``
-    (a :class:`~.trials.TrialSettings` that is on) the fastest measured of its best plans. ``machine``: a machine
+    (a :class:`~.trials.TrialSettings` that is on) the one its best plans' trials keep (:func:`~.trials.fastest`). ``machine``: a machine
     YAML path or None (the built-in local machine); ``sync``, ``batchnorm`` and ``memory`` (the most a device may
     hold, bytes or a size such as ``80GB``): the job's keys. The trials train on ``source`` (an opened dataset;
     None: a synthetic batch) with ``seed``, within their share of ``run_steps`` (None: no bound). ``reads``: a
@@ -110,16 +110,20 @@ def propose(best, cost, settings, limit=None, log=None):
 def choose(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync=None, batchnorm=None,
            source=None, run_steps=None, seed=0, read_dtype=None):
     """``(label, plan, predicted seconds, how it was chosen)`` among ``proposed`` (``(label, plan, predicted)``,
-    the model's choice first; collective): the first alone, or the fastest measured of their trials
-    (:func:`_trials`, cached in ``store``, the profile at ``path``)."""
+    the model's choice first; collective): the first alone, or the one their trials keep (:func:`_trials`, cached
+    in ``store``, the profile at ``path``; :func:`~.trials.fastest`)."""
     (label, plan, predicted), chosen_by = proposed[0], "optimal under the cost model"
     if len(proposed) > 1:
         found = _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm,
                         source, run_steps, seed, read_dtype)
-        winner = trial.fastest(found) if found else None
+        data_text = named("data", graph, batch, world.size).text
+        incumbent = next((i for i, (_, candidate, _) in enumerate(proposed) if candidate.text == data_text), 0)
+        winner = trial.fastest(found, incumbent=incumbent) if found else None
         if winner is not None:
             label, plan, predicted = winner.label, winner.plan, winner.predicted_s
-            chosen_by = f"the fastest of {len(found)} plans timed here, {winner.measured_s * 1e3:.1f} ms per step"
+            quickest = min(t.measured_s for t in found if t.measured_s is not None)
+            kept = "the fastest of" if winner.measured_s == quickest else "no other clearly faster, of"
+            chosen_by = f"{kept} {len(found)} plans timed here, {winner.measured_s * 1e3:.1f} ms per step"
             log(f"plan auto: chose {label}, {chosen_by}")
         elif found:
             log(f"plan auto: none of the {len(found)} plans could be timed: keeping the model's choice")

@@ -1,8 +1,8 @@
 """Trials: the cost model proposes, measurement disposes (docs/architecture.md#trials).
 
 ``plan: auto`` (and ``spmdcnn plan --trials K`` under ``mpiexec``) times the model's few best plans, data
-parallelism always among them, for a few steps each on the job's own ranks and batches, and keeps the fastest
-measured. Each candidate trains on an executor of its own, built from the job's seed and dropped after its steps:
+parallelism always among them, for a few steps each on the job's own ranks and batches, and keeps data
+parallelism unless another plan ran clearly faster (:func:`fastest`), then the fastest of those. Each candidate trains on an executor of its own, built from the job's seed and dropped after its steps:
 the run's weights, optimizer and data order are those it would have without trials, so a run with trials equals
 the same run under the plan they chose (and every plan equals one process). The trials take at most ``share`` of
 the run's steps; what they measured is cached in the profile, keyed by the model, batch, ranks and sync options,
@@ -28,7 +28,7 @@ from .profile import training_step
 from .trace import traced_step
 
 
-MARGIN = 0.03      # how much faster than the model's choice another plan must run to replace it
+MARGIN = 0.03      # how much faster than data parallelism (or the model's choice) another plan must run to replace it
 
 
 @dataclass(frozen=True)
@@ -228,22 +228,25 @@ def refuse(graph, plan, dtype, xp, local_ranks=1):
                          f"{format_bytes(free)} is free for each rank here")
 
 
-def fastest(trials, margin=MARGIN):
-    """The trial to keep (None when none ran): the first (the model's choice) unless another ran faster by more
-    than ``margin`` (a fraction) and more than the steps of either disagreed among themselves (their
+def fastest(trials, margin=MARGIN, incumbent=0):
+    """The trial to keep (None when none ran): the ``incumbent`` (an index: data parallelism when it ran, which
+    moves nothing between layers, else the model's choice) unless another ran faster than it by more than
+    ``margin`` (a fraction) and more than the steps of either disagreed among themselves (their
     :attr:`~Trial.spread`: what a few steps on a busy machine cannot tell apart), overall and in each pass (in
-    order, then reversed: not by its turn), then the fastest."""
+    order, then reversed: not by its turn); then the fastest of those that did."""
     ran = [t for t in trials if t.measured_s is not None]
     if not ran:
         return None
-    best = min(ran, key=lambda t: t.measured_s)
-    first = trials[0]
-    if first.measured_s is not None:
-        noise = max(margin, first.spread, best.spread)
-        steady = all(b * (1 + noise) < f for b, f in zip(best.passes, first.passes))  # in each pass: not by its turn
-        if first.measured_s <= best.measured_s * (1 + noise) or not steady:
-            return first
-    return best
+    base = trials[incumbent] if trials[incumbent].measured_s is not None else trials[0]
+    if base.measured_s is None:
+        return min(ran, key=lambda t: t.measured_s)
+
+    def beats(other):
+        noise = max(margin, base.spread, other.spread)
+        return (other.measured_s * (1 + noise) < base.measured_s
+                and all(b * (1 + noise) < f for b, f in zip(other.passes, base.passes)))
+    better = [t for t in ran if t is not base and beats(t)]
+    return min(better, key=lambda t: t.measured_s) if better else base
 
 
 def describe(trial):

@@ -46,26 +46,28 @@ def test_the_trials_keep_within_their_share_of_the_run():
         trials.TrialSettings(steps=1)
 
 
-def test_the_models_choice_stays_unless_another_is_clearly_faster(plans):
+def test_data_parallelism_stays_unless_another_is_clearly_faster(plans):
     _, p = plans
-    first = trials.Trial("choice", p["owt"], 1.0, 10.0)
-    close = trials.Trial("data parallelism", p["data"], 1.1, 9.8)
-    clear = trials.Trial("data parallelism", p["data"], 1.1, 9.0)
+    first = trials.Trial("choice", p["owt"], 1.0, 10.0, None, 0.0, (10.0, 10.0))
+    data = trials.Trial("data parallelism", p["data"], 1.1, 10.0, None, 0.0, (10.0, 10.0))
+    close = first._replace(measured_s=9.8, passes=(9.8, 9.8))
+    clear = first._replace(measured_s=9.0, passes=(9.0, 9.1))
     failed = trials.Trial("model", p["model"], 1.2, None, "no room")
-    assert trials.fastest([first, close, failed]) is first
-    assert trials.fastest([first, clear, failed]) is clear
-    assert trials.fastest([first._replace(measured_s=None, error="x"), close]) is close
-    assert trials.fastest([failed]) is None
-    noisy = first._replace(spread=0.15)                 # its steps disagree by more than the difference
-    assert trials.fastest([noisy, clear]) is noisy and trials.fastest([first, clear._replace(spread=0.2)]) is first
+    assert trials.fastest([close, data, failed], incumbent=1) is data      # within 3 %: no exchanges wins
+    assert trials.fastest([clear, data, failed], incumbent=1) is clear
+    assert trials.fastest([clear._replace(spread=0.15), data], incumbent=1) is data    # steps disagree more
+    noisy = data._replace(spread=0.2)
+    assert trials.fastest([clear, noisy], incumbent=1) is noisy
     by_turn = clear._replace(passes=(8.0, 10.5))        # faster only in the pass where it came first
-    assert trials.fastest([first._replace(passes=(10.0, 10.0)), by_turn]) is not by_turn
-    steady = clear._replace(passes=(9.0, 9.1))
-    assert trials.fastest([first._replace(passes=(10.0, 10.0)), steady]) is steady
+    assert trials.fastest([by_turn, data], incumbent=1) is data
     barely = clear._replace(passes=(8.0, 9.9))          # faster in each pass, but by less than the margin in one
-    assert trials.fastest([first._replace(passes=(10.0, 10.0)), barely]) is not barely
+    assert trials.fastest([barely, data], incumbent=1) is data
+    faster = clear._replace(measured_s=8.0, passes=(8.0, 8.0))
+    assert trials.fastest([clear, data, faster], incumbent=1) is faster   # the fastest of those clearly faster
+    assert trials.fastest([close, data._replace(measured_s=None, error="x")], incumbent=1) is close  # no data run
+    assert trials.fastest([failed]) is None
     assert "could not run: no room" in trials.describe(failed)
-    assert "predicted 1100.0 ms, measured 9000.0 ms per step (-88 %; its steps varied by 0 %)" in \
+    assert "predicted 1000.0 ms, measured 9000.0 ms per step (-89 %; its steps varied by 0 %)" in \
         trials.describe(clear)
 
 
