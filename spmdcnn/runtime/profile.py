@@ -246,14 +246,14 @@ def _cores():
 
 
 class JobReads:
-    """``training_step``'s ``feed`` that reads a job's batches as its run will (``plan: auto``): its dataset
-    (``source``, opened), read dtype, ``workers`` and ``prefetch`` (the job's keys, ``auto`` deciding as for a run
+    """``training_step``'s ``feed`` that reads a job's batches as its run will (``plan: auto``), at the
+    calibration's batch size: its dataset (``source``, opened), read dtype, ``workers`` and ``prefetch`` (the job's keys, ``auto`` deciding as for a run
     of ``run_steps``). Reading a batch costs a step more than the read's own wait (it runs between the kernels and
     evicts their data), so the profile's calibration takes its steps this way when it can, and the plan's
     prediction then includes the reading."""
 
-    def __init__(self, source, batch, dtype, workers, prefetch, run_steps, local_ranks=1):
-        self.source, self.batch, self.dtype = source, batch, dtype
+    def __init__(self, source, dtype, workers, prefetch, run_steps, local_ranks=1):
+        self.source, self.dtype = source, dtype
         self.workers, self.prefetch, self.run_steps, self.local_ranks = workers, prefetch, run_steps, local_ranks
         self.loader = None
 
@@ -263,8 +263,9 @@ class JobReads:
     def __call__(self, executor):
         from ..io.prefetch import Loader
         stop = max(self.run_steps or 0, 64)
-        self.loader = Loader(self.source, executor.data_reads(), self.batch, self.dtype,
-                             self.source.batches_per_epoch(self.batch), 0, stop, self.workers, self.prefetch,
+        batch = executor.plan.batch         # the calibration's: the job's, or its share times the ranks
+        self.loader = Loader(self.source, executor.data_reads(), batch, self.dtype,
+                             self.source.batches_per_epoch(batch), 0, stop, self.workers, self.prefetch,
                              local_ranks=self.local_ranks)
         return lambda index: self.loader.next(index)[0]
 

@@ -118,7 +118,7 @@ class Trainer:
                 self.plan = auto_plan(self.graph, self.batch, self.world, job.get("machine"), self.xp, self.dtype,
                                       self.log, self.sync, job["batchnorm"], job["memory"],
                                       TrialSettings.of(job["trials"]), self.data, self.total_steps, job["seed"],
-                                      self.read_dtype, JobReads(self.data, self.batch, self.read_dtype,
+                                      self.read_dtype, JobReads(self.data, self.read_dtype,
                                                                 job["data"]["workers"], job["data"]["prefetch"],
                                                                 self.total_steps, self.node_ranks[1]))
             self.world.check_same({"model": self.graph.text, "plan": self.plan.text,
