@@ -393,11 +393,13 @@ def _fit_wait(gaps, excess):
     return min(fits)[1]
 
 
+_ANALYTIC = ComputeModel(Device())     # the analytic model alone, to order jobs by size
+
+
 def _estimate(job):
     """The analytic model's seconds of a job of :func:`_measure_tiles` (to put tiles of like sizes together)."""
     kind, item = job
-    model = ComputeModel(Device())
-    return model.analytic(*(work(item) if kind == "tile" else update_work(item)))
+    return _ANALYTIC.analytic(*(work(item) if kind == "tile" else update_work(item)))
 
 
 def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=False):

@@ -22,9 +22,7 @@ import numpy as np
 
 from ..backend import synchronizer
 from ..comm.errors import CollectiveError
-from ..io.prefetch import Loader
-from ..io.workers import CLOSE_GRACE_S
-from .profile import training_step
+from .profile import JobReads, training_step
 from .trace import traced_step
 
 
@@ -123,38 +121,19 @@ def remember(store, key, trials):
                          "passes": [list(t.passes) for t in trials]}
 
 
-class _Batches:
-    """The job's batches for a trial (``training_step``'s ``feed``): a loader of this rank's reads from
-    ``start``, read in the step."""
-
-    def __init__(self, source, batch, dtype, start, count):
-        self.source, self.batch, self.dtype, self.start, self.count = source, batch, dtype, start, count
-        self.loader = None
-
-    def __call__(self, executor):
-        steps = self.source.batches_per_epoch(self.batch)
-        self.loader = Loader(self.source, executor.data_reads(), self.batch, self.dtype, steps, self.start,
-                             self.start + self.count, 0)
-        return lambda index: self.loader.next(self.start + index)[0]
-
-    def close(self):
-        if self.loader is not None:
-            self.loader.close(grace=CLOSE_GRACE_S)
-
-
 def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0, sync=None, batchnorm=None,
-               source=None, start=0, read_dtype=None):
+               source=None, read_dtype=None):
     """Time each of ``proposed`` (``(label, plan, predicted)``) for ``steps`` steps on the ranks of ``world``
     (collective): in two passes, the plans in order and then in reverse (a machine whose speed drifts favours no
-    plan by its turn), each pass on a fresh executor of the plan, which trains on ``source``'s batches from step
-    ``start`` (an opened dataset; None: a fixed synthetic batch) after ``settings.warmup`` steps (one in the second
+    plan by its turn), each pass on a fresh executor of the plan, which trains on ``source``'s first batches, read in the
+    step (an opened dataset; None: a fixed synthetic batch) after ``settings.warmup`` steps (one in the second
     pass) and is dropped. A plan's time is the slowest rank's median step over both passes, the steps run as
     training runs them (:func:`paced_steps`). A candidate the memory of some rank cannot hold (:func:`refuse`), or
     whose executor could not be built (it raised on every rank), is kept with the reason and not timed. Returns the
     :class:`Trial` s, in the order of ``proposed``."""
     local = world.node_ranks()[1] if world.size > 1 else 1
     times, errors = {}, {}
-    for index, (label, plan, predicted) in enumerate(proposed):
+    for index, (_, plan, _) in enumerate(proposed):
         try:
             world.agree(lambda plan=plan: refuse(graph, plan, dtype, xp, local))
         except (CollectiveError, ValueError) as error:
@@ -166,7 +145,7 @@ def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0
             if index in errors:
                 continue
             taken = _timed(proposed[index][1], graph, batch, world, xp, dtype, warmup, count, seed, sync, batchnorm,
-                           source, start, read_dtype)
+                           source, read_dtype)
             if isinstance(taken, str):
                 errors[index] = taken
             else:
@@ -185,10 +164,10 @@ def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0
     return found
 
 
-def _timed(plan, graph, batch, world, xp, dtype, warmup, steps, seed, sync, batchnorm, source, start, read_dtype):
+def _timed(plan, graph, batch, world, xp, dtype, warmup, steps, seed, sync, batchnorm, source, read_dtype):
     """This rank's seconds of ``steps`` steps of ``plan`` on a fresh executor after ``warmup`` (:func:`run_trials`),
     or why it could not be built (a string)."""
-    feed = None if source is None else _Batches(source, batch, read_dtype or dtype, start, warmup + steps)
+    feed = None if source is None else JobReads(source, read_dtype or dtype, 0, "auto", warmup + steps)
     try:
         run = world.agree(lambda: training_step(graph, batch, xp, dtype, world, plan, seed, feed, sync, batchnorm))
     except (CollectiveError, ValueError, MemoryError, OSError, RuntimeError) as error:
