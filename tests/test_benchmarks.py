@@ -77,7 +77,8 @@ def test_search_time_reports_the_command_the_search_and_a_reference():
     fields = row[0].split()
     assert fields[1] == "4" and int(fields[2]) >= int(fields[3]) > 0
     stages, search, command = [float(x) for x in fields[4:9]], float(fields[9]), float(fields[10])
-    assert 0 < sum(stages) <= search * 1.01 and command >= search
+    # Each figure is printed to 0.01 s: the stages' sum may exceed the search's by half a unit per rounded figure.
+    assert 0 < sum(stages) <= search * 1.01 + 0.005 * (len(stages) + 1) and command >= search
     assert "HEAD: command s, GiB, iteration ms" in out and row[0].endswith(" ms")
 
 
