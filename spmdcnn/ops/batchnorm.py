@@ -22,6 +22,8 @@ from .parallel import over_samples
 from .saved import BatchNormSaved, GhostSaved
 from .scratch import scratch
 
+ROW_ELEMENTS = 1 << 16          # elements a NumPy call of the host's per-sample passes touches at least
+
 
 def _identity(partial):
     return partial
@@ -36,18 +38,35 @@ def _sums(xp, a):
     return (a @ xp.ones(a.shape[2], dtype=a.dtype)).sum(axis=0, dtype=xp.float64)
 
 
+def _rows(x3):
+    """Samples per NumPy call in the host's passes: enough for a call to touch :data:`ROW_ELEMENTS` (a call on one
+    small sample spends more in Python than in the loop, and two threads then wait on each other for the GIL),
+    few enough that the centred block stays in cache. Fixed by the shape alone, so the sums are grouped alike
+    however the samples are shared out between threads."""
+    return max(1, min(x3.shape[0], ROW_ELEMENTS // max(x3.shape[1] * x3.shape[2], 1)))
+
+
+def _over_rows(xp, x3, body):
+    """``body(block, n0, n1)`` for each block of :func:`_rows` samples, the blocks shared out between threads."""
+    N, rows = x3.shape[0], _rows(x3)
+
+    def run(b0, b1):
+        for b in range(b0, b1):
+            body(b, b * rows, min(N, (b + 1) * rows))
+    over_samples(xp, run, -(-N // rows), x3.size)
+
+
 def _centred_dots(xp, a, x, mean):
     """Per-channel ``sum(a * (x - mean))`` over (N, HW), two-pass accurate, without a full-size temporary."""
     N, C, HW = x.shape
-    partial = xp.empty((N, C), dtype=xp.float64)
+    partial = xp.empty((-(-N // _rows(x)), C), dtype=xp.float64)
     shift = _per_channel(mean.astype(x.dtype))
 
-    def run(n0, n1):
-        centred = scratch(xp, "batchnorm.centred", (1, C, HW), x.dtype)    # one sample: stays in cache
-        for n in range(n0, n1):
-            xp.subtract(x[n:n + 1], shift, out=centred)
-            partial[n] = xp.einsum("ncp,ncp->c", a[n:n + 1], centred)
-    over_samples(xp, run, N)
+    def run(b, n0, n1):
+        centred = scratch(xp, "batchnorm.centred", (n1 - n0, C, HW), x.dtype)    # a few samples: stay in cache
+        xp.subtract(x[n0:n1], shift, out=centred)
+        partial[b] = xp.einsum("ncp,ncp->c", a[n0:n1], centred)
+    _over_rows(xp, x, run)
     return partial.sum(axis=0)
 
 
@@ -137,22 +156,22 @@ def batchnorm_backward(gy, saved):
 
 
 def _backward(xp, gy3, x3, mean, k1, k2, k3):
-    """``gy * k1 - (x - mean) * k2 - k3`` per channel, a sample at a time (the centred sample stays in cache)."""
+    """``gy * k1 - (x - mean) * k2 - k3`` per channel, a few samples at a time (the centred block stays in
+    cache)."""
     dtype = gy3.dtype
     k1, k2, k3 = (_per_channel(k.astype(dtype)) for k in (k1, k2, k3))
     shift = _per_channel(mean.astype(dtype))
     gx = xp.empty_like(gy3)
 
-    def run(n0, n1):
-        centred = scratch(xp, "batchnorm.centred", (1,) + x3.shape[1:], dtype)
-        for n in range(n0, n1):
-            block = gx[n:n + 1]
-            xp.multiply(gy3[n:n + 1], k1, out=block)
-            xp.subtract(x3[n:n + 1], shift, out=centred)   # (x - mean) first: no cancellation when |mean| >> std
-            centred *= k2
-            block -= centred
-            block -= k3
-    over_samples(xp, run, gy3.shape[0])
+    def run(_, n0, n1):
+        centred = scratch(xp, "batchnorm.centred", (n1 - n0,) + x3.shape[1:], dtype)
+        block = gx[n0:n1]
+        xp.multiply(gy3[n0:n1], k1, out=block)
+        xp.subtract(x3[n0:n1], shift, out=centred)   # (x - mean) first: no cancellation when |mean| >> std
+        centred *= k2
+        block -= centred
+        block -= k3
+    _over_rows(xp, x3, run)
     return gx
 
 

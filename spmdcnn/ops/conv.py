@@ -133,7 +133,7 @@ class _Layout:
             for p, offset in self.offsets:
                 window = self.window(xpad[n0:n1], p, offset)            # (Nb, C, P) or (Nb, C, O...)
                 view[(slice(None),) + p + (slice(n0, n1),)] = window.swapaxes(0, 1)
-        over_samples(backend.array_module(columns), copy, xpad.shape[0])
+        over_samples(backend.array_module(columns), copy, xpad.shape[0], columns.size)
         return columns
 
     def col2im(self, columns, gpad):
@@ -144,7 +144,7 @@ class _Layout:
             for p, offset in self.offsets:
                 target = self.window(gpad[n0:n1], p, offset)
                 target += view[(slice(None),) + p + (slice(n0, n1),)].swapaxes(0, 1)
-        over_samples(backend.array_module(columns), add, gpad.shape[0])
+        over_samples(backend.array_module(columns), add, gpad.shape[0], columns.size)
         return gpad
 
     def to_positions(self, g, out):

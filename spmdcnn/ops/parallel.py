@@ -4,6 +4,13 @@ NumPy releases the GIL inside such loops, so splitting a loop over disjoint slic
 process may use. The pool has as many threads as BLAS is given (``SPMDCNN_NUM_THREADS``, else
 ``OMP_NUM_THREADS`` / ``OPENBLAS_NUM_THREADS``, else the CPUs this process may run on): under ``mpiexec`` with
 one thread per rank it stays out of the other ranks' way.
+
+A loop is split only where each thread gets at least :data:`GRAIN` elements: waking a thread, and the Python
+each part runs between NumPy's calls (which holds the GIL), cost more than they save below it. Measured on the
+2-core VM of benchmarks/README.md, one process, medians of 30 steps: small_resnet at batch 32 took 14.5-18.9 ms
+with every loop split and 11.1 ms with none; with batch norm's calls on blocks of samples (ops/batchnorm.py)
+and a grain of 256 Ki, 512 Ki and 1 Mi elements it took 10.2-10.7, 9.7-12.1 and 9.3-9.9 ms, while
+alexnet_reduced at batch 32 took 66-69, 72-83 and 79-82 ms (63-65 ms with every loop split, 77-82 with none).
 """
 
 import threading
@@ -28,13 +35,17 @@ def _executor():
         return _pool
 
 
-def parallel_for(body, count, min_items=1):
-    """Run ``body(start, stop)`` over ``range(count)`` split into one contiguous part per thread.
+GRAIN = 1 << 18         # elements a thread's part must touch for a split to pay
+
+
+def parallel_for(body, count, elements):
+    """Run ``body(start, stop)`` over ``range(count)`` split into one contiguous part per thread, as many threads
+    as give each part at least :data:`GRAIN` of the loop's ``elements`` (all of them run inline below that).
 
     Returns only when every part has finished, also when one of them raised (the first error is re-raised):
     no part may still be writing into memory the caller reuses.
     """
-    threads = min(num_threads(), count // max(min_items, 1))
+    threads = min(num_threads(), count, elements // GRAIN)
     if threads <= 1 or getattr(_inside, "active", False):
         body(0, count)
         return
@@ -52,10 +63,11 @@ def parallel_for(body, count, min_items=1):
         future.result()
 
 
-def over_samples(xp, body, count):
-    """``body(start, stop)`` over ``count`` samples: split between threads on the host (NumPy), one call on a
-    GPU, whose kernels are parallel already."""
+def over_samples(xp, body, count, elements):
+    """``body(start, stop)`` over ``count`` samples that touch ``elements`` array elements in all: split between
+    threads on the host (NumPy) where that pays (:func:`parallel_for`), one call on a GPU, whose kernels are
+    parallel already."""
     if xp.__name__ == "numpy":
-        parallel_for(body, count)
+        parallel_for(body, count, elements)
     else:
         body(0, count)

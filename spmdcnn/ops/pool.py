@@ -76,7 +76,7 @@ def maxpool_forward(x, geometry):
             xp.subtract(index_type(index), winner, out=step)
             step *= better
             winner += step
-    over_samples(xp, run, N)
+    over_samples(xp, run, N, y.size * geometry.positions)
     return y, PoolSaved(x.shape, geometry, argmax)
 
 
@@ -101,7 +101,7 @@ def maxpool_backward(gy, saved):
             xp.equal(argmax[n0:n1], index, out=hit)
             xp.multiply(gy[n0:n1], hit, out=share)
             gxpad[(slice(n0, n1), slice(None)) + slices] += share
-    over_samples(xp, run, N)
+    over_samples(xp, run, N, gy.size * geometry.positions)
     return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
 
 

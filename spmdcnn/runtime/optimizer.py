@@ -37,7 +37,7 @@ class SGD:
         if self.xp is np:
             blocks = -(-(stop - start) // BLOCK)
             parallel_for(lambda b0, b1: self._update(weights, grads, lr, start + b0 * BLOCK,
-                                                     min(start + b1 * BLOCK, stop)), blocks)
+                                                     min(start + b1 * BLOCK, stop)), blocks, stop - start)
         else:                   # one fused kernel over the slice
             velocity = None if self.velocity is None else self.velocity.flat[start:stop]
             cuda.sgd_update(weights[start:stop], grads[start:stop], velocity, lr, self.momentum,

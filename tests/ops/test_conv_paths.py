@@ -111,6 +111,51 @@ def test_nested_parallel_for_runs_inline():
     seen = []
 
     def outer(start, stop):
-        parallel_for(lambda a, b: seen.append((a, b)), 4)
-    parallel_for(outer, 4)
+        parallel_for(lambda a, b: seen.append((a, b)), 4, 1 << 30)
+    parallel_for(outer, 4, 1 << 30)
     assert sorted(seen) == [(0, 4)] * len(seen) and len(seen) >= 1
+
+
+def test_loops_split_only_where_each_thread_gets_a_grain(monkeypatch):
+    from spmdcnn.ops import parallel
+    monkeypatch.setenv("SPMDCNN_NUM_THREADS", "2")
+    parts = []
+    parallel.parallel_for(lambda a, b: parts.append((a, b)), 8, 2 * parallel.GRAIN - 1)
+    assert parts == [(0, 8)]
+    parts.clear()
+    parallel.parallel_for(lambda a, b: parts.append((a, b)), 8, 2 * parallel.GRAIN)
+    assert sorted(parts) == [(0, 4), (4, 8)]
+
+
+def test_split_loops_give_the_bits_of_one_thread(monkeypatch):
+    """Every loop shared out between threads (batch norm, pooling, im2col and col2im, the SGD update), forced to
+    split at any size, gives exactly what one thread gives."""
+    from spmdcnn.ops import batchnorm, parallel, pool
+    from spmdcnn.runtime.optimizer import SGD
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, 3, 9, 9)).astype(np.float32)
+    w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    gamma, beta = np.ones(3, np.float32), np.zeros(3, np.float32)
+
+    def run():
+        y, saved = conv_forward(x, w, None, ConvGeometry(1, 1, 1, rank=2))
+        gx, gw, _ = conv_backward(y, saved)
+        z, bsaved = batchnorm.batchnorm_forward(x, gamma, beta, np.zeros(3), np.ones(3))
+        gz = batchnorm.batchnorm_backward(z * z, bsaved)[0]
+        p, psaved = pool.maxpool_forward(x, pool.PoolGeometry(3, 2, 1))
+        gp = pool.maxpool_backward(p, psaved)
+        weights, grads = x.ravel().copy(), np.resize(w.ravel(), x.size)
+        sgd = SGD({"w": weights.shape}, np.float32, np, lr=0.1, momentum=0.9, weight_decay=1e-4)
+        for _ in range(2):
+            sgd.step(weights, grads)
+        return y, gx, gw, z, gz, p, gp, weights
+
+    monkeypatch.setattr(batchnorm, "ROW_ELEMENTS", 2 * 3 * 9 * 9)      # two samples a call: three blocks
+    monkeypatch.setenv("SPMDCNN_NUM_THREADS", "1")
+    alone = run()
+    monkeypatch.setenv("SPMDCNN_NUM_THREADS", "3")
+    monkeypatch.setattr(parallel, "GRAIN", 1)
+    monkeypatch.setattr("spmdcnn.runtime.optimizer.BLOCK", 16)
+    split = run()
+    for a, b in zip(alone, split):
+        np.testing.assert_array_equal(a, b)
