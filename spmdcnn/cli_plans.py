@@ -105,7 +105,11 @@ def print_prediction(title, prediction, plan):
     s = prediction.summary()
     timeline = prediction.timeline
     sums = "sums through parameter servers" if timeline is not None and timeline.served else "allreduces"
-    runtime = f" + the runtime's own work {_ms(s['runtime_s'])}" if s["runtime_s"] else ""
+    runtime = ""
+    if s["runtime_s"] > 0:
+        runtime = f" + the runtime's own work {_ms(s['runtime_s'])}"
+    elif s["runtime_s"] < 0:        # the profile's data-parallel steps ran faster than their layers add up to
+        runtime = f" - {_ms(-s['runtime_s'])} by which measured steps beat their layers' sum"
     print(f"predicted iteration {_ms(s['iteration_s'])} ms = compute {_ms(s['compute_s'])} + transfer "
           f"{_ms(s['transfer_s'])} + exposed sync {_ms(s['sync_s'])}{runtime} ms; {plan.batch / s['iteration_s']:.1f} "
           f"images/s; moves {format_bytes(s['bytes_transferred'])} between layers and {sums} "

@@ -317,13 +317,43 @@ def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
         else:
             gw2 += xp.matmul(g, cols.T, out=gw_block)
         if need_input_grad:
-            xp.matmul(w2.T, g, out=cols)                                     # the columns' gradient
-            gpad = layout.zeros(xp, nb, x.dtype, "conv.gpad")
-            layout.col2im(cols.reshape((C,) + tuple(kernel) + (nb, P)), gpad)
-            gx[n0:n0 + nb] = layout.interior(gpad)
+            _input_block(layout, w2, g, cols, gx[n0:n0 + nb])
     if need_input_grad:
         assert gx.shape == x.shape
     return gx, _into(gw2.reshape(w.shape), gw_out, direct), gb
+
+
+def _input_block(layout, w2, g, cols, gx):
+    """A block's input gradient ``gx`` (nb, C, S...) from its output gradient as positions ``g`` (K, nb*P): the
+    columns' gradient (written over ``cols``), added back into the padded block by col2im, its interior kept."""
+    xp = backend.array_module(g)
+    nb = gx.shape[0]
+    xp.matmul(w2.T, g, out=cols)
+    gpad = layout.zeros(xp, nb, gx.dtype, "conv.gpad")
+    layout.col2im(cols.reshape((layout.C,) + layout.kernel + (nb, layout.P)), gpad)
+    gx[...] = layout.interior(gpad)
+
+
+def conv_input_gradient(gy, w, x_shape, geometry):
+    """The gradient of :func:`conv_forward`'s input of ``x_shape`` alone, from the output gradient ``gy``: the
+    transposed convolution of ``gy`` (``ops/conv_transpose.py`` runs its forward through this)."""
+    xp = backend.array_module(gy)
+    N, C = x_shape[:2]
+    K, kernel = w.shape[0], w.shape[2:]
+    w2 = w.reshape(K, C * prod(kernel))
+    gx = xp.empty(tuple(x_shape), dtype=gy.dtype)
+    if geometry.is_pointwise(kernel):
+        xp.matmul(w2.T, gy.reshape(N, K, -1), out=gx.reshape(N, C, -1))
+        return gx
+    layout = _Layout(x_shape, kernel, geometry, gy.itemsize)
+    Nb, P = layout.block, layout.P
+    columns = scratch(xp, "conv.columns", (C * prod(kernel), Nb * P), gy.dtype)
+    positions = scratch(xp, "conv.product", (K, Nb * P), gy.dtype)
+    for n0 in range(0, N, Nb):
+        nb = min(N, n0 + Nb) - n0
+        g = layout.to_positions(gy[n0:n0 + nb], positions[:, :nb * P])
+        _input_block(layout, w2, g, columns[:, :nb * P], gx[n0:n0 + nb])
+    return gx
 
 
 def _into(gw, gw_out, direct):

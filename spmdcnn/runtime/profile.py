@@ -226,15 +226,24 @@ def reference_text(reference, sample, batch, devices, ranks, factor, found):
     text += (f"; its layers measured alone add up to {isolated:.1f} ms, so the plan's layer times are taken as "
              f"{factor:.2f}x their times alone")
     on = ", reading the job's batches as its run will," if reference.get("reads") else ""
+    beyond = _beyond(reference["step"])
     if ranks == 1:
-        text += (f"; trained step after step{on} a step took {found.measured * 1e3:.1f} ms (the runtime's own work "
-                 f"{reference['step'] * 1e3:.2f} ms per step beyond the layers)")
+        text += f"; trained step after step{on} a step took {found.measured * 1e3:.1f} ms: {beyond}"
     else:
         text += (f"; a data-parallel step on the {ranks} ranks{on} took {found.measured * 1e3:.1f} ms: meeting at its "
                  f"{found.points} synchronization points cost {found.latency * 1e3:.2f} ms each and "
-                 f"{found.drift * 100:.0f} % of the compute since the last, and the runtime's own work "
-                 f"{reference['step'] * 1e3:.2f} ms per step")
+                 f"{found.drift * 100:.0f} % of the compute since the last, and {beyond}")
     return text
+
+
+def _beyond(step):
+    """What a data-parallel step took beyond the model (``step`` seconds), in words: the runtime's own work, or,
+    when the steps ran faster than their layers add up to (the layers' times overlap a little when run back to
+    back), by how much; every plan's prediction adds it."""
+    if step >= 0:
+        return f"the runtime's own work {step * 1e3:.2f} ms per step beyond the layers"
+    return (f"the steps {-step * 1e3:.2f} ms faster than their layers add up to (taken off every plan's "
+            "prediction)")
 
 
 def _cores():

@@ -104,3 +104,17 @@ def test_the_meeting_cost_is_fitted_non_negative(latency, drift):
     a, b = _fit_wait(gaps, 3e-4 - 0.05 * gaps)         # a negative slope is no drift
     assert b == 0.0 and a >= 0.0
     assert _fit_wait(gaps, -1e-3 + 0 * gaps) == (0.0, 0.0)
+
+
+def test_profile_line_says_what_a_negative_step_residual_means():
+    """The profile's data-parallel steps may run faster than their layers add up to: the line then says so, rather
+    than calling a negative number the runtime's own work."""
+    from spmdcnn.runtime.profile import Synchronization, reference_text
+    reference = {"measured": 0.060, "isolated": 0.050, "step": 0.00044}
+    found = Synchronization(latency=1e-4, drift=0.02, points=1, measured=0.058)
+    text = reference_text(reference, 16, 32, 2, 2, 1.2, found)
+    assert "the runtime's own work 0.44 ms per step beyond the layers" in text
+    text = reference_text(dict(reference, step=-0.00376), 16, 32, 2, 2, 1.2, found)
+    assert "own work" not in text and "the steps 3.76 ms faster than their layers add up to" in text
+    one = reference_text(dict(reference, step=-0.001), 32, 32, 1, 1, 1.2, found._replace(points=0))
+    assert one.endswith(": the steps 1.00 ms faster than their layers add up to (taken off every plan's prediction)")
