@@ -70,6 +70,15 @@ class TorchNet(torch.nn.Module):
             g = layer.window
             return getattr(F, f"conv{rank}d")(padded(x, g.padding), self.param(f"{name}.weight"),
                                               self.param(f"{name}.bias"), stride=g.stride, dilation=g.dilation)
+        if family == "conv_transpose":      # the full extent the input fills, cropped (or extended) per side
+            g = layer.window
+            full = getattr(F, f"conv_transpose{rank}d")(x, self.param(f"{name}.weight"), None, stride=g.stride,
+                                                         dilation=g.dilation)
+            extra = a["output_padding"] if isinstance(a["output_padding"], list) else [a["output_padding"]] * rank
+            sides = [v for (before, after), o in reversed(list(zip(g.padding, extra))) for v in (-before, o - after)]
+            y = F.pad(full, sides)
+            bias = self.param(f"{name}.bias")
+            return y if bias is None else y + bias.view((1, -1) + (1,) * rank)
         if family == "maxpool":
             g = layer.window
             x = padded(x, g.padding, -float("inf"))

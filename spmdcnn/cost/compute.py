@@ -52,6 +52,19 @@ def _conv_work(shape, out, ins, itemsize):
     return 2 + passes, gemm * passes, itemsize * (cols * passes + 3 * (ins + out) + 2 * _shard(shape))
 
 
+def _conv_transpose_work(shape, out, ins, itemsize):
+    """The convolution's work with its roles turned: products over the input's positions, columns of the output's
+    channels, and the full extent the input fills written and cropped (about the output's size)."""
+    taps = prod(dict(shape.attrs)["kernel"])
+    n, k = shape.output[:2]
+    positions = prod(shape.inputs[0][2:])
+    c = shape.inputs[0][1]
+    gemm = 2 * n * k * c * taps * positions
+    passes = 3 if shape.input_grad else 2
+    cols = n * k * taps * positions            # col2im forward, im2col for both of backward's products
+    return 2 + passes, gemm * passes, itemsize * (cols * passes + 3 * (ins + out) + 2 * out + 2 * _shard(shape))
+
+
 def _linear_work(shape, out, ins, itemsize):
     passes = 3 if shape.input_grad else 2
     return 2 + passes, 2 * out * shape.inputs[0][1] * passes, itemsize * (3 * (ins + out) + 3 * _shard(shape))
@@ -78,6 +91,7 @@ def _elementwise_work(shape, out, ins, itemsize):
 # one entry per family of the op table (tests/graph/test_optable.py checks there is one for every op)
 WORK = {
     "conv": _conv_work,
+    "conv_transpose": _conv_transpose_work,
     "linear": _linear_work,
     "maxpool": _pool_work,
     "avgpool": _pool_work,

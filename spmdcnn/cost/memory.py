@@ -35,19 +35,21 @@ from math import ceil, prod
 
 from ..graph.optable import KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_OUTPUT
 from ..ops.conv import ConvGeometry, workspace_elements
+from ..ops.conv_transpose import TransposeGeometry
 from ..ops.window import is_padded, padded_extents
 from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
 from ..tiling.fields import needs
-from .tiles import candidates
+from .tiles import distinct_parts
 
 
 def _tiles(layer, degrees, batch):
-    """The output boxes of ``layer``'s tiles that may differ under ``degrees``: one part of each size along every
-    dimension, and for a window the first and last parts, whose reads meet the tensor's edges."""
+    """The output boxes of ``layer``'s tiles that may differ under ``degrees``: the parts along every dimension
+    whose tiles may read differently (``cost.tiles.distinct_parts``: one of each size, and for a window the first
+    and last parts, whose reads meet the tensor's edges)."""
     shape = output_shape(layer, batch)
-    windows = layer.spec.window                 # an interior tile reads a halo on both sides
-    parts = [[part(extent, degree, i) for i in candidates(extent, degree, windows and axis >= 2)]
+    in_shapes = [(batch,) + tuple(s) for s in layer.in_shapes]
+    parts = [[part(extent, degree, i) for i in distinct_parts(layer, in_shapes, axis, extent, degree)]
              for axis, (extent, degree) in enumerate(zip(shape, degrees))]
     return product(*parts)
 
@@ -103,6 +105,16 @@ def _transient(layer, box, batch, itemsize, im2col=True):
                 geometry = layer.window
                 tile = ConvGeometry(need.stride(geometry.stride), need.pads, geometry.dilation, rank=len(x_shape) - 2)
                 elements += workspace_elements(x_shape, geometry.kernel, layer.attrs["out_channels"], tile, itemsize)
+        elif layer.spec.family == "conv_transpose":
+            # the full extent its input fills (computed, then cropped), and the convolution it is the adjoint of
+            geometry = layer.window
+            full = TransposeGeometry(geometry.stride, geometry.dilation, ()).full_extents(x_shape[2:],
+                                                                                          geometry.kernel)
+            filled = (x_shape[0], layer.attrs["out_channels"]) + full
+            elements += prod(filled)
+            if im2col:
+                inner = ConvGeometry(geometry.stride, 0, geometry.dilation, rank=len(full))
+                elements += workspace_elements(filled, geometry.kernel, x_shape[1], inner, itemsize)
         elif is_padded(need.pads):
             elements += prod(x_shape[:2]) * prod(padded_extents(x_shape[2:], need.pads))   # pooling pads a copy
     return itemsize * elements

@@ -54,19 +54,21 @@ class SyncModel:
             return [NO_SYNC] * len(configs)
         batchnorm, channels = layer.spec.reduced_in_layer, layer.out_shape[0]
         per_row = sum(prod(shape[1:]) for shape in layer.params.values())
-        known = self._syncs.get((batchnorm, channels, per_row))
+        # parameters a tile holds whole (not split by channel: the op table's params_by_channel)
+        whole = None if layer.spec.params_by_channel else sum(prod(shape) for shape in layer.params.values())
+        known = self._syncs.get((batchnorm, channels, per_row, whole))
         if known is None:
-            known = self._syncs[batchnorm, channels, per_row] = {}
+            known = self._syncs[batchnorm, channels, per_row, whole] = {}
         result = []
         for config in configs:
             number, groups = self.groups(config, channels)
             sync = known.get(number)
             if sync is None:
-                sync = known[number] = self._sync(batchnorm, per_row, groups)
+                sync = known[number] = self._sync(batchnorm, per_row, groups, whole)
             result.append(sync)
         return result
 
-    def _sync(self, batchnorm, per_row, groups):
+    def _sync(self, batchnorm, per_row, groups, whole=None):
         itemsize = self.itemsize
         seconds, nbytes, forward = 0.0, 0, 0.0
         for rows, size, regimes, summer, count in groups:
@@ -79,7 +81,7 @@ class SyncModel:
                 forward = max(forward, gather)
                 contributed = 5 * rows * STAT_BYTES
             else:
-                contributed = rows * per_row * itemsize
+                contributed = (rows * per_row if whole is None else whole) * itemsize
                 time = summer.allreduce(size, contributed)
             seconds = max(seconds, time)
             nbytes += count * size * contributed

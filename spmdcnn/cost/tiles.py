@@ -14,11 +14,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..graph.optable import READS_CHANNEL_PARTS
+from ..graph.optable import READS_CHANNEL_PARTS, READS_TRANSPOSED
 from ..ops.window import padded_extents
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
-from ..tiling.fields import needs as tile_needs
+from ..tiling.fields import needs as tile_needs, reach_range
 
 
 @dataclass(frozen=True)
@@ -159,9 +159,7 @@ class LayerClasses:
 
     def _parts(self, axis, degree):
         """The parts along ``axis`` split ``degree`` ways whose tiles may differ in what they read."""
-        if self.layer.spec.reads == READS_CHANNEL_PARTS and axis == 1:     # channel parts read different inputs
-            return range(degree)
-        return candidates(self.extents[axis], degree, edges=self.layer.spec.window and axis >= 2)
+        return distinct_parts(self.layer, self.in_shapes, axis, self.extents[axis], degree)
 
     def largest_tiles(self, configs):
         """Every combination of each axis's largest kinds of part, for the configurations among ``configs``
@@ -290,6 +288,28 @@ def _combined_attrs(kinds):
     return attrs
 
 
+def distinct_parts(layer, in_shapes, axis, extent, degree):
+    """The indices of the parts of ``layer``'s output along ``axis`` (``extent`` split ``degree`` ways) whose tiles
+    may differ in what they read (``in_shapes``: the inputs' global shapes, batch first): every channel part of a
+    concat (they read different inputs); for a transposed convolution along a spatial axis, one part per distinct
+    size and count of inputs read (it pads nothing, so its stride's alignment and the tensor's edges, however far
+    its halo reaches, change what a part reads, not only its size); else :func:`candidates`."""
+    if layer.spec.reads == READS_CHANNEL_PARTS and axis == 1:
+        return range(degree)
+    if layer.spec.reads == READS_TRANSPOSED and axis >= 2:
+        geometry, a = layer.window, axis - 2
+        chosen, seen = [], set()
+        for index in range(degree):
+            o0, o1 = part(extent, degree, index)
+            lo, hi = reach_range(o0, o1, geometry.kernel[a], geometry.stride[a], geometry.padding[a][0],
+                                 geometry.dilation[a], in_shapes[0][axis])
+            if (o1 - o0, hi - lo) not in seen:
+                seen.add((o1 - o0, hi - lo))
+                chosen.append(index)
+        return chosen
+    return candidates(extent, degree, edges=layer.spec.window and axis >= 2)
+
+
 def candidates(extent, degree, edges):
     """Parts that may differ in what their tiles read: one of each size (balanced parts have one size, or two
     when ``degree`` does not divide ``extent``, and what a tile reads depends on its part's size) and, with
@@ -316,7 +336,7 @@ def tile_shape(layer, box, needs):
     for need in needs:
         shape = _extents(need.box, need.steps)
         if window:
-            shape = shape[:2] + padded_extents(shape[2:], need.padding)
+            shape = shape[:2] + padded_extents(shape[2:], need.pads)
         inputs.append(shape)
     attrs = ()              # (key, value) pairs sorted by key
     if window:
@@ -325,8 +345,12 @@ def tile_shape(layer, box, needs):
                  ("stride", needs[0].stride(geometry.stride)))
     else:
         attrs = tuple((key, _tuple(a[key])) for key in sorted(layer.spec.tile_attrs))
-    rows = box[1][1] - box[1][0] if len(box) > 1 else 1
-    params = tuple([(name, (rows,) + tuple(shape[1:])) for name, shape in layer.params.items()])
+    channels = box[1] if len(box) > 1 else (0, 1)
+    params = []
+    for name, shape in layer.params.items():
+        r0, r1 = layer.param_rows(name, channels)
+        params.append((name, (r1 - r0,) + tuple(shape[1:])))
+    params = tuple(params)
     return TileShape(layer.op, attrs, tuple(inputs), _extents(box), params, layer.input_grad, layer.needs_grad)
 
 

@@ -98,8 +98,11 @@ def gradient_tensors(graph, plan, itemsize, ghost=None):
         for index, group in config.replicas().items():
             if len(group) < 2 or (sites is not None and sites[group[0]].whole):    # whole: alike for the group
                 continue
-            lo, hi = part(layer.out_shape[0], c_degree, index)
-            sizes = [(hi - lo) * prod(shape[1:]) * itemsize for shape in layer.params.values()]
+            channels = part(layer.out_shape[0], c_degree, index)
+            sizes = []
+            for name, shape in layer.params.items():
+                lo, hi = layer.param_rows(name, channels)
+                sizes.append((hi - lo) * prod(shape[1:]) * itemsize)
             ranks = Devices(sorted(group))      # hashed once, then looked up by each device below
             ranks = interned.setdefault(ranks, ranks)
             for rank in group:
@@ -292,9 +295,12 @@ def layer_lanes(cost, plan):
         update = 0.0
         if layer.params:
             c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
-            rows_held = -(-layer.out_shape[0] // c_degree)
-            update = min(t_c, factor * compute.update_seconds(
-                sum(rows_held * prod(shape[1:]) for shape in layer.params.values())))
+            channels = (0, -(-layer.out_shape[0] // c_degree))        # the largest part's
+            held = 0
+            for name, shape in layer.params.items():
+                lo, hi = layer.param_rows(name, channels)
+                held += (hi - lo) * prod(shape[1:])
+            update = min(t_c, factor * compute.update_seconds(held))
         updates[layer.name] = update
         forward_x = backward_x = moved = 0.0
         crosses = False

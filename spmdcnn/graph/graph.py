@@ -43,6 +43,14 @@ class Layer:
         """A window op's :class:`~spmdcnn.graph.optable.Window` (one value per spatial axis, padding per side)."""
         return window(self.attrs, self.spatial_rank)
 
+    def param_rows(self, kind, channels):
+        """The rows ``(r0, r1)`` of parameter or buffer ``kind`` that a tile holding the output ``channels``
+        ``(c0, c1)`` holds: those channels' rows, or all of them where the op table says its parameters are not
+        split by channel (``params_by_channel``)."""
+        if self.spec.params_by_channel:
+            return channels
+        return 0, self.params.get(kind, self.buffers.get(kind))[0]
+
     @property
     def input_grad(self):
         """Whether the layer computes the gradient of any of its inputs."""

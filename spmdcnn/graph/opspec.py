@@ -2,7 +2,8 @@
 
 Shapes here are per sample (no batch dimension): (C, S...) for tensors with spatial axes (a sequence (C, W), an
 image (C, H, W), a volume (C, D, H, W)), (F,) for features, () for the loss. FLOPs count a multiply-add as two:
-conv ``2*K*C*prod(k)*prod(O)`` (+ ``K*prod(O)`` for the bias), linear ``2*F_in*F_out`` (+ ``F_out``), pooling one per
+conv ``2*K*C*prod(k)*prod(O)`` (+ ``K*prod(O)`` for the bias), a transposed convolution
+``2*K*C*prod(k)*prod(S)`` over its input's positions S, linear ``2*F_in*F_out`` (+ ``F_out``), pooling one per
 window element, batchnorm 4 and the other element-wise ops one per output element, softmax cross-entropy 4 per
 logit and the mean squared error 3 per output; flatten and concat move data and count zero.
 
@@ -14,7 +15,8 @@ from math import prod
 
 from ..io.samples import axis_names
 from ..io.yamlfile import FormatError
-from ..ops.window import output_extents
+from ..ops.conv_transpose import output_padding_error, transposed_extents
+from ..ops.window import ntuple, output_extents
 from .optable import OPS, SPATIAL_NAMES, window
 
 _NO_DEFAULT = object()
@@ -24,6 +26,8 @@ _WINDOW = {"kernel": _NO_DEFAULT, "stride": None, "padding": 0}
 KEYS = {
     "conv": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0, "dilation": 1,
              "bias": True},
+    "conv_transpose": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0,
+                       "output_padding": 0, "dilation": 1, "bias": True},
     "maxpool": dict(_WINDOW),
     "avgpool": dict(_WINDOW),
     "global_avgpool": {},
@@ -113,6 +117,12 @@ def normalise(op, given, where, rank=2):
             attrs[key] = _per_axis(attrs[key], key, where, rank)
     if attrs.get("stride") is not None:
         attrs["stride"] = _per_axis(attrs["stride"], "stride", where, rank)
+    if "output_padding" in attrs:
+        attrs["output_padding"] = _per_axis(attrs["output_padding"], "output_padding", where, rank, allow_zero=True)
+        geometry = window(attrs, rank)
+        error = output_padding_error(ntuple(attrs["output_padding"], rank), geometry.stride, geometry.dilation)
+        if error:
+            raise LayerError(f"{where}: {error} (as in PyTorch)")
     if "padding" in attrs:
         attrs["padding"] = _padding(attrs["padding"], where, rank, same=OPS[op].family == "conv")
         if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
@@ -177,6 +187,26 @@ def _conv(op, attrs, in_shapes, where):
     out, geometry = _window_out(shape, attrs, where, "convolution")
     params = {"weight": (K, C) + geometry.kernel}
     flops = 2 * K * C * prod(geometry.kernel) * prod(out)
+    if attrs["bias"]:
+        params["bias"] = (K,)
+        flops += K * prod(out)
+    return (K,) + out, params, {}, flops
+
+
+def _conv_transpose(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    K, C = attrs["out_channels"], shape[0]
+    rank = len(shape) - 1
+    geometry = window(attrs, rank)
+    extra = ntuple(attrs["output_padding"], rank)
+    out = transposed_extents(shape[1:], geometry.kernel, geometry.stride, geometry.padding, extra,
+                             geometry.dilation)
+    if min(out) <= 0:
+        raise LayerError(f"{where}: transposed convolution of kernel {attrs['kernel']} with padding "
+                         f"{attrs['padding']} over input {'x'.join(map(str, shape[1:]))} gives an empty output "
+                         f"{'x'.join(map(str, out))}")
+    params = {"weight": (C, K) + geometry.kernel}          # PyTorch's layout: (C_in, C_out, k...)
+    flops = 2 * K * C * prod(geometry.kernel) * prod(shape[1:])
     if attrs["bias"]:
         params["bias"] = (K,)
         flops += K * prod(out)
@@ -248,7 +278,7 @@ def _loss(op, attrs, in_shapes, where):
     return (), {}, {}, (4 if op == "softmax_cross_entropy" else 3) * in_shapes[0][0]
 
 
-INFER = {"conv": _conv, "maxpool": _pool, "avgpool": _pool, "global_avgpool": _global_avgpool,
+INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool, "global_avgpool": _global_avgpool,
          "batchnorm": _batchnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
          "scale": _elementwise, "dropout": _elementwise, "flatten": _flatten, "linear": _linear, "concat": _concat,
          "add": _add, "softmax_cross_entropy": _loss, "mse_loss": _loss}

@@ -24,6 +24,7 @@ from ..ops.window import ntuple, sides
 # what an output tile reads of its inputs (tiling/fields.py)
 READS_WINDOW = "window"                 # a window over the spatial axes, every input channel (convolution)
 READS_CHANNEL_WINDOW = "channel window"  # a window over the spatial axes, the output's channels (pooling)
+READS_TRANSPOSED = "transposed window"  # the inputs whose windows reach the output's box, every input channel
 READS_PLANE = "plane"                   # every position of the spatial axes, the output's channels
 READS_SAMPLE = "sample"                 # every feature of the output's samples
 READS_CHANNEL_PARTS = "channel parts"   # from each input the part of the output's channels it supplies (concat)
@@ -51,7 +52,7 @@ class OpSpec:
     name: str
     reads: str
     keeps: str = KEEPS_NOTHING
-    splits: tuple = None
+    splits: tuple = None        # the dimensions it may split, of those its output has (None: all of them)
     multi_input: bool = False
     inplace: bool = False       # may write its output over an input no one else reads
     view: bool = False          # may return its input's memory (flatten's reshape; dropout in eval or p = 0)
@@ -64,6 +65,8 @@ class OpSpec:
     group: str = None           # the family the other tables know it by (None: its own name)
     spatial: int = None         # the spatial rank of input it takes (None: any)
     answers: str = None         # a loss: what it compares the output with (ANSWERS_LABELS or ANSWERS_TARGETS)
+    params_by_channel: bool = True  # a tile holds its output channels' rows of each parameter (the first axis);
+    #                                 False: its parameters whole (it never splits c)
 
     @property
     def family(self):
@@ -73,7 +76,7 @@ class OpSpec:
     @property
     def window(self):
         """Whether a tile reads a window over the spatial axes (halos, padding and stride)."""
-        return self.reads in (READS_WINDOW, READS_CHANNEL_WINDOW)
+        return self.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED)
 
 
 def _ranked(family, *args, **kwargs):
@@ -83,6 +86,9 @@ def _ranked(family, *args, **kwargs):
 
 OPS = {spec.name: spec for spec in (
     *_ranked("conv", READS_WINDOW, KEEPS_INPUT),
+    # its weight is PyTorch's (C_in, C_out, k...): its output channels are not the first axis that parameter shards
+    # split, so it splits samples and space only
+    *_ranked("conv_transpose", READS_TRANSPOSED, KEEPS_INPUT, splits=("n", "d", "h", "w"), params_by_channel=False),
     *_ranked("maxpool", READS_CHANNEL_WINDOW, KEEPS_INDICES),
     *_ranked("avgpool", READS_CHANNEL_WINDOW),
     OpSpec("global_avgpool", READS_PLANE),

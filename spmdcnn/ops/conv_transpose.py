@@ -14,6 +14,11 @@ Forward is the input gradient of the convolution of the full extent with the sam
 read as a convolution's ``(K, C, k...)`` (PyTorch's layout, so weights move as they are); backward is that
 convolution's forward (the input's gradient) and its weight gradient, over the output gradient set into the full
 extent (zero outside the crop). Shapes: x (N, C_in, S...), w (C_in, C_out, k...), y (N, C_out, O...).
+
+It runs wherever the convolution's pieces run: NumPy, and CuPy (cuDNN for the backward's convolution, CuPy's
+products for the forward's columns). With activations of a lower precision than the weights (bfloat16 under
+float32 master weights) it computes in the weights' type and rounds ``y`` and ``gx`` to the activations', as
+``ops/linear.py`` does.
 """
 
 from math import prod
@@ -21,7 +26,7 @@ from typing import NamedTuple
 
 from .. import backend
 from .conv import ConvGeometry, conv_backward, conv_forward, conv_input_gradient
-from .window import ntuple, rank_of
+from .window import ntuple, rank_of, sides
 
 
 class TransposeGeometry(NamedTuple):
@@ -58,23 +63,26 @@ def output_padding_error(output_padding, stride, dilation):
 
 def geometry(spatial, kernel, stride=1, padding=0, output_padding=0, dilation=1, rank=None):
     """PyTorch's transposed convolution of inputs of ``spatial`` extents as a :class:`TransposeGeometry`
-    (``padding`` symmetric, one value per axis or one for all)."""
+    (``padding``: one value for all axes, one per axis, or a ``(before, after)`` pair per axis, which PyTorch has
+    not: the positions left off the full extent's start and end)."""
     rank = rank or rank_of(kernel, stride, padding, output_padding, dilation, default=len(spatial))
     kernel, stride, dilation = (ntuple(v, rank, what) for v, what in
                                 ((kernel, "kernel"), (stride, "stride"), (dilation, "dilation")))
-    padding, output_padding = ntuple(padding, rank, "padding"), ntuple(output_padding, rank, "output_padding")
+    padding, output_padding = sides(padding, rank), ntuple(output_padding, rank, "output_padding")
     error = output_padding_error(output_padding, stride, dilation)
     if error:
         raise ValueError(f"conv_transpose: {error}")
     full = TransposeGeometry(stride, dilation, ()).full_extents(spatial, kernel)
-    crop = tuple((p, f - p + o) for f, p, o in zip(full, padding, output_padding))
+    crop = tuple((before, f - after + o) for f, (before, after), o in zip(full, padding, output_padding))
     return TransposeGeometry(stride, dilation, crop)
 
 
-def output_extents(spatial, kernel, stride, padding, output_padding, dilation):
-    """PyTorch's output extents: ``(S - 1)*s - 2*pad + d*(k - 1) + output_padding + 1`` per axis."""
-    return tuple((size - 1) * s - 2 * p + d * (k - 1) + o + 1
-                 for size, k, s, p, o, d in zip(spatial, kernel, stride, padding, output_padding, dilation))
+def transposed_extents(spatial, kernel, stride, padding, output_padding, dilation):
+    """PyTorch's output extents, ``(S - 1)*s - 2*pad + d*(k - 1) + output_padding + 1`` per axis (``padding`` a
+    ``(before, after)`` pair per axis)."""
+    return tuple((size - 1) * s - before - after + d * (k - 1) + o + 1
+                 for size, k, s, (before, after), o, d in zip(spatial, kernel, stride, padding, output_padding,
+                                                             dilation))
 
 
 def _overlap(crop, full):
@@ -89,11 +97,12 @@ def _overlap(crop, full):
 
 
 class TransposeSaved(NamedTuple):
-    x: object
+    x: object               # the input, in the weights' type
     w: object
     has_bias: bool
     geometry: TransposeGeometry
     need_input_grad: bool
+    dtype: object           # the activations' type
 
 
 def conv_transpose_forward(x, w, b, geometry, need_input_grad=True):
@@ -104,6 +113,7 @@ def conv_transpose_forward(x, w, b, geometry, need_input_grad=True):
     if w.shape[0] != x.shape[1]:
         raise ValueError(f"conv_transpose: input has {x.shape[1]} channels, weight expects {w.shape[0]}")
     xp = backend.array_module(x)
+    dtype, x = x.dtype, x.astype(w.dtype, copy=False)
     N, kernel, K = x.shape[0], w.shape[2:], w.shape[1]
     out = tuple(stop - start for start, stop in geometry.crop)
     full = geometry.full_extents(x.shape[2:], kernel)
@@ -116,7 +126,7 @@ def conv_transpose_forward(x, w, b, geometry, need_input_grad=True):
             y = conv_input_gradient(x, w, (N, K) + full, geometry.inner())
     if b is not None:
         y += b.reshape((1, K) + (1,) * geometry.rank)
-    return y, TransposeSaved(x, w, b is not None, geometry, need_input_grad)
+    return y.astype(dtype, copy=False), TransposeSaved(x, w, b is not None, geometry, need_input_grad, dtype)
 
 
 def conv_transpose_backward(gy, saved, gw_out=None):
@@ -124,13 +134,14 @@ def conv_transpose_backward(gy, saved, gw_out=None):
     ``gw`` is written into ``gw_out`` when given."""
     x, w, geometry = saved.x, saved.w, saved.geometry
     xp = backend.array_module(gy)
+    gy = gy.astype(w.dtype, copy=False)
     N, K, kernel = x.shape[0], w.shape[1], w.shape[2:]
     gb = gy.sum(axis=(0,) + tuple(range(2, gy.ndim))) if saved.has_bias else None
     full = geometry.full_extents(x.shape[2:], kernel)
     if not prod(full):
         gw = xp.zeros(w.shape, dtype=w.dtype) if gw_out is None else gw_out
         gw[...] = 0
-        return (xp.zeros_like(x) if saved.need_input_grad else None), gw, gb
+        return (xp.zeros(x.shape, dtype=saved.dtype) if saved.need_input_grad else None), gw, gb
     into, inside = _overlap(geometry.crop, full)
     if full == gy.shape[2:] and into == inside:
         gfull = gy
@@ -139,4 +150,4 @@ def conv_transpose_backward(gy, saved, gw_out=None):
         gfull[inside] = gy[into]
     gx, conv_saved = conv_forward(gfull, w, None, geometry.inner(), need_input_grad=False)
     _, gw, _ = conv_backward(x, conv_saved, gw_out)
-    return (gx if saved.need_input_grad else None), gw, gb
+    return (gx.astype(saved.dtype, copy=False) if saved.need_input_grad else None), gw, gb

@@ -23,8 +23,9 @@ from math import prod
 from typing import NamedTuple
 
 from .. import backend
-from ..ops import (add, batchnorm, concat, conv, dropout, flatten, leaky_relu, linear, loss, mse, pool, relu, scale,
-                   tanh)
+from ..ops import (add, batchnorm, concat, conv, conv_transpose, dropout, flatten, leaky_relu, linear, loss, mse, pool,
+                   relu, scale, tanh)
+from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
 
@@ -162,6 +163,22 @@ def _conv_geometry(kernel):
                              rank=len(geometry.kernel))
 
 
+def _transpose_geometry(kernel):
+    """The crop of a transposed convolution's tile (``ops/conv_transpose.py``): where its output box lies in the
+    full extent its input part fills, or, for an input that arrives whole (the profiler's), the layer's own."""
+    layer, tile = kernel.layer, kernel.tile
+    geometry = layer.window
+    if tile.need is None:
+        full = conv_transpose.TransposeGeometry(geometry.stride, geometry.dilation, ()).full_extents(
+            layer.in_shapes[0][1:], geometry.kernel)
+        extra = ntuple(layer.attrs["output_padding"], len(full))
+        crop = tuple((before, f - after + o) for f, (before, after), o in zip(full, geometry.padding, extra))
+    else:
+        crop = tuple((o0 - (i0 * s - before), o1 - (i0 * s - before)) for (o0, o1), (i0, _), s, (before, _)
+                     in zip(tile.box[2:], tile.need.box[2:], geometry.stride, geometry.padding))
+    return conv_transpose.TransposeGeometry(geometry.stride, geometry.dilation, crop)
+
+
 @dataclass
 class Ghost:
     """A batchnorm tile under ghost batch norm (:mod:`spmdcnn.tiling.ghost`): its ``site`` (a GhostSite),
@@ -259,6 +276,8 @@ def _loss(forward, backward):
 
 BIND = {
     "conv": _weighted(conv.conv_forward, conv.conv_backward, _conv_geometry),
+    "conv_transpose": _weighted(conv_transpose.conv_transpose_forward, conv_transpose.conv_transpose_backward,
+                                _transpose_geometry),
     "linear": _weighted(linear.linear_forward, linear.linear_backward),
     "maxpool": _pool(pool.maxpool_forward, pool.maxpool_backward),
     "avgpool": _pool(pool.avgpool_forward, pool.avgpool_backward),

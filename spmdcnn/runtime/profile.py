@@ -22,7 +22,7 @@ from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..graph.graph import Layer
 from ..graph.opspec import infer, keys_of
-from ..graph.optable import ANSWERS_LABELS, ANSWERS_TARGETS, OPS
+from ..graph.optable import ANSWERS_LABELS, ANSWERS_TARGETS, OPS, READS_TRANSPOSED
 from ..planner.configs import configurations
 from ..progress import Progress
 from ..tiling.config import ParallelConfig, output_shape
@@ -95,12 +95,26 @@ def tile_kernel(shape, xp=np, dtype=np.float32, seed=0):
     return TileKernel(layer, tile, views, overwrite=0 if layer.spec.inplace else None), inputs
 
 
+def _transposed_padding(shape):
+    """``padding`` (per side) and ``output_padding`` of a transposed convolution whose input of the tile's extents
+    gives the tile's output extents: the full extent cropped evenly, or extended at the end."""
+    a = dict(shape.attrs)
+    pads, extra = [], []
+    for size, out, k, s, d in zip(shape.inputs[0][2:], shape.output[2:], a["kernel"], a["stride"], a["dilation"]):
+        surplus = (size - 1) * s + d * (k - 1) + 1 - out
+        pads.append([max(surplus, 0) // 2, max(surplus, 0) - max(surplus, 0) // 2])
+        extra.append(max(-surplus, 0))
+    return {"padding": pads, "output_padding": extra}
+
+
 def _layer(shape):
     """A layer computing what the tile ``shape`` computes, on inputs of the tile's shapes."""
     attrs = dict(shape.attrs)
     spec = OPS[shape.op]
     if spec.window:
         attrs["padding"] = 0
+    if spec.reads == READS_TRANSPOSED:      # padding that crops the full extent the input fills to the output's
+        attrs.update(_transposed_padding(shape))
     keys = keys_of(shape.op)
     for key in ("out_channels", "out_features"):        # as many outputs as the tile computes
         if key in keys:

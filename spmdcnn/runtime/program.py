@@ -172,10 +172,10 @@ class Program:
             site = self.sites[layer.name]
             if site.box is None:
                 continue
-            c0, c1 = site.channels
             for kind, shape in list(layer.params.items()) + list(layer.buffers.items()):
                 reduced = self.summed_in_layer(layer) or kind in layer.buffers
-                entries.append(((site.group, reduced, order), layer, kind, (c1 - c0,) + tuple(shape[1:]), (c0, c1)))
+                r0, r1 = layer.param_rows(kind, site.channels)
+                entries.append(((site.group, reduced, order), layer, kind, (r1 - r0,) + tuple(shape[1:]), (r0, r1)))
         entries.sort(key=lambda entry: entry[0])
         shapes = {param: {f"{layer.name}.{kind}": shape for _, layer, kind, shape, _ in entries
                           if (kind in layer.params) == param} for param in (True, False)}

@@ -26,10 +26,11 @@ def names_of(rank):
 
 def dims_of(layer):
     """The dimensions of ``layer``'s output that a configuration may split, in tensor order: all of them, except
-    that flatten and the loss split only ``n`` (the op table's ``splits``)."""
+    where the op table's ``splits`` names fewer (flatten and the loss split only ``n``)."""
+    names = names_of(1 + len(layer.out_shape))
     if layer.spec.splits is not None:
-        return layer.spec.splits
-    return names_of(1 + len(layer.out_shape))
+        return tuple(name for name in names if name in layer.spec.splits)
+    return names
 
 
 def output_shape(layer, batch):

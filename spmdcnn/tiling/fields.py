@@ -7,6 +7,9 @@ so it computes exactly its outputs. A 1-wide window with stride s > 1 (a strided
 every s-th position of that range: its need is strided, the tile receives just those positions and applies
 stride 1 to them. Along such an axis the padding counts outputs (zeros added to the packed input), and a need's
 elements are ``shape_of(box, steps)``, not its box's volume.
+A transposed convolution's input position ``i`` adds into outputs ``i*s - p + q*d`` (kernel position q): an output
+tile reads the inputs that reach its part (``reach_range``), without padding, computes what they give and keeps
+its part (``ops/conv_transpose.py``: the crop).
 Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
 their samples; element-wise ops and add read the output's own box; concat reads, from each input, the part of
 the output's channel range that input supplies (possibly nothing).
@@ -14,7 +17,8 @@ the output's channel range that input supplies (possibly nothing).
 
 from dataclasses import dataclass
 
-from ..graph.optable import READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_WINDOW
+from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_TRANSPOSED,
+                              READS_WINDOW)
 
 def no_padding(rank):
     """The padding of a tile that adds none: a ``(0, 0)`` pair per spatial axis."""
@@ -85,6 +89,23 @@ def _window_need(layer, out_box, in_shape, channels):
                 None if all(step == 1 for step in steps) else (1, 1) + steps)
 
 
+def reach_range(o0, o1, kernel, stride, pad, dilation, extent):
+    """The inputs ``[start, stop)`` of one axis of a transposed convolution whose contributions reach outputs
+    ``[o0, o1)``: input ``i`` adds into outputs ``i*s - pad + p*d`` for kernel positions ``p`` (clipped to the
+    tensor; empty when none does)."""
+    lo = max(0, -(-(o0 + pad - dilation * (kernel - 1)) // stride))
+    hi = min(extent, (o1 - 1 + pad) // stride + 1)
+    lo = min(lo, extent)
+    return lo, max(lo, hi)
+
+
+def _transposed_need(layer, out_box, in_shape):
+    geometry = layer.window
+    return Need((out_box[0], (0, in_shape[1])) + tuple(
+        reach_range(o0, o1, k, s, before, d, extent) for (o0, o1), k, s, (before, _), d, extent in
+        zip(out_box[2:], geometry.kernel, geometry.stride, geometry.padding, geometry.dilation, in_shape[2:])))
+
+
 def needs(layer, out_box, in_shapes):
     """One :class:`Need` per input of ``layer`` for the output tile ``out_box``; ``in_shapes`` are the inputs'
     global shapes (batch first)."""
@@ -93,6 +114,8 @@ def needs(layer, out_box, in_shapes):
         return [_window_need(layer, out_box, in_shapes[0], (0, in_shapes[0][1]))]
     if reads == READS_CHANNEL_WINDOW:
         return [_window_need(layer, out_box, in_shapes[0], out_box[1])]
+    if reads == READS_TRANSPOSED:
+        return [_transposed_need(layer, out_box, in_shapes[0])]
     if reads == READS_PLANE:
         return [Need((n, out_box[1]) + tuple((0, extent) for extent in in_shapes[0][2:]))]
     if reads == READS_SAMPLE:

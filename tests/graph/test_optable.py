@@ -8,7 +8,8 @@ from spmdcnn.graph import opspec
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.graph.optable import (ANSWERS_LABELS, ANSWERS_TARGETS, FAMILIES, KEEPS_INDICES, KEEPS_INPUT,
                                    KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_CHANNEL_PARTS,
-                                   READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_WINDOW, needs_gradient)
+                                   READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW,
+                                   needs_gradient)
 from spmdcnn.runtime import kernels
 from spmdcnn.tiling.config import NAMES, dims_of, names_of
 
@@ -19,7 +20,9 @@ EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "pa
             {"name": "cat", "op": "concat", "inputs": ["max", "max"]},
             {"name": "sum", "op": "add", "inputs": ["cat", "cat"]},
             {"name": "drop", "op": "dropout", "p": 0.5, "inputs": ["avg"]},
-            {"name": "gap", "op": "global_avgpool", "inputs": ["sum"]},
+            {"name": "up", "op": "conv_transpose2d", "out_channels": 3, "kernel": 3, "stride": 2, "padding": 1,
+             "output_padding": 1, "inputs": ["sum"]},
+            {"name": "gap", "op": "global_avgpool"},
             {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 3},
             {"name": "flat_drop", "op": "flatten", "inputs": ["drop"]},
             {"name": "fc2", "op": "linear", "out_features": 3},
@@ -32,7 +35,9 @@ EVERY_VOLUME_OP = [
     {"name": "bn", "op": "batchnorm3d"}, {"name": "leaky", "op": "leaky_relu", "negative_slope": 0.3},
     {"name": "max", "op": "maxpool3d", "kernel": 2, "stride": 1},
     {"name": "avg", "op": "avgpool3d", "kernel": 3, "stride": 1, "padding": 1, "inputs": ["leaky"]},
-    {"name": "tanh", "op": "tanh"}, {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
+    {"name": "tanh", "op": "tanh"}, {"name": "up", "op": "conv_transpose3d", "out_channels": 2, "kernel": 2,
+                                     "stride": 2},
+    {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
     {"name": "fc", "op": "linear", "out_features": 3}, {"name": "scaled", "op": "scale", "factor": 1.2},
     {"name": "skip", "op": "global_avgpool", "inputs": ["max"]}, {"name": "flat2", "op": "flatten"},
     {"name": "fc2", "op": "linear", "out_features": 3}, {"name": "both", "op": "add", "inputs": ["scaled", "fc2"]},
@@ -41,7 +46,9 @@ EVERY_VOLUME_OP = [
 EVERY_SEQUENCE_OP = [
     {"name": "conv", "op": "conv1d", "out_channels": 4, "kernel": 3, "padding": 1},
     {"name": "bn", "op": "batchnorm1d"}, {"name": "max", "op": "maxpool1d", "kernel": 2},
-    {"name": "avg", "op": "avgpool1d", "kernel": 2}, {"name": "flat", "op": "flatten"},
+    {"name": "avg", "op": "avgpool1d", "kernel": 2},
+    {"name": "up", "op": "conv_transpose1d", "out_channels": 2, "kernel": 3, "stride": 2, "dilation": 2},
+    {"name": "flat", "op": "flatten"},
     {"name": "fc", "op": "linear", "out_features": 3}, {"name": "loss", "op": "softmax_cross_entropy"}]
 
 EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], EVERY_SEQUENCE_OP)]
@@ -57,7 +64,7 @@ def test_every_op_has_one_row_and_every_part_knows_it():
 
 
 def test_a_family_is_one_op_for_every_spatial_rank():
-    for family in ("conv", "maxpool", "avgpool", "batchnorm"):
+    for family in ("conv", "conv_transpose", "maxpool", "avgpool", "batchnorm"):
         rows = [OPS[f"{family}{rank}d"] for rank in (1, 2, 3)]
         assert [row.spatial for row in rows] == [1, 2, 3] and {row.family for row in rows} == {family}
         assert len({row._replace(name="", spatial=0) if hasattr(row, "_replace") else
@@ -69,11 +76,11 @@ def test_the_rows_are_consistent():
     assert [name for name, spec in OPS.items() if spec.loss] == ["softmax_cross_entropy", "mse_loss"]
     assert all((spec.answers in (ANSWERS_LABELS, ANSWERS_TARGETS)) == spec.loss for spec in OPS.values())
     for name, spec in OPS.items():
-        assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_CHANNEL_PARTS,
-                              READS_BOX), name
+        assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_PLANE, READS_SAMPLE,
+                              READS_CHANNEL_PARTS, READS_BOX), name
         assert spec.keeps in (KEEPS_INPUT, KEEPS_MASK, KEEPS_INDICES, KEEPS_OUTPUT, KEEPS_NOTHING), name
         assert spec.splits is None or set(spec.splits) <= set(NAMES), name
-        assert spec.window == (spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW)), name
+        assert spec.window == (spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED)), name
         assert not spec.inherits or (spec.reads == READS_BOX and not spec.multi_input), name
         assert set(spec.tile_attrs) <= set(opspec.KEYS[spec.family]), name
 
@@ -83,7 +90,7 @@ def test_tiling_splits_what_the_table_says(op):
     shape, layers = next((shape, layers) for shape, layers in EVERY_MODEL if any(l["op"] == op for l in layers))
     graph = parse_model({"name": "every", "input": shape, "layers": layers})
     layer = next(layer for layer in graph.layers if layer.op == op)
-    expected = OPS[op].splits or names_of(1 + len(layer.out_shape))
+    expected = [name for name in names_of(1 + len(layer.out_shape)) if name in (OPS[op].splits or NAMES)]
     assert dims_of(layer) == tuple(expected)
     assert set(expected) <= set(NAMES)
 

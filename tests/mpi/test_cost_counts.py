@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import agree
+from decoder_models import DECODER, DECODER_VOLUME
 from plans import answers, random_plan
 from spmdcnn.cost.compute import ComputeModel
 from spmdcnn.cost.machine import default_machine
@@ -29,8 +30,11 @@ POOL_FIRST = {"name": "pool_first", "input": [3, 12, 10], "layers": [
     {"name": "fc", "op": "linear", "out_features": 3}, {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 
+INLINE = {"pool_first": POOL_FIRST, "decoder": DECODER, "decoder_volume": DECODER_VOLUME}
+
+
 def _model(name):
-    return parse_model(POOL_FIRST) if name == "pool_first" else load_model(os.path.join(MODELS, f"{name}.yaml"))
+    return parse_model(INLINE[name]) if name in INLINE else load_model(os.path.join(MODELS, f"{name}.yaml"))
 
 
 def counted(world, graph, plan, batchnorm=None):
@@ -47,7 +51,7 @@ def counted(world, graph, plan, batchnorm=None):
 
 
 @pytest.mark.parametrize("model_name", ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "pool_first",
-                                        "tiny_volume"])
+                                        "tiny_volume", "decoder", "decoder_volume"])
 @pytest.mark.parametrize("seed", range(3))
 def test_predicted_bytes_are_the_bytes_the_ranks_move(world, model_name, seed):
     graph = _model(model_name)

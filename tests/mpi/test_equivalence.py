@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from conftest import agree
+from decoder_models import DECODER, DECODER_SEQUENCE, DECODER_VOLUME
 from plans import random_plan, uniform_plan
 from spmdcnn.backend import to_numpy
 from spmdcnn.graph import load_model
@@ -76,14 +77,14 @@ SEQUENCE = {"name": "sequence", "input": [3, 17], "layers": [
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 
+INLINE = {model["name"]: model for model in (STRIDED, STRIDED_VOLUME, SEQUENCE, DECODER, DECODER_VOLUME,
+                                             DECODER_SEQUENCE)}
+
+
 def _graph(name):
     from spmdcnn.graph.graph import parse_model
-    if name == "strided":
-        return parse_model(STRIDED)
-    if name == "strided_volume":
-        return parse_model(STRIDED_VOLUME)
-    if name == "sequence":
-        return parse_model(SEQUENCE)
+    if name in INLINE:
+        return parse_model(INLINE[name])
     return load_model(os.path.join(MODELS, f"{name}.yaml"))
 
 
@@ -178,7 +179,7 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
 
 
 MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "strided", "tiny_volume",
-                     "strided_volume", "sequence"]
+                     "strided_volume", "sequence", "decoder", "decoder_volume", "decoder_sequence"]
 
 
 @pytest.mark.parametrize("name", MODELS_UNDER_TEST)

@@ -15,6 +15,7 @@ from spmdcnn.cost.tiles import tile_shape, tile_shapes
 from spmdcnn.graph import load_model, parse_model
 from spmdcnn.runtime.executor import Executor
 from spmdcnn.runtime.profile import tile_step
+from decoder_models import DECODER, DECODER_VOLUME
 from test_equivalence import STRIDED
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
@@ -27,7 +28,7 @@ POOL_FIRST = {"name": "pool_first", "input": [3, 12, 10], "layers": [
     {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
     {"name": "drop", "op": "dropout", "p": 0.5},
     {"name": "fc", "op": "linear", "out_features": 3}, {"name": "loss", "op": "softmax_cross_entropy"}]}
-INLINE = {"pool_first": POOL_FIRST, "strided": STRIDED}
+INLINE = {"pool_first": POOL_FIRST, "strided": STRIDED, "decoder": DECODER, "decoder_volume": DECODER_VOLUME}
 
 
 def _model(name):
@@ -64,7 +65,8 @@ def _by_layer(executor, calls):
     return found
 
 
-@pytest.mark.parametrize("name", ["strided", "small_inception", "small_resnet", "pool_first", "tiny_volume"])
+@pytest.mark.parametrize("name", ["strided", "small_inception", "small_resnet", "pool_first", "tiny_volume",
+                                  "decoder", "decoder_volume"])
 def test_the_profiler_runs_each_ranks_tiles_as_the_rank_does(world, monkeypatch, name):
     graph = _model(name)
     calls = recording(monkeypatch)

@@ -52,3 +52,23 @@ POOL_CASES = {
     "volume_7x7x7_wide_index": ((1, 1, 8, 7, 9), 7, 1, 0),
     "sequence_k3_s2_pad1": ((2, 3, 11), 3, 2, 1),
 }
+
+
+# name: x shape, w shape (C_in, C_out, k...), stride, padding, output_padding, dilation, bias
+TRANSPOSE_CASES = {
+    "k3_s2_p1_op1_deepcam": ((2, 3, 5, 6), (3, 4, 3, 3), 2, 1, 1, 1, True),
+    "k2_s2_unet": ((2, 4, 3, 5), (4, 2, 2, 2), 2, 0, 0, 1, True),
+    "k3_s1_p1": ((1, 2, 4, 5), (2, 3, 3, 3), 1, 1, 0, 1, False),
+    "k4_s2_p1": ((2, 2, 5, 4), (2, 3, 4, 4), 2, 1, 0, 1, True),
+    "rect_per_axis": ((2, 3, 4, 5), (3, 2, 3, 2), [2, 3], [1, 0], [1, 2], 1, True),
+    "dilated_op_below_dilation": ((1, 2, 5, 5), (2, 2, 3, 3), 1, 1, 1, 2, True),
+    "strided_dilated": ((2, 2, 4, 3), (2, 3, 3, 2), [2, 3], [2, 1], [1, 0], [2, 3], False),
+    "pointwise": ((2, 3, 4, 5), (3, 4, 1, 1), 1, 0, 0, 1, True),
+    "k1_strided": ((2, 3, 4, 3), (3, 2, 1, 1), 2, 0, 1, 1, True),
+    "padding_beyond_kernel": ((1, 2, 7, 6), (2, 2, 3, 3), 3, 2, 2, 1, True),
+    "odd_one_pixel": ((2, 2, 1, 1), (2, 3, 3, 3), 2, 0, 1, 1, True),
+    "volume_k2_s2_unet3d": ((1, 3, 3, 4, 2), (3, 2, 2, 2, 2), 2, 0, 0, 1, True),
+    "volume_k3_s2_p1_op1": ((2, 2, 3, 2, 4), (2, 3, 3, 3, 3), 2, 1, 1, 1, False),
+    "volume_rect": ((1, 2, 4, 3, 3), (2, 2, 2, 3, 1), [1, 2, 3], [0, 1, 0], [0, 1, 2], [2, 1, 1], True),
+    "sequence_k5_s3_p2_op2": ((2, 3, 7), (3, 2, 5), 3, 2, 2, 1, True),
+}

@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from op_cases import CONV_CASES, POOL_CASES
+from op_cases import CONV_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
-from spmdcnn.ops import batchnorm, conv, dropout, linear, loss, pool, relu
+from spmdcnn.ops import batchnorm, conv, conv_transpose, dropout, linear, loss, pool, relu
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -56,6 +56,31 @@ def test_conv2d_on_cudnn(case, dtype):
     assert gw2 is gw_out
     for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("gw", gw2, gw)) + ((("gb", gb2, gb),) if bias else ()):
         _close(a, e, dtype, f"{case} {what}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(TRANSPOSE_CASES))
+def test_conv_transpose_on_the_gpu(case, dtype):
+    """The transposed convolution on CuPy (its backward's convolution on cuDNN) against NumPy, the whole tensor
+    and a tile that crops past both ends of the full extent."""
+    x_shape, w_shape, stride, padding, output_padding, dilation, bias = TRANSPOSE_CASES[case]
+    rng = _rng(4)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    b = rng.standard_normal(w_shape[1]) if bias else None
+    whole = conv_transpose.geometry(x_shape[2:], w_shape[2:], stride, padding, output_padding, dilation,
+                                    rank=len(x_shape) - 2)
+    edge = conv_transpose.TransposeGeometry(whole.stride, whole.dilation,
+                                            tuple((-1, stop + 1) for _, stop in whole.crop))
+    for geometry in (whole, edge):
+        y, saved = conv_transpose.conv_transpose_forward(x, w, b, geometry)
+        gy = rng.standard_normal(y.shape)
+        gx, gw, gb = conv_transpose.conv_transpose_backward(gy, saved)
+        on = [None if a is None else cp.asarray(a.astype(dtype)) for a in (x, w, b)]
+        y2, saved2 = conv_transpose.conv_transpose_forward(*on, geometry)
+        gw_out = cp.empty(w_shape, dtype=dtype)
+        gx2, gw2, gb2 = conv_transpose.conv_transpose_backward(cp.asarray(gy.astype(dtype)), saved2, gw_out=gw_out)
+        for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("gw", gw2, gw)) + ((("gb", gb2, gb),) if bias else ()):
+            _close(a, e, dtype, f"{case} {geometry.crop} {what}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -35,7 +35,9 @@ import torch
 import torch.nn.functional as F
 
 from float32_bounds import UNIT_ROUNDOFF, budget, forward_budget, gradient_budgets, layer_sums
+from decoder_models import DECODER, DECODER_SEQUENCE, DECODER_VOLUME
 from spmdcnn.graph import load_model
+from spmdcnn.graph.graph import parse_model
 from spmdcnn.runtime.executor import Executor
 from torch_reference import TorchNet, padded, spmdcnn_decisions, spmdcnn_masks
 
@@ -43,12 +45,17 @@ MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 SMALL = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"]
 VOLUMES = ["tiny_volume"]
 LARGE = ["alexnet", "vgg16", "inception_v3", "resnet50"]
+DECODERS = {model["name"]: model for model in (DECODER, DECODER_VOLUME, DECODER_SEQUENCE)}
 SOFTMAX_JACOBIAN_L1 = 2    # d loss / d logits = (softmax - onehot) / N: each row's absolute values sum to <= 2
+
+
+def _graph(name):
+    return parse_model(DECODERS[name]) if name in DECODERS else load_model(os.path.join(MODELS, f"{name}.yaml"))
 
 
 def compare_float64(name, batch, rtol, seed=3, step=5):
     """spmdcnn and PyTorch, both in float64, within ``rtol`` of each tensor's scale."""
-    graph = load_model(os.path.join(MODELS, f"{name}.yaml"))
+    graph = _graph(name)
     executor = Executor(graph, np, np.float64, seed=seed)
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((batch,) + graph.input_shape)
@@ -207,7 +214,7 @@ def check_running_statistics(executor, net, initial, batch, failures, ratios):
 def compare_float32(name, batch, seed=3, step=5):
     """spmdcnn in float32 against the float64 reference that follows its decisions; returns ``{tensor: ratio}``
     (error / bound) and fails naming every tensor beyond its bound."""
-    graph = load_model(os.path.join(MODELS, f"{name}.yaml"))
+    graph = _graph(name)
     executor = Executor(graph, np, np.float32, seed=seed)
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((batch,) + graph.input_shape).astype(np.float32)
@@ -230,7 +237,7 @@ def compare_float32(name, batch, seed=3, step=5):
     return ratios
 
 
-@pytest.mark.parametrize("name", SMALL + VOLUMES)
+@pytest.mark.parametrize("name", SMALL + VOLUMES + list(DECODERS))
 def test_small_models_float64(name):
     compare_float64(name, batch=5, rtol=1e-10)
 
