@@ -1,12 +1,12 @@
-"""Small decoders for the tests: every transposed convolution case a tile split can meet, in 1, 2 and 3
-spatial axes (shared by the plan equivalence, profiler and PyTorch tests)."""
+"""Small decoders for the tests: every transposed convolution and upsampling case a tile split can meet, in 1, 2
+and 3 spatial axes (shared by the plan equivalence, profiler and PyTorch tests)."""
 
 # decoders: transposed convolutions (DeepCAM's kernel 3, stride 2, padding 1, output padding 1; U-Net's kernel 2,
 # stride 2; dilated, per-side padding, an output padding past the full extent) and a skip connection, split over
 # samples and space
 DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
-    {"name": "down", "op": "conv2d", "out_channels": 5, "kernel": 3, "stride": 2, "padding": 1},
+    {"name": "down", "op": "conv2d", "out_channels": 5, "kernel": 3, "stride": 2, "padding": 1, "bias": False},
     {"name": "bn", "op": "batchnorm2d"}, {"name": "act", "op": "relu"},
     {"name": "up", "op": "conv_transpose2d", "out_channels": 4, "kernel": 3, "stride": 2, "padding": 1,
      "output_padding": [0, 1]},
@@ -14,9 +14,16 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "up2", "op": "conv_transpose2d", "out_channels": 3, "kernel": 2, "stride": 2, "bias": False},
     {"name": "odd", "op": "conv_transpose2d", "out_channels": 2, "kernel": [3, 2], "stride": [1, 3],
      "dilation": [2, 1], "padding": [[1, 2], [0, 1]], "output_padding": [1, 2], "inputs": ["skip"]},
+    {"name": "near", "op": "upsample", "scale": [3, 2], "inputs": ["act"]},
+    {"name": "bilinear", "op": "upsample", "scale": 2, "mode": "linear", "inputs": ["act"]},
+    {"name": "corners", "op": "upsample", "scale": [3, 2], "mode": "linear", "align_corners": True,
+     "inputs": ["act"]},
+    {"name": "ups", "op": "concat", "inputs": ["near", "corners"]},
+    {"name": "f_ups", "op": "flatten", "inputs": ["ups"]}, {"name": "l_ups", "op": "linear", "out_features": 3},
+    {"name": "f_bil", "op": "flatten", "inputs": ["bilinear"]}, {"name": "l_bil", "op": "linear", "out_features": 3},
     {"name": "f_up2", "op": "flatten", "inputs": ["up2"]}, {"name": "l_up2", "op": "linear", "out_features": 3},
     {"name": "f_odd", "op": "flatten", "inputs": ["odd"]}, {"name": "l_odd", "op": "linear", "out_features": 3},
-    {"name": "sum", "op": "add", "inputs": ["l_up2", "l_odd"]},
+    {"name": "sum", "op": "add", "inputs": ["l_up2", "l_odd", "l_ups", "l_bil"]},
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
@@ -24,14 +31,17 @@ DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
     {"name": "up", "op": "conv_transpose3d", "out_channels": 2, "kernel": 2, "stride": 2},
     {"name": "up3", "op": "conv_transpose3d", "out_channels": 2, "kernel": 3, "stride": [2, 1, 2], "padding": 1,
      "output_padding": [1, 0, 1], "inputs": ["down"]},
+    {"name": "tri", "op": "upsample", "scale": [2, 1, 3], "mode": "linear", "inputs": ["down"]},
     {"name": "f_up", "op": "flatten", "inputs": ["up"]}, {"name": "l_up", "op": "linear", "out_features": 2},
     {"name": "f_up3", "op": "flatten", "inputs": ["up3"]}, {"name": "l_up3", "op": "linear", "out_features": 2},
-    {"name": "sum", "op": "add", "inputs": ["l_up", "l_up3"]},
+    {"name": "f_tri", "op": "flatten", "inputs": ["tri"]}, {"name": "l_tri", "op": "linear", "out_features": 2},
+    {"name": "sum", "op": "add", "inputs": ["l_up", "l_up3", "l_tri"]},
     {"name": "loss", "op": "mse_loss"}]}
 
 DECODER_SEQUENCE = {"name": "decoder_sequence", "input": [3, 13], "layers": [
     {"name": "down", "op": "conv1d", "out_channels": 4, "kernel": 3, "stride": 2},
     {"name": "up", "op": "conv_transpose1d", "out_channels": 3, "kernel": 5, "stride": 3, "padding": 2,
      "output_padding": 2},
+    {"name": "lin", "op": "upsample", "scale": 3, "mode": "linear", "align_corners": True},
     {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 3},
     {"name": "loss", "op": "softmax_cross_entropy"}]}

@@ -79,6 +79,12 @@ class TorchNet(torch.nn.Module):
             y = F.pad(full, sides)
             bias = self.param(f"{name}.bias")
             return y if bias is None else y + bias.view((1, -1) + (1,) * rank)
+        if family == "upsample":
+            linear = {1: "linear", 2: "bilinear", 3: "trilinear"}[rank]
+            mode = "nearest" if a["mode"] == "nearest" else linear
+            scale = a["scale"] if isinstance(a["scale"], list) else [a["scale"]] * rank
+            return F.interpolate(x, scale_factor=[float(s) for s in scale], mode=mode,
+                                 align_corners=a["align_corners"] if mode != "nearest" else None)
         if family == "maxpool":
             g = layer.window
             x = padded(x, g.padding, -float("inf"))

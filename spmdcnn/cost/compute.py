@@ -80,6 +80,13 @@ def _copies(shape, out, ins, itemsize):
     return 2, 0, itemsize * 2 * (ins + out)
 
 
+def _upsample_work(shape, out, ins, itemsize):
+    """A gather (and backward's adds) per tap and spatial axis: nearest one tap, linear two, each weighted."""
+    a = dict(shape.attrs)
+    axes, taps = len(shape.output) - 2, 1 if a["mode"] == "nearest" else 2
+    return 2 + 2 * axes * taps, 2 * (taps * 2 - 1) * axes * out, itemsize * (2 * ins + (2 + 3 * taps) * axes * out)
+
+
 def _shard(shape):
     return sum(prod(s) for _, s in shape.params)
 
@@ -92,6 +99,7 @@ def _elementwise_work(shape, out, ins, itemsize):
 WORK = {
     "conv": _conv_work,
     "conv_transpose": _conv_transpose_work,
+    "upsample": _upsample_work,
     "linear": _linear_work,
     "maxpool": _pool_work,
     "avgpool": _pool_work,

@@ -14,11 +14,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..graph.optable import READS_CHANNEL_PARTS, READS_TRANSPOSED
+from ..graph.optable import READS_CHANNEL_PARTS, READS_INTERPOLATED, READS_TRANSPOSED
 from ..ops.window import padded_extents
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
-from ..tiling.fields import needs as tile_needs, reach_range
+from ..tiling.fields import needs as tile_needs, spatial_reach
 
 
 @dataclass(frozen=True)
@@ -291,18 +291,17 @@ def _combined_attrs(kinds):
 def distinct_parts(layer, in_shapes, axis, extent, degree):
     """The indices of the parts of ``layer``'s output along ``axis`` (``extent`` split ``degree`` ways) whose tiles
     may differ in what they read (``in_shapes``: the inputs' global shapes, batch first): every channel part of a
-    concat (they read different inputs); for a transposed convolution along a spatial axis, one part per distinct
-    size and count of inputs read (it pads nothing, so its stride's alignment and the tensor's edges, however far
-    its halo reaches, change what a part reads, not only its size); else :func:`candidates`."""
+    concat (they read different inputs); for a transposed convolution or an upsampling along a spatial axis, one
+    part per distinct size and count of inputs read (they pad nothing, so their stride's alignment and the
+    tensor's edges, however far a halo reaches, change what a part reads, not only its size); else
+    :func:`candidates`."""
     if layer.spec.reads == READS_CHANNEL_PARTS and axis == 1:
         return range(degree)
-    if layer.spec.reads == READS_TRANSPOSED and axis >= 2:
-        geometry, a = layer.window, axis - 2
+    if layer.spec.reads in (READS_TRANSPOSED, READS_INTERPOLATED) and axis >= 2:
         chosen, seen = [], set()
         for index in range(degree):
             o0, o1 = part(extent, degree, index)
-            lo, hi = reach_range(o0, o1, geometry.kernel[a], geometry.stride[a], geometry.padding[a][0],
-                                 geometry.dilation[a], in_shapes[0][axis])
+            lo, hi = spatial_reach(layer, axis, o0, o1, in_shapes[0][axis])
             if (o1 - o0, hi - lo) not in seen:
                 seen.add((o1 - o0, hi - lo))
                 chosen.append(index)

@@ -4,8 +4,9 @@ Shapes here are per sample (no batch dimension): (C, S...) for tensors with spat
 image (C, H, W), a volume (C, D, H, W)), (F,) for features, () for the loss. FLOPs count a multiply-add as two:
 conv ``2*K*C*prod(k)*prod(O)`` (+ ``K*prod(O)`` for the bias), a transposed convolution
 ``2*K*C*prod(k)*prod(S)`` over its input's positions S, linear ``2*F_in*F_out`` (+ ``F_out``), pooling one per
-window element, batchnorm 4 and the other element-wise ops one per output element, softmax cross-entropy 4 per
-logit and the mean squared error 3 per output; flatten and concat move data and count zero.
+window element, upsampling one per output element (nearest) or three per axis (linear), batchnorm 4 and the
+other element-wise ops one per output element, softmax cross-entropy 4 per logit and the mean squared error 3 per
+output; flatten and concat move data and count zero.
 
 The tables here are keyed by the op table's ``family`` (``conv`` for conv1d, conv2d and conv3d): an op over
 spatial axes is specified once for every spatial rank, and its row's ``spatial`` says which rank it takes.
@@ -16,6 +17,7 @@ from math import prod
 from ..io.samples import axis_names
 from ..io.yamlfile import FormatError
 from ..ops.conv_transpose import output_padding_error, transposed_extents
+from ..ops.upsample import MODES as UPSAMPLE_MODES
 from ..ops.window import ntuple, output_extents
 from .optable import OPS, SPATIAL_NAMES, window
 
@@ -31,6 +33,7 @@ KEYS = {
     "maxpool": dict(_WINDOW),
     "avgpool": dict(_WINDOW),
     "global_avgpool": {},
+    "upsample": {"scale": _NO_DEFAULT, "mode": "nearest", "align_corners": False},
     "relu": {},
     "leaky_relu": {"negative_slope": 0.01},
     "tanh": {},
@@ -127,9 +130,16 @@ def normalise(op, given, where, rank=2):
         attrs["padding"] = _padding(attrs["padding"], where, rank, same=OPS[op].family == "conv")
         if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
             raise LayerError(f"{where}: padding 'same' needs stride 1 (as in PyTorch), got stride {attrs['stride']}")
-    for key in ("bias",):
+    for key in ("bias", "align_corners"):
         if key in attrs and not isinstance(attrs[key], bool):
             raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
+    if "scale" in attrs and OPS[op].family == "upsample":
+        attrs["scale"] = _per_axis(attrs["scale"], "scale", where, rank)
+        if attrs["mode"] not in UPSAMPLE_MODES:
+            raise LayerError(f"{where}: 'mode' must be one of {', '.join(UPSAMPLE_MODES)} (linear is bilinear on "
+                             f"images and trilinear on volumes), got {attrs['mode']!r}")
+        if attrs["align_corners"] and attrs["mode"] == "nearest":
+            raise LayerError(f"{where}: 'align_corners' applies to mode linear only (as in PyTorch)")
     for key in ("eps", "momentum", "p", "negative_slope", "factor"):
         if key in attrs:
             value = attrs[key]
@@ -224,6 +234,14 @@ def _global_avgpool(op, attrs, in_shapes, where):
     return (shape[0],) + (1,) * (len(shape) - 1), {}, {}, prod(shape)
 
 
+def _upsample(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    scale = ntuple(attrs["scale"], len(shape) - 1, "scale")
+    out = (shape[0],) + tuple(size * s for size, s in zip(shape[1:], scale))
+    per_element = 1 if attrs["mode"] == "nearest" else 3 * len(scale)
+    return out, {}, {}, per_element * prod(out)
+
+
 def _batchnorm(op, attrs, in_shapes, where):
     shape = _spatial(in_shapes[0], op, where)
     C = shape[0]
@@ -278,7 +296,7 @@ def _loss(op, attrs, in_shapes, where):
     return (), {}, {}, (4 if op == "softmax_cross_entropy" else 3) * in_shapes[0][0]
 
 
-INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool, "global_avgpool": _global_avgpool,
+INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool, "global_avgpool": _global_avgpool, "upsample": _upsample,
          "batchnorm": _batchnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
          "scale": _elementwise, "dropout": _elementwise, "flatten": _flatten, "linear": _linear, "concat": _concat,
          "add": _add, "softmax_cross_entropy": _loss, "mse_loss": _loss}

@@ -25,6 +25,7 @@ from ..ops.window import ntuple, sides
 READS_WINDOW = "window"                 # a window over the spatial axes, every input channel (convolution)
 READS_CHANNEL_WINDOW = "channel window"  # a window over the spatial axes, the output's channels (pooling)
 READS_TRANSPOSED = "transposed window"  # the inputs whose windows reach the output's box, every input channel
+READS_INTERPOLATED = "interpolated"     # the inputs the output's box interpolates between, the output's channels
 READS_PLANE = "plane"                   # every position of the spatial axes, the output's channels
 READS_SAMPLE = "sample"                 # every feature of the output's samples
 READS_CHANNEL_PARTS = "channel parts"   # from each input the part of the output's channels it supplies (concat)
@@ -92,6 +93,7 @@ OPS = {spec.name: spec for spec in (
     *_ranked("maxpool", READS_CHANNEL_WINDOW, KEEPS_INDICES),
     *_ranked("avgpool", READS_CHANNEL_WINDOW),
     OpSpec("global_avgpool", READS_PLANE),
+    OpSpec("upsample", READS_INTERPOLATED, tile_attrs=("align_corners", "mode", "scale")),
     OpSpec("relu", READS_BOX, KEEPS_MASK, inplace=True, inherits=True),
     OpSpec("leaky_relu", READS_BOX, KEEPS_MASK, inplace=True, inherits=True, tile_attrs=("negative_slope",)),
     OpSpec("tanh", READS_BOX, KEEPS_OUTPUT, inplace=True, inherits=True),

@@ -24,7 +24,7 @@ from typing import NamedTuple
 
 from .. import backend
 from ..ops import (add, batchnorm, concat, conv, conv_transpose, dropout, flatten, leaky_relu, linear, loss, mse, pool,
-                   relu, scale, tanh)
+                   relu, scale, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -179,6 +179,25 @@ def _transpose_geometry(kernel):
     return conv_transpose.TransposeGeometry(geometry.stride, geometry.dilation, crop)
 
 
+def _upsample(kernel):
+    """Each spatial axis's taps for the tile's outputs, from the inputs it reads (where both lie globally)."""
+    layer, tile, a = kernel.layer, kernel.tile, kernel.layer.attrs
+    rank = len(layer.in_shapes[0]) - 1
+    scale = ntuple(a["scale"], rank)
+    memo = {}
+
+    def axes(x):
+        key = (backend.array_module(x).__name__, x.dtype)
+        if key not in memo:
+            starts = [lo for lo, _ in tile.need.box[2:]] if tile.need is not None else [0] * rank
+            memo[key] = [upsample.axis_taps(backend.array_module(x), 2 + i, a["mode"], scale[i], a["align_corners"],
+                                            layer.in_shapes[0][1 + i], layer.out_shape[1 + i], tile.box[2 + i],
+                                            starts[i], x.shape[2 + i], x.dtype) for i in range(rank)]
+        return memo[key]
+    return (lambda xs, run: upsample.upsample_forward(xs[0], axes(xs[0]))), \
+        (lambda gy, saved: [upsample.upsample_backward(gy, saved)])
+
+
 @dataclass
 class Ghost:
     """A batchnorm tile under ghost batch norm (:mod:`spmdcnn.tiling.ghost`): its ``site`` (a GhostSite),
@@ -282,6 +301,7 @@ BIND = {
     "maxpool": _pool(pool.maxpool_forward, pool.maxpool_backward),
     "avgpool": _pool(pool.avgpool_forward, pool.avgpool_backward),
     "global_avgpool": _plain(pool.global_avgpool_forward, pool.global_avgpool_backward),
+    "upsample": _upsample,
     "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
     "relu": _elementwise(relu.relu_forward, relu.relu_backward),
     "leaky_relu": _elementwise(leaky_relu.leaky_relu_forward, leaky_relu.leaky_relu_backward, "negative_slope"),

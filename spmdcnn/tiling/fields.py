@@ -9,7 +9,8 @@ stride 1 to them. Along such an axis the padding counts outputs (zeros added to 
 elements are ``shape_of(box, steps)``, not its box's volume.
 A transposed convolution's input position ``i`` adds into outputs ``i*s - p + q*d`` (kernel position q): an output
 tile reads the inputs that reach its part (``reach_range``), without padding, computes what they give and keeps
-its part (``ops/conv_transpose.py``: the crop).
+its part (``ops/conv_transpose.py``: the crop). An upsampling's output tile reads, of its own channels, the inputs
+its outputs interpolate between (``ops/upsample.py: source_range``).
 Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
 their samples; element-wise ops and add read the output's own box; concat reads, from each input, the part of
 the output's channel range that input supplies (possibly nothing).
@@ -17,8 +18,10 @@ the output's channel range that input supplies (possibly nothing).
 
 from dataclasses import dataclass
 
-from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_TRANSPOSED,
-                              READS_WINDOW)
+from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE, READS_SAMPLE,
+                              READS_TRANSPOSED, READS_WINDOW)
+from ..ops.upsample import source_range
+from ..ops.window import ntuple
 
 def no_padding(rank):
     """The padding of a tile that adds none: a ``(0, 0)`` pair per spatial axis."""
@@ -99,11 +102,23 @@ def reach_range(o0, o1, kernel, stride, pad, dilation, extent):
     return lo, max(lo, hi)
 
 
-def _transposed_need(layer, out_box, in_shape):
-    geometry = layer.window
-    return Need((out_box[0], (0, in_shape[1])) + tuple(
-        reach_range(o0, o1, k, s, before, d, extent) for (o0, o1), k, s, (before, _), d, extent in
-        zip(out_box[2:], geometry.kernel, geometry.stride, geometry.padding, geometry.dilation, in_shape[2:])))
+def spatial_reach(layer, axis, o0, o1, extent):
+    """The input positions ``[start, stop)`` along spatial ``axis`` (2 for the first) that outputs ``[o0, o1)`` of
+    a transposed convolution or an upsampling read, ``extent`` the input's along it: they pad nothing, so what a
+    part reads depends on where it lies, not only on its size."""
+    a = axis - 2
+    if layer.spec.reads == READS_TRANSPOSED:
+        geometry = layer.window
+        return reach_range(o0, o1, geometry.kernel[a], geometry.stride[a], geometry.padding[a][0],
+                           geometry.dilation[a], extent)
+    attrs = layer.attrs
+    scale = ntuple(attrs["scale"], len(layer.in_shapes[0]) - 1)[a]
+    return source_range(attrs["mode"], scale, attrs["align_corners"], extent, layer.out_shape[axis - 1], o0, o1)
+
+
+def _reaching_need(layer, out_box, in_shape, channels):
+    return Need((out_box[0], channels) + tuple(spatial_reach(layer, axis, o0, o1, in_shape[axis])
+                                               for axis, (o0, o1) in enumerate(out_box[2:], start=2)))
 
 
 def needs(layer, out_box, in_shapes):
@@ -115,7 +130,9 @@ def needs(layer, out_box, in_shapes):
     if reads == READS_CHANNEL_WINDOW:
         return [_window_need(layer, out_box, in_shapes[0], out_box[1])]
     if reads == READS_TRANSPOSED:
-        return [_transposed_need(layer, out_box, in_shapes[0])]
+        return [_reaching_need(layer, out_box, in_shapes[0], (0, in_shapes[0][1]))]
+    if reads == READS_INTERPOLATED:
+        return [_reaching_need(layer, out_box, in_shapes[0], out_box[1])]
     if reads == READS_PLANE:
         return [Need((n, out_box[1]) + tuple((0, extent) for extent in in_shapes[0][2:]))]
     if reads == READS_SAMPLE:

@@ -74,6 +74,9 @@ def _config(layer, spec, batch, devices, where):
         has = f"the spatial axes {', '.join(names[2:])}" if len(names) > 2 else "no spatial axes"
         raise PlanError(f"{where}: unknown key '{absent[0]}': its output {'x'.join(map(str, shape))} has {has} "
                         f"(the dimensions it may split: {', '.join(allowed)})")
+    refused = [name for name in names if isinstance(spec, dict) and name in spec and name not in allowed]
+    if refused:
+        raise PlanError(f"{where}: {layer.op} does not split '{refused[0]}' (it splits {', '.join(allowed)})")
     check_keys(spec, set(allowed) | {"devices"}, where)
     degrees = []
     for name, extent in zip(names, shape):

@@ -308,3 +308,23 @@ def test_numbers_of_the_new_ops(tmp_path, key, value):
 def test_scale_needs_a_factor(tmp_path):
     layers = VOLUME_LAYERS.replace("{name: act, op: leaky_relu, negative_slope: 0.3}", "{name: act, op: scale}")
     expect_error(write(tmp_path, layers, input_shape="[4, 8, 7, 6]"), "act", "needs the key 'factor'")
+
+
+@pytest.mark.parametrize("layer, fragments", [
+    ("{name: up, op: conv_transpose2d, out_channels: 2, kernel: 3, stride: 2, output_padding: 2}",
+     ["layer 'up'", "output_padding 2 along spatial axis 0 must be smaller than the stride (2) or the dilation (1)"]),
+    ("{name: up, op: conv_transpose2d, out_channels: 2, kernel: 3, output_padding: [0, 1]}",
+     ["output_padding 1 along spatial axis 1 must be smaller than the stride (1) or the dilation (1)"]),
+    ("{name: up, op: conv_transpose2d, out_channels: 2, kernel: 3, padding: same}", ["'padding' must be an int"]),
+    ("{name: up, op: conv_transpose2d, out_channels: 2, kernel: 2, padding: 5}", ["gives an empty output"]),
+    ("{name: up, op: conv_transpose3d, out_channels: 2, kernel: 2}", ["needs a volume", "use conv_transpose2d"]),
+    ("{name: up, op: upsample, scale: 2, mode: bicubic}", ["'mode' must be one of nearest, linear", "got 'bicubic'"]),
+    ("{name: up, op: upsample, scale: 2, align_corners: true}", ["'align_corners' applies to mode linear only"]),
+    ("{name: up, op: upsample, scale: [2, 0]}", ["'scale' must be a positive integer, got 0"]),
+    ("{name: up, op: upsample, scale: [2, 2, 2]}", ["'scale' must be an int or [h, w]"]),
+    ("{name: up, op: upsample}", ["op 'upsample' needs the key 'scale'"]),
+])
+def test_bad_decoder_layers_name_the_layer_and_the_rule(tmp_path, layer, fragments):
+    layers = f"  - {layer}\n  - {{name: flat, op: flatten}}\n  - {{name: fc, op: linear, out_features: 3}}\n" \
+             "  - {name: loss, op: softmax_cross_entropy}\n"
+    expect_error(write(tmp_path, layers), *fragments)

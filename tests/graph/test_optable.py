@@ -8,8 +8,8 @@ from spmdcnn.graph import opspec
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.graph.optable import (ANSWERS_LABELS, ANSWERS_TARGETS, FAMILIES, KEEPS_INDICES, KEEPS_INPUT,
                                    KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_CHANNEL_PARTS,
-                                   READS_CHANNEL_WINDOW, READS_PLANE, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW,
-                                   needs_gradient)
+                                   READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE, READS_SAMPLE,
+                                   READS_TRANSPOSED, READS_WINDOW, needs_gradient)
 from spmdcnn.runtime import kernels
 from spmdcnn.tiling.config import NAMES, dims_of, names_of
 
@@ -22,6 +22,7 @@ EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "pa
             {"name": "drop", "op": "dropout", "p": 0.5, "inputs": ["avg"]},
             {"name": "up", "op": "conv_transpose2d", "out_channels": 3, "kernel": 3, "stride": 2, "padding": 1,
              "output_padding": 1, "inputs": ["sum"]},
+            {"name": "larger", "op": "upsample", "scale": [2, 1], "mode": "linear", "align_corners": True},
             {"name": "gap", "op": "global_avgpool"},
             {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 3},
             {"name": "flat_drop", "op": "flatten", "inputs": ["drop"]},
@@ -76,8 +77,8 @@ def test_the_rows_are_consistent():
     assert [name for name, spec in OPS.items() if spec.loss] == ["softmax_cross_entropy", "mse_loss"]
     assert all((spec.answers in (ANSWERS_LABELS, ANSWERS_TARGETS)) == spec.loss for spec in OPS.values())
     for name, spec in OPS.items():
-        assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_PLANE, READS_SAMPLE,
-                              READS_CHANNEL_PARTS, READS_BOX), name
+        assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_INTERPOLATED, READS_PLANE,
+                              READS_SAMPLE, READS_CHANNEL_PARTS, READS_BOX), name
         assert spec.keeps in (KEEPS_INPUT, KEEPS_MASK, KEEPS_INDICES, KEEPS_OUTPUT, KEEPS_NOTHING), name
         assert spec.splits is None or set(spec.splits) <= set(NAMES), name
         assert spec.window == (spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED)), name

@@ -11,7 +11,7 @@ import pytest
 from op_cases import CONV_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
-from spmdcnn.ops import batchnorm, conv, conv_transpose, dropout, linear, loss, pool, relu
+from spmdcnn.ops import batchnorm, conv, conv_transpose, dropout, linear, loss, pool, relu, upsample
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -81,6 +81,25 @@ def test_conv_transpose_on_the_gpu(case, dtype):
         gx2, gw2, gb2 = conv_transpose.conv_transpose_backward(cp.asarray(gy.astype(dtype)), saved2, gw_out=gw_out)
         for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("gw", gw2, gw)) + ((("gb", gb2, gb),) if bias else ()):
             _close(a, e, dtype, f"{case} {geometry.crop} {what}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("mode, align_corners", [("nearest", False), ("linear", False), ("linear", True)])
+def test_upsample_on_the_gpu(mode, align_corners, dtype):
+    x = _rng(5).standard_normal((2, 3, 4, 5, 3))
+    scale = (2, 3, 1)
+
+    def axes(xp, array):
+        return [upsample.axis_taps(xp, 2 + a, mode, scale[a], align_corners, x.shape[2 + a], x.shape[2 + a] * scale[a],
+                                   (0, x.shape[2 + a] * scale[a]), 0, x.shape[2 + a], array.dtype) for a in range(3)]
+    y, saved = upsample.upsample_forward(x, axes(np, x))
+    gy = _rng(6).standard_normal(y.shape)
+    gx = upsample.upsample_backward(gy, saved)
+    on = cp.asarray(x.astype(dtype))
+    y2, saved2 = upsample.upsample_forward(on, axes(cp, on))
+    gx2 = upsample.upsample_backward(cp.asarray(gy.astype(dtype)), saved2)
+    _close(y2, y, dtype, "y")
+    _close(gx2, gx, dtype, "gx")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

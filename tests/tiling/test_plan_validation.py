@@ -61,10 +61,14 @@ def test_degree_larger_than_the_extent(layer, spec, fragments):
 
 
 @pytest.mark.parametrize("layer,key", [
-    ("fc1", "h"), ("fc1", "w"), ("relu3", "h"), ("flat", "c"), ("flat", "h"), ("loss", "c"), ("conv1", "k"),
+    ("fc1", "h"), ("fc1", "w"), ("relu3", "h"), ("flat", "h"), ("loss", "c"), ("conv1", "k"),
 ])
 def test_key_not_allowed_for_the_op(layer, key):
     expect_error(mapping({layer: {key: 2}}), f"layer '{layer}'", repr(key), "unknown key")
+
+
+def test_a_dimension_the_op_does_not_split_says_which_it_does():
+    expect_error(mapping({"flat": {"c": 2}}), "layer 'flat'", "flatten does not split 'c' (it splits n)")
 
 
 @pytest.mark.parametrize("degree", [0, -2, 1.5, 2.0, "2", True, None, [2]])
