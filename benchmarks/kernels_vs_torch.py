@@ -1,10 +1,12 @@
-"""spmdcnn's convolution and batch-norm kernels against PyTorch's on the same shapes, one thread each: where a
-network's per-process gap to PyTorch comes from, kernel by kernel.
+"""spmdcnn's convolution, transposed-convolution, upsampling and batch-norm kernels against PyTorch's on the same
+shapes, one thread each: where a network's per-process gap to PyTorch comes from, kernel by kernel.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/kernels_vs_torch.py models/resnet50.yaml --batch 8
+    env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/kernels_vs_torch.py \
+        benchmarks/models/decoder_block.yaml --batch 4
 
-For every distinct convolution (input shape, output channels, kernel, stride, padding) and batch-norm shape of the
-model at the given batch: forward and backward of spmdcnn's NumPy kernel (``ops/conv.py``, ``ops/batchnorm.py``)
+For every distinct convolution (input shape, output channels, kernel, stride, padding), transposed convolution,
+upsampling and batch-norm shape of the model at the given batch: forward and backward of spmdcnn's NumPy kernel (``ops/conv.py``, ``ops/batchnorm.py``)
 and of ``torch.nn.functional`` (oneDNN's direct convolutions, or its im2col path, whichever PyTorch picks), each
 the best of ``--repeats`` after a warm-up, alternating the two; then the totals over the network's layers (each
 shape times its count), and the time the convolutions' matrix products would take at this machine's single-thread
@@ -23,7 +25,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from spmdcnn.graph import load_model  # noqa: E402
-from spmdcnn.ops import batchnorm, conv  # noqa: E402
+from spmdcnn.ops import batchnorm, conv, conv_transpose, upsample  # noqa: E402
+from spmdcnn.ops.window import ntuple  # noqa: E402
 from spmdcnn.runtime.bench import blas_info  # noqa: E402
 
 
@@ -45,6 +48,13 @@ def shapes(graph, batch):
         if layer.spec.family == "conv":
             g = layer.window
             key = ("conv", x_shape, layer.attrs["out_channels"], g.kernel, g.stride, g.padding)
+        elif layer.spec.family == "conv_transpose":
+            g, a = layer.window, layer.attrs
+            extra = ntuple(a["output_padding"], len(g.kernel))
+            key = ("convT", x_shape, a["out_channels"], g.kernel, g.stride, g.padding, extra, g.dilation)
+        elif layer.spec.family == "upsample":
+            a = layer.attrs
+            key = ("up", x_shape, ntuple(a["scale"], len(x_shape) - 2), a["mode"], a["align_corners"])
         elif layer.spec.family == "batchnorm":
             key = ("bn", x_shape)
         else:
@@ -79,6 +89,54 @@ def time_conv(x_shape, K, kernel, stride, padding, repeats, rng):
     w2 = w.reshape(K, -1)
     gemm = best(lambda: w2 @ columns, repeats)          # forward's product; backward has two of the same size
     return ours, theirs, 3 * gemm
+
+
+def _against_torch(ours_forward, ours_backward, torch_forward, inputs, gy, repeats):
+    """Best forward and backward times of ours and of PyTorch's autograd (its backward: both less its forward)."""
+    def torch_both():
+        torch.autograd.grad(torch_forward(), inputs, gy)
+    ours = (best(ours_forward, repeats), best(ours_backward, repeats))
+    forward = best(torch_forward, repeats)
+    return ours, (forward, max(best(torch_both, repeats) - forward, 0.0))
+
+
+def time_conv_transpose(x_shape, K, kernel, stride, padding, output_padding, dilation, repeats, rng):
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    w = rng.standard_normal((x_shape[1], K) + kernel, dtype=np.float32) * 0.01
+    geometry = conv_transpose.geometry(x_shape[2:], kernel, stride, padding, output_padding, dilation)
+    y, saved = conv_transpose.conv_transpose_forward(x, w, None, geometry)
+    gy = rng.standard_normal(y.shape, dtype=np.float32)
+    tx, tw, tgy = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_(), torch.from_numpy(gy)
+    function = getattr(torch.nn.functional, f"conv_transpose{len(kernel)}d")
+    symmetric = tuple(before for before, _ in padding)          # the models' transposed convolutions pad alike
+
+    def torch_forward():
+        return function(tx, tw, None, stride, symmetric, output_padding, 1, dilation)
+    ours, theirs = _against_torch(lambda: conv_transpose.conv_transpose_forward(x, w, None, geometry),
+                                  lambda: conv_transpose.conv_transpose_backward(gy, saved), torch_forward, (tx, tw),
+                                  tgy, repeats)
+    columns = rng.standard_normal((x_shape[1], x_shape[0] * int(np.prod(x_shape[2:]))), dtype=np.float32)
+    w2 = w.reshape(x_shape[1], -1).T
+    gemm = best(lambda: w2 @ columns, repeats)          # forward's product; backward has two of the same size
+    return ours, theirs, 3 * gemm
+
+
+def time_upsample(x_shape, scale, mode, align_corners, repeats, rng):
+    x = rng.standard_normal(x_shape, dtype=np.float32)
+    rank = len(x_shape) - 2
+    axes = [upsample.axis_taps(np, 2 + a, mode, scale[a], align_corners, x_shape[2 + a], x_shape[2 + a] * scale[a],
+                               (0, x_shape[2 + a] * scale[a]), 0, x_shape[2 + a], np.float32) for a in range(rank)]
+    y, saved = upsample.upsample_forward(x, axes)
+    gy = rng.standard_normal(y.shape, dtype=np.float32)
+    tx, tgy = torch.from_numpy(x).requires_grad_(), torch.from_numpy(gy)
+    torch_mode = "nearest" if mode == "nearest" else {1: "linear", 2: "bilinear", 3: "trilinear"}[rank]
+
+    def torch_forward():
+        return torch.nn.functional.interpolate(tx, scale_factor=[float(s) for s in scale], mode=torch_mode,
+                                               align_corners=align_corners if mode != "nearest" else None)
+    ours, theirs = _against_torch(lambda: upsample.upsample_forward(x, axes),
+                                  lambda: upsample.upsample_backward(gy, saved), torch_forward, (tx,), tgy, repeats)
+    return ours, theirs, 0.0
 
 
 def time_batchnorm(x_shape, repeats, rng):
@@ -120,6 +178,16 @@ def main():
             _, x_shape, K, kernel, stride, padding = key
             ours, theirs, gemm = time_conv(x_shape, K, kernel, stride, padding, args.repeats, rng)
             name = f"conv {'x'.join(map(str, x_shape[1:]))} -> {K}, k{kernel[0]} s{stride[0]} p{padding[0][0]}"
+        elif key[0] == "convT":
+            _, x_shape, K, kernel, stride, padding, extra, dilation = key
+            ours, theirs, gemm = time_conv_transpose(x_shape, K, kernel, stride, padding, extra, dilation,
+                                                     args.repeats, rng)
+            name = (f"convT {'x'.join(map(str, x_shape[1:]))} -> {K}, k{kernel[0]} s{stride[0]} p{padding[0][0]}"
+                    f" op{extra[0]}")
+        elif key[0] == "up":
+            _, x_shape, scale, mode, corners = key
+            ours, theirs, gemm = time_upsample(x_shape, scale, mode, corners, args.repeats, rng)
+            name = f"upsample {'x'.join(map(str, x_shape[1:]))} x{scale[0]} {mode}{' corners' if corners else ''}"
         else:
             ours, theirs, gemm = time_batchnorm(key[1], args.repeats, rng)
             name = f"batchnorm {'x'.join(map(str, key[1][1:]))}"
@@ -130,7 +198,7 @@ def main():
     print("\nover the network's layers (ms per iteration):")
     for kind, row in totals.items():
         ours, theirs = row[0] + row[1], row[2] + row[3]
-        gemm = f"; its matrix products at this BLAS's rate {row[4] * 1e3:.0f}" if kind == "conv" else ""
+        gemm = f"; its matrix products at this BLAS's rate {row[4] * 1e3:.0f}" if kind in ("conv", "convT") else ""
         print(f"  {kind:<5} ours {row[0] * 1e3:6.0f} + {row[1] * 1e3:6.0f} = {ours * 1e3:6.0f}   PyTorch "
               f"{row[2] * 1e3:6.0f} + {row[3] * 1e3:6.0f} = {theirs * 1e3:6.0f}   ratio {theirs / ours:.2f}x{gemm}")
 

@@ -68,6 +68,13 @@ def test_kernels_vs_torch_lists_each_shape_and_the_totals():
     assert "  conv  ours" in out and "  bn    ours" in out and "its matrix products at this BLAS's rate" in out
 
 
+def test_kernels_vs_torch_times_transposed_convolutions_and_upsampling():
+    out = run("benchmarks/kernels_vs_torch.py", "benchmarks/models/decoder_block.yaml", "--batch", "1", "--repeats",
+              "1")
+    assert "convT 64x24x36 -> 48, k3 s2 p1 op1" in out and "convT 48x48x72 -> 32, k2 s2 p0 op0" in out
+    assert "upsample 32x96x144 x2 linear" in out and "  convT ours" in out and "  up    ours" in out
+
+
 def test_search_time_reports_the_command_the_search_and_a_reference():
     out = run("benchmarks/search_time.py", "--models", "small_resnet", "--devices", "4", "--rounds", "1",
               "--reference", "HEAD")

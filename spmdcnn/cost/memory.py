@@ -58,11 +58,12 @@ def layer_memory(layer, degrees, batch, itemsize=4):
     """Bytes the device with ``layer``'s heaviest tile keeps for it from forward to backward under a
     configuration of ``degrees`` (module docstring): the most over the tiles that may differ."""
     split = degrees[1] if len(degrees) > 1 else 1       # c: output channels or features
+    channels = (0, ceil(layer.out_shape[0] / split)) if layer.out_shape else (0, 1)     # the largest part's
 
-    def shard(shapes):
-        return sum(ceil(s[0] / split) * prod(s[1:]) for s in shapes)
+    def shard(names):
+        return sum(prod(layer.shard_shape(name, channels)) for name in names)
     saved = max(_saved(layer, box, batch, itemsize) for box in _tiles(layer, degrees, batch))
-    return saved + itemsize * (3 * shard(layer.params.values()) + shard(layer.buffers.values()))
+    return saved + itemsize * (3 * shard(layer.params) + shard(layer.buffers))
 
 
 def layer_transient(layer, degrees, batch, itemsize=4, im2col=True):

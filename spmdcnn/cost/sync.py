@@ -53,22 +53,21 @@ class SyncModel:
         if not layer.params and not layer.buffers:
             return [NO_SYNC] * len(configs)
         batchnorm, channels = layer.spec.reduced_in_layer, layer.out_shape[0]
-        per_row = sum(prod(shape[1:]) for shape in layer.params.values())
-        # parameters a tile holds whole (not split by channel: the op table's params_by_channel)
-        whole = None if layer.spec.params_by_channel else sum(prod(shape) for shape in layer.params.values())
-        known = self._syncs.get((batchnorm, channels, per_row, whole))
+        # elements per output channel, along each parameter's channel axis (Layer.param_axis)
+        per_row = sum(prod(shape) // shape[layer.param_axis(name)] for name, shape in layer.params.items())
+        known = self._syncs.get((batchnorm, channels, per_row))
         if known is None:
-            known = self._syncs[batchnorm, channels, per_row, whole] = {}
+            known = self._syncs[batchnorm, channels, per_row] = {}
         result = []
         for config in configs:
             number, groups = self.groups(config, channels)
             sync = known.get(number)
             if sync is None:
-                sync = known[number] = self._sync(batchnorm, per_row, groups, whole)
+                sync = known[number] = self._sync(batchnorm, per_row, groups)
             result.append(sync)
         return result
 
-    def _sync(self, batchnorm, per_row, groups, whole=None):
+    def _sync(self, batchnorm, per_row, groups):
         itemsize = self.itemsize
         seconds, nbytes, forward = 0.0, 0, 0.0
         for rows, size, regimes, summer, count in groups:
@@ -81,7 +80,7 @@ class SyncModel:
                 forward = max(forward, gather)
                 contributed = 5 * rows * STAT_BYTES
             else:
-                contributed = (rows * per_row if whole is None else whole) * itemsize
+                contributed = rows * per_row * itemsize
                 time = summer.allreduce(size, contributed)
             seconds = max(seconds, time)
             nbytes += count * size * contributed

@@ -14,7 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..graph.optable import READS_CHANNEL_PARTS, READS_INTERPOLATED, READS_TRANSPOSED
+from ..graph.optable import OPS, READS_CHANNEL_PARTS, READS_INTERPOLATED, READS_TRANSPOSED
 from ..ops.window import padded_extents
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
@@ -235,7 +235,12 @@ def _values(shape, axis):
     """The extents of the tile ``shape`` along ``axis``: its output's, then each input's that has the axis, then
     (along the channel axis) its parameter shards' rows."""
     return ((shape.output[axis],) + tuple([s[axis] for s in shape.inputs if axis < len(s)])
-            + (tuple([s[0] for _, s in shape.params]) if axis == 1 else ()))
+            + (tuple([s[_param_axis(shape.op, n)] for n, s in shape.params]) if axis == 1 else ()))
+
+
+def _param_axis(op, name):
+    """The axis of parameter ``name`` of ``op`` that holds its output channels (the op table's ``param_axes``)."""
+    return dict(OPS[op].param_axes).get(name, 0)
 
 
 def _outgrows(a, b):
@@ -273,9 +278,14 @@ def _assemble(template, values, attrs):
         inputs.append(tuple(dims))
     params = template.params
     if axes > 1:
-        params = tuple((name, (values[1][taken[1] + j],) + shape[1:]) for j, (name, shape) in enumerate(params))
+        params = tuple((name, _with(shape, _param_axis(template.op, name), values[1][taken[1] + j]))
+                       for j, (name, shape) in enumerate(params))
     return TileShape(template.op, attrs, tuple(inputs), tuple(v[0] for v in values), params, template.input_grad,
                      template.backward)
+
+
+def _with(shape, axis, extent):
+    return tuple(shape[:axis]) + (extent,) + tuple(shape[axis + 1:])
 
 
 def _combined_attrs(kinds):
@@ -345,11 +355,7 @@ def tile_shape(layer, box, needs):
     else:
         attrs = tuple((key, _tuple(a[key])) for key in sorted(layer.spec.tile_attrs))
     channels = box[1] if len(box) > 1 else (0, 1)
-    params = []
-    for name, shape in layer.params.items():
-        r0, r1 = layer.param_rows(name, channels)
-        params.append((name, (r1 - r0,) + tuple(shape[1:])))
-    params = tuple(params)
+    params = tuple((name, layer.shard_shape(name, channels)) for name in layer.params)
     return TileShape(layer.op, attrs, tuple(inputs), _extents(box), params, layer.input_grad, layer.needs_grad)
 
 

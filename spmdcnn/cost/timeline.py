@@ -99,10 +99,7 @@ def gradient_tensors(graph, plan, itemsize, ghost=None):
             if len(group) < 2 or (sites is not None and sites[group[0]].whole):    # whole: alike for the group
                 continue
             channels = part(layer.out_shape[0], c_degree, index)
-            sizes = []
-            for name, shape in layer.params.items():
-                lo, hi = layer.param_rows(name, channels)
-                sizes.append((hi - lo) * prod(shape[1:]) * itemsize)
+            sizes = [prod(layer.shard_shape(name, channels)) * itemsize for name in layer.params]
             ranks = Devices(sorted(group))      # hashed once, then looked up by each device below
             ranks = interned.setdefault(ranks, ranks)
             for rank in group:
@@ -296,10 +293,7 @@ def layer_lanes(cost, plan):
         if layer.params:
             c_degree = config.degrees[1] if len(config.degrees) > 1 else 1
             channels = (0, -(-layer.out_shape[0] // c_degree))        # the largest part's
-            held = 0
-            for name, shape in layer.params.items():
-                lo, hi = layer.param_rows(name, channels)
-                held += (hi - lo) * prod(shape[1:])
+            held = sum(prod(layer.shard_shape(name, channels)) for name in layer.params)
             update = min(t_c, factor * compute.update_seconds(held))
         updates[layer.name] = update
         forward_x = backward_x = moved = 0.0

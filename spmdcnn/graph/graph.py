@@ -43,13 +43,18 @@ class Layer:
         """A window op's :class:`~spmdcnn.graph.optable.Window` (one value per spatial axis, padding per side)."""
         return window(self.attrs, self.spatial_rank)
 
-    def param_rows(self, kind, channels):
-        """The rows ``(r0, r1)`` of parameter or buffer ``kind`` that a tile holding the output ``channels``
-        ``(c0, c1)`` holds: those channels' rows, or all of them where the op table says its parameters are not
-        split by channel (``params_by_channel``)."""
-        if self.spec.params_by_channel:
-            return channels
-        return 0, self.params.get(kind, self.buffers.get(kind))[0]
+    def param_axis(self, kind):
+        """The axis of parameter or buffer ``kind`` that holds the output channels, which a tile of some channels
+        holds a part of: the first, but where the op table's ``param_axes`` says otherwise (a transposed
+        convolution's weight, PyTorch's ``(C_in, C_out, k...)``)."""
+        return dict(self.spec.param_axes).get(kind, 0)
+
+    def shard_shape(self, kind, channels):
+        """The shape of the part of parameter or buffer ``kind`` a tile holding output ``channels`` ``(c0, c1)``
+        holds."""
+        shape = list(self.params.get(kind, self.buffers.get(kind)))
+        shape[self.param_axis(kind)] = channels[1] - channels[0]
+        return tuple(shape)
 
     @property
     def input_grad(self):

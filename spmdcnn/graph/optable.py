@@ -66,8 +66,7 @@ class OpSpec:
     group: str = None           # the family the other tables know it by (None: its own name)
     spatial: int = None         # the spatial rank of input it takes (None: any)
     answers: str = None         # a loss: what it compares the output with (ANSWERS_LABELS or ANSWERS_TARGETS)
-    params_by_channel: bool = True  # a tile holds its output channels' rows of each parameter (the first axis);
-    #                                 False: its parameters whole (it never splits c)
+    param_axes: tuple = ()      # (parameter, axis) where a parameter's output channels are not its first axis
 
     @property
     def family(self):
@@ -87,9 +86,8 @@ def _ranked(family, *args, **kwargs):
 
 OPS = {spec.name: spec for spec in (
     *_ranked("conv", READS_WINDOW, KEEPS_INPUT),
-    # its weight is PyTorch's (C_in, C_out, k...): its output channels are not the first axis that parameter shards
-    # split, so it splits samples and space only
-    *_ranked("conv_transpose", READS_TRANSPOSED, KEEPS_INPUT, splits=("n", "d", "h", "w"), params_by_channel=False),
+    # its weight is PyTorch's (C_in, C_out, k...): a tile of some output channels holds those along axis 1
+    *_ranked("conv_transpose", READS_TRANSPOSED, KEEPS_INPUT, param_axes=(("weight", 1),)),
     *_ranked("maxpool", READS_CHANNEL_WINDOW, KEEPS_INDICES),
     *_ranked("avgpool", READS_CHANNEL_WINDOW),
     OpSpec("global_avgpool", READS_PLANE),

@@ -122,15 +122,17 @@ class Executor:
 
     @property
     def shards(self):
-        """``{name: (c0, c1)}``: the rows of each global tensor this rank holds."""
-        return {name: shard.rows for name, shard in self.program.layout.items()}
+        """``{name: index}``: the slices of each global tensor this rank holds (its output channels' part, along
+        the first axis, or the axis the op table gives: :class:`~.program.Shard`)."""
+        return {name: shard.index for name, shard in self.program.layout.items()}
 
     def reset_parameters(self, seed):
         """PyTorch's default initialisation, keyed by (seed, tensor name), sliced to this rank's shards."""
         for name, shard in self.program.layout.items():
             layer = self.graph.by_name[shard.layer]
             store = self.params if shard.param else self.buffers
-            store[name][...] = self.xp.asarray(initial_value(layer, shard.kind, seed, shard.rows), self.param_dtype)
+            store[name][...] = self.xp.asarray(initial_value(layer, shard.kind, seed, shard.rows, shard.axis),
+                                               self.param_dtype)
 
     def site(self, layer):
         """This rank's :class:`~spmdcnn.runtime.program.Site` of ``layer`` (its box, needs, kernel, ...)."""

@@ -54,7 +54,7 @@ def fan_in(shape):
     return count(shape[1:])
 
 
-def initial_value(layer, kind, seed, rows=None):
+def initial_value(layer, kind, seed, rows=None, axis=0):
     """PyTorch's default initial value of parameter ``kind`` of ``layer``, from a generator keyed by name.
 
     Conv and linear weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a=sqrt(5));
@@ -62,9 +62,13 @@ def initial_value(layer, kind, seed, rows=None):
     makes every tensor independent of the others and of the plan. Returned in float64.
 
     ``rows=(r0, r1)`` gives only those rows (a shard along the first axis), drawing nothing else: the generator
-    (PCG64, one 64-bit draw per number) jumps over the ``r0`` rows before them.
+    (PCG64, one 64-bit draw per number) jumps over the ``r0`` rows before them. A shard along another ``axis`` (a
+    transposed convolution's weight, ``(C_in, C_out, k...)``) is cut from the whole tensor drawn.
     """
     shape = tuple(layer.params.get(kind, layer.buffers.get(kind)))
+    if axis:
+        whole = initial_value(layer, kind, seed)
+        return whole[(slice(None),) * axis + (slice(*(rows or (0, shape[axis]))),)]
     r0, r1 = (0, shape[0]) if rows is None else rows
     shape = (r1 - r0,) + shape[1:]
     if layer.spec.normalization:

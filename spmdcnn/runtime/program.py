@@ -63,10 +63,16 @@ class Shard:
     kind: str
     param: bool         # a parameter (else a buffer)
     shape: tuple        # the shard's shape
-    rows: tuple         # (c0, c1) of the global tensor
+    rows: tuple         # (c0, c1) of the global tensor along ``axis``
     group: tuple        # the replica group holding the same rows
     start: int          # its slice of the flat parameter (or buffer) array
     stop: int
+    axis: int = 0       # the axis of the output channels (Layer.param_axis)
+
+    @property
+    def index(self):
+        """The slices of the global tensor it holds."""
+        return (slice(None),) * self.axis + (slice(*self.rows),)
 
 
 class Bucket(NamedTuple):
@@ -172,10 +178,10 @@ class Program:
             site = self.sites[layer.name]
             if site.box is None:
                 continue
-            for kind, shape in list(layer.params.items()) + list(layer.buffers.items()):
+            for kind in list(layer.params) + list(layer.buffers):
                 reduced = self.summed_in_layer(layer) or kind in layer.buffers
-                r0, r1 = layer.param_rows(kind, site.channels)
-                entries.append(((site.group, reduced, order), layer, kind, (r1 - r0,) + tuple(shape[1:]), (r0, r1)))
+                entries.append(((site.group, reduced, order), layer, kind, layer.shard_shape(kind, site.channels),
+                                site.channels))
         entries.sort(key=lambda entry: entry[0])
         shapes = {param: {f"{layer.name}.{kind}": shape for _, layer, kind, shape, _ in entries
                           if (kind in layer.params) == param} for param in (True, False)}
@@ -183,7 +189,8 @@ class Program:
         layout = {}
         for (group, _, _), layer, kind, shape, rows in entries:
             name, param = f"{layer.name}.{kind}", kind in layer.params
-            layout[name] = Shard(name, layer.name, kind, param, shape, rows, group, *offsets[param][name])
+            layout[name] = Shard(name, layer.name, kind, param, shape, rows, group, *offsets[param][name],
+                                 axis=layer.param_axis(kind))
         return layout
 
     def _buckets(self):

@@ -10,7 +10,7 @@ def gather_global(executor, store):
     """``{name: global array}`` on rank 0 (``{}`` elsewhere) from the shards in ``store`` (a FlatStore laid
     out like the executor's parameters or buffers). Each shard comes from the lowest rank of its replica group."""
     program = executor.program
-    mine = {name: (executor.shards[name], backend.to_numpy(store[name]))
+    mine = {name: (program.layout[name].axis, program.layout[name].rows, backend.to_numpy(store[name]))
             for name in store if program.representative(name)}
     pieces = executor.world.gather(mine)
     if executor.world.rank != 0:
@@ -18,14 +18,14 @@ def gather_global(executor, store):
     result = {}
     for name in _names(executor.graph, store, pieces):
         full = np.empty(program.global_shape(name), dtype=executor.param_dtype)
-        covered = 0
+        covered = extent = 0
         for part in pieces:
             if name in part:
-                (c0, c1), array = part[name]
-                full[c0:c1] = array
-                covered += c1 - c0
-        if covered != full.shape[0]:
-            raise RuntimeError(f"{name}: the ranks' shards cover {covered} of its {full.shape[0]} rows")
+                axis, (c0, c1), array = part[name]
+                full[(slice(None),) * axis + (slice(c0, c1),)] = array
+                covered, extent = covered + c1 - c0, full.shape[axis]
+        if covered != extent:
+            raise RuntimeError(f"{name}: the ranks' shards cover {covered} of its {extent} rows")
         result[name] = full
     return result
 
@@ -46,8 +46,8 @@ def restore(executor, optimizer, tensors, weights_only=False):
     for group, name, array in tensors:
         store = stores[group]
         if store is not None and name in store:
-            c0, c1 = executor.program.layout[name].rows
-            store[name][...] = executor.xp.asarray(array[c0:c1], dtype=executor.param_dtype)
+            store[name][...] = executor.xp.asarray(array[executor.program.layout[name].index],
+                                                   dtype=executor.param_dtype)
 
 
 GROUPS = ("params", "buffers", "momentum")

@@ -39,11 +39,11 @@ def _problems(tag, reference, run):
     (ref_losses, ref, ref_opt), (losses, executor, optimizer) = reference, run
     problems = [f"{tag}: loss {i}: {a!r} != {b!r}" for i, (a, b) in enumerate(zip(losses, ref_losses))
                 if abs(a - b) > 1e-10 * abs(b)]
-    for tensor, (c0, c1) in executor.shards.items():
+    for tensor, index in executor.shards.items():
         pairs = [(executor.params, ref.params), (optimizer.velocity, ref_opt.velocity)] \
             if tensor in executor.params else [(executor.buffers, ref.buffers)]
         for mine, theirs in pairs:
-            want = theirs[tensor][c0:c1]
+            want = theirs[tensor][index]
             error = float(np.max(np.abs(mine[tensor] - want)))
             if error > 1e-10 * max(float(np.max(np.abs(want))), 1e-6):
                 problems.append(f"{tag}: {tensor} off by {error:.3g}")
