@@ -11,10 +11,12 @@ Along one axis of input extent ``S`` and output extent ``O = S*s``, output ``o``
 - linear, ``align_corners`` true: the point ``o * (S - 1) / (O - 1)`` likewise.
 
 Linear interpolation over several axes is the product of the axes' weights, so it is applied one axis after the
-other (PyTorch's bilinear and trilinear give the same values up to rounding). Each axis is a gather of one or two
-taps (:class:`Taps`), and backward adds each output's gradient back into the inputs it read: a tap's inputs are
-non-decreasing along the axis, so the outputs reading one input form a run, and the runs are added one position of
-a run at a time (no index twice in one add; as many adds as the longest run, about ``s``), on NumPy and CuPy alike.
+other (PyTorch's bilinear and trilinear give the same values up to rounding). Along one axis each output reads one
+input (nearest) or two (linear), each a *tap*. With an integer factor the outputs of one phase (every ``s``-th)
+read consecutive inputs, so a tap is a few :class:`Segment` s, a strided slice of outputs against a slice of
+inputs with a weight per output, cut only where the clamping at the edges (or ``align_corners``' ratio just below
+1) repeats an input; forward adds weighted input slices into output slices and backward the reverse, with no
+gather or scatter by index, alike on NumPy and CuPy.
 
 A tile computes the outputs ``[o0, o1)`` of each axis from the inputs ``[i0, i1)`` they read
 (:func:`source_range`), given where both lie in the global tensor: the taps are the global ones, shifted.
@@ -51,71 +53,95 @@ def source_range(mode, scale, align_corners, in_size, out_size, o0, o1):
     return int(taps[0][0][0]), int(taps[-1][0][1]) + 1
 
 
-class Taps(NamedTuple):
-    """One axis of a tile: per tap, the local input index of each output and its weight (None: nearest's 1)."""
+class Segment(NamedTuple):
+    """Outputs ``[first, first + step*count)`` every ``step``-th (slice ``outputs``) that read the consecutive
+    inputs ``[start, start + count)`` (slice ``inputs``) with ``weights`` (None: 1), one per output."""
 
-    axis: int                   # the array axis (2 for the first spatial one)
-    taps: tuple                 # ((indices, weights or None), ...) as arrays of the tile's array module
-    inputs: int                 # the tile's input extent along the axis
+    outputs: slice
+    inputs: slice
+    weights: object
+    first: bool         # of the first tap: the segments of the first tap write every output once
+
+
+class Taps(NamedTuple):
+    """One axis of a tile as :class:`Segment` s: ``axis`` the array axis (2 for the first spatial one), the tile's
+    ``inputs`` and ``outputs`` extents along it, ``segments`` of every tap (module docstring)."""
+
+    axis: int
+    segments: tuple
+    inputs: int
+    outputs: int
+
+
+def _segments(xp, index, weight, scale, dtype, tap):
+    """The :class:`Segment` s of one tap (``index`` of each output, ``weight`` or None): with an integer factor
+    the outputs of one phase (every ``scale``-th) read consecutive inputs, but where the clamping at the edges, or
+    ``align_corners``' ratio below 1, repeats one; such a phase is cut there."""
+    found = []
+    for phase in range(min(scale, len(index))):
+        rows = index[phase::scale]
+        breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+        for lo, hi in zip(np.r_[0, breaks], np.r_[breaks, len(rows)]):
+            first = phase + lo * scale
+            found.append(Segment(slice(first, phase + (hi - 1) * scale + 1, scale),
+                                 slice(int(rows[lo]), int(rows[lo]) + hi - lo),
+                                 None if weight is None else xp.asarray(weight[first::scale][:hi - lo].astype(dtype)),
+                                 tap == 0))
+    return tuple(found)
 
 
 def axis_taps(xp, axis, mode, scale, align_corners, in_size, out_size, out_range, in_start, inputs, dtype):
     """The :class:`Taps` of ``axis`` for a tile computing outputs ``out_range`` from ``inputs`` inputs starting at
     global ``in_start``."""
     outputs = np.arange(*out_range)
-    taps = tuple((xp.asarray(index - in_start), None if weight is None else xp.asarray(weight.astype(dtype)))
-                 for index, weight in _points(mode, scale, align_corners, in_size, out_size, outputs))
-    return Taps(axis, taps, inputs)
+    segments = ()
+    for tap, (index, weight) in enumerate(_points(mode, scale, align_corners, in_size, out_size, outputs)):
+        segments += _segments(xp, index - in_start, weight, scale, dtype, tap)
+    return Taps(axis, segments, inputs, len(outputs))
 
 
-def _weighted(xp, x, taps):
-    """``x`` gathered along the axis by each tap and weighted, summed."""
-    shape = [1] * x.ndim
-    shape[taps.axis] = -1
-    y = None
-    for index, weight in taps.taps:
-        part = xp.take(x, index, axis=taps.axis)
-        if weight is not None:
-            part *= weight.reshape(shape)
-        if y is None:
-            y = part
-        else:
-            y += part
-    return y
+def _along(ndim, axis, part):
+    return (slice(None),) * axis + (part,)
+
+
+def _weights(segment, ndim, axis):
+    return segment.weights.reshape((-1,) + (1,) * (ndim - axis - 1))
 
 
 def upsample_forward(x, axes):
     """``y`` of the tile whose axes are ``axes`` (a :class:`Taps` per spatial axis); returns ``y, saved``."""
     xp = backend.array_module(x)
     y = x
-    for taps in axes:
-        y = _weighted(xp, y, taps)
+    for taps in sorted(axes, key=lambda taps: -taps.axis):     # the last axis first, while the array is smallest:
+        shape = list(y.shape)                                   # its writes are strided element by element
+        shape[taps.axis] = taps.outputs
+        out = xp.empty(shape, dtype=y.dtype)
+        for segment in taps.segments:          # the first tap's first: they write every output once
+            source = y[_along(y.ndim, taps.axis, segment.inputs)]
+            target = out[_along(y.ndim, taps.axis, segment.outputs)]
+            if segment.weights is None:
+                target[...] = source
+            elif segment.first:
+                xp.multiply(source, _weights(segment, y.ndim, taps.axis), out=target)
+            else:
+                target += source * _weights(segment, y.ndim, taps.axis)
+        y = out
     return y, (tuple(axes), x.shape)
 
 
 def _scatter_add(xp, g, taps):
-    """The adjoint of :func:`_weighted` along ``taps.axis``: each output's gradient added into its inputs."""
-    axis = taps.axis
+    """The adjoint of the forward along ``taps.axis``: each output's gradient added into its inputs, a segment
+    (a strided slice of outputs onto consecutive inputs) at a time."""
     shape = list(g.shape)
-    shape[axis] = taps.inputs
+    shape[taps.axis] = taps.inputs
     gx = xp.zeros(shape, dtype=g.dtype)
-    weight_shape = [1] * g.ndim
-    weight_shape[axis] = -1
-    for index, weight in taps.taps:
-        values = g if weight is None else g * weight.reshape(weight_shape)
-        host = backend.to_numpy(index)
-        if not host.size:
-            continue
-        starts = np.flatnonzero(np.r_[True, host[1:] != host[:-1]])        # where each run of one input begins
-        lengths = np.diff(np.r_[starts, host.size])
-        targets = host[starts]
-        for k in range(int(lengths.max())):
-            long_enough = lengths > k
-            where = [slice(None)] * g.ndim
-            where[axis] = xp.asarray(targets[long_enough])
-            source = [slice(None)] * g.ndim
-            source[axis] = xp.asarray(starts[long_enough] + k)
-            gx[tuple(where)] += values[tuple(source)]
+    for segment in taps.segments:
+        source = g[_along(g.ndim, taps.axis, segment.outputs)]
+        target = gx[_along(g.ndim, taps.axis, segment.inputs)]
+        if segment.weights is None:
+            target += source
+        else:
+            target += source * _weights(segment, g.ndim, taps.axis)
     return gx
 
 
@@ -124,6 +150,6 @@ def upsample_backward(gy, saved):
     axes, _ = saved
     xp = backend.array_module(gy)
     g = gy
-    for taps in reversed(axes):
+    for taps in sorted(axes, key=lambda taps: taps.axis):      # the forward's order reversed
         g = _scatter_add(xp, g, taps)
     return g
