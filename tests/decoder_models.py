@@ -1,5 +1,5 @@
-"""Small decoders for the tests: every transposed convolution and upsampling case a tile split can meet, in 1, 2
-and 3 spatial axes (shared by the plan equivalence, profiler and PyTorch tests)."""
+"""Small decoders for the tests: every transposed convolution, upsampling and group or instance normalisation case a
+tile split can meet, in 1, 2 and 3 spatial axes (shared by the plan equivalence, profiler and PyTorch tests)."""
 
 # decoders: transposed convolutions (DeepCAM's kernel 3, stride 2, padding 1, output padding 1; U-Net's kernel 2,
 # stride 2; dilated, per-side padding, an output padding past the full extent) and a skip connection, split over
@@ -10,7 +10,8 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "bn", "op": "batchnorm2d"}, {"name": "act", "op": "relu"},
     {"name": "up", "op": "conv_transpose2d", "out_channels": 4, "kernel": 3, "stride": 2, "padding": 1,
      "output_padding": [0, 1]},
-    {"name": "skip", "op": "concat", "inputs": ["up", "c1"]},
+    {"name": "gn", "op": "groupnorm", "groups": 2},
+    {"name": "skip", "op": "concat", "inputs": ["gn", "c1"]},
     {"name": "up2", "op": "conv_transpose2d", "out_channels": 3, "kernel": 2, "stride": 2, "bias": False},
     {"name": "odd", "op": "conv_transpose2d", "out_channels": 2, "kernel": [3, 2], "stride": [1, 3],
      "dilation": [2, 1], "padding": [[1, 2], [0, 1]], "output_padding": [1, 2], "inputs": ["skip"]},
@@ -28,11 +29,13 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
 
 DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
     {"name": "down", "op": "conv3d", "out_channels": 3, "kernel": 2, "stride": 2},
-    {"name": "up", "op": "conv_transpose3d", "out_channels": 2, "kernel": 2, "stride": 2},
+    {"name": "up", "op": "conv_transpose3d", "out_channels": 2, "kernel": 2, "stride": 2, "bias": False},
     {"name": "up3", "op": "conv_transpose3d", "out_channels": 2, "kernel": 3, "stride": [2, 1, 2], "padding": 1,
      "output_padding": [1, 0, 1], "inputs": ["down"]},
-    {"name": "tri", "op": "upsample", "scale": [2, 1, 3], "mode": "linear", "inputs": ["down"]},
-    {"name": "f_up", "op": "flatten", "inputs": ["up"]}, {"name": "l_up", "op": "linear", "out_features": 2},
+    {"name": "whole", "op": "groupnorm", "groups": 1, "eps": 1e-3, "inputs": ["down"]},
+    {"name": "tri", "op": "upsample", "scale": [2, 1, 3], "mode": "linear"},
+    {"name": "inorm", "op": "instancenorm", "inputs": ["up"]},
+    {"name": "f_up", "op": "flatten", "inputs": ["inorm"]}, {"name": "l_up", "op": "linear", "out_features": 2},
     {"name": "f_up3", "op": "flatten", "inputs": ["up3"]}, {"name": "l_up3", "op": "linear", "out_features": 2},
     {"name": "f_tri", "op": "flatten", "inputs": ["tri"]}, {"name": "l_tri", "op": "linear", "out_features": 2},
     {"name": "sum", "op": "add", "inputs": ["l_up", "l_up3", "l_tri"]},
@@ -40,6 +43,7 @@ DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
 
 DECODER_SEQUENCE = {"name": "decoder_sequence", "input": [3, 13], "layers": [
     {"name": "down", "op": "conv1d", "out_channels": 4, "kernel": 3, "stride": 2},
+    {"name": "inorm", "op": "instancenorm", "affine": True},
     {"name": "up", "op": "conv_transpose1d", "out_channels": 3, "kernel": 5, "stride": 3, "padding": 2,
      "output_padding": 2},
     {"name": "lin", "op": "upsample", "scale": 3, "mode": "linear", "align_corners": True},

@@ -112,6 +112,11 @@ class TorchNet(torch.nn.Module):
             return F.batch_norm(x, self.state[f"{name}.running_mean"], self.state[f"{name}.running_var"],
                                 self.param(f"{name}.weight"), self.param(f"{name}.bias"), training=self.training,
                                 momentum=a["momentum"], eps=a["eps"])
+        if family == "groupnorm":
+            return F.group_norm(x, a["groups"], self.param(f"{name}.weight"), self.param(f"{name}.bias"), a["eps"])
+        if family == "instancenorm":
+            return F.instance_norm(x, weight=self.param(f"{name}.weight"), bias=self.param(f"{name}.bias"),
+                                   eps=a["eps"])
         if family == "dropout":
             if not self.training:
                 return x

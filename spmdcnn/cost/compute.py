@@ -87,6 +87,12 @@ def _upsample_work(shape, out, ins, itemsize):
     return 2 + 2 * axes * taps, 2 * (taps * 2 - 1) * axes * out, itemsize * (2 * ins + (2 + 3 * taps) * axes * out)
 
 
+def _groupnorm_work(shape, out, ins, itemsize):
+    """Statistics over the whole block it reads (two passes), its normalised copy, the output; backward's two
+    means per group and the block's gradient."""
+    return 14, 10 * ins + 4 * out, itemsize * (8 * ins + 4 * out)
+
+
 def _shard(shape):
     return sum(prod(s) for _, s in shape.params)
 
@@ -100,6 +106,8 @@ WORK = {
     "conv": _conv_work,
     "conv_transpose": _conv_transpose_work,
     "upsample": _upsample_work,
+    "groupnorm": _groupnorm_work,
+    "instancenorm": _groupnorm_work,
     "linear": _linear_work,
     "maxpool": _pool_work,
     "avgpool": _pool_work,

@@ -4,8 +4,8 @@ Shapes here are per sample (no batch dimension): (C, S...) for tensors with spat
 image (C, H, W), a volume (C, D, H, W)), (F,) for features, () for the loss. FLOPs count a multiply-add as two:
 conv ``2*K*C*prod(k)*prod(O)`` (+ ``K*prod(O)`` for the bias), a transposed convolution
 ``2*K*C*prod(k)*prod(S)`` over its input's positions S, linear ``2*F_in*F_out`` (+ ``F_out``), pooling one per
-window element, upsampling one per output element (nearest) or three per axis (linear), batchnorm 4 and the
-other element-wise ops one per output element, softmax cross-entropy 4 per logit and the mean squared error 3 per
+window element, upsampling one per output element (nearest) or three per axis (linear), batchnorm 4, group
+and instance normalisation 8 and the other element-wise ops one per output element, softmax cross-entropy 4 per logit and the mean squared error 3 per
 output; flatten and concat move data and count zero.
 
 The tables here are keyed by the op table's ``family`` (``conv`` for conv1d, conv2d and conv3d): an op over
@@ -39,6 +39,8 @@ KEYS = {
     "tanh": {},
     "scale": {"factor": _NO_DEFAULT},
     "batchnorm": {"eps": 1e-5, "momentum": 0.1},
+    "groupnorm": {"groups": _NO_DEFAULT, "eps": 1e-5, "affine": True},
+    "instancenorm": {"eps": 1e-5, "affine": False},
     "dropout": {"p": 0.5},
     "flatten": {},
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
@@ -111,7 +113,7 @@ def normalise(op, given, where, rank=2):
             raise LayerError(f"{where}: op '{op}' needs the key '{key}'")
         else:
             attrs[key] = default
-    for key in ("out_channels", "out_features"):
+    for key in ("out_channels", "out_features", "groups"):
         if key in attrs:
             _positive_int(attrs[key], key, where)
     rank = max(rank, 1)
@@ -130,7 +132,7 @@ def normalise(op, given, where, rank=2):
         attrs["padding"] = _padding(attrs["padding"], where, rank, same=OPS[op].family == "conv")
         if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
             raise LayerError(f"{where}: padding 'same' needs stride 1 (as in PyTorch), got stride {attrs['stride']}")
-    for key in ("bias", "align_corners"):
+    for key in ("bias", "align_corners", "affine"):
         if key in attrs and not isinstance(attrs[key], bool):
             raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
     if "scale" in attrs and OPS[op].family == "upsample":
@@ -149,7 +151,7 @@ def normalise(op, given, where, rank=2):
             attrs[key] = float(value)
     if op == "dropout" and not 0.0 <= attrs["p"] <= 1.0:
         raise LayerError(f"{where}: dropout 'p' must lie in [0, 1], got {attrs['p']}")
-    if OPS[op].family == "batchnorm" and not 0 < attrs["eps"] < float("inf"):
+    if "eps" in attrs and not 0 < attrs["eps"] < float("inf"):
         raise LayerError(f"{where}: 'eps' must be a positive number, got {attrs['eps']}")
     if OPS[op].family == "batchnorm" and not 0.0 <= attrs["momentum"] <= 1.0:
         raise LayerError(f"{where}: 'momentum' must lie in [0, 1], got {attrs['momentum']}")
@@ -248,6 +250,15 @@ def _batchnorm(op, attrs, in_shapes, where):
     return shape, {"weight": (C,), "bias": (C,)}, {"running_mean": (C,), "running_var": (C,)}, 4 * prod(shape)
 
 
+def _groupnorm(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    C = shape[0]
+    if C % attrs.get("groups", C):
+        raise LayerError(f"{where}: 'groups' {attrs['groups']} must divide the {C} channels of its input")
+    params = {"weight": (C,), "bias": (C,)} if attrs["affine"] else {}
+    return shape, params, {}, 8 * prod(shape)
+
+
 def _elementwise(op, attrs, in_shapes, where):
     return in_shapes[0], {}, {}, prod(in_shapes[0])
 
@@ -296,8 +307,9 @@ def _loss(op, attrs, in_shapes, where):
     return (), {}, {}, (4 if op == "softmax_cross_entropy" else 3) * in_shapes[0][0]
 
 
-INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool, "global_avgpool": _global_avgpool, "upsample": _upsample,
-         "batchnorm": _batchnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
+INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool,
+         "global_avgpool": _global_avgpool, "upsample": _upsample, "batchnorm": _batchnorm, "groupnorm": _groupnorm,
+         "instancenorm": _groupnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
          "scale": _elementwise, "dropout": _elementwise, "flatten": _flatten, "linear": _linear, "concat": _concat,
          "add": _add, "softmax_cross_entropy": _loss, "mse_loss": _loss}
 

@@ -26,6 +26,7 @@ READS_WINDOW = "window"                 # a window over the spatial axes, every 
 READS_CHANNEL_WINDOW = "channel window"  # a window over the spatial axes, the output's channels (pooling)
 READS_TRANSPOSED = "transposed window"  # the inputs whose windows reach the output's box, every input channel
 READS_INTERPOLATED = "interpolated"     # the inputs the output's box interpolates between, the output's channels
+READS_GROUPS = "groups"                 # the whole of its samples' channel groups its channels belong to
 READS_PLANE = "plane"                   # every position of the spatial axes, the output's channels
 READS_SAMPLE = "sample"                 # every feature of the output's samples
 READS_CHANNEL_PARTS = "channel parts"   # from each input the part of the output's channels it supplies (concat)
@@ -60,7 +61,8 @@ class OpSpec:
     inherits: bool = False      # a plan that leaves it out gives it its input's configuration
     reduced_in_layer: bool = False  # its parameter gradients come out summed over the replica group
     dense: bool = False         # fully connected: the "one weird trick" plan splits its features
-    normalization: bool = False  # weight 1 and bias 0 at first, running statistics (PyTorch counts its batches)
+    normalization: bool = False  # running statistics over the batch (PyTorch counts its batches)
+    unit_init: bool = False     # weight 1 and bias 0 at first (a normalisation's affine parameters)
     loss: bool = False          # the network's loss: one value per sample
     tile_attrs: tuple = ()      # attributes its kernel reads, besides a window's geometry (cost/tiles.py)
     group: str = None           # the family the other tables know it by (None: its own name)
@@ -96,8 +98,10 @@ OPS = {spec.name: spec for spec in (
     OpSpec("leaky_relu", READS_BOX, KEEPS_MASK, inplace=True, inherits=True, tile_attrs=("negative_slope",)),
     OpSpec("tanh", READS_BOX, KEEPS_OUTPUT, inplace=True, inherits=True),
     OpSpec("scale", READS_BOX, inplace=True, inherits=True, tile_attrs=("factor",)),
-    *_ranked("batchnorm", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, normalization=True,
+    *_ranked("batchnorm", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, normalization=True, unit_init=True,
              tile_attrs=("eps", "momentum")),
+    OpSpec("groupnorm", READS_GROUPS, KEEPS_INPUT, unit_init=True, tile_attrs=("eps",)),
+    OpSpec("instancenorm", READS_GROUPS, KEEPS_INPUT, unit_init=True, tile_attrs=("eps",)),
     OpSpec("dropout", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("flatten", READS_SAMPLE, splits=("n",), view=True),
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
@@ -135,6 +139,11 @@ def window(attrs, rank):
     padding = attrs.get("padding", 0)
     padding = same_padding(kernel, dilation) if padding == "same" else sides(padding, rank)
     return Window(kernel, stride, padding, dilation)
+
+
+def group_channels(layer):
+    """Channels per group of a group or instance normalisation (the op table's ``READS_GROUPS``)."""
+    return layer.in_shapes[0][0] // layer.attrs["groups"] if "groups" in layer.attrs else 1
 
 
 def needs_gradient(has_params, inputs_need):

@@ -23,8 +23,9 @@ from math import prod
 from typing import NamedTuple
 
 from .. import backend
-from ..ops import (add, batchnorm, concat, conv, conv_transpose, dropout, flatten, leaky_relu, linear, loss, mse, pool,
-                   relu, scale, tanh, upsample)
+from ..graph.optable import group_channels
+from ..ops import (add, batchnorm, concat, conv, conv_transpose, dropout, flatten, groupnorm, leaky_relu, linear, loss,
+                   mse, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -198,6 +199,29 @@ def _upsample(kernel):
         (lambda gy, saved: [upsample.upsample_backward(gy, saved)])
 
 
+def _groupnorm(kernel):
+    """A group (or instance) normalisation's tile: the block it reads holds whole groups of its samples, every
+    position; its output box lies at the tile's channels less the block's first, and its own positions."""
+    layer, tile, views = kernel.layer, kernel.tile, kernel.views
+    per = group_channels(layer) if "group_channels" not in layer.attrs else layer.attrs["group_channels"]
+    eps = layer.attrs["eps"]
+    (c0, c1), start = tile.box[1], (tile.need.box[1][0] if tile.need is not None else tile.box[1][0])
+    box = (slice(c0 - start, c1 - start),) + tuple(slice(lo, hi) if tile.need is not None else slice(0, hi - lo)
+                                                   for lo, hi in tile.box[2:])
+
+    def forward(xs, run):
+        return groupnorm.groupnorm_forward(xs[0], views.params.get("weight"), views.params.get("bias"),
+                                           xs[0].shape[1] // per, eps, box)
+
+    def backward(gy, saved):
+        gx, ggamma, gbeta = groupnorm.groupnorm_backward(gy, saved)
+        if ggamma is not None:
+            views.grads["weight"][...] = ggamma
+            views.grads["bias"][...] = gbeta
+        return [gx]
+    return forward, backward
+
+
 @dataclass
 class Ghost:
     """A batchnorm tile under ghost batch norm (:mod:`spmdcnn.tiling.ghost`): its ``site`` (a GhostSite),
@@ -310,6 +334,8 @@ BIND = {
     "add": _add,
     "concat": _concat,
     "batchnorm": _batchnorm,
+    "groupnorm": _groupnorm,
+    "instancenorm": _groupnorm,
     "dropout": _dropout,
     "softmax_cross_entropy": _loss(loss.softmax_cross_entropy_forward, loss.softmax_cross_entropy_backward),
     "mse_loss": _loss(mse.mse_loss_forward, mse.mse_loss_backward),

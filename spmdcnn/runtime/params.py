@@ -71,7 +71,7 @@ def initial_value(layer, kind, seed, rows=None, axis=0):
         return whole[(slice(None),) * axis + (slice(*(rows or (0, shape[axis]))),)]
     r0, r1 = (0, shape[0]) if rows is None else rows
     shape = (r1 - r0,) + shape[1:]
-    if layer.spec.normalization:
+    if layer.spec.unit_init:
         return np.ones(shape) if kind in ("weight", "running_var") else np.zeros(shape)
     bound = 1.0 / np.sqrt(fan_in(layer.params["weight"]))
     rng = np.random.default_rng([seed, zlib.crc32(f"{layer.name}.{kind}".encode())])

@@ -121,6 +121,10 @@ def _layer(shape):
             attrs[key] = shape.output[1]
     if "bias" in keys:
         attrs["bias"] = any(n == "bias" for n, _ in shape.params)
+    if "affine" in keys:
+        attrs["affine"] = bool(shape.params)
+    if "groups" in keys:                # as many groups as the block it reads holds
+        attrs["groups"] = shape.inputs[0][1] // attrs["group_channels"]
     out = shape.output[1:] if not spec.loss else ()
     in_shapes = [s[1:] for s in shape.inputs]
     _, _, buffers, _ = infer(shape.op, attrs, in_shapes, "tile")

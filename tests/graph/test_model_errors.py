@@ -323,6 +323,11 @@ def test_scale_needs_a_factor(tmp_path):
     ("{name: up, op: upsample, scale: [2, 0]}", ["'scale' must be a positive integer, got 0"]),
     ("{name: up, op: upsample, scale: [2, 2, 2]}", ["'scale' must be an int or [h, w]"]),
     ("{name: up, op: upsample}", ["op 'upsample' needs the key 'scale'"]),
+    ("{name: gn, op: groupnorm, groups: 2}", ["'groups' 2 must divide the 3 channels of its input"]),
+    ("{name: gn, op: groupnorm}", ["op 'groupnorm' needs the key 'groups'"]),
+    ("{name: gn, op: groupnorm, groups: 3, affine: 1}", ["'affine' must be true or false"]),
+    ("{name: inorm, op: instancenorm, eps: 0}", ["'eps' must be a positive number"]),
+    ("{name: inorm, op: instancenorm, groups: 3}", ["unknown key 'groups' for op 'instancenorm'"]),
 ])
 def test_bad_decoder_layers_name_the_layer_and_the_rule(tmp_path, layer, fragments):
     layers = f"  - {layer}\n  - {{name: flat, op: flatten}}\n  - {{name: fc, op: linear, out_features: 3}}\n" \

@@ -8,13 +8,14 @@ from spmdcnn.graph import opspec
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.graph.optable import (ANSWERS_LABELS, ANSWERS_TARGETS, FAMILIES, KEEPS_INDICES, KEEPS_INPUT,
                                    KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_CHANNEL_PARTS,
-                                   READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE, READS_SAMPLE,
-                                   READS_TRANSPOSED, READS_WINDOW, needs_gradient)
+                                   READS_CHANNEL_WINDOW, READS_GROUPS, READS_INTERPOLATED, READS_PLANE,
+                                   READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW, needs_gradient)
 from spmdcnn.runtime import kernels
 from spmdcnn.tiling.config import NAMES, dims_of, names_of
 
 EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
-            {"name": "bn", "op": "batchnorm2d"}, {"name": "relu", "op": "relu"},
+            {"name": "bn", "op": "batchnorm2d"}, {"name": "gn", "op": "groupnorm", "groups": 2},
+            {"name": "inorm", "op": "instancenorm", "affine": True}, {"name": "relu", "op": "relu"},
             {"name": "max", "op": "maxpool2d", "kernel": 2, "stride": 1},
             {"name": "avg", "op": "avgpool2d", "kernel": 3, "stride": 1, "padding": 1, "inputs": ["relu"]},
             {"name": "cat", "op": "concat", "inputs": ["max", "max"]},
@@ -77,8 +78,8 @@ def test_the_rows_are_consistent():
     assert [name for name, spec in OPS.items() if spec.loss] == ["softmax_cross_entropy", "mse_loss"]
     assert all((spec.answers in (ANSWERS_LABELS, ANSWERS_TARGETS)) == spec.loss for spec in OPS.values())
     for name, spec in OPS.items():
-        assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_INTERPOLATED, READS_PLANE,
-                              READS_SAMPLE, READS_CHANNEL_PARTS, READS_BOX), name
+        assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_INTERPOLATED, READS_GROUPS,
+                              READS_PLANE, READS_SAMPLE, READS_CHANNEL_PARTS, READS_BOX), name
         assert spec.keeps in (KEEPS_INPUT, KEEPS_MASK, KEEPS_INDICES, KEEPS_OUTPUT, KEEPS_NOTHING), name
         assert spec.splits is None or set(spec.splits) <= set(NAMES), name
         assert spec.window == (spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED)), name

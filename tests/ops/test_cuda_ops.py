@@ -11,7 +11,7 @@ import pytest
 from op_cases import CONV_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
-from spmdcnn.ops import batchnorm, conv, conv_transpose, dropout, linear, loss, pool, relu, upsample
+from spmdcnn.ops import batchnorm, conv, conv_transpose, dropout, groupnorm, linear, loss, pool, relu, upsample
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -100,6 +100,23 @@ def test_upsample_on_the_gpu(mode, align_corners, dtype):
     gx2 = upsample.upsample_backward(cp.asarray(gy.astype(dtype)), saved2)
     _close(y2, y, dtype, "y")
     _close(gx2, gx, dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("groups, affine", [(2, True), (4, False)])
+def test_groupnorm_on_the_gpu(groups, affine, dtype):
+    rng = _rng(7)
+    x = rng.standard_normal((2, 4, 3, 5, 4)) * 2 + 1
+    gamma, beta = (rng.standard_normal(3), rng.standard_normal(3)) if affine else (None, None)
+    box = (slice(1, 4), slice(None), slice(1, 4), slice(None))          # a tile's box inside the block
+    y, saved = groupnorm.groupnorm_forward(x, gamma, beta, groups, box=box)
+    gy = rng.standard_normal(y.shape)
+    gx, gg, gb = groupnorm.groupnorm_backward(gy, saved)
+    on = [None if a is None else cp.asarray(a.astype(dtype)) for a in (x, gamma, beta)]
+    y2, saved2 = groupnorm.groupnorm_forward(*on, groups, box=box)
+    gx2, gg2, gb2 = groupnorm.groupnorm_backward(cp.asarray(gy.astype(dtype)), saved2)
+    for what, a, e in (("y", y2, y), ("gx", gx2, gx)) + ((("ggamma", gg2, gg), ("gbeta", gb2, gb)) if affine else ()):
+        _close(a, e, dtype, what)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
