@@ -101,7 +101,7 @@ def cmd_train(args):
 
 def cmd_bench(args):
     from .comm import World
-    from .runtime.bench import bench
+    from .runtime.bench import bench, describe_blas
     world = World.create()
     result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed, args.plan,
                    world, args.machine, not args.json, tf32=args.tf32, transport=args.transport,
@@ -113,8 +113,7 @@ def cmd_bench(args):
     if args.json:
         print(json.dumps(result, indent=1))
         return 0
-    blas = ", ".join(f"{b['internal_api']} {b['version']} {b['architecture']} x{b['num_threads']}"
-                     for b in result["blas"]) or "unknown"
+    blas = describe_blas(result["blas"])
     print(f"{result['model']}: batch {result['batch']}, {result['steps']} steps after {result['warmup']} warm-up, "
           f"{result['dtype']} on {result['backend']} (BLAS: {blas})")
     print(f"  {result['images_per_s']:.2f} images/s, {result['step_s_mean'] * 1e3:.1f} ms per step "
@@ -125,11 +124,16 @@ def cmd_bench(args):
                    if result["workers"] else "read in each step")
         print(f"  data {result['data']} ({workers}): a step waited {result['data_wait_s'] * 1e3:.1f} ms for its batch "
               f"(mean; the slowest rank)")
+    ranks = f"{result['ranks']} rank{'s' * (result['ranks'] != 1)}"
     if result["ranks"] > 1 or result["bytes_transferred"]:
-        print(f"  {result['ranks']} ranks, {result['plan']}: per step and rank (mean) compute "
+        print(f"  {ranks}, {result['plan']}: per step and rank (mean) compute "
               f"{result['compute_s'] * 1e3:.1f} ms, transfer {result['transfer_s'] * 1e3:.1f} ms, sync "
-              f"{result['sync_s'] * 1e3:.1f} ms ({result['sync_exposed_s'] * 1e3:.1f} ms of it exposed); moved {_format_bytes(result['bytes_transferred'])} between layers "
+              f"{result['sync_s'] * 1e3:.1f} ms ({result['sync_exposed_s'] * 1e3:.1f} ms of it exposed); moved "
+              f"{_format_bytes(result['bytes_transferred'])} between layers "
               f"and {_format_bytes(result['bytes_synced'])} in allreduces per step (all ranks)")
+    if args.trace:
+        print(f"  wrote the last timed iteration of {ranks} to {args.trace} (spmdcnn plot --trace {args.trace} "
+              "draws it)")
     return 0
 
 
@@ -166,11 +170,12 @@ def cmd_profile(args):
 
 def cmd_calibrate(args):
     from .comm import World
-    from .cost.calibrate import calibrate, check_name, prepare_output, summary, to_json, write_machine
+    from .cost.calibrate import calibrate, check_name, host_name, prepare_output, summary, to_json, write_machine
     from . import backend
     from .comm import choose_transport
     world = World.create()
     node_ranks = world.node_ranks()
+    args.name = args.name or world.bcast(host_name() if world.rank == 0 else None)
 
     def load():
         check_name(args.name)
@@ -196,7 +201,7 @@ def _add_measuring_commands(sub, common):
                                    "rank's float32 matmul rate, memory bandwidth and per-op overhead (all ranks at "
                                    "once, averaged). Run it with the ranks per node training will use.")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="machine YAML to write (rank 0)")
-    p.add_argument("--name", default="local", help="the machine's name (default local)")
+    p.add_argument("--name", help="the machine's name (default: the host's, as rank 0 knows it)")
     p.add_argument("--quick", action="store_true", help="fewer sizes and repetitions (seconds; for tests)")
     p.add_argument("--json", action="store_true", help="print the machine and the raw measurements as JSON")
     device_arguments(p, tf32=False, backend_help="cupy: measure each rank's GPU, and the links between GPUs "
@@ -333,7 +338,8 @@ def _run(args, alone=False):
         sys.stderr.close()
         return 0
     except KeyboardInterrupt as error:
-        return _fail("spmdcnn: interrupted", error, 130, alone)
+        said = f" {error}" if str(error) else ""            # a training run says what stopping now loses
+        return _fail(f"spmdcnn: interrupted{said}", error, 130, alone)
     except MemoryError as error:
         _debug(args, alone)
         return _fail(f"spmdcnn: error: out of memory ({str(error) or 'allocation failed'}); use a smaller batch "

@@ -60,6 +60,9 @@ def compute_source(args, graph, batch, devices):
     if machine is not None and not (machine.device.name == "cpu" or machine.device.name.startswith(cpu_name())):
         return None, (f"compute: the analytic model of machine {machine.name}'s device {machine.device.name!r} "
                       "(not this computer; --profile P times tiles from a profile made there)")
+    if args.dtype == "bfloat16":
+        return None, ("compute: the analytic model (bfloat16 runs on GPUs: --profile P times tiles from a profile "
+                      "made there)")
     per_node = devices if machine is None else min(devices, machine.devices_per_node)
     store, device, path = cached_profile(devices, args.dtype, per_node)
     if store is None:
@@ -81,8 +84,9 @@ def _cost_for(args, graph, batch, devices):
     import numpy as np
     from .planner.service import cost_model
     profile, line = compute_source(args, graph, batch, devices)
-    cost = cost_model(graph, batch, devices, args.machine, profile, np.dtype(args.dtype).itemsize, args.nodes,
-                      sync_options(args), batchnorm_option(args))
+    itemsize = 2 if args.dtype == "bfloat16" else np.dtype(args.dtype).itemsize
+    cost = cost_model(graph, batch, devices, args.machine, profile, itemsize, args.nodes, sync_options(args),
+                      batchnorm_option(args))
     return cost, line
 
 
@@ -213,7 +217,6 @@ def cmd_plan(args):
 def cmd_plan_trials(args):
     """``spmdcnn plan --trials K`` under ``mpiexec``: rank 0 searches, every rank times the model's K best plans
     (runtime/trials.py, on a synthetic batch), rank 0 prints them and writes the fastest measured."""
-    import numpy as np
     from . import backend
     from .comm import World
     from .graph import load_model
@@ -248,7 +251,7 @@ def cmd_plan_trials(args):
                 for label, text, seconds in world.bcast(world.agree(search))]
     store = cost.compute.profile
     xp = backend.rank_module("auto", world.node_ranks())
-    dtype = np.dtype(args.dtype)
+    dtype = backend.resolve_dtype(args.dtype, xp)       # bfloat16 on a GPU only
     label, plan, predicted, chosen_by = choose(
         proposed, graph, args.batch, world, xp, dtype, settings, store if store is not None else _NoCache(),
         getattr(store, "path", None), say, cost.sync, batchnorm_option(args))
@@ -422,7 +425,9 @@ def add_plan_commands(sub, common):
         p.add_argument("--profile", metavar="P", help="compute profile from spmdcnn profile, or none for the "
                        "analytic model (default: the cached profile of this machine that a job of this many ranks "
                        "uses, if there is one; the first line says which)")
-        p.add_argument("--dtype", default="float32", choices=["float32", "float64"])
+        p.add_argument("--dtype", default="float32", choices=["float32", "float64", "bfloat16"],
+                       help="the activations' type: what tiles and exchanges move (bfloat16: 2 bytes, with float32 "
+                       "gradient sums; a GPU's, so the analytic model or --profile P made there)")
         p.add_argument("--nodes", type=int, help="use this many nodes of the machine (default: its 'nodes')")
         sync_arguments(p)
         p.add_argument("--json", action="store_true", help=f"{what} JSON")

@@ -18,9 +18,10 @@ Elsewhere (a pipe, a batch log) a plain line is printed each time another ``STEP
     convert: 40 % (800 of 2,000 images), 380 images/s, 3 s left
     convert: 100 % (2,000 of 2,000 images), 380 images/s, done in 5 s
 
-``setting=False`` shows no progress. The rate is the mean since the start (the items done since ``initial``, over
-the time since the Progress was made); the time left is what remains at that rate. A leaf module: it imports only
-the standard library, so that any command can use it.
+``delay``: show nothing until the work has run that many seconds (work that ends sooner needs no progress; the
+profile of a small model takes a second or two). ``setting=False`` shows no progress. The rate is the mean since
+the start (the items done since ``initial``, over the time since the Progress was made); the time left is what
+remains at that rate. A leaf module: it imports only the standard library, so that any command can use it.
 """
 
 import os
@@ -69,14 +70,15 @@ class Progress:
     standard output). ``setting``: ``"auto"`` (a bar on a terminal, lines elsewhere), True (always the bar) or
     False (nothing). ``suffix``: a function whose text is shown after the numbers at every redraw. ``clock``: the
     time in seconds (injectable for tests). ``initial``: items already done (a resumed run); the rate counts only
-    those done since. A context manager: leaving it closes the Progress."""
+    those done since. ``delay``: seconds before anything is shown (module docstring). A context manager: leaving it
+    closes the Progress."""
 
     WIDTH = 20          # characters of the bar
     INTERVAL = 0.1      # least seconds between two redraws on a terminal
     STEP = 5            # per cent between two lines elsewhere
 
     def __init__(self, total, label, unit="items", stream=None, setting="auto", clock=time.monotonic, suffix=None,
-                 initial=0):
+                 initial=0, delay=0.0):
         if not (setting is True or setting is False or setting == "auto"):
             raise ValueError(f"progress '{label}': setting must be 'auto', True or False, got {setting!r}")
         if not 0 <= initial <= total:
@@ -92,6 +94,7 @@ class Progress:
         self.drawn_at = None            # when it was drawn
         self.logged = self._percent() // self.STEP      # the last STEP printed as a line (elsewhere)
         self.ended = False              # the line of the end printed
+        self.delay = delay
 
     def __enter__(self):
         return self
@@ -105,6 +108,8 @@ class Progress:
         self.done = done
         if note is not None:
             self.note = note
+        if self.delay and self.clock() - self.start < self.delay:
+            return                      # too soon to need it (the lines' per cent steps are taken up after)
         if self.mode == "terminal":
             self._redraw()
         elif self.mode == "lines":

@@ -13,7 +13,7 @@ import pytest
 
 from spmdcnn.cli import main
 from spmdcnn.comm.calibrate import Placement, fit_link, inter_node_partners, intra_node_partners
-from spmdcnn.cost.calibrate import DEFAULT_LINK
+from spmdcnn.cost.calibrate import DEFAULT_LINK, host_name
 from spmdcnn.cost.machine import load_machine
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -74,6 +74,14 @@ def test_partners_pair_ranks_within_a_node_and_across_node_pairs():
     assert inter_node_partners((0, 0)) == [None, None]
 
 
+def test_the_host_name_becomes_a_machine_name(monkeypatch):
+    import socket
+    monkeypatch.setattr(socket, "gethostname", lambda: "gpu node#17.cluster.example")
+    assert host_name() == "gpu-node-17"
+    monkeypatch.setattr(socket, "gethostname", lambda: "")
+    assert host_name() == "measured"
+
+
 def test_placement_that_is_not_node_by_node_is_reported():
     block = Placement(("a", "a", "b", "b"), (0, 0, 1, 1), 2)
     assert block.block and block.nodes == 2 and block.warning() is None
@@ -105,6 +113,7 @@ def test_two_ranks_measure_the_link_within_the_node(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     printed = json.loads(result.stdout)         # rank 0 alone prints
     machine = load_machine(path)
+    assert machine.name == host_name() != "local"               # named after the host, not the built-in machine
     assert (machine.nodes, machine.devices_per_node) == (1, 2)
     assert machine.intra_node.bandwidth > 1e7 and machine.intra_node.latency < 1e-2
     assert machine.inter_node == machine.intra_node             # one node: nothing to measure between nodes

@@ -438,3 +438,37 @@ def test_the_plan_examples_run_as_written(tmp_path):
                                 text=True, timeout=300)
         assert result.returncode == 0, result.stderr
     assert (tmp_path / "plan.yaml").exists()
+
+
+def test_bench_names_the_blas_without_threadpoolctl_and_says_where_it_wrote_the_trace(tmp_path, monkeypatch,
+                                                                                     capsys):
+    """Without threadpoolctl, bench names the BLAS NumPy was built against rather than 'unknown'."""
+    import builtins
+
+    from spmdcnn.runtime import bench
+    real = builtins.__import__
+
+    def without_threadpoolctl(name, *args, **kwargs):
+        if name.startswith("threadpoolctl"):
+            raise ImportError(name)
+        return real(name, *args, **kwargs)
+    monkeypatch.setattr(builtins, "__import__", without_threadpoolctl)
+    words = bench.describe_blas(bench.blas_info())
+    assert "openblas" in words.lower() and "NumPy's build; pip install threadpoolctl" in words
+    assert bench.describe_blas([]) == "unknown: install threadpoolctl to see it"
+    monkeypatch.setattr(builtins, "__import__", real)
+    trace = tmp_path / "trace.json"
+    code, out, _ = call(capsys, "bench", TINY, "--batch", "2", "--steps", "1", "--warmup", "0", "--trace", str(trace))
+    assert code == 0 and trace.exists()
+    assert f"wrote the last timed iteration of 1 rank to {trace} (spmdcnn plot --trace {trace} draws it)" in out
+
+
+def test_a_missing_file_suggests_the_one_meant_and_a_shipped_machine_goes_by_its_name(capsys):
+    code, _, err = call(capsys, "model", "models/alexnet.yml")
+    assert code == 2 and "models/alexnet.yml: model file not found (did you mean models/alexnet.yaml?)" in err
+    code, _, err = call(capsys, "plan", TINY, "--devices", "4", "--batch", "8", "--machine",
+                        "jobs/machines/paper-p100-4x3.yaml")
+    assert code == 2 and "(did you mean jobs/machines/paper-p100-4x4.yaml?)" in err
+    code, out, err = call(capsys, "plan", TINY, "--devices", "4", "--batch", "8", "--machine", "paper-p100-4x4")
+    assert code == 0, err
+    assert "machine paper-p100-4x4" in out

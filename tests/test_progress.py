@@ -176,3 +176,20 @@ def test_the_bar_narrows_then_the_line_is_cut_to_fit_the_terminal(monkeypatch):
         clock.now += 2.0
         progress.update(800)
         assert drawn(stream) == [line] and len(line) < columns
+
+
+def test_a_delay_shows_nothing_for_work_that_ends_sooner_and_the_rest_after_it():
+    clock, stream = Clock(), io.StringIO()
+    quick = Progress(10, "profile", unit="tile shapes", stream=stream, clock=clock, delay=3.0)
+    for done in range(1, 11):
+        clock.now += 0.2
+        quick.update(done)
+    quick.close()
+    assert stream.getvalue() == ""                  # 2 s of work: no progress at all
+    slow = Progress(10, "profile", unit="tile shapes", stream=stream, clock=clock, delay=3.0)
+    for done in range(1, 11):
+        clock.now += 0.5
+        slow.update(done)
+    lines = stream.getvalue().splitlines()
+    assert lines[0].startswith("profile: 60 % (6 of 10 tile shapes)")     # the first after 3 s
+    assert lines[-1].startswith("profile: 100 % (10 of 10 tile shapes)") and len(lines) == 5

@@ -26,6 +26,7 @@ The machine's ``measured`` key keeps the raw points, so the file documents what 
 import os
 import platform
 import re
+import socket
 import statistics
 import time
 
@@ -123,6 +124,14 @@ def device_rates(quick=False, barrier=lambda: None, xp=np):
 def _round(value):
     """A plain float with 4 significant digits, for the ``measured`` record."""
     return float(f"{value:.4g}")
+
+
+def host_name():
+    """This host's name, as a machine name may spell it (``node-17`` of ``node-17.cluster.example``): calibrate's
+    default, so that a measured machine is not taken for the built-in ``local``."""
+    short = socket.gethostname().split(".")[0]
+    name = re.sub(r"[^A-Za-z0-9_.+-]", "-", short).strip("-")
+    return name or "measured"
 
 
 def check_name(name):

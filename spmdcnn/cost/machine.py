@@ -54,7 +54,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml
+from ..io.yamlfile import FormatError, check_keys, load_yaml_text, read_yaml, shipped
 
 FORMAT = "spmdcnn-machine/1"
 _KEYS = {"format", "name", "nodes", "devices_per_node", "intra_node", "inter_node", "device", "description",
@@ -468,14 +468,14 @@ def _regimes(data, where, switches=()):
         if not isinstance(spec, dict):
             raise MachineError(f"{where}.{level}: must be a mapping with small and large, got {spec!r}")
         check_keys(spec, _REGIME_KEYS, f"{where}.{level}", required=("small", "large"))
-        found[level] = Regimes(_link(spec["small"], f"{where}.{level}.small"),
-                               _link(spec["large"], f"{where}.{level}.large"))
+        found[level] = Regimes(*(_link(spec[size], f"{where}.{level}.{size}") for size in ("small", "large")))
     return found
 
 
 def load_machine(path):
-    data, _ = read_yaml(path, "machine file")
-    return from_mapping(data, str(path))
+    """The machine file at ``path``, or a shipped one named bare (``paper-p100-4x4``: in ``jobs/machines/``)."""
+    path = shipped(path, "jobs/machines")
+    return from_mapping(read_yaml(path, "machine file")[0], path)
 
 
 def parse_machine_text(text, source="<machine>"):

@@ -80,7 +80,7 @@ class SyncModel:
                 forward = max(forward, gather)
                 contributed = 5 * rows * STAT_BYTES
             else:
-                contributed = rows * per_row * itemsize
+                contributed = rows * per_row * max(itemsize, 4)     # float32 master gradients under bfloat16
                 time = summer.allreduce(size, contributed)
             seconds = max(seconds, time)
             nbytes += count * size * contributed

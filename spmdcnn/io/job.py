@@ -148,10 +148,21 @@ def _nearest(word, choices):
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
+# words users mean for a key, from other tools (PyTorch's and Keras' argument names), and spmdcnn's key
+SYNONYMS = {"learning_rate": "lr", "learningrate": "lr", "base_lr": "lr", "wd": "weight_decay",
+            "num_workers": "workers", "batch": "batch_size", "batchsize": "batch_size",
+            "num_epochs": "epochs", "max_epochs": "epochs", "lr_schedule": "schedule", "scheduler": "schedule",
+            "warmup": "warmup_steps", "nesterov_momentum": "nesterov"}
+
+
 def _nearest_key(path):
-    """The suggestion for an unknown key: the nearest known dotted key, or one with the same last name."""
+    """The suggestion for an unknown key: the key another tool's name for it means (``optimizer.learning_rate``:
+    ``optimizer.lr``), the nearest known dotted key, or one with the same last name."""
     dotted = ".".join(map(str, path))
     known = list(_dotted_keys())
+    meant = ".".join(map(str, path[:-1] + (SYNONYMS.get(str(path[-1]).lower(), ""),)))
+    if meant in known:
+        return f" (did you mean '{meant}'?)"
     hint = _nearest(dotted, known)
     if not hint:
         same = [key for key in known if key.rsplit(".", 1)[-1] == str(path[-1])]

@@ -60,8 +60,10 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         best = make_plan(graph, world.size, cost, "optimal", tie=store.spread, memory=limit)
         data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
         predicted = best.prediction.iteration_s
+        taken = (f"{measured} tile shapes measured in {profiled:.1f} s" if measured else
+                 "every tile shape taken from it")
         log(f"plan auto: searched {best.configurations} configurations of {best.nodes} layers in "
-            f"{best.search_s:.2f} s (profile {path}: {measured} tile shapes measured in {profiled:.1f} s); "
+            f"{best.search_s:.2f} s (profile {path}: {taken}); "
             f"predicted {predicted * 1e3:.1f} ms per step, data parallelism {data * 1e3:.1f} ms "
             f"({data / predicted:.2f}x), both on the timeline of what runs")
         if best.ties:

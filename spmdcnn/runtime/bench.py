@@ -4,6 +4,8 @@ process or on MPI ranks under a plan, with the time split into compute, transfer
 import resource
 import statistics
 
+import numpy as np
+
 from .. import backend
 from ..comm import World, choose_transport
 from ..cost.buckets import SyncOptions
@@ -26,13 +28,36 @@ def peak_rss_bytes():
 
 
 def blas_info():
-    """Which BLAS library, kernel and thread count NumPy uses (threadpoolctl, when installed)."""
+    """Which BLAS library, kernel and thread count NumPy uses: threadpoolctl's view of the loaded library when it
+    is installed, else the library NumPy was built against (its build information: no kernel, no threads)."""
     try:
         from threadpoolctl import threadpool_info
     except ImportError:
-        return []
+        return _built_blas()
     return [{k: info.get(k) for k in ("internal_api", "version", "architecture", "num_threads")}
             for info in threadpool_info() if info.get("user_api") == "blas"]
+
+
+def _built_blas():
+    """The BLAS in NumPy's build information, marked as such (an empty list where NumPy does not say)."""
+    try:
+        built = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
+    except (TypeError, KeyError, AttributeError):       # a NumPy older than 1.26 prints, and returns nothing
+        return []
+    return [{"internal_api": built.get("name"), "version": built.get("version"), "architecture": None,
+             "num_threads": None, "source": "NumPy's build; pip install threadpoolctl for the kernel and threads"}]
+
+
+def describe_blas(found):
+    """``found`` (:func:`blas_info`) as the words ``bench`` prints."""
+    if not found:
+        return "unknown: install threadpoolctl to see it"
+    words = []
+    for info in found:
+        text = " ".join(str(info[k]) for k in ("internal_api", "version", "architecture") if info.get(k))
+        text += f" x{info['num_threads']}" if info.get("num_threads") else ""
+        words.append(text + (f" ({info['source']})" if info.get("source") else ""))
+    return ", ".join(words)
 
 
 class _Fed:

@@ -429,6 +429,9 @@ def _estimate(job):
     return _ANALYTIC.analytic(*(work(item) if kind == "tile" else update_work(item)))
 
 
+PROGRESS_DELAY = 3.0     # seconds of measuring before the profile shows its progress
+
+
 def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, log, progress=False):
     """Measure the tiles and updates ``profile_store`` lacks. On several ranks each takes a share, in rounds: the
     jobs sorted by their analytic time, each round one per rank, started together after a barrier, so that every
@@ -443,8 +446,12 @@ def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, lo
         log(f"profile: all {len(shapes) + len(updates)} tile shapes the planner considers are in the profile")
     elif log:
         where = "on this process" if world.size == 1 else f"shared between {world.size} ranks, measuring at once"
-        log(f"profile: {len(jobs)} of {len(shapes) + len(updates)} tile shapes to measure, {where}")
-    bar = Progress(len(jobs), "profile", unit="tile shapes") if progress and world.rank == 0 and jobs else None
+        cached = len(shapes) + len(updates) - len(jobs)
+        held = f" ({cached} are in the profile)" if cached else ""
+        log(f"profile: {len(jobs)} of {len(shapes) + len(updates)} tile shapes to measure{held}, {where}")
+    # progress only for work long enough to need it: a small model's profile takes a second or two
+    bar = Progress(len(jobs), "profile", unit="tile shapes", delay=PROGRESS_DELAY) \
+        if progress and world.rank == 0 and jobs else None
     mine = {}
     try:
         rounds = -(-len(jobs) // world.size)

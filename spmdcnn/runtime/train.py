@@ -3,9 +3,7 @@
 
 import json
 import os
-import signal
 import sys
-import threading
 import time
 from functools import cached_property
 
@@ -36,6 +34,7 @@ from .paths import check_inputs, check_outputs, data_to_make, prepare_outputs
 from .resume import check_resumable, state_for, trim_metrics
 from .schedule import learning_rate
 from .shards import gather_global, restore, share_checkpoint
+from .signals import Signals
 
 
 def make_data(job, graph):
@@ -236,7 +235,9 @@ class Trainer:
         step = self.start_step
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
         every, eval_every = job["log"]["every"], job["eval"]["every"]
-        signals = _Signals()
+
+        signals = Signals(say=self.log if self.rank == 0 else None,
+                          lost=lambda: self._lost(step, written, ckpt_path))
         plain_log = self.log
         if self.bar and step < self.total_steps:
             self.progress = training_progress(job["log"]["progress"], self.total_steps, step)
@@ -279,8 +280,9 @@ class Trainer:
             if final:
                 self._checkpoint(step)
             if stopped:
-                self.log(f"{stopped}: stopped after step {step} of {self.total_steps}"
-                         + (f"; checkpoint written to {ckpt_path}" if ckpt_path else "; no checkpoint.path"))
+                self.log(f"{Signals.WORDS[stopped]}: stopped after step {step} of {self.total_steps}"
+                         + (f"; checkpoint written to {ckpt_path}: the next run resumes from step {step}"
+                            if ckpt_path else "; no checkpoint.path: the next run starts over"))
             elif final:
                 self.log(f"checkpoint written to {ckpt_path} (step {step})")
             failed = False
@@ -293,6 +295,15 @@ class Trainer:
                 metrics.close()
             self._close(failed)
         return {"steps": step, "losses": history, "val": evaluated, "stopped": stopped}
+
+    def _lost(self, step, written, ckpt_path):
+        """What stopping at once at ``step`` loses (the last checkpoint of this run or the one it resumed from at
+        step ``written``, or none), for the message of a second Ctrl-C."""
+        kept = written or 0
+        where = (f"the checkpoint of step {kept}" if written and ckpt_path else "step 0: no checkpoint yet"
+                 if ckpt_path else "step 0 (no checkpoint.path)")
+        return (f"at step {step} of {self.total_steps}: the {step - kept} steps since {where} are lost; the next "
+                f"run resumes from step {kept}")
 
     def _loader(self, start):
         """The loader of this run's batches from ``start`` on, its workers started (said on rank 0)."""
@@ -414,52 +425,6 @@ class Trainer:
         state = state_for(self.job, self.data, step, step // self.steps_per_epoch)
         write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.plan.text,
                          self.job["checkpoint"]["keep"])
-
-
-class _Signals:
-    """SIGTERM (Slurm's pre-emption signal, and what ``scancel`` and MPICH's ``mpiexec`` pass on) and SIGUSR1
-    (what ``sbatch --signal`` is usually set to send ahead of a time limit, and what Open MPI's ``mpirun``
-    passes on) ask the run to stop: the handler notes the signal, and in each step the ranks agree whether any of
-    them got one before the step's loss was summed (the flags ride on that sum), so that they all stop after the
-    same step and write its checkpoint together, with no evaluation first. A second signal ends the process as the signal would, unless
-    it comes within ``DUPLICATE_S`` of the first: a rank may get one request twice at once (the scheduler signals
-    every process of a step, and the launcher it also signalled passes it on), and that is still one request.
-    Outside the main thread nothing is installed."""
-
-    NAMES = ("SIGTERM", "SIGUSR1")
-    DUPLICATE_S = 1.0
-
-    def __init__(self):
-        self.got, self.previous, self.first_at = 0, {}, None
-        if threading.current_thread() is threading.main_thread():
-            for name in self.NAMES:
-                number = getattr(signal, name, None)
-                if number is not None:
-                    self.previous[number] = signal.signal(number, self._note)
-
-    def _note(self, number, frame):
-        if self.got:
-            if time.monotonic() - self.first_at < self.DUPLICATE_S:
-                return          # the same request delivered twice
-            self.restore()      # a second request: the run did not stop in time; end as the signal would
-            os.kill(os.getpid(), number)
-            return
-        self.got, self.first_at = number, time.monotonic()
-
-    def flags(self):
-        """This rank's flags, one per signal of :attr:`NAMES` (float64): summed over the ranks with the step's loss
-        (:meth:`Executor.forward`'s ``also``), which costs no meeting of its own."""
-        return np.array([float(self.got == getattr(signal, name, None)) for name in self.NAMES])
-
-    def received(self, flags):
-        """The name of a signal some rank received, from the :meth:`flags` summed over the ranks (every rank gets
-        the same answer), or None."""
-        return next((name for name, flag in zip(self.NAMES, flags) if flag), None)
-
-    def restore(self):
-        for number, handler in self.previous.items():
-            signal.signal(number, handler)
-        self.previous = {}
 
 
 def training_progress(setting, total, start, stream=None):

@@ -202,6 +202,14 @@ def test_an_override_of_an_unknown_key_is_refused_naming_it_and_the_nearest_key(
                           "did you mean 'optimizer.lr'?")
 
 
+@pytest.mark.parametrize("override, hint", [("optimizer.learning_rate=0.1", "optimizer.lr"),
+                                            ("optimizer.wd=0.001", "optimizer.weight_decay"),
+                                            ("num_epochs=3", "epochs"), ("data.num_workers=2", "data.workers")])
+def test_another_tools_name_for_a_key_suggests_spmdcnns(tmp_path, override, hint):
+    path = write(tmp_path, MINIMAL)
+    expect_override_error(path, [override], "unknown key", f"did you mean '{hint}'?")
+
+
 def test_an_unknown_key_in_the_wrong_section_suggests_where_it_lives(tmp_path):
     path = write(tmp_path, MINIMAL)
     expect_override_error(path, ["lr=0.1"], "unknown key 'lr'", "did you mean 'optimizer.lr'?")

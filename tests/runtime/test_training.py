@@ -302,18 +302,39 @@ def test_one_stop_request_delivered_twice_at_once_still_checkpoints(tmp_path, mo
 def test_a_second_request_later_ends_the_process_as_the_signal_would(monkeypatch):
     import signal
     import time
-    from spmdcnn.runtime import train
+    from spmdcnn.runtime import signals as module
     sent = []
-    monkeypatch.setattr(train.os, "kill", lambda pid, number: sent.append(number))
+    monkeypatch.setattr(module.os, "kill", lambda pid, number: sent.append(number))
     before = signal.getsignal(signal.SIGUSR1)
-    signals = train._Signals()
+    signals = module.Signals()
     try:
         signals._note(signal.SIGUSR1, None)
         signals._note(signal.SIGUSR1, None)             # at once: the same request
         assert sent == [] and signals.got == signal.SIGUSR1
-        signals.first_at = time.monotonic() - train._Signals.DUPLICATE_S
+        signals.first_at = time.monotonic() - module.Signals.DUPLICATE_S
         signals._note(signal.SIGUSR1, None)             # later: the run did not stop in time
         assert sent == [signal.SIGUSR1] and signal.getsignal(signal.SIGUSR1) is before
+    finally:
+        signals.restore()
+
+
+def test_ctrl_c_stops_after_the_step_and_a_second_stops_at_once_saying_what_is_lost():
+    import signal
+    import time
+    from spmdcnn.runtime.signals import Signals
+    said = []
+    before = signal.getsignal(signal.SIGINT)
+    signals = Signals(say=said.append, lost=lambda: "at step 7 of 10: the 2 steps since the checkpoint of step 5 "
+                                                    "are lost; the next run resumes from step 5")
+    try:
+        signals._note(signal.SIGINT, None)
+        signals._note(signal.SIGINT, None)              # the terminal's and the launcher's: one request
+        assert signals.received(signals.flags()) == "SIGINT" and len(said) == 1
+        assert said[0].startswith("Ctrl-C: stopping after this step, with a checkpoint (Ctrl-C again stops at once")
+        signals.first_at = time.monotonic() - Signals.DUPLICATE_S
+        with pytest.raises(KeyboardInterrupt, match="the 2 steps since the checkpoint of step 5 are lost"):
+            signals._note(signal.SIGINT, None)
+        assert signal.getsignal(signal.SIGINT) is before
     finally:
         signals.restore()
 
