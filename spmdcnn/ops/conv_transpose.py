@@ -117,13 +117,14 @@ def conv_transpose_forward(x, w, b, geometry, need_input_grad=True):
     N, kernel, K = x.shape[0], w.shape[2:], w.shape[1]
     out = tuple(stop - start for start, stop in geometry.crop)
     full = geometry.full_extents(x.shape[2:], kernel)
-    y = xp.zeros((N, K) + out, dtype=x.dtype)
-    if prod(full) and prod(out):
-        into, inside = _overlap(geometry.crop, full)
-        if into != inside or full != out:
-            y[into] = conv_input_gradient(x, w, (N, K) + full, geometry.inner())[inside]
-        else:
-            y = conv_input_gradient(x, w, (N, K) + full, geometry.inner())
+    filled = conv_input_gradient(x, w, (N, K) + full, geometry.inner()) if prod(full) and prod(out) else None
+    into, inside = _overlap(geometry.crop, full)
+    if filled is not None and full == out and into == inside:
+        y = filled                          # the crop is the full extent: nothing to move
+    else:
+        y = xp.zeros((N, K) + out, dtype=x.dtype)
+        if filled is not None:
+            y[into] = filled[inside]
     if b is not None:
         y += b.reshape((1, K) + (1,) * geometry.rank)
     return y.astype(dtype, copy=False), TransposeSaved(x, w, b is not None, geometry, need_input_grad, dtype)
