@@ -162,3 +162,25 @@ def test_the_quick_start_batch_script_on_a_one_node_slurm(one_node_slurm, tmp_pa
     accuracy = [float(x) for x in re.findall(r"val acc (\d\.\d+)", log)]
     assert len(accuracy) == 4 and accuracy[-1] >= 0.97, log
     assert (tmp_path / "q.h5").exists()
+
+
+@pytest.mark.parametrize("script", ["quickstart", "alexnet-16gpu", "vgg16-16gpu", "inception_v3-16gpu"])
+def test_the_scripts_run_as_written_under_a_stand_in_srun_and_a_named_virtual_environment(tmp_path, script):
+    """Each script as bash runs it, with a stand-in ``srun`` (it runs the command it is given) and a stand-in
+    virtual environment named by SPMDCNN_VENV whose ``spmdcnn`` says what it was asked: the script activates the
+    environment and passes its arguments on."""
+    bin_dir, venv = tmp_path / "bin", tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    bin_dir.mkdir()
+    (bin_dir / "srun").write_text('#!/bin/bash\nwhile [[ "$1" == --* ]]; do shift; done\nexec "$@"\n')
+    (venv / "bin" / "spmdcnn").write_text('#!/bin/bash\necho "spmdcnn from the venv: $*"\n')
+    (venv / "bin" / "activate").write_text(f'export PATH="{venv / "bin"}:$PATH"\n')
+    for tool in (bin_dir / "srun", venv / "bin" / "spmdcnn"):
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "SPMDCNN_VENV": str(venv),
+           "SLURM_SUBMIT_DIR": ROOT}
+    result = subprocess.run(["bash", os.path.join(SCRIPTS, f"{script}.sbatch"), "--set", "epochs=1"], env=env,
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    job = "jobs/quickstart.yaml" if script == "quickstart" else f"jobs/imagenet/{script.split('-')[0]}.yaml"
+    assert result.stdout.strip() == f"spmdcnn from the venv: train {job} --set epochs=1"

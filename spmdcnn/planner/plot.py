@@ -11,7 +11,8 @@ import math
 from ..tiling.plan import inherits
 
 COLOURS = {"n": "#4878a8", "c": "#c03030", "d": "#8060b0", "h": "#60a060", "w": "#d0a030"}
-TIMES = (("compute_s", "compute", "#4878a8"), ("transfer_s", "transfer", "#c03030"), ("sync_s", "sync", "#888888"))
+# the time panel's colours are none of the dimensions': one meaning per colour in the figure
+TIMES = (("compute_s", "compute", "#404040"), ("transfer_s", "transfer", "#e08000"), ("sync_s", "sync", "#b0b0b0"))
 
 
 def _inherits(layer, plan):
