@@ -1,4 +1,5 @@
-"""The README's examples stay true: its plan example loads for the model it names."""
+"""The README's examples stay true: its plan example loads for the model it names, and the output it shows of
+commands on a described machine (the analytic model: the same numbers on any computer) is what they print."""
 
 import os
 
@@ -68,3 +69,52 @@ def test_the_command_table_lists_every_option():
                 continue
             assert any(f"{option} " in row or f"{option}]" in row or f"{option}/" in row or f"/{option}" in row
                        for option in action.option_strings), f"spmdcnn {' '.join(words)} {action.option_strings}"
+
+
+def _example_blocks(text):
+    """``(command, lines)`` of every README example of a ``spmdcnn`` command that runs on a described machine (the
+    analytic model: the same numbers on any computer), its printed lines as the README shows them."""
+    import re
+    for block in re.findall(r"```text\n\$ (spmdcnn [^\n]*--machine jobs/machines/[^\n]*)\n(.*?)```", text, re.S):
+        yield block[0], block[1].rstrip("\n").splitlines()
+
+
+def _same(shown, printed):
+    """Whether a README line shows a printed line: equal, or a prefix where the README cut it with ``...``, with
+    the search's own times left out (they differ from run to run)."""
+    import re
+    if shown.endswith("...)") or shown.endswith("..."):
+        return printed.startswith(shown.rstrip(".)").rstrip("; .("))
+    if shown.startswith("search:"):                     # up to its seconds
+        return shown.rsplit("; ", 1)[0] == printed.rsplit("; ", 1)[0]
+    if re.match(r"\w+\s+\d+\.\d+\s", shown):               # a --compare row: all but its search seconds
+
+        def untimed(line):
+            words = line.split()
+            last = max(i for i, word in enumerate(words) if re.fullmatch(r"\d+\.\d+", word))
+            return words[:last] + words[last + 1:]
+        return untimed(shown) == untimed(printed)
+    return shown == printed
+
+
+def test_the_examples_on_described_machines_print_what_the_readme_shows():
+    """Every README example of a command on a machine file (the analytic model): each line it shows is a line the
+    command prints now, in order ('...' stands for lines left out)."""
+    import shlex
+    import subprocess
+    import sys
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    examples = list(_example_blocks(text))
+    assert examples
+    for command, shown in examples:
+        result = subprocess.run([sys.executable, "-m", "spmdcnn.cli", *shlex.split(command)[1:]], cwd=ROOT,
+                                capture_output=True, text=True, timeout=600)
+        assert result.returncode == 0, result.stderr
+        printed = result.stdout.splitlines()
+        at = 0
+        for line in shown:
+            if line == "...":
+                continue
+            found = next((i for i in range(at, len(printed)) if _same(line, printed[i])), None)
+            assert found is not None, f"{command}: the README shows\\n{line}\\nwhich it no longer prints"
+            at = found + 1
