@@ -8,6 +8,7 @@ import json
 import os
 
 from .cli_files import positive_float
+from .planner.idle import idle_note
 from .sizes import format_against, format_bytes
 
 
@@ -94,7 +95,7 @@ def _ms(seconds):
     return f"{seconds * 1e3:.2f}"
 
 
-def print_prediction(title, prediction, plan):
+def print_prediction(title, prediction, plan, cost=None):
     rows = prediction.layers
     width = max(len("layer"), *(len(r.name) for r in rows))
     cwidth = max(len("configuration"), *(len(r.config) for r in rows))
@@ -127,6 +128,9 @@ def print_prediction(title, prediction, plan):
         print(f"gradients: {len(timeline.buckets)} buckets on the slowest device, {_ms(timeline.allreduce_s)} ms of "
               f"allreduces, {_ms(timeline.allreduce_s - timeline.exposed_s)} ms hidden behind backward")
         print("  (sync: what a layer exposes, batch norm's sums included; hidden: its allreduces overlapped)")
+    note = idle_note(cost, plan, prediction) if cost is not None else None
+    if note:
+        print(note)
 
 
 def _tie(args, cost):
@@ -188,7 +192,7 @@ def cmd_plan(args):
         return 0
     print(source)
     print_prediction(f"{args.strategy} plan for {graph.name}: {args.devices} devices, batch {args.batch}, machine "
-                     f"{cost.machine.name}", chosen.prediction, chosen.plan)
+                     f"{cost.machine.name}", chosen.prediction, chosen.plan, cost)
     print(_memory_line(graph, chosen.plan, cost, memory))
     if chosen.solution is not None:
         sol = chosen.solution
@@ -259,7 +263,7 @@ def cmd_plan_trials(args):
         return 0
     prediction = cost.simulate(plan)
     print_prediction(f"{label} for {graph.name}: {args.devices} devices, batch {args.batch}, {chosen_by}",
-                     prediction, plan)
+                     prediction, plan, cost)
     if args.output:
         from .cost.calibrate import prepare_output
         from .planner import Result
@@ -361,7 +365,7 @@ def cmd_simulate(args):
     results = []
     for spec, (graph, plan) in zip(args.plans, plans):
         cost, source = _cost_for(args, graph, plan.batch, plan.devices)
-        results.append((spec, graph, plan, cost.simulate(plan), source))
+        results.append((spec, graph, plan, cost.simulate(plan), source, cost))
         if args.trace:
             from .cost.timeline import timeline_events
             from .io.trace import write_trace
@@ -371,16 +375,16 @@ def cmd_simulate(args):
     if args.json:
         print(json.dumps([{"plan": spec, "model": graph.name, "devices": plan.devices, "batch": plan.batch,
                            "compute": source, "predicted": prediction.to_json()}
-                          for spec, graph, plan, prediction, source in results], indent=1))
+                          for spec, graph, plan, prediction, source, _ in results], indent=1))
         return 0
     shown = None
-    for i, (spec, graph, plan, prediction, source) in enumerate(results):
+    for i, (spec, graph, plan, prediction, source, cost) in enumerate(results):
         if i:
             print()
         if source != shown:             # plans of another device count may take another profile
             print(source)
             shown = source
-        print_prediction(f"{spec}: {graph.name}, {plan.devices} devices, batch {plan.batch}", prediction, plan)
+        print_prediction(f"{spec}: {graph.name}, {plan.devices} devices, batch {plan.batch}", prediction, plan, cost)
     return 0
 
 

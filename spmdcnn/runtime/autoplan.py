@@ -8,6 +8,7 @@ from ..cost.memory import plan_memory
 from ..sizes import format_against, parse_size
 from ..planner import make_plan
 from ..planner.service import cost_model
+from ..planner.idle import idle_note
 from ..tiling.plan import named, parse_plan_text
 from . import trials as trial
 from .profile import default_path, device_name, profile
@@ -51,11 +52,13 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
         _save(store, path, log)
     profiled = time.perf_counter() - start
     settings = trials or trial.TrialSettings(plans=0)
+    model = {}              # rank 0's cost model, for the chosen plan's idle devices
 
     def search():
         if world.rank != 0:
             return None
-        cost = cost_model(graph, batch, world.size, machine, store, dtype.itemsize, sync=sync, batchnorm=batchnorm)
+        cost = model["cost"] = cost_model(graph, batch, world.size, machine, store, dtype.itemsize, sync=sync,
+                                          batchnorm=batchnorm)
         limit = cost.machine.device.memory if memory is None else parse_size(memory)
         best = make_plan(graph, world.size, cost, "optimal", tie=store.spread, memory=limit)
         data = cost.simulate(named("data", graph, batch, world.size)).iteration_s
@@ -79,6 +82,9 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
                                                sync, batchnorm, source, run_steps, seed, read_dtype)
     for layer in graph.layers:
         log(f"  {layer.name}: {plan[layer.name].describe(short=True)}")
+    note = idle_note(model["cost"], plan) if "cost" in model else None
+    if note:
+        log(f"plan auto: {note}")
     plan.source = f"plan auto ({label}: {chosen_by}; predicted {predicted * 1e3:.1f} ms per step)"
     plan.predicted_s = predicted
     plan.reads_included = reads is not None
