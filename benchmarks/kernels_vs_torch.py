@@ -6,8 +6,8 @@ shapes, one thread each: where a network's per-process gap to PyTorch comes from
         benchmarks/models/decoder_block.yaml --batch 4
 
 For every distinct convolution (input shape, output channels, kernel, stride, padding), transposed convolution,
-upsampling and batch-norm shape of the model at the given batch: forward and backward of spmdcnn's NumPy kernel (``ops/conv.py``, ``ops/batchnorm.py``)
-and of ``torch.nn.functional`` (oneDNN's direct convolutions, or its im2col path, whichever PyTorch picks), each
+upsampling and batch-norm shape of the model at the given batch: forward and backward of spmdcnn's NumPy kernel
+(``ops/conv.py``, ``ops/conv_transpose.py``, ``ops/upsample.py``, ``ops/batchnorm.py``) and of ``torch.nn.functional`` (oneDNN's direct convolutions, or its im2col path, whichever PyTorch picks), each
 the best of ``--repeats`` after a warm-up, alternating the two; then the totals over the network's layers (each
 shape times its count), and the time the convolutions' matrix products would take at this machine's single-thread
 SGEMM rate on those shapes (``numpy.matmul`` of the im2col product, measured). One BLAS thread, one PyTorch thread.

@@ -35,7 +35,7 @@ from math import ceil, prod
 
 from ..graph.optable import KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_OUTPUT
 from ..ops.conv import ConvGeometry, workspace_elements
-from ..ops.conv_transpose import TransposeGeometry
+from ..ops.conv_transpose import full_extents
 from ..ops.window import is_padded, padded_extents
 from ..tiling.boxes import part, shape_of
 from ..tiling.config import output_shape
@@ -109,8 +109,7 @@ def _transient(layer, box, batch, itemsize, im2col=True):
         elif layer.spec.family == "conv_transpose":
             # the full extent its input fills (computed, then cropped), and the convolution it is the adjoint of
             geometry = layer.window
-            full = TransposeGeometry(geometry.stride, geometry.dilation, ()).full_extents(x_shape[2:],
-                                                                                          geometry.kernel)
+            full = full_extents(x_shape[2:], geometry.kernel, geometry.stride, geometry.dilation)
             filled = (x_shape[0], layer.attrs["out_channels"]) + full
             elements += prod(filled)
             if im2col:

@@ -236,12 +236,7 @@ def _values(shape, axis):
     """The extents of the tile ``shape`` along ``axis``: its output's, then each input's that has the axis, then
     (along the channel axis) its parameter shards' rows."""
     return ((shape.output[axis],) + tuple([s[axis] for s in shape.inputs if axis < len(s)])
-            + (tuple([s[_param_axis(shape.op, n)] for n, s in shape.params]) if axis == 1 else ()))
-
-
-def _param_axis(op, name):
-    """The axis of parameter ``name`` of ``op`` that holds its output channels (the op table's ``param_axes``)."""
-    return dict(OPS[op].param_axes).get(name, 0)
+            + (tuple([s[OPS[shape.op].param_axis(n)] for n, s in shape.params]) if axis == 1 else ()))
 
 
 def _outgrows(a, b):
@@ -279,7 +274,7 @@ def _assemble(template, values, attrs):
         inputs.append(tuple(dims))
     params = template.params
     if axes > 1:
-        params = tuple((name, _with(shape, _param_axis(template.op, name), values[1][taken[1] + j]))
+        params = tuple((name, _with(shape, OPS[template.op].param_axis(name), values[1][taken[1] + j]))
                        for j, (name, shape) in enumerate(params))
     return TileShape(template.op, attrs, tuple(inputs), tuple(v[0] for v in values), params, template.input_grad,
                      template.backward)

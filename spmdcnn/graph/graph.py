@@ -47,7 +47,7 @@ class Layer:
         """The axis of parameter or buffer ``kind`` that holds the output channels, which a tile of some channels
         holds a part of: the first, but where the op table's ``param_axes`` says otherwise (a transposed
         convolution's weight, PyTorch's ``(C_in, C_out, k...)``)."""
-        return dict(self.spec.param_axes).get(kind, 0)
+        return self.spec.param_axis(kind)
 
     def shard_shape(self, kind, channels):
         """The shape of the part of parameter or buffer ``kind`` a tile holding output ``channels`` ``(c0, c1)``

@@ -5,8 +5,8 @@ image (C, H, W), a volume (C, D, H, W)), (F,) for features, () for the loss. FLO
 conv ``2*K*C*prod(k)*prod(O)`` (+ ``K*prod(O)`` for the bias), a transposed convolution
 ``2*K*C*prod(k)*prod(S)`` over its input's positions S, linear ``2*F_in*F_out`` (+ ``F_out``), pooling one per
 window element, upsampling one per output element (nearest) or three per axis (linear), batchnorm 4, group
-and instance normalisation 8 and the other element-wise ops one per output element, softmax cross-entropy 4 per logit and the mean squared error 3 per
-output; flatten and concat move data and count zero.
+and instance normalisation 8 and the other element-wise ops one per output element, softmax cross-entropy 4 per
+logit and the mean squared error 3 per output; flatten and concat move data and count zero.
 
 The tables here are keyed by the op table's ``family`` (``conv`` for conv1d, conv2d and conv3d): an op over
 spatial axes is specified once for every spatial rank, and its row's ``spatial`` says which rank it takes.

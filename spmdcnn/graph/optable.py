@@ -75,6 +75,11 @@ class OpSpec:
         """The key of its entry in the other tables: ``conv`` for conv1d, conv2d and conv3d."""
         return self.group or self.name
 
+    def param_axis(self, name):
+        """The axis of parameter ``name`` that holds the output channels (its first, but where ``param_axes``
+        says otherwise)."""
+        return dict(self.param_axes).get(name, 0)
+
     @property
     def window(self):
         """Whether a tile reads a window over the spatial axes (halos, padding and stride)."""

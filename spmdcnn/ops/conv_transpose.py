@@ -42,13 +42,26 @@ class TransposeGeometry(NamedTuple):
         return len(self.stride)
 
     def full_extents(self, spatial, kernel):
-        """The extents inputs of ``spatial`` extents fill, without padding."""
-        return tuple((size - 1) * s + d * (k - 1) + 1 if size else 0
-                     for size, k, s, d in zip(spatial, kernel, self.stride, self.dilation))
+        """The extents inputs of ``spatial`` extents fill, without padding (:func:`full_extents`)."""
+        return full_extents(spatial, kernel, self.stride, self.dilation)
 
     def inner(self):
         """The convolution whose input gradient this is (no padding: the crop does its work)."""
         return ConvGeometry(self.stride, 0, self.dilation, rank=self.rank)
+
+
+def full_extents(spatial, kernel, stride, dilation):
+    """The extents inputs of ``spatial`` extents fill along each axis, without padding (0 for no inputs)."""
+    return tuple((size - 1) * s + d * (k - 1) + 1 if size else 0
+                 for size, k, s, d in zip(spatial, kernel, stride, dilation))
+
+
+def whole(spatial, kernel, stride, padding, output_padding, dilation):
+    """The :class:`TransposeGeometry` of the whole tensor: its crop keeps ``[before, F - after + output_padding)``
+    of the full extent ``F`` along each axis (``padding`` a ``(before, after)`` pair per axis; no checks)."""
+    full = full_extents(spatial, kernel, stride, dilation)
+    return TransposeGeometry(tuple(stride), tuple(dilation), tuple(
+        (before, f - after + o) for f, (before, after), o in zip(full, padding, output_padding)))
 
 
 def output_padding_error(output_padding, stride, dilation):
@@ -72,9 +85,7 @@ def geometry(spatial, kernel, stride=1, padding=0, output_padding=0, dilation=1,
     error = output_padding_error(output_padding, stride, dilation)
     if error:
         raise ValueError(f"conv_transpose: {error}")
-    full = TransposeGeometry(stride, dilation, ()).full_extents(spatial, kernel)
-    crop = tuple((before, f - after + o) for f, (before, after), o in zip(full, padding, output_padding))
-    return TransposeGeometry(stride, dilation, crop)
+    return whole(spatial, kernel, stride, padding, output_padding, dilation)
 
 
 def transposed_extents(spatial, kernel, stride, padding, output_padding, dilation):

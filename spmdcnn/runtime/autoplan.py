@@ -19,8 +19,8 @@ LABELS = {"data": "data parallelism", "owt": "owt (one weird trick)", "model": "
 def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm=None, memory=None, trials=None,
               source=None, run_steps=None, seed=0, read_dtype=None, reads=None):
     """The plan for ``graph`` on the ranks of ``world`` (collective): the cost model's optimum, or with ``trials``
-    (a :class:`~.trials.TrialSettings` that is on) the one its best plans' trials keep (:func:`~.trials.fastest`). ``machine``: a machine
-    YAML path or None (the built-in local machine); ``sync``, ``batchnorm`` and ``memory`` (the most a device may
+    (a :class:`~.trials.TrialSettings` that is on) the one its best plans' trials keep (:func:`~.trials.fastest`).
+    ``machine``: a machine YAML path or None (the built-in local machine); ``sync``, ``batchnorm`` and ``memory`` (the most a device may
     hold, bytes or a size such as ``80GB``): the job's keys. The trials train on ``source`` (an opened dataset;
     None: a synthetic batch) with ``seed``, within their share of ``run_steps`` (None: no bound). ``reads``: a
     :class:`~.profile.JobReads` of the job, for the profile's calibration (the prediction then includes reading;

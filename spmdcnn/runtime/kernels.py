@@ -170,13 +170,10 @@ def _transpose_geometry(kernel):
     layer, tile = kernel.layer, kernel.tile
     geometry = layer.window
     if tile.need is None:
-        full = conv_transpose.TransposeGeometry(geometry.stride, geometry.dilation, ()).full_extents(
-            layer.in_shapes[0][1:], geometry.kernel)
-        extra = ntuple(layer.attrs["output_padding"], len(full))
-        crop = tuple((before, f - after + o) for f, (before, after), o in zip(full, geometry.padding, extra))
-    else:
-        crop = tuple((o0 - (i0 * s - before), o1 - (i0 * s - before)) for (o0, o1), (i0, _), s, (before, _)
-                     in zip(tile.box[2:], tile.need.box[2:], geometry.stride, geometry.padding))
+        return conv_transpose.whole(layer.in_shapes[0][1:], geometry.kernel, geometry.stride, geometry.padding,
+                                    ntuple(layer.attrs["output_padding"], len(geometry.kernel)), geometry.dilation)
+    crop = tuple((o0 - (i0 * s - before), o1 - (i0 * s - before)) for (o0, o1), (i0, _), s, (before, _)
+                 in zip(tile.box[2:], tile.need.box[2:], geometry.stride, geometry.padding))
     return conv_transpose.TransposeGeometry(geometry.stride, geometry.dilation, crop)
 
 
@@ -203,7 +200,7 @@ def _groupnorm(kernel):
     """A group (or instance) normalisation's tile: the block it reads holds whole groups of its samples, every
     position; its output box lies at the tile's channels less the block's first, and its own positions."""
     layer, tile, views = kernel.layer, kernel.tile, kernel.views
-    per = group_channels(layer) if "group_channels" not in layer.attrs else layer.attrs["group_channels"]
+    per = group_channels(layer)
     eps = layer.attrs["eps"]
     (c0, c1), start = tile.box[1], (tile.need.box[1][0] if tile.need is not None else tile.box[1][0])
     box = (slice(c0 - start, c1 - start),) + tuple(slice(lo, hi) if tile.need is not None else slice(0, hi - lo)

@@ -123,8 +123,10 @@ def _layer(shape):
         attrs["bias"] = any(n == "bias" for n, _ in shape.params)
     if "affine" in keys:
         attrs["affine"] = bool(shape.params)
-    if "groups" in keys:                # as many groups as the block it reads holds
-        attrs["groups"] = shape.inputs[0][1] // attrs["group_channels"]
+    if "group_channels" in attrs:       # a group normalisation: as many groups as the block it reads holds
+        per = attrs.pop("group_channels")
+        if "groups" in keys:
+            attrs["groups"] = shape.inputs[0][1] // per
     out = shape.output[1:] if not spec.loss else ()
     in_shapes = [s[1:] for s in shape.inputs]
     _, _, buffers, _ = infer(shape.op, attrs, in_shapes, "tile")
@@ -274,8 +276,8 @@ def _cores():
 
 class JobReads:
     """``training_step``'s ``feed`` that reads a job's batches as its run will (``plan: auto``), at the
-    calibration's batch size: its dataset (``source``, opened), read dtype, ``workers`` and ``prefetch`` (the job's keys, ``auto`` deciding as for a run
-    of ``run_steps``). Reading a batch costs a step more than the read's own wait (it runs between the kernels and
+    calibration's batch size: its dataset (``source``, opened), read dtype, ``workers`` and ``prefetch`` (the
+    job's keys, ``auto`` deciding as for a run of ``run_steps``). Reading a batch costs a step more than the read's own wait (it runs between the kernels and
     evicts their data), so the profile's calibration takes its steps this way when it can, and the plan's
     prediction then includes the reading."""
 

@@ -2,9 +2,10 @@
 
 ``plan: auto`` (and ``spmdcnn plan --trials K`` under ``mpiexec``) times the model's few best plans, data
 parallelism always among them, for a few steps each on the job's own ranks and batches, and keeps data
-parallelism unless another plan ran clearly faster (:func:`fastest`), then the fastest of those. Each candidate trains on an executor of its own, built from the job's seed and dropped after its steps:
-the run's weights, optimizer and data order are those it would have without trials, so a run with trials equals
-the same run under the plan they chose (and every plan equals one process). The trials take at most ``share`` of
+parallelism unless another plan ran clearly faster (:func:`fastest`), then the fastest of those. Each candidate
+trains on an executor of its own, built from the job's seed and dropped after its steps: the run's weights,
+optimizer and data order are those it would have without trials, so a run with trials equals the same run under
+the plan they chose (and every plan equals one process). The trials take at most ``share`` of
 the run's steps; what they measured is cached in the profile, keyed by the model, batch, ranks and sync options,
 and a later run whose candidates are the same skips them.
 """
@@ -125,8 +126,8 @@ def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0
                source=None, read_dtype=None):
     """Time each of ``proposed`` (``(label, plan, predicted)``) for ``steps`` steps on the ranks of ``world``
     (collective): in two passes, the plans in order and then in reverse (a machine whose speed drifts favours no
-    plan by its turn), each pass on a fresh executor of the plan, which trains on ``source``'s first batches, read in the
-    step (an opened dataset; None: a fixed synthetic batch) after ``settings.warmup`` steps (one in the second
+    plan by its turn), each pass on a fresh executor of the plan, which trains on ``source``'s first batches, read
+    in the step (an opened dataset; None: a fixed synthetic batch) after ``settings.warmup`` steps (one in the second
     pass) and is dropped. A plan's time is the slowest rank's median step over both passes, the steps run as
     training runs them (:func:`paced_steps`). A candidate the memory of some rank cannot hold (:func:`refuse`), or
     whose executor could not be built (it raised on every rank), is kept with the reason and not timed. Returns the
