@@ -101,6 +101,8 @@ def cmd_data(args):
         return 0
     if args.action == "cosmo":
         return _cosmo(args)
+    if args.action == "shapes":
+        return _shapes(args)
     if args.action == "convert":
         return _convert(args)
     from .io.dataset import dataset_info
@@ -112,7 +114,7 @@ def cmd_data(args):
     answers = []
     if "classes" in info:
         labels = f" (labels {info['labels'][0]}..{info['labels'][1]})" if info["labels"] else ""
-        answers.append(f"{info['classes']} classes{labels}")
+        answers.append(f"{'masks of ' if info.get('masks') else ''}{info['classes']} classes{labels}")
     if "targets" in info:
         answers.append(f"{info['targets']['count']} targets per sample")
     print(f"{args.file}: {info['samples']} samples of {'x'.join(map(str, info['shape']))} ({axes}) "
@@ -121,7 +123,7 @@ def cmd_data(args):
         if info.get(key) is not None:
             print(f"  {key}: {info[key]}")
     if "per_class" in info:
-        print("  samples per class: " + ", ".join(f"{label}: {count}" for label, count in info["per_class"].items()))
+        print(f"  {('voxels' if len(info['shape']) == 4 else 'pixels') if info.get('masks') else 'samples'} per class: " + ", ".join(f"{label}: {count}" for label, count in info["per_class"].items()))
     if "targets" in info:
         targets = info["targets"]
         names = targets["names"] or [f"target {k}" for k in range(targets["count"])]
@@ -145,6 +147,22 @@ def _cosmo(args):
     return 0
 
 
+def _shapes(args):
+    """``data shapes``: discs, boxes and rings to segment (:mod:`spmdcnn.io.shapes`), with progress."""
+    from .io.shapes import CLASSES, held_out, make_shapes
+    from .progress import Progress
+    paths = [os.path.join(args.output, name) for name in ("train.h5", "val.h5")]
+    val_samples = held_out(args.samples) if args.val_samples is None else args.val_samples
+    rank = 3 if args.volumes else 2
+    with Progress(args.samples + val_samples, f"data shapes {args.output}", "samples") as progress:
+        train, val = make_shapes(*paths, size=args.size, rank=rank, samples=args.samples, val_samples=val_samples,
+                                 seed=args.seed, progress=progress.update)
+    kind = "volumes" if rank == 3 else "images"
+    print(f"wrote {paths[0]} ({train} {kind} of 1x{'x'.join([str(args.size)] * rank)}) and {paths[1]} ({val} held "
+          f"out); masks of {len(CLASSES)} classes: {', '.join(CLASSES)}")
+    return 0
+
+
 def _convert(args):
     """``data convert``: a folder (of class sub-folders, or of images with ``--labels``), or arrays with
     ``--labels``. Its progress goes to standard output, like the ``wrote ...`` line printed last (the progress is
@@ -158,6 +176,10 @@ def _convert(args):
 
     def progress(total):
         return Progress(total, "convert", unit="images")
+    if args.masks and (args.labels or args.targets or not os.path.isdir(args.source)):
+        raise DataError(f"--masks {args.masks}: masks go with a folder of images, instead of --labels or --targets")
+    if args.mask_values and not args.masks:
+        raise DataError(f"--mask-values {args.mask_values}: a value map goes with --masks")
     if args.targets and (os.path.isdir(args.source) or args.labels):
         raise DataError(f"--targets {args.targets}: targets go with a samples .npy, instead of --labels")
     if (args.labels or args.targets) and not os.path.isdir(args.source):
@@ -171,8 +193,10 @@ def _convert(args):
         count, shape, classes = convert_folder(
             args.source, args.output, args.size, args.grayscale, args.normalize, progress, labels=args.labels,
             classes=args.classes, fit=args.fit, workers=usable_cores() if args.workers is None else args.workers,
-            chunk=args.chunk)
-        if classes is None:
+            chunk=args.chunk, masks=args.masks, mask_values=args.mask_values)
+        if args.masks:
+            what = f", masks from {args.masks}" + (f" mapped by {args.mask_values}" if args.mask_values else "")
+        elif classes is None:
             what = f", integer labels from {args.labels}"
         else:
             shared = " and normalised with its mean and std" if args.normalize and training_statistics(args.classes) \
@@ -219,7 +243,7 @@ def add_file_commands(sub, common):
 
 
 def _add_making_commands(dsub, common):
-    """``data digits`` and ``data cosmo``: datasets spmdcnn writes itself."""
+    """``data digits``, ``data cosmo`` and ``data shapes``: datasets spmdcnn writes itself."""
     d = dsub.add_parser("digits", parents=[common], help="scikit-learn's handwritten digits as train.h5 and val.h5",
                         description="Write scikit-learn's handwritten digits (1,797 8x8 images, shipped with "
                         "spmdcnn) as OUTPUT/train.h5 and OUTPUT/val.h5, a held-out share of each class in val.h5.")
@@ -238,6 +262,19 @@ def _add_making_commands(dsub, common):
     d.add_argument("--samples", type=int, default=1024, help="training universes (default 1024)")
     d.add_argument("--val-samples", type=int, help="held-out universes (default: a quarter of --samples)")
     d.add_argument("--seed", type=int, default=0, help="seed of the universes (default 0)")
+    d.set_defaults(run=cmd_data)
+    d = dsub.add_parser("shapes", parents=[common], help="discs, boxes and rings to segment, with their masks",
+                        description="Write OUTPUT/train.h5 and OUTPUT/val.h5: images (or with --volumes, volumes) "
+                        "of one channel holding random discs, boxes and rings (balls, cubes and shells) on textured "
+                        "noise, told apart by shape alone, with a mask of each pixel's class (background, disc, "
+                        "box, ring) as /labels: a segmentation task for models such as models/unet2d.yaml "
+                        "(docs/formats.md#dataset-files).")
+    d.add_argument("-o", "--output", default="data/shapes", help="folder to write (default data/shapes)")
+    d.add_argument("--volumes", action="store_true", help="3D volumes instead of 2D images")
+    d.add_argument("--size", type=int, default=64, help="the samples' extent along each axis (default 64)")
+    d.add_argument("--samples", type=int, default=512, help="training samples (default 512)")
+    d.add_argument("--val-samples", type=int, help="held-out samples (default: a quarter of --samples)")
+    d.add_argument("--seed", type=int, default=0, help="seed of the samples (default 0)")
     d.set_defaults(run=cmd_data)
 
 
@@ -263,6 +300,12 @@ def _add_data_commands(sub, common):
                    "field), labels being integers or class names; an images .npy: a labels .npy ((N,) integers)")
     d.add_argument("--targets", metavar="FILE", help="a samples .npy: a targets .npy ((N, K) floats, the values "
                    "mse_loss regresses), written as /targets instead of labels")
+    d.add_argument("--masks", metavar="DIR", help="a folder of images: the folder of their masks (segmentation), a "
+                   "class per pixel, one file per image of the same name (name.png for name.jpg): a palette PNG's "
+                   "indices or a greyscale image's values, fitted as the images are (nearest neighbour); written as "
+                   "/labels (N, H, W)")
+    d.add_argument("--mask-values", metavar="FILE", help="with --masks: a text file mapping mask values to classes, "
+                   "'VALUE CLASS' or 'R G B CLASS' a line (colour masks need one)")
     d.add_argument("--classes", metavar="FILE",
                    help="number class names as the training set does: its dataset .h5 (its classes attribute), or "
                    "a text file of one name a line (without it: in sorted order)")

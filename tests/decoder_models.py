@@ -1,5 +1,20 @@
 """Small decoders for the tests: every transposed convolution, upsampling and group or instance normalisation case a
-tile split can meet, in 1, 2 and 3 spatial axes (shared by the plan equivalence, profiler and PyTorch tests)."""
+tile split can meet, in 1, 2 and 3 spatial axes, and segmenters ending in a loss per pixel or voxel (shared by the
+plan equivalence, profiler and PyTorch tests), and random answers for any model."""
+
+import numpy as np
+
+
+def answers(graph, rng, count):
+    """Random answers for ``count`` samples: labels of the graph's classes, masks of them with about a tenth of
+    the positions the loss's ignore_index, or targets in [-1, 1] for a regression loss."""
+    if graph.answers == "targets":
+        return rng.uniform(-1, 1, (count, graph.num_outputs)).astype(np.float32)
+    labels = rng.integers(0, graph.num_classes, (count,) + graph.answer_shape)
+    if graph.dense_labels:
+        labels[rng.random(labels.shape) < 0.1] = graph.loss.attrs["ignore_index"]
+    return labels
+
 
 # decoders: transposed convolutions (DeepCAM's kernel 3, stride 2, padding 1, output padding 1; U-Net's kernel 2,
 # stride 2; dilated, per-side padding, an output padding past the full extent) and a skip connection, split over
@@ -48,4 +63,27 @@ DECODER_SEQUENCE = {"name": "decoder_sequence", "input": [3, 13], "layers": [
      "output_padding": 2},
     {"name": "lin", "op": "upsample", "scale": 3, "mode": "linear", "align_corners": True},
     {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 3},
+    {"name": "loss", "op": "softmax_cross_entropy"}]}
+
+# segmenters: a U-Net's shape (down, up, a skip) ending in a cross-entropy per pixel or voxel, one with an
+# ignore_index other than -1
+SEGMENTER = {"name": "segmenter", "input": [3, 10, 8], "layers": [
+    {"name": "c1", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+    {"name": "gn", "op": "groupnorm", "groups": 2}, {"name": "a1", "op": "relu"},
+    {"name": "down", "op": "maxpool2d", "kernel": 2},
+    {"name": "c2", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
+    {"name": "bn", "op": "batchnorm2d"}, {"name": "a2", "op": "relu"},
+    {"name": "up", "op": "conv_transpose2d", "out_channels": 4, "kernel": 3, "stride": 2, "padding": 1,
+     "output_padding": 1},
+    {"name": "skip", "op": "concat", "inputs": ["up", "a1"]},
+    {"name": "head", "op": "conv2d", "out_channels": 3, "kernel": 1},
+    {"name": "loss", "op": "softmax_cross_entropy", "ignore_index": 7}]}
+
+SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers": [
+    {"name": "c1", "op": "conv3d", "out_channels": 3, "kernel": 3, "padding": 1},
+    {"name": "in", "op": "instancenorm", "affine": True}, {"name": "a1", "op": "leaky_relu"},
+    {"name": "down", "op": "conv3d", "out_channels": 4, "kernel": 2, "stride": 2},
+    {"name": "up", "op": "conv_transpose3d", "out_channels": 3, "kernel": 2, "stride": 2, "output_padding": [0, 1, 0]},
+    {"name": "skip", "op": "add", "inputs": ["up", "a1"]},
+    {"name": "head", "op": "conv3d", "out_channels": 4, "kernel": 1},
     {"name": "loss", "op": "softmax_cross_entropy"}]}

@@ -243,6 +243,25 @@ def test_the_volumes_quick_start_learns_the_universes_on_four_ranks(tmp_path):
     assert "(a constant guess, the training targets' mean: " in result.stdout
 
 
+def test_the_segmentation_quick_start_learns_the_shapes_on_four_ranks(tmp_path):
+    """The README's segmentation quick start: shapes written on first use, a plan from the planner over n, c, h and
+    w, and a held-out mean IoU the README states."""
+    data = tmp_path / "shapes"
+    overrides = [f"data.path={data / 'train.h5'}", f"data.val={data / 'val.h5'}", f"checkpoint.path={tmp_path / 's.h5'}",
+                 f"log.metrics={tmp_path / 's.jsonl'}"]
+    command = [MPIEXEC, "-n", "4", *spmdcnn("train", "jobs/segmentation_quickstart.yaml",
+                                            *[x for o in overrides for x in ("--set", o)])]
+    result = subprocess.run(command, cwd=ROOT, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")},
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "data: wrote" in result.stdout and "to segment" in result.stdout and "warning" not in result.stdout
+    assert "4 ranks; plan auto (" in result.stdout and "val mIoU " in result.stdout
+    records = [json.loads(line) for line in open(tmp_path / "s.jsonl", encoding="utf-8")]
+    evaluations = [r for r in records if "val_miou" in r]
+    assert len(evaluations) == QUICK_EVALUATIONS and evaluations[-1]["val_miou"] >= QUICK_MIOU, evaluations
+    assert evaluations[-1]["val_dice"] > evaluations[-1]["val_miou"] and evaluations[-1]["val_accuracy"] > 0.9
+
+
 def test_errors_every_rank_finds_are_printed_once(tmp_path):
     result = mpiexec(2, *spmdcnn("bench", tmp_path / "absent.yaml", "--batch", "4"), timeout=120)
     assert result.returncode == 2

@@ -133,7 +133,7 @@ class TorchNet(torch.nn.Module):
         if family == "add":
             return sum(xs[1:], xs[0])
         if family == "softmax_cross_entropy":
-            return F.cross_entropy(x, labels)
+            return F.cross_entropy(x, labels, ignore_index=a["ignore_index"])
         if family == "mse_loss":
             return F.mse_loss(x, labels.to(x.dtype))
         raise NotImplementedError(layer.op)

@@ -33,7 +33,7 @@ uses (``planner/memory.py``); ``benchmarks/memory_model.py`` measures it against
 from itertools import product
 from math import ceil, prod
 
-from ..graph.optable import KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_OUTPUT
+from ..graph.optable import ANSWERS_LABELS, KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_OUTPUT
 from ..ops.conv import ConvGeometry, workspace_elements
 from ..ops.conv_transpose import full_extents
 from ..ops.window import is_padded, padded_extents
@@ -83,7 +83,10 @@ def _saved(layer, box, batch, itemsize):
     keeps = layer.spec.keeps if layer.needs_grad else None
     if keeps == KEEPS_INPUT:
         need = _needs(layer, box, batch)[0]
-        return itemsize * prod(shape_of(need.box, need.steps))
+        kept = itemsize * prod(shape_of(need.box, need.steps))
+        if layer.spec.answers == ANSWERS_LABELS:    # the cross-entropy: each element's label and whether it counts
+            kept += 9 * prod(shape_of(box))
+        return kept
     if keeps == KEEPS_OUTPUT:
         return itemsize * prod(shape_of(box))
     if keeps == KEEPS_MASK:

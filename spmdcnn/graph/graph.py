@@ -102,8 +102,26 @@ class Graph:
 
     @property
     def num_outputs(self):
-        """What the loss reads per sample: the classes of softmax cross-entropy, the targets of mse_loss."""
+        """What the loss reads per sample (or per position): the classes of softmax cross-entropy, the targets
+        of mse_loss."""
         return self.loss.in_shapes[0][0]
+
+    @property
+    def dense_labels(self):
+        """Whether the loss compares every position with a label (a mask (S...) per sample): segmentation."""
+        return len(self.loss.in_shapes[0]) > 1
+
+    @property
+    def classes_scored(self):
+        """Whether evaluation counts per class (IoU and Dice): for a loss per position."""
+        return self.dense_labels
+
+    @property
+    def answer_shape(self):
+        """The answers of one sample: () for a label, (S...) for a mask, (K,) for targets."""
+        if self.regression:
+            return (self.num_outputs,)
+        return tuple(self.loss.in_shapes[0][1:])
 
     @property
     def num_classes(self):
@@ -118,12 +136,6 @@ class Graph:
     def regression(self):
         """Whether the loss regresses targets (mse_loss) rather than classifying."""
         return self.answers == ANSWERS_TARGETS
-
-    @property
-    def scored_per_sample(self):
-        """The values a sample's score counts: its class (a prediction right or wrong), or each of its targets
-        (an absolute error)."""
-        return self.num_outputs if self.regression else 1
 
     @property
     def spatial_rank(self):

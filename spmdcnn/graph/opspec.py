@@ -46,7 +46,7 @@ KEYS = {
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
     "concat": {},
     "add": {},
-    "softmax_cross_entropy": {},
+    "softmax_cross_entropy": {"ignore_index": -1},
     "mse_loss": {},
 }
 
@@ -142,6 +142,10 @@ def normalise(op, given, where, rank=2):
                              f"images and trilinear on volumes), got {attrs['mode']!r}")
         if attrs["align_corners"] and attrs["mode"] == "nearest":
             raise LayerError(f"{where}: 'align_corners' applies to mode linear only (as in PyTorch)")
+    if "ignore_index" in attrs and (isinstance(attrs["ignore_index"], bool)
+                                    or not isinstance(attrs["ignore_index"], int)):
+        raise LayerError(f"{where}: 'ignore_index' must be an integer (a label that counts for nothing), got "
+                         f"{attrs['ignore_index']!r}")
     for key in ("eps", "momentum", "p", "negative_slope", "factor"):
         if key in attrs:
             value = attrs[key]
@@ -300,11 +304,17 @@ def _add(op, attrs, in_shapes, where):
 
 
 def _loss(op, attrs, in_shapes, where):
-    what = "logits" if op == "softmax_cross_entropy" else "predictions"
-    if len(in_shapes[0]) != 1:
-        raise LayerError(f"{where}: {op} needs {what} (F,), got shape {tuple(in_shapes[0])}; add a flatten and "
-                         "a linear layer before it")
-    return (), {}, {}, (4 if op == "softmax_cross_entropy" else 3) * in_shapes[0][0]
+    """Cross-entropy takes logits per sample (K,), giving one loss per sample (shape ()), or per position
+    (K, S...), giving one per position (1, S...); mse_loss takes predictions per sample (F,)."""
+    shape = in_shapes[0]
+    if op == "softmax_cross_entropy" and len(shape) - 1 in SPATIAL_NAMES:
+        return (1,) + tuple(shape[1:]), {}, {}, 4 * prod(shape)
+    if len(shape) != 1:
+        what = ("logits (K,) per sample or (K, S...) per position" if op == "softmax_cross_entropy"
+                else "predictions (F,)")
+        raise LayerError(f"{where}: {op} needs {what}, got shape {tuple(shape)}; add a flatten and a linear layer "
+                         "before it")
+    return (), {}, {}, (4 if op == "softmax_cross_entropy" else 3) * shape[0]
 
 
 INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool,

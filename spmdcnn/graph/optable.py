@@ -18,7 +18,7 @@ for the runtime, the profiler and the cost model.
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from ..io.samples import described
+from ..io.samples import AXES, described
 from ..ops.window import ntuple, sides
 
 # what an output tile reads of its inputs (tiling/fields.py)
@@ -29,6 +29,7 @@ READS_INTERPOLATED = "interpolated"     # the inputs the output's box interpolat
 READS_GROUPS = "groups"                 # the whole of its samples' channel groups its channels belong to
 READS_PLANE = "plane"                   # every position of the spatial axes, the output's channels
 READS_SAMPLE = "sample"                 # every feature of the output's samples
+READS_POSITIONS = "positions"           # every channel at the output's positions (a loss per sample or pixel)
 READS_CHANNEL_PARTS = "channel parts"   # from each input the part of the output's channels it supplies (concat)
 READS_BOX = "box"                       # the output's own box (element-wise)
 
@@ -40,7 +41,7 @@ KEEPS_OUTPUT = "output"                 # its output tile (no later layer may wr
 KEEPS_NOTHING = None
 
 # what the loss compares the network's output with (io/dataset.py: /labels or /targets)
-ANSWERS_LABELS = "labels"               # an integer class per sample
+ANSWERS_LABELS = "labels"               # an integer class per sample, or per position (a mask)
 ANSWERS_TARGETS = "targets"             # K real values per sample
 
 SPATIAL_RANKS = (1, 2, 3)
@@ -63,7 +64,7 @@ class OpSpec:
     dense: bool = False         # fully connected: the "one weird trick" plan splits its features
     normalization: bool = False  # running statistics over the batch (PyTorch counts its batches)
     unit_init: bool = False     # weight 1 and bias 0 at first (a normalisation's affine parameters)
-    loss: bool = False          # the network's loss: one value per sample
+    loss: bool = False          # the network's loss: one value per sample (or per position of a sample)
     tile_attrs: tuple = ()      # attributes its kernel reads, besides a window's geometry (cost/tiles.py)
     group: str = None           # the family the other tables know it by (None: its own name)
     spatial: int = None         # the spatial rank of input it takes (None: any)
@@ -112,7 +113,8 @@ OPS = {spec.name: spec for spec in (
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
     OpSpec("concat", READS_CHANNEL_PARTS, multi_input=True),
     OpSpec("add", READS_BOX, multi_input=True, inplace=True),
-    OpSpec("softmax_cross_entropy", READS_SAMPLE, KEEPS_INPUT, splits=("n",), loss=True, answers=ANSWERS_LABELS),
+    OpSpec("softmax_cross_entropy", READS_POSITIONS, KEEPS_INPUT, splits=("n",) + AXES, loss=True,
+           answers=ANSWERS_LABELS, tile_attrs=("ignore_index",)),
     OpSpec("mse_loss", READS_SAMPLE, KEEPS_INPUT, splits=("n",), loss=True, answers=ANSWERS_TARGETS),
 )}
 

@@ -5,9 +5,9 @@ worker processes read ahead (``io/prefetch.py``) and arrays in memory (``runtime
 
 class Batch:
     """``size`` samples; ``images(box, steps=None)`` is the box ``(n, c, spatial...)`` of the samples in global
-    batch coordinates (with ``steps``, every step-th element along each axis), ``answers(lo, hi)`` the answers of
-    samples ``lo..hi-1``: their labels, or their targets (K per sample) for a regression loss. ``read(box, steps)``
-    and ``answers(lo, hi)`` are the source's functions."""
+    batch coordinates (with ``steps``, every step-th element along each axis), ``answers(box)`` the answers in
+    ``box`` (the samples' range, then for masks the spatial ranges): labels, masks (N, S...), or targets (K per
+    sample) for a regression loss. ``read(box, steps)`` and ``answers(box)`` are the source's functions."""
 
     def __init__(self, size, read, answers):
         self.size, self._read, self._answers = size, read, answers
@@ -15,5 +15,5 @@ class Batch:
     def images(self, box, steps=None):
         return self._read(box, steps)
 
-    def answers(self, lo, hi):
-        return self._answers(lo, hi)
+    def answers(self, box):
+        return self._answers(tuple(box))

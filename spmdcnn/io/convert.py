@@ -34,12 +34,12 @@ import numpy as np
 
 from .dataset import DataError, write_blocks
 from .labels import load_classes, numbered, read_labels, training_statistics, unknown
+from .pictures import SUFFIXES, fitted, images_in  # noqa: F401  (SUFFIXES: what a folder's images are)
 from .samples import axes_text, kind as samples_kind
 from .workers import Worker, close_all
 
 BLOCK_BYTES = 32 << 20      # images per block written: about this many bytes
 CHANNEL_COUNTS = (1, 3, 4)  # what an images array's channel dim may be when its layout is read from its shape
-SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 FITS = ("stretch", "crop")
 DECODE_BATCH = 32           # image files a worker decodes per message (fewer when there are few files)
 IN_FLIGHT = 3               # messages queued at each worker, so that none waits for its next one
@@ -211,7 +211,7 @@ def list_folder(folder, labels=None, classes=None):
             raise DataError(f"{folder}: has class sub-folders ({_few(sub_folders)}) and --labels {labels} was "
                             "given: a folder of class sub-folders takes its labels from them; --labels is for one "
                             "folder of images")
-        found = _images_in(folder)
+        found = images_in(folder)
         indices, names = numbered(read_labels(labels, folder, found), labels, names, classes)
         return names, [(os.path.join(folder, name), label) for name, label in zip(found, indices)]
     if not sub_folders:
@@ -223,17 +223,8 @@ def list_folder(folder, labels=None, classes=None):
         if name not in place:
             raise DataError(f"{os.path.join(folder, name)}: the class folder {unknown(name, names, classes)}")
         files += [(os.path.join(folder, name, entry), place[name])
-                  for entry in _images_in(os.path.join(folder, name))]
+                  for entry in images_in(os.path.join(folder, name))]
     return names or sub_folders, files
-
-
-def _images_in(folder):
-    """The sorted names of the image files in ``folder``; DataError if there are none."""
-    with os.scandir(folder) as entries:          # is_file() needs no stat on most file systems
-        found = sorted(entry.name for entry in entries if entry.name.lower().endswith(SUFFIXES) and entry.is_file())
-    if not found:
-        raise DataError(f"{folder}: no images (files ending in {', '.join(SUFFIXES)})")
-    return found
 
 
 def _few(names, shown=3):
@@ -251,30 +242,63 @@ def _not_a_folder(path):
 
 
 def convert_folder(folder, output, size=None, grayscale=False, normalize=True, progress=None, *, labels=None,
-                   classes=None, fit="stretch", workers=0, chunk=1):
+                   classes=None, fit="stretch", workers=0, chunk=1, masks=None, mask_values=None):
     """Convert an image folder; returns ``(count, (C, H, W), classes)``. ``size``: (H, W) to fit every image to,
     as ``fit`` says (:func:`_image_reader`). ``labels``: the label file of a folder of images (:func:`list_folder`),
     ``classes``: the file of the class names (a training set's dataset: its mean and std are stored too,
-    :func:`~spmdcnn.io.labels.training_statistics`). ``workers``: the processes that decode the images (0 or 1: this
-    one). ``progress``, ``chunk``: see the module's docstring."""
+    :func:`~spmdcnn.io.labels.training_statistics`). ``masks``: instead of labels, the folder of the images' masks
+    (segmentation, :mod:`spmdcnn.io.masks`; ``mask_values``: the file mapping their values to classes).
+    ``workers``: the processes that decode the images (0 or 1: this one). ``progress``, ``chunk``: see the
+    module's docstring."""
     chunk = _checked_chunk(chunk)
     if isinstance(workers, bool) or not isinstance(workers, (int, np.integer)) or workers < 0:
         raise DataError(f"--workers must be 0 or more, got {workers!r}")
     read = _image_reader(size, grayscale, fit)
     statistics = training_statistics(classes)
-    classes, files = list_folder(folder, labels, classes)
+    if masks is not None:
+        answers, classes, paths = _masked(folder, masks, mask_values, classes, size, fit)
+    else:
+        classes, files = list_folder(folder, labels, classes)
+        paths, answers = [path for path, _ in files], [label for _, label in files]
     setup = ("spmdcnn.io.convert", "_decoder", {"size": size, "grayscale": grayscale, "fit": fit})
-    paths = [path for path, _ in files]
-    attrs = {"description": f"converted from the image folder {os.path.abspath(folder)}"}
+    attrs = {"description": f"converted from the image folder {os.path.abspath(folder)}"
+                            + (f" and the masks in {os.path.abspath(masks)}" if masks is not None else "")}
     if classes is not None:
         attrs["classes"] = classes
-    with _opened(progress, len(files)) as bar, \
+    with _opened(progress, len(paths)) as bar, \
             contextlib.closing(_decoded(paths, read, setup, workers, folder)) as images:
         first = next(images)
-        _write(output, first.shape, np.uint8, [label for _, label in files],
-               _stacked(itertools.chain([first], images), paths, first.shape, bar), normalize, attrs, chunk=chunk,
+        if masks is not None:
+            answers = answers(first.shape[1:])
+        _write(output, first.shape, np.uint8, answers, _stacked(itertools.chain([first], images), paths,
+                                                                 first.shape, bar), normalize, attrs, chunk=chunk,
                statistics=statistics)
-    return len(files), first.shape, classes
+    return len(paths), first.shape, classes
+
+
+def _masked(folder, masks, mask_values, classes, size, fit):
+    """``(masks of the images' shape, classes, image paths)`` of a folder of images and its folder of masks
+    (:mod:`spmdcnn.io.masks`): the masks as a function of the images' (H, W), which the first image gives."""
+    from .masks import mask_dtype, mask_reader, paired, read_value_map
+    if not os.path.isdir(folder):
+        raise DataError(_not_a_folder(folder))
+    if not os.path.isdir(masks):
+        raise DataError(f"--masks {masks}: not a folder (expected a folder of masks, one per image)")
+    names = images_in(folder)
+    mask_paths = paired(folder, names, masks)
+    paths = [os.path.join(folder, name) for name in names]
+    read = mask_reader(size, fit, read_value_map(mask_values))
+
+    def answers(shape):
+        found = np.empty((len(paths),) + tuple(shape), dtype=np.int64)
+        for k, (mask, image) in enumerate(zip(mask_paths, paths)):
+            value = read(mask, image)
+            if value.shape != tuple(shape):
+                raise DataError(f"{mask}: the mask is {value.shape[0]} x {value.shape[1]} (H x W) once fitted, the "
+                                f"images {shape[0]} x {shape[1]}: give --size H W to fit them all")
+            found[k] = value
+        return found.astype(mask_dtype(found))
+    return answers, load_classes(classes) if classes is not None else None, paths
 
 
 def _stacked(images, paths, shape, bar):
@@ -361,24 +385,12 @@ def _image_reader(size, grayscale, fit="stretch"):
         raise DataError("--fit crop cuts the center H x W of each image: it needs --size H W")
     mode, channels = ("L", 1) if grayscale else ("RGB", 3)
 
-    def fitted(image):
-        H, W = size
-        w, h = image.size                                           # Pillow's size is (W, H)
-        if fit == "stretch":
-            return image if (w, h) == (W, H) else image.resize((W, H), Image.Resampling.LANCZOS)
-        s = max(H / h, W / w)
-        w, h = max(W, round(w * s)), max(H, round(h * s))
-        if image.size != (w, h):
-            image = image.resize((w, h), Image.Resampling.LANCZOS)
-        left, top = (w - W) // 2, (h - H) // 2
-        return image.crop((left, top, left + W, top + H)) if (w, h) != (W, H) else image
-
     def read(path):
         try:
             with Image.open(path) as image:
                 image = image.convert(mode)
                 if size is not None:
-                    image = fitted(image)
+                    image = fitted(image, size, fit, Image.Resampling.LANCZOS)
                 array = np.asarray(image, dtype=np.uint8)
         except (OSError, ValueError) as error:
             raise DataError(f"{path}: cannot read the image: {error}") from None

@@ -1,14 +1,15 @@
 """Training data: the HDF5 dataset of docs/formats.md#dataset-files and a synthetic source with the same interface.
 
     /images (N, C, S...) uint8 or float32 (images (N, C, H, W), volumes (N, C, D, H, W), sequences (N, C, W));
-    the answers: /labels (N,) integer (classification) or /targets (N, K) float32 (regression, mse_loss);
-    optional attrs mean, std (per channel)
+    the answers: /labels (N,) integer (classification), /labels (N, S...) integer masks, a class per position
+    (segmentation), or /targets (N, K) float32 (regression, mse_loss); optional attrs mean, std (per channel)
 
 Batch ``s`` of epoch ``e`` holds the samples ``order(e)[s*B : (s+1)*B]``, where ``order(e)`` is the identity
 without shuffling and a permutation drawn from a generator keyed by (seed, e) with it: a fixed function of
 (seed, epoch, s), so a resumed run reads exactly the batches an uninterrupted one would. An epoch has
 floor(N / B) batches (the incomplete last one is dropped). uint8 images are divided by 255, then normalised by
-``mean`` and ``std`` where the file has them.
+``mean`` and ``std`` where the file has them. A mask is cropped and flipped with its image (the same windows), and
+read, as an image is, only in the box a tile asks for.
 """
 
 import zlib
@@ -16,13 +17,15 @@ import zlib
 import h5py
 import numpy as np
 
-from .atomic import written_aside
 from . import samples
 from .augment import Augment, count, stored_read
 from .batch import Batch
+from .writer import write_blocks, write_dataset  # noqa: F401  (the dataset format's writers, where they were)
 from .yamlfile import FormatError
 
 CHUNK_CACHE_BYTES = 1 << 20     # HDF5's default, for compressed chunks (which must pass through the cache)
+MASKS_CHECKED = 16              # samples whose masks the dataset's identity sums (all of them may be large)
+MASK_BLOCK = 1 << 24            # mask elements read at a time when checking every value once
 
 
 class DataError(FormatError):
@@ -83,7 +86,10 @@ def reading_batch(source, indices, dtype, epoch=None):
     def read(box, steps):
         (n0, n1), *region = box
         return source.read(indices[n0:n1], dtype, region, None if steps is None else steps[1:], epoch=epoch)[0]
-    return Batch(len(indices), read, lambda lo, hi: source.read_answers(indices[lo:hi]))
+    def answers(box):
+        (n0, n1), *region = box
+        return source.read_answers(indices[n0:n1], region or None, epoch)
+    return Batch(len(indices), read, answers)
 
 
 def _ranges(region, shape):
@@ -134,8 +140,8 @@ class HDF5Dataset(_Source):
             raise DataError(f"{self.path}: cannot open dataset (not HDF5, or unreadable): {error}") from None
 
     def _validate(self):
-        expected = ("expected /images (N, C, H, W) or (N, C, D, H, W) and /labels (N,) or /targets (N, K); "
-                    "docs/formats.md#dataset-files")
+        expected = ("expected /images (N, C, H, W) or (N, C, D, H, W) and /labels (N,), /labels (N, H, W) masks "
+                    "or /targets (N, K); docs/formats.md#dataset-files")
         if not isinstance(self.file.get("images"), h5py.Dataset):
             raise DataError(f"{self.path}: dataset lacks /images as an array ({expected})")
         present = [key for key in ("labels", "targets") if isinstance(self.file.get(key), h5py.Dataset)]
@@ -146,12 +152,18 @@ class HDF5Dataset(_Source):
             raise DataError(f"{self.path}: /images must be (N, C, H, W) images or (N, C, D, H, W) volumes "
                             f"((N, C, W) sequences), uint8 or float32, got {self.images.shape} {self.images.dtype}")
         N = self.images.shape[0]
-        self.all_labels = self.all_targets = None       # small: read once, for checks and batches
+        self.all_labels = self.all_targets = self.masks = None      # labels and targets small: read once
         if "labels" in present:
             labels = self.file["labels"]
-            if labels.shape != (N,) or labels.dtype.kind not in "iu":
-                raise DataError(f"{self.path}: /labels must be ({N},) integers, got {labels.shape} {labels.dtype}")
-            self.all_labels = labels[()].astype(np.int64)
+            spatial = tuple(self.images.shape[2:])
+            if labels.dtype.kind not in "iu" or labels.shape not in ((N,), (N,) + spatial):
+                raise DataError(f"{self.path}: /labels must be ({N},) integers (a class per sample) or integer masks "
+                                f"({', '.join(map(str, (N,) + spatial))}) of the images' spatial shape (a class per "
+                                f"position), got {labels.shape} {labels.dtype}")
+            if labels.ndim == 1:
+                self.all_labels = labels[()].astype(np.int64)
+            else:
+                self.masks = labels
         if "targets" in present:
             targets = self.file["targets"]
             if targets.ndim != 2 or targets.shape[0] != N or targets.dtype.kind != "f":
@@ -198,6 +210,11 @@ class HDF5Dataset(_Source):
         return self.augment.output_shape(self.stored_shape)
 
     @property
+    def dense(self):
+        """Whether /labels are masks: a class per position of each sample."""
+        return self.masks is not None
+
+    @property
     def num_targets(self):
         """K of the /targets the batches carry, or None when they carry labels."""
         return self.all_targets.shape[1] if self.answers == "targets" else None
@@ -232,24 +249,44 @@ class HDF5Dataset(_Source):
             if self.all_targets.shape[1] != graph.num_outputs:
                 raise DataError(f"{self.path}: /targets holds {self.all_targets.shape[1]} values per sample, but "
                                 f"{loss} over {graph.num_outputs} outputs")
+        elif graph.dense_labels:
+            if self.masks is None:
+                has = "per-sample /labels" if self.all_labels is not None else "no /labels"
+                raise DataError(f"{self.path}: the dataset has {has}, but {loss} over every position, which needs a "
+                                f"mask per sample: /labels (N, {', '.join(map(str, self.stored_shape[1:]))}) integers")
+            self._check_classes(mask_values(self.masks), graph)
         else:
             if self.all_labels is None:
-                raise DataError(f"{self.path}: the dataset has no /labels, but {loss}, which needs a class per "
-                                "sample (its /targets are for a regression loss, mse_loss)")
-            if self.num_samples:
-                low, high = int(self.all_labels.min()), int(self.all_labels.max())
-                if low < 0 or high >= graph.num_classes:
-                    raise DataError(f"{self.path}: labels range over [{low}, {high}] but model '{graph.name}' has "
-                                    f"{graph.num_classes} classes (labels must lie in [0, {graph.num_classes - 1}])")
+                has = "masks as /labels" if self.masks is not None else "no /labels"
+                raise DataError(f"{self.path}: the dataset has {has}, but {loss}, which needs a class per sample"
+                                + (" (its /targets are for a regression loss, mse_loss)" if self.masks is None
+                                   else ": end the model in a loss per position (logits (K, S...))"))
+            self._check_classes(np.unique(self.all_labels), graph)
         self.answers = graph.answers
+
+    def _check_classes(self, values, graph):
+        """Refuse label ``values`` (sorted) outside the model's classes, other than its loss's ``ignore_index``."""
+        K, ignore = graph.num_classes, graph.loss.attrs.get("ignore_index", -1)
+        wrong = [int(v) for v in values if not 0 <= v < K and v != ignore]
+        if wrong:
+            what = "masks" if self.masks is not None else "labels"
+            other = "" if ignore == -1 else f" or {ignore}, the loss's ignore_index"
+            raise DataError(f"{self.path}: the {what} range over [{int(values[0])}, {int(values[-1])}]: {wrong[0]} is "
+                            f"not one of model '{graph.name}''s {K} classes (labels must lie in [0, {K - 1}]{other})")
 
     def _answers_array(self):
         return self.all_labels if self.answers == "labels" else self.all_targets
 
     def identity(self):
-        # the answers' checksum tells a replaced or reordered file from the one a run started with
+        # the answers' checksum tells a replaced or reordered file from the one a run started with (of masks,
+        # those of up to MASKS_CHECKED samples spread over the file: all of them may be far larger)
         key = "data.labels_crc32" if self.answers == "labels" else "data.targets_crc32"
-        return {**super().identity(), key: zlib.crc32(self._answers_array().tobytes()),
+        if self.masks is not None:
+            picked = np.unique(np.linspace(0, self.num_samples - 1, min(self.num_samples, MASKS_CHECKED)).astype(int))
+            answers = self.masks[picked.tolist()] if len(picked) else np.zeros(0)
+        else:
+            answers = self._answers_array()
+        return {**super().identity(), key: zlib.crc32(np.ascontiguousarray(answers).tobytes()),
                 "data.augment": self.augment.identity()}
 
     def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None):
@@ -273,7 +310,7 @@ class HDF5Dataset(_Source):
         elif out.shape != shape or out.dtype != np.dtype(dtype):
             raise ValueError(f"out is {out.shape} {out.dtype}, the read gives {shape} {np.dtype(dtype)}")
         if not out.size:
-            return out, self.read_answers(indices)
+            return out, self.read_answers(indices, epoch=epoch)
         if indices.min() < 0 or indices.max() >= self.num_samples:
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
         windows = self.augment.windows(self.stored_shape, self.seed, epoch, indices)
@@ -285,7 +322,7 @@ class HDF5Dataset(_Source):
             for k, part in enumerate(parts):
                 np.copyto(out[k], staged[k][part.picks], casting="unsafe")
         self._normalise(out, slice(ranges[0][0], ranges[0][1], steps[0]))
-        return out, self.read_answers(indices)
+        return out, self.read_answers(indices, epoch=epoch)
 
     def _read_parts(self, indices, parts):
         """Sample ``indices[k]``'s :class:`~spmdcnn.io.augment.StoredRead` ``parts[k]``, each into its row of a
@@ -317,9 +354,31 @@ class HDF5Dataset(_Source):
         if self.std is not None:
             out /= self.std[channels].reshape(per_channel).astype(out.dtype)
 
-    def read_answers(self, indices):
-        """The answers of the samples ``indices``: int64 labels, or float32 targets (K per sample)."""
-        return self._answers_array()[np.asarray(indices, dtype=np.int64)]
+    def read_answers(self, indices, region=None, epoch=None):
+        """The answers of the samples ``indices``: int64 labels, float32 targets (K per sample), or int64 masks
+        of the spatial ``region`` (``[(lo, hi) per spatial axis]`` of the crop; None: all of it) cropped and
+        flipped as ``epoch`` crops and flips the images (None: the center crop, unflipped)."""
+        indices = np.asarray(indices, dtype=np.int64)
+        if self.masks is None or self.answers != "labels":
+            return self._answers_array()[indices]
+        spatial = self.sample_shape[1:]
+        ranges = [(0, 1)] + ([tuple(r) for r in region] if region else [(0, extent) for extent in spatial])
+        out = np.empty((len(indices),) + tuple(hi - lo for lo, hi in ranges[1:]), dtype=np.int64)
+        if not len(indices):
+            return out
+        if indices.min() < 0 or indices.max() >= self.num_samples:
+            raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
+        windows = self.augment.windows(self.stored_shape, self.seed, epoch, indices)
+        for k, index in enumerate(indices.tolist()):
+            part = stored_read(windows, k, ranges, (1,) * len(ranges), self.stored_shape[-1])
+            where = tuple(slice(start, start + n * step, step)
+                          for start, n, step in zip(part.start[1:], part.count[1:], part.stride[1:]))
+            try:
+                out[k] = self.masks[(index,) + where][part.picks[1:]]
+            except (OSError, RuntimeError, KeyError) as error:
+                raise DataError(f"{self.path}: cannot read the mask of sample {index} (a truncated or damaged "
+                                f"file?): {error}") from None
+        return out
 
     def close(self):
         self.file.close()
@@ -339,6 +398,23 @@ def open_checked(path, graph, seed=0, shuffle=True, augment=None, batch=None,
         data.close()
         raise
     return data
+
+
+def mask_counts(masks):
+    """``{value: positions}`` over every mask of ``masks`` (an HDF5 dataset (N, S...)), read a block of samples at
+    a time (all of them once: a file's masks may be larger than memory)."""
+    per = max(1, MASK_BLOCK // max(1, int(np.prod(masks.shape[1:]))))
+    counts = {}
+    for start in range(0, masks.shape[0], per):
+        values, found = np.unique(masks[start:start + per], return_counts=True)
+        for value, pixels in zip(values.tolist(), found.tolist()):
+            counts[value] = counts.get(value, 0) + pixels
+    return dict(sorted(counts.items()))
+
+
+def mask_values(masks):
+    """The distinct values of every mask of ``masks`` (:func:`mask_counts`)."""
+    return np.array(list(mask_counts(masks)), dtype=np.int64)
 
 
 def held_out_problems(train, val):
@@ -376,6 +452,10 @@ def dataset_info(path):
                 "std": None if data.std is None else data.std.tolist(),
                 "description": None if description is None else str(description),
                 "class_names": None if names is None else [str(name) for name in names]}
+        if data.masks is not None:
+            counts = mask_counts(data.masks)
+            info.update({"classes": len(counts), "labels": [min(counts), max(counts)] if counts else [],
+                         "masks": True, "per_class": {str(k): v for k, v in counts.items()}})
         if data.all_labels is not None:
             labels, counts = np.unique(data.all_labels, return_counts=True)
             info.update({"classes": len(labels), "labels": [int(labels.min()), int(labels.max())] if len(labels)
@@ -396,51 +476,3 @@ def _names(values):
     return None if values is None else [v.decode() if isinstance(v, bytes) else str(v) for v in np.atleast_1d(values)]
 
 
-def _answers(answers):
-    """``answers`` as written: (N,) int64 labels, or (N, K) float32 targets; ValueError otherwise."""
-    answers = np.asarray(answers)
-    if answers.ndim == 1 and answers.dtype.kind in "iu":
-        return answers.astype(np.int64)
-    if answers.ndim == 2 and answers.dtype.kind in "fiu":
-        return answers.astype(np.float32)
-    raise ValueError(f"expected labels (N,) integers or targets (N, K) floats, got {answers.shape} {answers.dtype}")
-
-
-def write_dataset(path, images, answers, mean=None, std=None, description=None, target_names=None):
-    """Write ``images`` (N, C, S...) uint8 or float32 and their ``answers`` as an HDF5 dataset (:func:`write_blocks`):
-    (N,) integer labels, or (N, K) float targets; ``mean`` and ``std`` per channel, if given."""
-    images, answers = np.asarray(images), _answers(answers)
-    if not 3 <= images.ndim <= 5 or images.dtype not in (np.uint8, np.float32) or len(answers) != len(images):
-        raise ValueError(f"expected images (N, C, H, W) or (N, C, D, H, W), uint8 or float32, and an answer per "
-                         f"sample, got {images.shape} {images.dtype} and {answers.shape}")
-    attrs = {"description": description} if description else None
-    write_blocks(path, images.shape[1:], images.dtype, answers, [images], (mean, std), attrs,
-                 target_names=target_names)
-
-
-def write_blocks(path, shape, dtype, answers, blocks, statistics=None, attrs=None, chunk=1, target_names=None):
-    """Write ``len(answers)`` samples of ``shape`` (C, S...) and ``dtype``, which ``blocks`` yields in turn as
-    (n, C, S...) arrays, and their ``answers``, atomically (into a file beside ``path``, renamed over it when
-    complete): (N,) integer labels as /labels, or (N, K) float targets as /targets (``target_names``: a name per
-    target, kept as the attribute ``names``). ``statistics``: the per-channel ``(mean, std)`` (either may be None),
-    or a function that gives them once every block is written; ``attrs``: the file's attributes; ``chunk``:
-    samples per HDF5 chunk (one: a shuffled read of a sample touches that sample alone; 0: no chunks, one
-    contiguous array)."""
-    answers = _answers(answers)
-    count = len(answers)
-    with written_aside(path) as temporary, h5py.File(temporary, "w") as f:
-        chunks = (min(int(chunk), count),) + tuple(shape) if chunk and count else None
-        images = f.create_dataset("images", (count,) + tuple(shape), dtype=dtype, chunks=chunks)
-        written = f.create_dataset("labels" if answers.ndim == 1 else "targets", data=answers)
-        if target_names is not None:
-            written.attrs["names"] = [str(name) for name in target_names]
-        done = 0
-        for block in blocks:
-            images[done:done + len(block)] = block
-            done += len(block)
-        if done != count:
-            raise ValueError(f"{path}: {done} samples for {count} answers")
-        for key, value in zip(("mean", "std"), (statistics() if callable(statistics) else statistics) or ()):
-            if value is not None:
-                images.attrs[key] = np.asarray(value, dtype=np.float64)
-        f.attrs.update(attrs or {})

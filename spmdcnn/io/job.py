@@ -33,7 +33,7 @@ SCHEMA = {
         "num_samples": ((int, type(None)), None),    # synthetic data: samples per epoch (50,000); make: cosmo's
         "signal": (_NUMBER, 0.5),            # synthetic data: strength of the class patterns against unit noise
         "val": ((str, type(None)), None),    # held-out HDF5 dataset, evaluated every eval.every steps and at the end
-        "make": ((str, type(None)), None),   # digits | cosmo: write path and val (spmdcnn data ...) when missing
+        "make": ((str, type(None)), None),   # digits | cosmo | shapes: write path and val (spmdcnn data ...) when missing
         "augment": {                         # training samples only; data.val is center-cropped (io/augment.py)
             "crop": ((list, type(None)), None),     # [H, W] or [D, H, W] of a random crop of each stored sample
             "flip": ((bool, list), False),          # a random flip of the last axis, or of each axis listed (d, h, w)
@@ -92,7 +92,7 @@ SCHEMA = {
 }
 _CHOICES = {
     ("data", "kind"): ("hdf5", "synthetic"),
-    ("data", "make"): ("digits", "cosmo"),
+    ("data", "make"): ("digits", "cosmo", "shapes"),
     ("optimizer", "kind"): ("sgd",),
     ("optimizer", "schedule"): ("constant", "step", "cosine"),
     ("backend",): ("auto", "numpy", "cupy"),

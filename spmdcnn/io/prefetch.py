@@ -110,27 +110,38 @@ def evaluation_batches(count, batch):
     return batch_of
 
 
-def _answers(source, indices):
-    """The answers of ``indices``: labels (-1 for padding), or targets (a row of NaN for padding)."""
+def batch_answers(source, indices, epoch):
+    """``answers(box)`` of the batch of samples ``indices`` (-1: padding): labels (-1 for padding) or targets (a
+    row of NaN for padding) of the box's samples, read for the whole batch at once; or masks, read as each box
+    asks (of its samples and positions; -1 throughout a padding sample's), cropped and flipped as ``epoch``'s
+    images are."""
     real = indices >= 0
+    if getattr(source, "dense", False):
+        def masks(box):
+            (n0, n1), *region = box
+            wanted = indices[n0:n1]
+            answers = np.full((n1 - n0,) + tuple(hi - lo for lo, hi in region), -1, dtype=np.int64)
+            answers[wanted >= 0] = source.read_answers(wanted[wanted >= 0], region, epoch)
+            return answers
+        return masks
     if source.num_targets is None:
         answers = np.full(len(indices), -1, dtype=np.int64)
     else:
         answers = np.full((len(indices), source.num_targets), np.nan, dtype=np.float32)
     answers[real] = source.read_answers(indices[real])
-    return answers
+    return lambda box: answers[box[0][0]:box[0][1]]
 
 
-def batch_read(arrays, answers, what):
-    """The :class:`~spmdcnn.io.batch.Batch` of a batch already read: ``arrays`` by box (``_key``), one per read,
-    and its ``answers``. The arrays may be a shared slot that workers refill once the next batch is taken: they
-    are valid until then."""
+def batch_read(arrays, answers, size, what):
+    """The :class:`~spmdcnn.io.batch.Batch` of ``size`` samples already read: ``arrays`` by box (``_key``), one
+    per read, and its ``answers(box)`` (:func:`batch_answers`). The arrays may be a shared slot that workers
+    refill once the next batch is taken: they are valid until then."""
     def read(box, steps):
         try:
             return arrays[_key(box, steps)]
         except KeyError:
             raise DataError(f"{what}: the box {box} was not read ahead for this rank") from None
-    return Batch(len(answers), read, lambda lo, hi: answers[lo:hi])
+    return Batch(size, read, answers)
 
 
 class SlotReader:
@@ -207,7 +218,7 @@ class Loader:
                 epoch, others = self.batch_of(step)
                 read_batch(self.source, self.layout, others, epoch, scratch)
             self.probe_s = (time.perf_counter() - started) / len(following)
-        self._first = (arrays, indices)
+        self._first = (arrays, indices, self.batch_of(self.issued)[0])
         self.issued += 1
         return 0 if self.probe_s * (self.stop - self.first) < AUTO_MIN_READ_S else default_workers(local_ranks)
 
@@ -242,7 +253,7 @@ class Loader:
             worker = self.workers[step % len(self.workers)]
             epoch, indices = self.batch_of(step)
             worker.send(((step + self.shift) % self.slots, epoch, indices))
-            self.pending.append((step, worker, indices))
+            self.pending.append((step, worker, indices, epoch))
             self.issued += 1
 
     def next(self, step=None):
@@ -254,10 +265,10 @@ class Loader:
         step = self.next_step
         started = time.perf_counter()
         if self._first is not None:                # read when the workers were chosen
-            (arrays, indices), self._first = self._first, None
+            (arrays, indices, epoch), self._first = self._first, None
             started -= self.probe_s
         elif self.workers:
-            head, worker, indices = self.pending.popleft()
+            head, worker, indices, epoch = self.pending.popleft()
             assert head == step
             worker.receive(self.timeout, STALLED)
             arrays = self.views[(step + self.shift) % self.slots]
@@ -269,7 +280,8 @@ class Loader:
         self.next_step += 1
         if self.workers:
             self._fill()       # the previous batch's slot is free now: the caller has moved on to this one
-        return batch_read(arrays, _answers(self.source, indices), f"{self.source.path}, step {step + 1}"), waited
+        return batch_read(arrays, batch_answers(self.source, indices, epoch), len(indices),
+                          f"{self.source.path}, step {step + 1}"), waited
 
     def again(self):
         """Start over from the first step (another evaluation), keeping the workers, which begin reading at once;

@@ -17,19 +17,22 @@ class SyntheticData(_Source):
     label's fixed pattern (a coarse grid of GRID cells per spatial axis per channel, stretched over the sample,
     times ``signal``) plus standard normal noise from a generator keyed by (seed, i). Regression (``targets`` K):
     its K targets are counter-based hashes of (seed, i, k) in [-1, 1], and its sample is the sum of K fixed
-    patterns weighted by them, times ``signal``, plus the noise."""
+    patterns weighted by them, times ``signal``, plus the noise. Segmentation (``dense``): its mask gives each cell of
+    the coarse grid a class (hashes of (seed, i, cell)), and its sample is, in each cell, that class's colour (a
+    value per channel, times ``signal``) plus the noise: each position's class is told by the colour around it."""
 
     GRID = 4
     kind = "synthetic"
     path = "synthetic data"
 
     def __init__(self, sample_shape, num_classes, num_samples=SYNTHETIC_SAMPLES, seed=0, signal=0.5, shuffle=True,
-                 targets=None):
+                 targets=None, dense=False):
         self.sample_shape = tuple(sample_shape)
         self.num_classes = int(num_classes)
         self.num_samples = int(num_samples)
         self.targets = None if targets is None else int(targets)
         self.answers = "labels" if targets is None else "targets"
+        self.dense = bool(dense) and targets is None
         self.seed, self.signal, self.shuffle = seed, float(signal), shuffle
         if self.num_samples <= 0:
             raise DataError(f"{self.path}: num_samples must be positive, got {self.num_samples}")
@@ -47,7 +50,8 @@ class SyntheticData(_Source):
         """Samples of ``graph``'s input shape with the answers its loss reads: labels of its classes, or its
         outputs' count of targets."""
         targets = graph.num_outputs if graph.regression else None
-        return cls(graph.input_shape, graph.num_outputs, num_samples, seed, signal, shuffle, targets)
+        return cls(graph.input_shape, graph.num_outputs, num_samples, seed, signal, shuffle, targets,
+                   graph.dense_labels)
 
     @property
     def num_targets(self):
@@ -59,11 +63,23 @@ class SyntheticData(_Source):
     def identity(self):
         return {**super().identity(), "data.signal": self.signal, "data.answers": self.answers}
 
-    def read_answers(self, indices):
-        """Labels (int64), or targets (float32, K per sample)."""
+    def _cells(self, indices):
+        """The classes of the coarse grid's cells of samples ``indices``: (n, GRID...) int64."""
+        rank = len(self.sample_shape) - 1
+        cells = self.GRID ** rank
+        counters = indices.astype(np.uint64)[:, None] * np.uint64(cells) + np.arange(cells, dtype=np.uint64)
+        labels = (uniform(np, self._label_key, counters) * self.num_classes).astype(np.int64)
+        return labels.reshape((len(indices),) + (self.GRID,) * rank)
+
+    def read_answers(self, indices, region=None, epoch=None):
+        """Labels (int64), masks (int64, of the spatial ``region``: ``[(lo, hi) per axis]``, None: all), or
+        targets (float32, K per sample)."""
         indices = np.asarray(indices, dtype=np.int64)
         if len(indices) and (indices.min() < 0 or indices.max() >= self.num_samples):
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
+        if self.dense:
+            cut = (slice(None),) + tuple(slice(lo, hi) for lo, hi in region or ())
+            return self._stretched(self._cells(indices), first=1)[cut]
         if self.targets is None:
             return (uniform(np, self._label_key, indices.astype(np.uint64)) * self.num_classes).astype(np.int64)
         counters = indices.astype(np.uint64)[:, None] * np.uint64(self.targets) + np.arange(self.targets,
@@ -74,18 +90,19 @@ class SyntheticData(_Source):
         """What makes this source again in another process (:mod:`spmdcnn.io.prefetch`)."""
         return {"kind": "synthetic", "sample_shape": list(self.sample_shape), "num_classes": self.num_classes,
                 "num_samples": self.num_samples, "seed": self.seed, "signal": self.signal, "shuffle": self.shuffle,
-                "targets": self.targets}
+                "targets": self.targets, "dense": self.dense}
 
-    def _stretched(self, coarse):
-        """A coarse (C, GRID...) pattern stretched over the sample's spatial extents."""
+    def _stretched(self, coarse, first=1):
+        """A coarse pattern (its spatial axes from axis ``first``: (C, GRID...)) stretched over the sample's spatial
+        extents."""
         for axis, counts in enumerate(self._counts):
-            coarse = np.repeat(coarse, counts, axis=axis + 1)
+            coarse = np.repeat(coarse, counts, axis=axis + first)
         return coarse
 
     def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None):
         """Like :meth:`HDF5Dataset.read` (without augmentation: ``epoch`` changes nothing); a sample is made whole
         (it is a function of (seed, i)), then cut."""
-        answers = self.read_answers(indices)
+        answers = self._cells(np.asarray(indices, dtype=np.int64)) if self.dense else self.read_answers(indices)
         cut = _cut(region, self.sample_shape, steps)
         shape = (len(answers),) + tuple(len(range(c.start, c.stop, c.step)) for c in cut)
         images = np.empty(shape, dtype=dtype) if out is None else out
@@ -94,8 +111,15 @@ class SyntheticData(_Source):
         for row, (index, answer) in enumerate(zip(np.asarray(indices).tolist(), answers)):
             noise = np.random.default_rng([int(self.seed), 0x1A6E, index]).standard_normal(
                 self.sample_shape, dtype=np.float32)
-            coarse = self._coarse[int(answer)] if self.targets is None else \
-                np.tensordot(answer, self._coarse, axes=1)
+            if self.dense:          # each cell the colour of its class: pattern k's first cell
+                colours = self._coarse.reshape(self._coarse.shape[:2] + (-1,))[:, :, 0]
+                coarse = np.moveaxis(colours[answer], -1, 0)
+            elif self.targets is None:
+                coarse = self._coarse[int(answer)]
+            else:
+                coarse = np.tensordot(answer, self._coarse, axes=1)
             noise += self._stretched(coarse)
             images[row] = noise[cut]
+        if self.dense:
+            answers = self._stretched(answers, first=1)
         return images, answers

@@ -59,22 +59,27 @@ class LinearSaved(NamedTuple):
 
 
 class LossSaved(NamedTuple):
-    """What forward keeps for backward: the softmax ``probs``, the ``labels``, the global batch ``total`` the mean
-    divides by, and the logits' type."""
+    """What the cross-entropy keeps for backward: the softmax ``probs`` (N, K, M), the ``labels`` (N, 1, M), which
+    of them ``counts`` (labelled), the ``total`` the sum divides by, the logits' type, the ``counted`` elements
+    and the logits' ``shape``."""
 
     probs: object
     labels: object
-    total: int
+    counts: object
+    total: float
     dtype: object
+    counted: int
+    shape: tuple
 
 
 class MSESaved(NamedTuple):
-    """What the mean squared error keeps for backward: ``y - t`` (zero on padding rows), the ``count`` the mean
-    divides by (global batch times targets) and the predictions' type."""
+    """What the mean squared error keeps for backward: ``y - t`` (zero on padding rows), the ``count`` the sum
+    divides by, the predictions' type and the ``counted`` values (those not padding)."""
 
     difference: object
-    count: int
+    count: float
     dtype: object
+    counted: int
 
 
 class BatchNormSaved(NamedTuple):

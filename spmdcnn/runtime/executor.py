@@ -15,6 +15,7 @@ write over an input nobody else reads. With no plan, the executor runs the whole
 tile per layer), for any batch size.
 """
 
+from dataclasses import dataclass
 from time import perf_counter
 
 import numpy as np
@@ -25,6 +26,7 @@ from ..cost.buckets import SyncOptions
 from ..graph.blocks import DATA
 from ..graph.optable import ANSWERS_LABELS, KEEPS_OUTPUT
 from ..io.batch import Batch
+from ..ops.loss import scores
 from ..ops.mse import absolute_errors
 from ..tiling.boxes import relative
 from ..tiling.ghost import ghost_group
@@ -61,19 +63,31 @@ def overwritable_inputs(graph):
     return result
 
 
-def _score(layer, output, answers):
-    """What the loss layer's tile adds to the batch's score: right predictions against labels (argmax), or the
-    sum of absolute errors against targets."""
+def _score(layer, output, answers, classes):
+    """What the loss layer's tile adds to the batch's score: ``(right predictions, per-class table or None)``
+    against labels (``ops/loss.scores``; the table with ``classes``), or ``(sum of absolute errors, None)``
+    against targets."""
     if layer.spec.answers == ANSWERS_LABELS:
-        return int((output.argmax(axis=1) == answers).sum())
-    return absolute_errors(output, answers)
+        return scores(output, answers, layer.attrs["ignore_index"], classes)
+    return absolute_errors(output, answers), None
 
 
-def array_batch(images, labels):
-    """A :class:`~spmdcnn.io.batch.Batch` held whole in memory: the global ``images`` (N, C, S...) and ``labels``
-    ((N,) labels or (N, K) targets) arrays; each tile reads its box of them."""
+@dataclass
+class Tally:
+    """What the last :meth:`Executor.forward` counted over the global batch: the ``counted`` elements its loss
+    averaged over (labelled samples or positions, or target values) and, for a loss per position, ``classes``:
+    a (3, K) array of, per class, the positions predicted right, predicted as it and labelled as it."""
+
+    counted: float = 0.0
+    classes: object = None
+
+
+def array_batch(images, answers):
+    """A :class:`~spmdcnn.io.batch.Batch` held whole in memory: the global ``images`` (N, C, S...) and
+    ``answers`` ((N,) labels, (N, S...) masks or (N, K) targets) arrays; each tile reads its box of them."""
     whole = tuple((0, extent) for extent in images.shape)
-    return Batch(len(labels), lambda box, steps: images[relative(box, whole, steps)], lambda lo, hi: labels[lo:hi])
+    return Batch(len(answers), lambda box, steps: images[relative(box, whole, steps)],
+                 lambda box: answers[tuple(slice(lo, hi) for lo, hi in box)])
 
 
 class Executor:
@@ -99,6 +113,8 @@ class Executor:
         self.sync = SyncOptions.of(sync)
         self.batchnorm = ghost_group(batchnorm)
         self.trace = None           # a runtime.trace.Tracer while a step is traced (spmdcnn bench --trace)
+        self.tally = Tally()        # what the last forward counted
+        self._gloss = 0.0           # the gradient of the global mean with respect to the loss's sum
         self.overwritable = overwritable_inputs(graph) if overwrite else {layer.name: None for layer in graph.layers}
         self.program = self._program(plan or named("data", graph, 1, 1), fresh=True)
         self._saved = {}
@@ -161,11 +177,12 @@ class Executor:
         :class:`~spmdcnn.io.batch.Batch` (each tile reads only its box).
 
         Returns ``(loss, score, kept)``: the global mean loss, its score over the global batch (the number of right
-        predictions, or for a regression loss the sum of absolute errors over samples and targets: padding samples
-        count in neither), and ``{name: this rank's tile}`` for the layers named in ``keep`` that it holds (those
-        are left as computed: no layer writes over them). ``also``: a float64 array of this rank's numbers to sum
-        over the ranks with the loss, in place (the trainer's signal flags ride on the loss's sum rather than cost
-        the step a meeting of their own)."""
+        predictions, of samples or of labelled positions, or for a regression loss the sum of absolute errors over
+        samples and targets: padding samples count in neither), and ``{name: this rank's tile}`` for the layers
+        named in ``keep`` that it holds (those are left as computed: no layer writes over them); :attr:`tally`
+        then holds what it counted (:class:`Tally`). ``also``: a float64 array of this rank's numbers to sum over
+        the ranks with the loss, in place (the trainer's signal flags ride on the loss's sum rather than cost the
+        step a meeting of their own)."""
         batch = images if labels is None else array_batch(images, labels)
         if training and self.batchnorm is not None and batch.size % self.batchnorm:
             raise ValueError(f"batchnorm.group {self.batchnorm} does not divide the batch of {batch.size}")
@@ -175,8 +192,9 @@ class Executor:
         remaining = {name: len(users) for name, users in self.graph.consumers.items()}
         outputs, kept = {}, {}
         self._saved = {}
-        loss = correct = 0.0
-        loss_layer = self.graph.loss
+        loss = counted = correct = 0.0
+        loss_layer, per_class = self.graph.loss, self.graph.classes_scored
+        table = np.zeros((3, self.graph.num_classes if per_class else 0))
         for site in self.program.sites.values():
             layer = site.layer
             started = perf_counter()
@@ -192,9 +210,10 @@ class Executor:
             xs = [inputs[slot] for slot in range(len(layer.inputs))]
             is_loss = layer is loss_layer
             if is_loss:
-                (n0, n1), = site.box
-                answers = self.xp.asarray(batch.answers(n0, n1))
-                correct = _score(layer, xs[0], answers)
+                answers = self.xp.asarray(batch.answers(site.box[:1] + site.box[2:]))     # no channel axis
+                correct, classes = _score(layer, xs[0], answers, per_class)
+                if classes is not None:
+                    table = backend.to_numpy(classes)
                 xs.append(answers)
             started = perf_counter()
             y, saved = site.kernel.forward(xs, run)
@@ -203,14 +222,19 @@ class Executor:
             if training and layer.needs_grad:
                 self._saved[layer.name] = saved
             if is_loss:
-                loss = y
+                loss, counted = y
             else:
                 outputs[layer.name] = y
             if layer.name in keep:
                 kept[layer.name] = y
-        loss, correct, *summed = self.world.sum_scalars(loss, correct, *(() if also is None else also.tolist()))
+        extra = () if also is None else also.tolist()
+        loss, counted, correct, *summed = self.world.sum_scalars(loss, counted, correct, *table.ravel().tolist(),
+                                                                 *extra)
         if also is not None:
-            also[:] = summed
+            also[:] = summed[table.size:]
+        self.tally = Tally(counted, np.array(summed[:table.size]).reshape(table.shape) if per_class else None)
+        self._gloss = 1.0 / counted if counted else 0.0
+        loss = loss * self._gloss
         return loss, correct if self.graph.regression else int(round(correct)), kept
 
     def _gather_inputs(self, site, outputs, batch):
@@ -238,7 +262,7 @@ class Executor:
         overlapping = self.sync.overlapping
         pending, kept, inflight = {}, {}, []
         if program.sites[graph.loss.name].box is not None:
-            pending[graph.loss.name] = 1.0
+            pending[graph.loss.name] = self._gloss
         for site in reversed(program.sites.values()):
             layer = site.layer
             saved = self._saved.pop(layer.name, None)

@@ -72,11 +72,6 @@ class Tile:
         """Values per channel over the global tensor (batchnorm's M = N * prod(spatial))."""
         return prod(self.global_shape[:1] + self.global_shape[2:])
 
-    @property
-    def total(self):
-        """The global batch (the loss divides by it)."""
-        return self.global_shape[0]
-
 
 @dataclass
 class Views:
@@ -307,10 +302,16 @@ def _dropout(kernel):
 
 
 def _loss(forward, backward):
-    """The answers of the tile's samples (labels or targets) come as the second input."""
+    """The answers of the tile's elements (labels or targets) come as the second input. Forward gives
+    ``((sum, counted), saved)``: the loss summed over the tile and the elements it counted, which the executor
+    sums over the tiles (the global mean is the one sum over the other); backward takes the gradient of the sum."""
     def bind(kernel):
-        total = kernel.tile.total
-        return (lambda xs, run: forward(xs[0], xs[1], total=total)), (lambda gy, saved: [backward(gy, saved)])
+        extra = {"ignore_index": kernel.layer.attrs["ignore_index"]} if "ignore_index" in kernel.layer.attrs else {}
+
+        def run(xs, run):
+            share, saved = forward(xs[0], xs[1], total=1, **extra)
+            return (share, saved.counted), saved
+        return run, (lambda gy, saved: [backward(gy, saved)])
     return bind
 
 

@@ -21,8 +21,8 @@ def data_to_make(job):
 
 def make_missing_data(job, log, graph=None):
     """``data.make``: write ``data.path`` and ``data.val`` when either is missing (rank 0 only): scikit-learn's
-    digits, or universes (``cosmo``) of the size of ``graph``'s input, ``data.num_samples`` of them (1,024 when
-    not given) and a quarter as many held out."""
+    digits, or universes (``cosmo``) or shapes to segment (``shapes``) of the size of ``graph``'s input,
+    ``data.num_samples`` of them (1,024 universes or 512 shapes when not given) and a quarter as many held out."""
     spec = job["data"]
     if not data_to_make(job):
         return
@@ -36,6 +36,17 @@ def make_missing_data(job, log, graph=None):
                                 seed=spec["seed"])
         log(f"data: wrote {spec['path']} ({train} universes) and {spec['val']} ({val} held out), Gaussian random "
             f"fields of {shape[1]}^3 (spmdcnn data cosmo)")
+        return
+    if spec["make"] == "shapes":
+        from ..io.shapes import SAMPLES as SHAPES, make_shapes
+        shape = tuple(graph.input_shape)
+        if shape[0] != 1 or len(shape) not in (3, 4) or len(set(shape[1:])) != 1:
+            raise FormatError(f"{_where(job, 'data.make')}: 'data.make: shapes' writes images [1, S, S] or volumes "
+                              f"[1, S, S, S] of one channel; model '{graph.name}' takes {list(shape)}")
+        train, val = make_shapes(spec["path"], spec["val"], size=shape[1], rank=len(shape) - 1,
+                                 samples=spec["num_samples"] or SHAPES, seed=spec["seed"])
+        log(f"data: wrote {spec['path']} ({train} samples) and {spec['val']} ({val} held out), discs, boxes and "
+            f"rings of {'x'.join(map(str, shape[1:]))} to segment (spmdcnn data shapes)")
         return
     from ..io.digits import make_digits
     train, val = make_digits(spec["path"], spec["val"], seed=spec["seed"])

@@ -87,9 +87,9 @@ def tile_kernel(shape, xp=np, dtype=np.float32, seed=0):
     views = Views(params, {name: xp.zeros_like(value) for name, value in params.items()}, buffers)
     tile = Tile(shape.output, tuple((0, extent) for extent in shape.output))
     inputs = [xp.asarray(rng.standard_normal(s).astype(dtype)) for s in shape.inputs]
-    if layer.spec.answers == ANSWERS_LABELS:
-        n, classes = shape.inputs[0]
-        inputs.append(xp.asarray(rng.integers(0, classes, n)))
+    if layer.spec.answers == ANSWERS_LABELS:          # a label per sample, or per position
+        n, classes, *spatial = shape.inputs[0]
+        inputs.append(xp.asarray(rng.integers(0, classes, (n, *spatial))))
     elif layer.spec.answers == ANSWERS_TARGETS:
         inputs.append(xp.asarray(rng.uniform(-1, 1, shape.inputs[0]).astype(np.float32)))
     return TileKernel(layer, tile, views, overwrite=0 if layer.spec.inplace else None), inputs
@@ -140,12 +140,13 @@ def tile_step(shape, xp=np, dtype=np.float32, seed=0):
     (:func:`tile_kernel`), from a made-up output gradient."""
     kernel, xs = tile_kernel(shape, xp, dtype, seed)
     y, _ = kernel.forward(xs, Run())
-    gy = xp.asarray(np.random.default_rng(seed).standard_normal(np.shape(y)).astype(dtype)) if np.ndim(y) else None
+    loss = OPS[shape.op].loss           # its forward gives (sum, count); backward takes the sum's gradient
+    gy = 1.0 if loss else xp.asarray(np.random.default_rng(seed).standard_normal(np.shape(y)).astype(dtype))
 
     def run():
-        out, saved = kernel.forward(xs, Run())
+        _, saved = kernel.forward(xs, Run())
         if shape.backward:
-            kernel.backward(gy if gy is not None else out, saved)
+            kernel.backward(gy, saved)
     return run
 
 

@@ -252,7 +252,7 @@ class Trainer:
                 loss, correct, waited, flags = self._step(step, signals)
                 step += 1
                 history.append(loss)
-                interval.add(loss, correct, waited)
+                interval.add(loss, correct, waited, self.executor.tally.counted)
                 if self.progress:
                     self.progress.update(step, note=f"loss {loss:.4f}")
                 signalled = signals.received(flags)     # every rank the same: all stop after this step
@@ -376,7 +376,7 @@ class Trainer:
         metric, short = self._metric
         record = {"step": step, "epoch": (step - 1) // self.steps_per_epoch, "loss": loss,
                   "loss_avg": float(np.mean(interval.losses)) if count else loss,
-                  metric: interval.correct / (count * self.batch * self.graph.scored_per_sample) if count else None,
+                  metric: interval.correct / interval.counted if interval.counted else None,
                   "images_per_s": count * self.batch / elapsed if count else None, "lr": self.optimizer.lr,
                   "step_s": elapsed / count if count else None,
                   "data_wait_s": waited / count if count else None,
@@ -389,7 +389,9 @@ class Trainer:
         if count:
             line += f"  data wait {record['data_wait_s'] * 1e3:.1f} ms/step"
         if evaluated is not None:
-            record["val_loss"], record[f"val_{metric}"] = evaluated
+            record["val_loss"], record[f"val_{metric}"] = evaluated[:2]
+            if getattr(evaluated, "mean_iou", None) is not None:
+                record["val_miou"], record["val_dice"] = evaluated.mean_iou, evaluated.mean_dice
             if self.constant_mae is not None:
                 record["val_mae_constant"] = self.constant_mae
             line += f"  {self._held_out(evaluated)}"
@@ -400,13 +402,19 @@ class Trainer:
 
     @property
     def _metric(self):
-        """``(metrics key, log word)`` of the score: accuracy, or the mean absolute error of a regression."""
-        return ("mae", "mae") if self.graph.regression else ("accuracy", "acc")
+        """``(metrics key, log word)`` of the score: accuracy (of labelled pixels or voxels for a segmentation),
+        or the mean absolute error of a regression."""
+        if self.graph.regression:
+            return "mae", "mae"
+        return ("accuracy", "pixel acc") if self.graph.dense_labels else ("accuracy", "acc")
 
     def _held_out(self, evaluated):
-        """The log's words for an evaluation ``(loss, score)`` of data.val: with a regression's mean absolute
-        error, that of the constant guess (the training targets' mean) beside it."""
+        """The log's words for an evaluation (:class:`~.evaluate.Evaluation`) of data.val: with a regression's mean
+        absolute error, that of the constant guess (the training targets' mean) beside it; with a segmentation's
+        pixel accuracy, the mean IoU and Dice."""
         text = f"val loss {evaluated[0]:.4f}  val {self._metric[1]} {evaluated[1]:.4f}"
+        if getattr(evaluated, "mean_iou", None) is not None:
+            text += f"  val mIoU {evaluated.mean_iou:.4f}  val Dice {evaluated.mean_dice:.4f}"
         if self.constant_mae is not None:
             text += f" (a constant guess, the training targets' mean: {self.constant_mae:.4f})"
         return text
@@ -440,11 +448,13 @@ class _Interval:
     """Losses and right answers since the last log line."""
 
     def __init__(self):
-        self.start, self.losses, self.correct, self.waited = time.perf_counter(), [], 0, 0.0
+        self.start, self.losses, self.correct, self.counted, self.waited = time.perf_counter(), [], 0, 0.0, 0.0
 
-    def add(self, loss, correct, waited=0.0):
+    def add(self, loss, correct, waited=0.0, counted=0.0):
+        """``counted``: what the loss averaged over (labelled samples or positions, target values)."""
         self.losses.append(loss)
         self.correct += correct
+        self.counted += counted
         self.waited += waited
 
 

@@ -3,7 +3,7 @@
 Which dimensions an op may split (docs/architecture.md#layer-wise-parallelism): outputs with spatial axes (conv,
 pooling, batchnorm, element-wise, concat, add) ``n, c`` and their spatial axes, ``d, h, w`` for volumes, ``h, w``
 for images, ``w`` for sequences; flatten ``n``; linear ``n, c``; the loss ``n`` (its tiles are the per-sample
-losses). The tile with multi-index ``(i_n, i_c, i_d, i_h, i_w)`` (as many as the output has dimensions) lives on
+losses), and a loss per position its spatial axes too. The tile with multi-index ``(i_n, i_c, i_d, i_h, i_w)`` (as many as the output has dimensions) lives on
 ``devices[row-major index]``.
 """
 
@@ -26,7 +26,7 @@ def names_of(rank):
 
 def dims_of(layer):
     """The dimensions of ``layer``'s output that a configuration may split, in tensor order: all of them, except
-    where the op table's ``splits`` names fewer (flatten and the loss split only ``n``)."""
+    where the op table's ``splits`` names fewer (flatten and a loss per sample split only ``n``)."""
     names = names_of(1 + len(layer.out_shape))
     if layer.spec.splits is not None:
         return tuple(name for name in names if name in layer.spec.splits)
@@ -35,9 +35,7 @@ def dims_of(layer):
 
 def output_shape(layer, batch):
     """The global output shape a configuration of ``layer`` splits: ``(N, C, S...)`` (``(N, C, H, W)`` for images),
-    ``(N, F)`` for flatten and linear, ``(N,)`` for the loss (one loss per sample)."""
-    if layer.spec.loss:
-        return (batch,)
+    ``(N, F)`` for flatten and linear, ``(N,)`` for a loss per sample, ``(N, 1, S...)`` for one per position."""
     return (batch,) + tuple(layer.out_shape)
 
 

@@ -13,14 +13,14 @@ its part (``ops/conv_transpose.py``: the crop). An upsampling's output tile read
 its outputs interpolate between (``ops/upsample.py: source_range``). A group (or instance) normalisation's tile reads
 the whole of its samples' groups its channels belong to, every position (its statistics are over all of them).
 Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
-their samples; element-wise ops and add read the output's own box; concat reads, from each input, the part of
+their samples; the cross-entropy every class at its samples' positions (its output has one channel); element-wise ops and add read the output's own box; concat reads, from each input, the part of
 the output's channel range that input supplies (possibly nothing).
 """
 
 from dataclasses import dataclass
 
 from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_GROUPS, READS_INTERPOLATED, READS_PLANE,
-                              READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW, group_channels)
+                              READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW, group_channels)
 from ..ops.upsample import source_range
 from ..ops.window import ntuple
 
@@ -147,6 +147,8 @@ def needs(layer, out_box, in_shapes):
         return [Need((n, group_range(layer, *out_box[1])) + tuple((0, extent) for extent in in_shapes[0][2:]))]
     if reads == READS_PLANE:
         return [Need((n, out_box[1]) + tuple((0, extent) for extent in in_shapes[0][2:]))]
+    if reads == READS_POSITIONS:        # every channel of the output's samples and positions
+        return [Need((n, (0, in_shapes[0][1])) + tuple(out_box[2:]))]
     if reads == READS_SAMPLE:
         return [Need((n,) + tuple((0, extent) for extent in in_shapes[0][1:]))]
     if reads == READS_CHANNEL_PARTS:

@@ -392,7 +392,7 @@ def test_synthetic_region_reads_and_tiles_of_a_batch():
     assert batch.size == 8
     box = ((3, 7), (1, 3), (2, 6), (0, 2))
     np.testing.assert_array_equal(batch.images(box), images[3:7, 1:3, 2:6, 0:2])
-    np.testing.assert_array_equal(batch.answers(3, 7), labels[3:7])
+    np.testing.assert_array_equal(batch.answers(((3, 7),)), labels[3:7])
 
 
 def test_tiles_of_an_hdf5_batch_follow_the_epoch_order(tmp_path, opened):
@@ -402,7 +402,7 @@ def test_tiles_of_an_hdf5_batch_follow_the_epoch_order(tmp_path, opened):
     batch = data.tiles(2, 1, 6)
     box = ((1, 4), (0, 2), (1, 3), (2, 4))
     np.testing.assert_array_equal(batch.images(box), images[1:4, :, 1:3, 2:4])
-    np.testing.assert_array_equal(batch.answers(0, 6), labels)
+    np.testing.assert_array_equal(batch.answers(((0, 6),)), labels)
 
 
 @pytest.mark.parametrize("steps", [(1, 2, 2), (1, 3, 1), (2, 1, 3)])

@@ -41,7 +41,7 @@ def delivered(source, workers, prefetch, start=0, stop=20):
         assert len(loader.workers) == workers
         for step in range(start, stop):
             batch, _ = loader.next(step)
-            out.append(([batch.images(box, steps).copy() for box, steps in READS], batch.answers(0, BATCH)))
+            out.append(([batch.images(box, steps).copy() for box, steps in READS], batch.answers(((0, BATCH),))))
     return out
 
 
@@ -63,7 +63,7 @@ def test_the_batches_are_those_the_source_gives_each_step(data):
         tiles = data.tiles(*divmod(step, per_epoch), BATCH)
         for part, (box, steps) in zip(images, READS):
             np.testing.assert_array_equal(part, tiles.images(box, steps))
-        np.testing.assert_array_equal(labels, tiles.answers(0, BATCH))
+        np.testing.assert_array_equal(labels, tiles.answers(((0, BATCH),)))
 
 
 def test_synthetic_data_is_read_ahead_too():
@@ -164,7 +164,7 @@ def test_no_more_batches_ahead_than_steps_and_no_worker_for_a_rank_that_reads_no
     with Loader(data, READS, BATCH, np.float32, 7, 0, 3, 8, 20) as loader:
         assert len(loader.workers) == 3 and loader.prefetch == 3 and loader.slots == 4
     with Loader(data, [], BATCH, np.float32, 7, 0, 5, 2, 2) as loader:     # its tiles read no data
-        assert loader.workers == [] and loader.next()[0].answers(0, BATCH).shape == (BATCH,)
+        assert loader.workers == [] and loader.next()[0].answers(((0, BATCH),)).shape == (BATCH,)
 
 
 def test_a_setup_error_is_reported_even_when_the_worker_ended_before_the_first_message():
@@ -213,7 +213,7 @@ def test_evaluation_batches_pad_the_last_batch_with_zeros_and_label_minus_one(da
                     batches=evaluation_batches(N, BATCH)) as loader:
             for step in range(steps):
                 batch, _ = loader.next(step)
-                images, labels = batch.images(*reads[0]), batch.answers(0, BATCH)
+                images, labels = batch.images(*reads[0]), batch.answers(((0, BATCH),))
                 real = np.arange(step * BATCH, min(N, (step + 1) * BATCH))
                 np.testing.assert_array_equal(images[:len(real)], data.read(real)[0])      # center crops
                 assert not images[len(real):].any() and list(labels[len(real):]) == [-1] * (BATCH - len(real))
@@ -252,7 +252,7 @@ def test_auto_workers_only_when_the_rank_s_own_reads_would_take_long(data, monke
         assert len(loader.workers) == (default_workers(1) if expected is None else expected)
         for step, (images, labels) in enumerate(reference):
             batch, _ = loader.next(step)
-            np.testing.assert_array_equal(batch.answers(0, BATCH), labels)
+            np.testing.assert_array_equal(batch.answers(((0, BATCH),)), labels)
             for want, (box, steps) in zip(images, READS):
                 assert batch.images(box, steps).tobytes() == want.tobytes()
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import agree
-from decoder_models import DECODER, DECODER_SEQUENCE, DECODER_VOLUME
-from plans import random_plan, uniform_plan
+from decoder_models import DECODER, DECODER_SEQUENCE, DECODER_VOLUME, SEGMENTER, SEGMENTER_VOLUME
+from plans import answers, random_plan, uniform_plan
 from spmdcnn.backend import to_numpy
 from spmdcnn.graph import load_model
 from spmdcnn.runtime.executor import Executor
@@ -78,7 +78,7 @@ SEQUENCE = {"name": "sequence", "input": [3, 17], "layers": [
 
 
 INLINE = {model["name"]: model for model in (STRIDED, STRIDED_VOLUME, SEQUENCE, DECODER, DECODER_VOLUME,
-                                             DECODER_SEQUENCE)}
+                                             DECODER_SEQUENCE, SEGMENTER, SEGMENTER_VOLUME)}
 
 
 def _graph(name):
@@ -91,9 +91,8 @@ def _graph(name):
 def _batches(graph, dtype):
     rng = np.random.default_rng(11)
     images = rng.standard_normal((STEPS, BATCH) + graph.input_shape).astype(dtype)
-    if graph.answers == "targets":
-        return images, rng.uniform(-1, 1, (STEPS, BATCH, graph.num_outputs)).astype(np.float32)
-    return images, rng.integers(0, graph.num_classes, (STEPS, BATCH))
+    labels = answers(graph, rng, STEPS * BATCH)
+    return images, labels.reshape((STEPS, BATCH) + labels.shape[1:])
 
 
 def _run(graph, dtype, plan=None, world=None, xp=np):
@@ -150,6 +149,9 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
     ref_losses, ref_outputs, ref_out_grads, ref_grads, ref_exec, ref_opt = _reference(name, dtype)
     losses, outputs, out_grads, grads, executor, optimizer = _run(graph, dtype, plan, world, xp)
     problems = []
+    if executor.tally.counted != ref_exec.tally.counted or (graph.classes_scored and not np.array_equal(
+            executor.tally.classes, ref_exec.tally.classes)):
+        problems.append(f"{plan.source}: the evaluation's counts {executor.tally} != {ref_exec.tally}")
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
         if abs(a - b) > rtol * abs(b):
             what = f"step {step}" if step < STEPS else "evaluation"
@@ -179,7 +181,8 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
 
 
 MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "strided", "tiny_volume",
-                     "strided_volume", "sequence", "decoder", "decoder_volume", "decoder_sequence"]
+                     "strided_volume", "sequence", "decoder", "decoder_volume", "decoder_sequence", "segmenter",
+                     "segmenter_volume"]
 
 
 @pytest.mark.parametrize("name", MODELS_UNDER_TEST)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from conftest import agree
-from decoder_models import DECODER
+from decoder_models import DECODER, SEGMENTER_VOLUME
 from plans import random_plan
 from spmdcnn.graph import load_model, parse_model
 from spmdcnn.runtime.executor import Executor
@@ -16,10 +16,11 @@ from spmdcnn.runtime.shards import gather_global, restore
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 
 
-@pytest.mark.parametrize("name", ["small_inception", "decoder"])
+@pytest.mark.parametrize("name", ["small_inception", "decoder", "segmenter_volume"])
 def test_gather_then_scatter_onto_another_plan(world, name):
     """The decoder's transposed convolutions hold their output channels' part of their weight's axis 1."""
-    graph = parse_model(DECODER) if name == "decoder" else load_model(os.path.join(MODELS, f"{name}.yaml"))
+    inline = {"decoder": DECODER, "segmenter_volume": SEGMENTER_VOLUME}
+    graph = parse_model(inline[name]) if name in inline else load_model(os.path.join(MODELS, f"{name}.yaml"))
     reference = Executor(graph, np, np.float64, seed=9)
     problems = []
     for seed in range(3):

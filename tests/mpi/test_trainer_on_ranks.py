@@ -182,6 +182,55 @@ def test_a_volume_regression_read_ahead_under_random_plans_equals_one_process(wo
         if not np.allclose(got["losses"], reference["losses"], rtol=1e-10, atol=0):
             problems.append(f"{plan}, {workers} workers: losses {got['losses']} != one process's "
                             f"{reference['losses']}")
+        if not np.allclose(got["val"][:2], reference["val"][:2], rtol=1e-10, atol=0):
+            problems.append(f"{plan}: val {got['val']} != one process's {reference['val']}")
+    agree(world, problems)
+    world.barrier()
+    if world.rank == 0:
+        shutil.rmtree(root)
+
+
+def test_segmentation_read_ahead_under_random_plans_equals_one_process(world):
+    """Masks (N, H, W) with an ignore label: random crops and flips of images and masks together, read ahead by
+    workers under plans that split the samples, channels, rows and columns of every layer, the loss per pixel
+    included; the same losses, held-out pixel accuracy, mean IoU and Dice as one process reading in the step."""
+    from decoder_models import SEGMENTER
+    from plans import random_plan
+    from spmdcnn.graph.graph import parse_model
+    from spmdcnn.runtime.train import Trainer
+    import yaml
+    root = None
+    plans = []
+    if world.rank == 0:
+        root = tempfile.mkdtemp(prefix="spmdcnn-mpi-")
+        rng = np.random.default_rng(3)
+        for name, count, shape in (("train", 24, (12, 11)), ("val", 7, (11, 9))):
+            masks = rng.integers(0, 3, (count,) + shape)
+            masks[rng.random(masks.shape) < 0.1] = 7
+            dataset.write_dataset(os.path.join(root, f"{name}.h5"), rng.integers(0, 256, (count, 3) + shape,
+                                                                                  dtype=np.uint8), masks)
+        with open(os.path.join(root, "model.yaml"), "w", encoding="utf-8") as f:
+            yaml.safe_dump(SEGMENTER, f)
+        for seed in range(3):
+            plans.append(os.path.join(root, f"plan{seed}.yaml"))
+            with open(plans[-1], "w", encoding="utf-8") as f:
+                f.write(random_plan(parse_model(SEGMENTER), 6, world.size, 30 + seed).text)
+    root, plans = world.bcast((root, plans))
+
+    def job(plan, workers):
+        return parse_job({"model": os.path.join(root, "model.yaml"), "batch_size": 6, "steps": 6, "dtype": "float64",
+                          "plan": plan, "data": {"kind": "hdf5", "path": os.path.join(root, "train.h5"),
+                                                 "shuffle": True, "seed": 1, "workers": workers,
+                                                 "val": os.path.join(root, "val.h5"),
+                                                 "augment": {"crop": [10, 8], "flip": ["h", "w"]}},
+                          "eval": {"every": 3}, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log": {"every": 100}})
+    reference = Trainer(job("data", 0), log=lambda line: None, world=World(None)).run()
+    problems = [] if 0 < reference["val"].mean_iou < 1 else [f"one process's held-out {reference['val']}"]
+    for plan, workers in zip(plans, (0, 1, 2)):
+        got = Trainer(job(plan, workers), log=lambda line: None, world=world).run()
+        if not np.allclose(got["losses"], reference["losses"], rtol=1e-10, atol=0):
+            problems.append(f"{plan}, {workers} workers: losses {got['losses']} != one process's "
+                            f"{reference['losses']}")
         if not np.allclose(got["val"], reference["val"], rtol=1e-10, atol=0):
             problems.append(f"{plan}: val {got['val']} != one process's {reference['val']}")
     agree(world, problems)

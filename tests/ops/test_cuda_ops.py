@@ -204,6 +204,24 @@ def test_sgd_kernel(momentum, decay, nesterov):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_cross_entropy_per_pixel_on_the_gpu(dtype):
+    """The cross-entropy per position, with an ignore_index, and its per-class scores, as on the host."""
+    rng = _rng(10)
+    logits, labels = rng.standard_normal((2, 4, 5, 3)), rng.integers(0, 4, (2, 5, 3))
+    labels[0, 0] = 255
+    value, saved = loss.softmax_cross_entropy_forward(logits.astype(dtype), labels, ignore_index=255)
+    value2, saved2 = loss.softmax_cross_entropy_forward(cp.asarray(logits.astype(dtype)), cp.asarray(labels),
+                                                        ignore_index=255)
+    assert abs(value2 - value) <= TOLERANCE[dtype] * 10 and saved2.counted == saved.counted
+    _close(loss.softmax_cross_entropy_backward(1.0, saved2), loss.softmax_cross_entropy_backward(1.0, saved), dtype,
+           "loss gradient per pixel")
+    correct, table = loss.scores(logits, labels, 255, classes=True)
+    correct2, table2 = loss.scores(cp.asarray(logits), cp.asarray(labels), 255, classes=True)
+    assert correct2 == correct
+    np.testing.assert_array_equal(cp.asnumpy(table2), table)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_linear_relu_and_loss(dtype):
     rng = _rng(9)
     x, w, b = rng.standard_normal((6, 11)), rng.standard_normal((4, 11)), rng.standard_normal(4)
@@ -248,7 +266,7 @@ def test_leaky_relu_tanh_scale_and_mse_on_the_gpu(dtype):
     _close(scale.scale_backward(on(gy), None, 1.2), scale.scale_backward(gy, None, 1.2), dtype, "scale gradient")
     p, targets = rng.standard_normal((6, 4)), rng.uniform(-1, 1, (6, 4)).astype(np.float32)
     targets[5] = np.nan                                      # a padding row
-    value, saved = mse.mse_loss_forward(p, targets, total=5)
-    value2, saved2 = mse.mse_loss_forward(on(p), cp.asarray(targets), total=5)
+    value, saved = mse.mse_loss_forward(p, targets, total=20)
+    value2, saved2 = mse.mse_loss_forward(on(p), cp.asarray(targets), total=20)
     assert abs(value2 - value) <= TOLERANCE[dtype] * 10
     _close(mse.mse_loss_backward(1.0, saved2), mse.mse_loss_backward(1.0, saved), dtype, "mse gradient")

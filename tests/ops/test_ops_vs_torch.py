@@ -23,7 +23,7 @@ from spmdcnn.ops.concat import concat_backward, concat_forward
 from spmdcnn.ops.conv import ConvGeometry, conv_backward, conv_forward
 from spmdcnn.ops.flatten import flatten_backward, flatten_forward
 from spmdcnn.ops.linear import linear_backward, linear_forward
-from spmdcnn.ops.loss import softmax_cross_entropy_backward, softmax_cross_entropy_forward
+from spmdcnn.ops.loss import scores, softmax_cross_entropy_backward, softmax_cross_entropy_forward
 from spmdcnn.ops.pool import (PoolGeometry, avgpool_backward, avgpool_forward, global_avgpool_backward,
                               global_avgpool_forward, maxpool_backward, maxpool_forward)
 from spmdcnn.ops.leaky_relu import leaky_relu_backward, leaky_relu_forward
@@ -385,14 +385,15 @@ def test_scale(factor, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("total", [None, 7])
+@pytest.mark.parametrize("total", [None, 28])
 def test_mse_loss(total, dtype):
-    """The mean over the batch and the targets, as F.mse_loss; with ``total`` the global batch a tile of it
-    returns its share, and its gradient is that of the global mean."""
+    """The mean over the batch and the targets, as F.mse_loss; with ``total`` the values of the global batch a
+    tile of it returns its share, and its gradient is that of the global mean."""
     rng = np.random.default_rng(34)
     y, t = random(rng, (5, 4), dtype), rng.uniform(-1, 1, (5, 4)).astype(np.float32)
     loss, saved = mse_loss_forward(y, t, total=total)
-    scale = 5 / (total or 5)
+    assert saved.counted == 20
+    scale = 20 / (total or 20)
     y_ref = torch.tensor(y.astype(np.float64), requires_grad=True)
     expected = F.mse_loss(y_ref, torch.tensor(t.astype(np.float64))) * scale
     expected.backward()
@@ -401,16 +402,17 @@ def test_mse_loss(total, dtype):
 
 
 def test_mse_loss_leaves_padding_rows_out():
-    """A NaN target row is a padding sample (evaluation's last batch): no loss, no gradient, no error."""
+    """A NaN target row is a padding sample (evaluation's last batch): no loss, no gradient, no error, not
+    counted in the mean."""
     rng = np.random.default_rng(35)
     y, t = rng.standard_normal((4, 3)), rng.standard_normal((4, 3))
     padded = t.copy()
     padded[[1, 3]] = np.nan
     loss, saved = mse_loss_forward(y, padded)
-    np.testing.assert_allclose(loss, ((y[[0, 2]] - t[[0, 2]]) ** 2).sum() / 12, rtol=1e-14)
+    np.testing.assert_allclose(loss, ((y[[0, 2]] - t[[0, 2]]) ** 2).sum() / 6, rtol=1e-14)
     gy = mse_loss_backward(1.0, saved)
     np.testing.assert_array_equal(gy[[1, 3]], 0)
-    np.testing.assert_allclose(gy[[0, 2]], 2 * (y[[0, 2]] - t[[0, 2]]) / 12, rtol=1e-14)
+    np.testing.assert_allclose(gy[[0, 2]], 2 * (y[[0, 2]] - t[[0, 2]]) / 6, rtol=1e-14)
     np.testing.assert_allclose(absolute_errors(y, padded), np.abs(y[[0, 2]] - t[[0, 2]]).sum(), rtol=1e-14)
 
 
@@ -653,6 +655,63 @@ def test_softmax_cross_entropy_shares_sum_to_the_global_mean():
     np.testing.assert_allclose(np.concatenate(grads), softmax_cross_entropy_backward(1.0, saved), rtol=1e-14)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,ignore_index", [((2, 4, 5, 3), -1), ((3, 3, 7), 7), ((2, 5, 3, 4, 2), 255),
+                                                ((1, 2, 1, 1), -1)])
+def test_softmax_cross_entropy_per_position(shape, ignore_index, dtype):
+    """Logits (N, K, S...) against labels (N, S...), as F.cross_entropy with ignore_index: the mean over the
+    labelled positions; a class absent from the labels, and ignored positions, count for nothing."""
+    rng = np.random.default_rng(26)
+    N, K, *spatial = shape
+    logits = (3.0 * rng.standard_normal(shape)).astype(dtype)
+    labels = rng.integers(1, K, (N, *spatial))             # class 0 absent
+    labels.reshape(-1)[::3] = ignore_index
+    labels.reshape(-1)[0] = 1                              # at least one labelled position
+    loss, saved = softmax_cross_entropy_forward(logits, labels, ignore_index=ignore_index)
+    assert saved.counted == int((labels != ignore_index).sum())
+    t = torch.tensor(logits.astype(np.float64), requires_grad=True)
+    expected = F.cross_entropy(t, torch.from_numpy(labels), ignore_index=ignore_index)
+    (0.5 * expected).backward()
+    np.testing.assert_allclose(loss, expected.item(), rtol=TOLERANCE[dtype])
+    assert_close(softmax_cross_entropy_backward(0.5, saved), t.grad.numpy().astype(dtype), dtype, "glogits")
+
+
+def test_softmax_cross_entropy_sums_of_tiles_give_the_mean():
+    """Tiles over samples and positions return their sums (total=1) and counts: their sums over the count of all
+    are the global mean and its gradient, as the executor adds them up."""
+    rng = np.random.default_rng(27)
+    logits, labels = rng.standard_normal((3, 4, 6, 5)), rng.integers(-1, 4, (3, 6, 5))
+    whole, saved = softmax_cross_entropy_forward(logits, labels)
+    tiles = [(slice(0, 2), slice(0, 4)), (slice(0, 2), slice(4, 6)), (slice(2, 3), slice(0, 6))]
+    parts = [softmax_cross_entropy_forward(logits[n, :, h], labels[n, h], total=1) for n, h in tiles]
+    counted = sum(part.counted for _, part in parts)
+    assert counted == saved.counted == int((labels >= 0).sum())
+    np.testing.assert_allclose(sum(share for share, _ in parts) / counted, whole, rtol=1e-14)
+    gradient = softmax_cross_entropy_backward(1.0, saved)
+    for (n, h), (_, part) in zip(tiles, parts):
+        np.testing.assert_allclose(softmax_cross_entropy_backward(1 / counted, part), gradient[n, :, h], rtol=1e-14)
+
+
+def test_softmax_cross_entropy_of_nothing_labelled_is_zero():
+    """A batch with every position ignored: loss 0 and gradient 0 (PyTorch's mean is 0/0)."""
+    loss, saved = softmax_cross_entropy_forward(np.ones((2, 3, 4)), np.full((2, 4), -1))
+    assert loss == 0.0 and saved.counted == 0
+    assert not softmax_cross_entropy_backward(1.0, saved).any()
+
+
+def test_scores_count_per_class():
+    """Right predictions of labelled positions, and per class the right, predicted and labelled counts."""
+    logits = np.zeros((1, 3, 2, 3))
+    predicted = np.array([[0, 1, 2], [2, 2, 1]])
+    np.put_along_axis(logits, predicted[None, None], 1.0, axis=1)
+    labels = np.array([[[0, 2, 2], [2, -1, 1]]])
+    correct, table = scores(logits, labels, classes=True)
+    assert correct == 4
+    np.testing.assert_array_equal(table, [[1, 1, 2],       # right: 0 at (0,0), 1 at (1,2), 2 at (0,2) and (1,0)
+                                          [1, 2, 2],       # predicted, of the labelled positions
+                                          [1, 1, 3]])      # labelled
+
+
 # ------------------------------------------------------------------------------------- non-contiguous views
 
 @pytest.mark.parametrize("case", ["pointwise", "stride1_dilated_per_side", "strided_2_pad1_odd", "strided_1x1"])
@@ -701,10 +760,19 @@ def test_conv2d_rejects_channel_mismatch():
         conv_forward(np.zeros((1, 3, 4, 4)), np.zeros((2, 2, 3, 3)), None, ConvGeometry())
 
 
-@pytest.mark.parametrize("labels,fragment", [([0, 3], r"\[0, 3\)"), ([-2, 0], r"\[0, 3\)"), ([0], "labels of shape")])
+@pytest.mark.parametrize("labels,fragment", [([0, 3], r"\[0, 3\)"), ([-2, 0], r"\[0, 3\)"), ([0], "labels of shape"),
+                                             ([[0, 1]], "labels of shape")])
 def test_softmax_cross_entropy_rejects_bad_labels(labels, fragment):
     with pytest.raises(ValueError, match=fragment):
         softmax_cross_entropy_forward(np.zeros((2, 3)), np.array(labels))
+
+
+def test_softmax_cross_entropy_takes_its_ignore_index_only():
+    """255 is a label to ignore where it is the ignore_index, and a class out of range where it is not."""
+    logits, labels = np.zeros((1, 3, 2)), np.array([[255, 1]])
+    assert softmax_cross_entropy_forward(logits, labels, ignore_index=255)[1].counted == 1
+    with pytest.raises(ValueError, match=r"\[0, 3\).*got 255"):
+        softmax_cross_entropy_forward(logits, labels)
 
 
 @pytest.mark.parametrize("make", [lambda: ConvGeometry(stride=[1, 2], padding=[1, 2, 3]),

@@ -50,7 +50,8 @@ def test_evaluation_counts_every_sample_once_whatever_the_batch():
         images, labels = val.read(np.arange(21), np.float64)
         whole, right, _ = executor.forward(images, labels, training=False)
         for batch, workers in ((8, 0), (21, 0), (5, 0), (8, 2), (5, 1)):      # read in the rank, or ahead
-            loss, accuracy = evaluate(executor, val, batch, np.float64, workers)
+            loss, accuracy, iou, dice = evaluate(executor, val, batch, np.float64, workers)
+            assert iou is None and dice is None
             assert loss == pytest.approx(whole, rel=1e-12) and accuracy == right / 21
         val.close()
 
@@ -74,7 +75,7 @@ def test_a_run_evaluates_every_n_steps_and_at_the_end(tmp_path):
     records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     evaluated = [r for r in records if "val_accuracy" in r]
     assert [r["step"] for r in evaluated] == [4, 6]
-    assert result["val"] == (evaluated[-1]["val_loss"], evaluated[-1]["val_accuracy"])
+    assert result["val"][:2] == (evaluated[-1]["val_loss"], evaluated[-1]["val_accuracy"])
     assert all({"step", "loss", "images_per_s", "step_s", "lr"} <= set(r) for r in records)
     assert 0 <= evaluated[-1]["val_accuracy"] <= 1 and evaluated[-1]["val_accuracy"] * 21 % 1 == 0
 

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from float32_bounds import UNIT_ROUNDOFF, budget, forward_budget, gradient_budgets, layer_sums
-from decoder_models import DECODER, DECODER_SEQUENCE, DECODER_VOLUME
+from decoder_models import DECODER, DECODER_SEQUENCE, DECODER_VOLUME, SEGMENTER, SEGMENTER_VOLUME, answers
 from spmdcnn.graph import load_model
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.runtime.executor import Executor
@@ -45,7 +45,8 @@ MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
 SMALL = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"]
 VOLUMES = ["tiny_volume"]
 LARGE = ["alexnet", "vgg16", "inception_v3", "resnet50"]
-DECODERS = {model["name"]: model for model in (DECODER, DECODER_VOLUME, DECODER_SEQUENCE)}
+DECODERS = {model["name"]: model for model in (DECODER, DECODER_VOLUME, DECODER_SEQUENCE, SEGMENTER,
+                                                SEGMENTER_VOLUME)}
 SOFTMAX_JACOBIAN_L1 = 2    # d loss / d logits = (softmax - onehot) / N: each row's absolute values sum to <= 2
 
 
@@ -77,13 +78,6 @@ def compare_float64(name, batch, rtol, seed=3, step=5):
         assert np.abs(ours - theirs).max() <= rtol * scale * 10, pname
     for bname, value in net.state.items():
         np.testing.assert_allclose(executor.buffers[bname], value.numpy(), rtol=rtol, atol=rtol, err_msg=bname)
-
-
-def answers(graph, rng, batch):
-    """Random labels, or for a regression loss targets in [-1, 1], for a batch."""
-    if graph.answers == "targets":
-        return rng.uniform(-1, 1, (batch, graph.num_outputs)).astype(np.float32)
-    return rng.integers(0, graph.num_classes, batch)
 
 
 # ----------------------------------------------------------------------------------- float32: magnitudes
