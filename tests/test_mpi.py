@@ -258,7 +258,7 @@ def test_the_segmentation_quick_start_learns_the_shapes_on_four_ranks(tmp_path):
     assert "4 ranks; plan auto (" in result.stdout and "val mIoU " in result.stdout
     records = [json.loads(line) for line in open(tmp_path / "s.jsonl", encoding="utf-8")]
     evaluations = [r for r in records if "val_miou" in r]
-    assert len(evaluations) == QUICK_EVALUATIONS and evaluations[-1]["val_miou"] >= QUICK_MIOU, evaluations
+    assert len(evaluations) == 6 and evaluations[-1]["val_miou"] >= 0.8, evaluations     # README: 0.830
     assert evaluations[-1]["val_dice"] > evaluations[-1]["val_miou"] and evaluations[-1]["val_accuracy"] > 0.9
 
 
