@@ -223,20 +223,25 @@ def test_the_quick_start_learns_the_digits_layer_wise_on_four_ranks(tmp_path):
     assert "profile:" not in again.stdout                   # nothing to train: no profiling, no search
 
 
-def test_the_volumes_quick_start_learns_the_universes_on_four_ranks(tmp_path):
-    """The README's volumes quick start: universes written on first use, a plan from the planner over n, c, d, h
-    and w, and a held-out mean absolute error well below a constant guess's."""
-    data = tmp_path / "cosmo"
-    overrides = [f"data.path={data / 'train.h5'}", f"data.val={data / 'val.h5'}", f"checkpoint.path={tmp_path / 'c.h5'}",
-                 f"log.metrics={tmp_path / 'c.jsonl'}"]
-    command = [MPIEXEC, "-n", "4", *spmdcnn("train", "jobs/cosmo_quickstart.yaml",
-                                            *[x for o in overrides for x in ("--set", o)])]
+def _quick_start(tmp_path, job, folder):
+    """``(result, metrics records)`` of a README quick start on 4 ranks, its data written under ``tmp_path``'s
+    ``folder`` on first use, its checkpoint, metrics and profile cache there too."""
+    data = tmp_path / folder
+    overrides = [f"data.path={data / 'train.h5'}", f"data.val={data / 'val.h5'}",
+                 f"checkpoint.path={tmp_path / 'run.h5'}", f"log.metrics={tmp_path / 'run.jsonl'}"]
+    command = [MPIEXEC, "-n", "4", *spmdcnn("train", job, *[x for o in overrides for x in ("--set", o)])]
     result = subprocess.run(command, cwd=ROOT, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")},
                             capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
+    return result, [json.loads(line) for line in open(tmp_path / "run.jsonl", encoding="utf-8")]
+
+
+def test_the_volumes_quick_start_learns_the_universes_on_four_ranks(tmp_path):
+    """The README's volumes quick start: universes written on first use, a plan from the planner over n, c, d, h
+    and w, and a held-out mean absolute error well below a constant guess's."""
+    result, records = _quick_start(tmp_path, "jobs/cosmo_quickstart.yaml", "cosmo")
     assert "data: wrote" in result.stdout and "universes" in result.stdout and "warning" not in result.stdout
     assert "4 ranks; plan auto (" in result.stdout
-    records = [json.loads(line) for line in open(tmp_path / "c.jsonl", encoding="utf-8")]
     evaluations = [r for r in records if "val_mae" in r]
     assert len(evaluations) == 6 and all(r["val_mae_constant"] > 0.4 for r in evaluations)
     assert evaluations[-1]["val_mae"] < 0.65 * evaluations[-1]["val_mae_constant"], evaluations
@@ -246,17 +251,9 @@ def test_the_volumes_quick_start_learns_the_universes_on_four_ranks(tmp_path):
 def test_the_segmentation_quick_start_learns_the_shapes_on_four_ranks(tmp_path):
     """The README's segmentation quick start: shapes written on first use, a plan from the planner over n, c, h and
     w, and a held-out mean IoU the README states."""
-    data = tmp_path / "shapes"
-    overrides = [f"data.path={data / 'train.h5'}", f"data.val={data / 'val.h5'}", f"checkpoint.path={tmp_path / 's.h5'}",
-                 f"log.metrics={tmp_path / 's.jsonl'}"]
-    command = [MPIEXEC, "-n", "4", *spmdcnn("train", "jobs/segmentation_quickstart.yaml",
-                                            *[x for o in overrides for x in ("--set", o)])]
-    result = subprocess.run(command, cwd=ROOT, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")},
-                            capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stdout + result.stderr
+    result, records = _quick_start(tmp_path, "jobs/segmentation_quickstart.yaml", "shapes")
     assert "data: wrote" in result.stdout and "to segment" in result.stdout and "warning" not in result.stdout
     assert "4 ranks; plan auto (" in result.stdout and "val mIoU " in result.stdout
-    records = [json.loads(line) for line in open(tmp_path / "s.jsonl", encoding="utf-8")]
     evaluations = [r for r in records if "val_miou" in r]
     assert len(evaluations) == 6 and evaluations[-1]["val_miou"] >= 0.8, evaluations     # README: 0.830
     assert evaluations[-1]["val_dice"] > evaluations[-1]["val_miou"] and evaluations[-1]["val_accuracy"] > 0.9

@@ -176,10 +176,8 @@ class CostModel:
         return self.loss_sum(devices) + self.compute.wait + self.compute.step
 
     def loss_sum(self, devices):
-        """The loss's sum after forward, no wait: 0 on one device. It sums three float64 (the loss, what it
-        counted, the score) and for a loss per position three per class (:class:`~spmdcnn.runtime.executor.Tally`)."""
-        values = 3 + (3 * self.graph.num_classes if self.graph.classes_scored else 0)
-        return self.machine.allreduce_time(tuple(range(devices)), values * 8) if devices > 1 else 0.0
+        """The loss's sum after forward (``graph.loss_sums`` float64), no wait: 0 on one device."""
+        return self.machine.allreduce_time(tuple(range(devices)), self.graph.loss_sums * 8) if devices > 1 else 0.0
 
     def surrogate(self, plan):
         """The additive :class:`Prediction` the search's tables give ``plan`` (each layer's gradients one

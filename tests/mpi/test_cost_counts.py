@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import agree
-from decoder_models import DECODER, DECODER_VOLUME
+from decoder_models import DECODER, DECODER_VOLUME, SEGMENTER_VOLUME
 from plans import answers, random_plan
 from spmdcnn.cost.compute import ComputeModel
 from spmdcnn.cost.machine import default_machine
@@ -30,7 +30,8 @@ POOL_FIRST = {"name": "pool_first", "input": [3, 12, 10], "layers": [
     {"name": "fc", "op": "linear", "out_features": 3}, {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 
-INLINE = {"pool_first": POOL_FIRST, "decoder": DECODER, "decoder_volume": DECODER_VOLUME}
+INLINE = {"pool_first": POOL_FIRST, "decoder": DECODER, "decoder_volume": DECODER_VOLUME,
+          "segmenter_volume": SEGMENTER_VOLUME}
 
 
 def _model(name):
@@ -51,7 +52,7 @@ def counted(world, graph, plan, batchnorm=None):
 
 
 @pytest.mark.parametrize("model_name", ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "pool_first",
-                                        "tiny_volume", "decoder", "decoder_volume"])
+                                        "tiny_volume", "decoder", "decoder_volume", "segmenter_volume"])
 @pytest.mark.parametrize("seed", range(3))
 def test_predicted_bytes_are_the_bytes_the_ranks_move(world, model_name, seed):
     graph = _model(model_name)
@@ -63,8 +64,8 @@ def test_predicted_bytes_are_the_bytes_the_ranks_move(world, model_name, seed):
     for plan in plans:
         moved, synced = counted(world, graph, plan)
         predicted = cost.simulate(plan).summary()
-        # the loss and accuracy: one allreduce of two float64 over all ranks, outside any layer
-        overhead = 16 * world.size if world.size > 1 else 0
+        # the loss, its count and the score: one allreduce of float64 over all ranks, outside any layer
+        overhead = 8 * graph.loss_sums * world.size if world.size > 1 else 0
         if predicted["bytes_transferred"] != moved:
             problems.append(f"{plan.source}: predicted {predicted['bytes_transferred']} bytes moved, "
                             f"ranks moved {moved}")
@@ -85,7 +86,7 @@ def test_predicted_bytes_under_ghost_batch_norm(world, model_name, group):
     plans += [named(s, graph, batch, world.size) for s in ("data", "owt")]
     cost = CostModel(graph, batch, default_machine(), ComputeModel(default_machine().device), itemsize=8,
                      batchnorm={"group": group})
-    overhead = 16 * world.size if world.size > 1 else 0
+    overhead = 8 * graph.loss_sums * world.size if world.size > 1 else 0
     problems = []
     for plan in plans:
         _, synced = counted(world, graph, plan, {"group": group})

@@ -153,8 +153,6 @@ def test_a_volume_regression_read_ahead_under_random_plans_equals_one_process(wo
     """Volumes (N, C, D, H, W) with targets: random crops along every axis and flips of d, h and w, read ahead by
     workers under plans that split the samples, channels, depth, rows and columns every way; the same losses and
     held-out mean absolute error as one process reading in the step."""
-    from plans import random_plan
-    from spmdcnn.runtime.train import Trainer
     root = None
     plans = []
     if world.rank == 0:
@@ -163,10 +161,7 @@ def test_a_volume_regression_read_ahead_under_random_plans_equals_one_process(wo
         for name, count, shape in (("train", 30, (2, 13, 10, 9)), ("val", 7, (2, 12, 10, 8))):
             dataset.write_dataset(os.path.join(root, f"{name}.h5"), rng.standard_normal((count,) + shape)
                                   .astype(np.float32), rng.uniform(-1, 1, (count, 3)).astype(np.float32))
-        for seed in range(3):
-            plans.append(os.path.join(root, f"plan{seed}.yaml"))
-            with open(plans[-1], "w", encoding="utf-8") as f:
-                f.write(random_plan(load_model(VOLUME_MODEL), 6, world.size, 20 + seed).text)
+        plans = _random_plans(root, load_model(VOLUME_MODEL), world.size, 20)
     root, plans = world.bcast((root, plans))
 
     def job(plan, workers):
@@ -175,15 +170,9 @@ def test_a_volume_regression_read_ahead_under_random_plans_equals_one_process(wo
                                    "seed": 1, "workers": workers, "val": os.path.join(root, "val.h5"),
                                    "augment": {"crop": [11, 9, 8], "flip": ["d", "h", "w"]}},
                           "eval": {"every": 4}, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log": {"every": 100}})
-    reference = Trainer(job("data", 0), log=lambda line: None, world=World(None)).run()
-    problems = [] if 0 < reference["val"][1] < 2 else [f"one process's held-out MAE {reference['val'][1]}"]
-    for plan, workers in zip(plans, (0, 1, 2)):
-        got = Trainer(job(plan, workers), log=lambda line: None, world=world).run()
-        if not np.allclose(got["losses"], reference["losses"], rtol=1e-10, atol=0):
-            problems.append(f"{plan}, {workers} workers: losses {got['losses']} != one process's "
-                            f"{reference['losses']}")
-        if not np.allclose(got["val"][:2], reference["val"][:2], rtol=1e-10, atol=0):
-            problems.append(f"{plan}: val {got['val']} != one process's {reference['val']}")
+    reference, problems = _runs_against_one_process(world, job, plans, whole_val=False)
+    if not 0 < reference["val"][1] < 2:
+        problems.append(f"one process's held-out MAE {reference['val'][1]}")
     agree(world, problems)
     world.barrier()
     if world.rank == 0:
@@ -195,9 +184,7 @@ def test_segmentation_read_ahead_under_random_plans_equals_one_process(world):
     workers under plans that split the samples, channels, rows and columns of every layer, the loss per pixel
     included; the same losses, held-out pixel accuracy, mean IoU and Dice as one process reading in the step."""
     from decoder_models import SEGMENTER
-    from plans import random_plan
     from spmdcnn.graph.graph import parse_model
-    from spmdcnn.runtime.train import Trainer
     import yaml
     root = None
     plans = []
@@ -211,10 +198,7 @@ def test_segmentation_read_ahead_under_random_plans_equals_one_process(world):
                                                                                   dtype=np.uint8), masks)
         with open(os.path.join(root, "model.yaml"), "w", encoding="utf-8") as f:
             yaml.safe_dump(SEGMENTER, f)
-        for seed in range(3):
-            plans.append(os.path.join(root, f"plan{seed}.yaml"))
-            with open(plans[-1], "w", encoding="utf-8") as f:
-                f.write(random_plan(parse_model(SEGMENTER), 6, world.size, 30 + seed).text)
+        plans = _random_plans(root, parse_model(SEGMENTER), world.size, 30)
     root, plans = world.bcast((root, plans))
 
     def job(plan, workers):
@@ -224,16 +208,40 @@ def test_segmentation_read_ahead_under_random_plans_equals_one_process(world):
                                                  "val": os.path.join(root, "val.h5"),
                                                  "augment": {"crop": [10, 8], "flip": ["h", "w"]}},
                           "eval": {"every": 3}, "optimizer": {"lr": 0.05, "momentum": 0.9}, "log": {"every": 100}})
+    reference, problems = _runs_against_one_process(world, job, plans)
+    if not 0 < reference["val"].mean_iou < 1:
+        problems.append(f"one process's held-out {reference['val']}")
+    agree(world, problems)
+    world.barrier()
+    if world.rank == 0:
+        shutil.rmtree(root)
+
+
+def _runs_against_one_process(world, job, plans, whole_val=True):
+    """``(reference, problems)``: one process's run of ``job(plan, workers)`` under data parallelism reading in the
+    step, and what differs from it in the runs on ``world`` under each of ``plans`` with 0, 1 and 2 workers: the
+    losses, and the held-out scores (all of them, or with ``whole_val`` False the loss and the first score)."""
+    from spmdcnn.runtime.train import Trainer
     reference = Trainer(job("data", 0), log=lambda line: None, world=World(None)).run()
-    problems = [] if 0 < reference["val"].mean_iou < 1 else [f"one process's held-out {reference['val']}"]
+    problems = []
+    shown = slice(None) if whole_val else slice(0, 2)
     for plan, workers in zip(plans, (0, 1, 2)):
         got = Trainer(job(plan, workers), log=lambda line: None, world=world).run()
         if not np.allclose(got["losses"], reference["losses"], rtol=1e-10, atol=0):
             problems.append(f"{plan}, {workers} workers: losses {got['losses']} != one process's "
                             f"{reference['losses']}")
-        if not np.allclose(got["val"], reference["val"], rtol=1e-10, atol=0):
+        if not np.allclose(got["val"][shown], reference["val"][shown], rtol=1e-10, atol=0):
             problems.append(f"{plan}: val {got['val']} != one process's {reference['val']}")
-    agree(world, problems)
-    world.barrier()
-    if world.rank == 0:
-        shutil.rmtree(root)
+    return reference, problems
+
+
+def _random_plans(root, graph, devices, first_seed, batch=6):
+    """The paths of three random plans of ``graph`` for ``devices`` written in ``root`` (seeds from
+    ``first_seed``)."""
+    from plans import random_plan
+    paths = []
+    for seed in range(3):
+        paths.append(os.path.join(root, f"plan{seed}.yaml"))
+        with open(paths[-1], "w", encoding="utf-8") as f:
+            f.write(random_plan(graph, batch, devices, first_seed + seed).text)
+    return paths
