@@ -333,3 +333,23 @@ def test_bad_decoder_layers_name_the_layer_and_the_rule(tmp_path, layer, fragmen
     layers = f"  - {layer}\n  - {{name: flat, op: flatten}}\n  - {{name: fc, op: linear, out_features: 3}}\n" \
              "  - {name: loss, op: softmax_cross_entropy}\n"
     expect_error(write(tmp_path, layers), *fragments)
+
+
+@pytest.mark.parametrize("value,fragment", [("x", "'ignore_index' must be an integer"),
+                                            ("true", "'ignore_index' must be an integer")])
+def test_a_loss_per_pixel_takes_an_integer_ignore_index(tmp_path, value, fragment):
+    layers = """
+      - {name: conv, op: conv2d, out_channels: 3, kernel: 3, padding: 1}
+      - {name: loss, op: softmax_cross_entropy, ignore_index: %s}
+    """ % value
+    expect_error(write(tmp_path, layers), "loss", fragment)
+
+
+def test_a_loss_of_logits_without_classes_first_is_refused(tmp_path):
+    """Logits per position need the classes as channels: (K, S...); a flat (F,) or a loss over targets per
+    position is not what the loss takes."""
+    layers = """
+      - {name: conv, op: conv2d, out_channels: 3, kernel: 3, padding: 1}
+      - {name: loss, op: mse_loss}
+    """
+    expect_error(write(tmp_path, layers), "loss", "mse_loss needs predictions (F,)")
