@@ -18,6 +18,10 @@ from .buckets import SyncOptions
 from .sync import SyncModel
 from .transfer import EdgeTraffic
 
+# the float64 numbers a training step sums over the ranks with its loss (the signal flags aside): the loss's sum,
+# what it counted and the score (runtime/executor.py); an evaluation of a loss per position adds 3 per class
+LOSS_SUMS = 3
+
 
 @dataclass
 class LayerCost:
@@ -176,8 +180,8 @@ class CostModel:
         return self.loss_sum(devices) + self.compute.wait + self.compute.step
 
     def loss_sum(self, devices):
-        """The loss's sum after forward (``graph.loss_sums`` float64), no wait: 0 on one device."""
-        return self.machine.allreduce_time(tuple(range(devices)), self.graph.loss_sums * 8) if devices > 1 else 0.0
+        """The loss's sum after forward (LOSS_SUMS float64), no wait: 0 on one device."""
+        return self.machine.allreduce_time(tuple(range(devices)), LOSS_SUMS * 8) if devices > 1 else 0.0
 
     def surrogate(self, plan):
         """The additive :class:`Prediction` the search's tables give ``plan`` (each layer's gradients one

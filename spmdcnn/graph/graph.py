@@ -117,13 +117,6 @@ class Graph:
         return self.dense_labels
 
     @property
-    def loss_sums(self):
-        """The float64 numbers each step sums over the ranks with its loss (the signal flags aside): the loss's
-        sum, what it counted and the score, and for a loss per position three per class (right, predicted,
-        labelled: ``runtime/executor.Tally``)."""
-        return 3 + (3 * self.num_classes if self.classes_scored else 0)
-
-    @property
     def answer_shape(self):
         """The answers of one sample: () for a label, (S...) for a mask, (K,) for targets."""
         if self.regression:

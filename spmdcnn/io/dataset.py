@@ -224,11 +224,12 @@ class HDF5Dataset(_Source):
         return {"kind": "hdf5", "path": self.path, "seed": self.seed, "shuffle": self.shuffle,
                 "augment": self.augment.spec(), "answers": self.answers}
 
-    def check_model(self, graph, crop_key="data.augment.crop: {crop}"):
+    def check_model(self, graph, crop_key="data.augment.crop: {crop}", scan_masks=True):
         """Refuse samples the model does not take (``crop_key``: how the hint says to crop them, ``{crop}`` the
         crop's extents), answers of another kind than its loss compares with (labels for softmax cross-entropy,
         targets for mse_loss), labels outside its classes and a target count other than its outputs; from then on
-        the batches carry the answers the model's loss reads."""
+        the batches carry the answers the model's loss reads. Every value of masks is read to check them, unless
+        ``scan_masks`` is False (the ranks of a job but one: that one's finding stops them all)."""
         if self.sample_shape != graph.input_shape:
             crop = f" cropped by data.augment.crop to {list(self.sample_shape)}" if self.augment.crop else ""
             hint = (f": set {crop_key.format(crop=list(graph.input_shape[1:]))} to crop them"
@@ -254,7 +255,8 @@ class HDF5Dataset(_Source):
                 has = "per-sample /labels" if self.all_labels is not None else "no /labels"
                 raise DataError(f"{self.path}: the dataset has {has}, but {loss} over every position, which needs a "
                                 f"mask per sample: /labels (N, {', '.join(map(str, self.stored_shape[1:]))}) integers")
-            self._check_classes(mask_values(self.masks), graph)
+            if scan_masks:
+                self._check_classes(mask_values(self.masks), graph)
         else:
             if self.all_labels is None:
                 has = "masks as /labels" if self.masks is not None else "no /labels"
@@ -385,13 +387,13 @@ class HDF5Dataset(_Source):
 
 
 def open_checked(path, graph, seed=0, shuffle=True, augment=None, batch=None,
-                 crop_key="data.augment.crop: {crop}"):
+                 crop_key="data.augment.crop: {crop}", scan_masks=True):
     """The HDF5 dataset at ``path`` (:class:`HDF5Dataset`), refused (and closed) when its images or labels do not
-    fit ``graph`` (:meth:`HDF5Dataset.check_model`, whose hint names ``crop_key``) or, given ``batch``, when it
-    cannot fill one batch."""
+    fit ``graph`` (:meth:`HDF5Dataset.check_model`, whose hint names ``crop_key``; ``scan_masks``: whether to read
+    every mask's values) or, given ``batch``, when it cannot fill one batch."""
     data = HDF5Dataset(path, seed=seed, shuffle=shuffle, augment=augment)
     try:
-        data.check_model(graph, crop_key)
+        data.check_model(graph, crop_key, scan_masks)
         if batch is not None:
             data.batches_per_epoch(batch)
     except BaseException:

@@ -116,7 +116,7 @@ def batch_answers(source, indices, epoch):
     asks (of its samples and positions; -1 throughout a padding sample's), cropped and flipped as ``epoch``'s
     images are."""
     real = indices >= 0
-    if getattr(source, "dense", False):
+    if source.dense:
         def masks(box):
             (n0, n1), *region = box
             wanted = indices[n0:n1]

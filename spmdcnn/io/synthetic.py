@@ -43,6 +43,8 @@ class SyntheticData(_Source):
         self._counts = [np.bincount(np.arange(extent) * self.GRID // extent, minlength=self.GRID)
                         for extent in spatial]
         self._coarse = patterns * np.float32(signal)
+        # segmentation: each class's colour (K, C), its pattern's first cell
+        self._colours = self._coarse.reshape(self._coarse.shape[:2] + (-1,))[:, :, 0]
         self._label_key = stream_key(seed, "synthetic labels")
 
     @classmethod
@@ -111,9 +113,8 @@ class SyntheticData(_Source):
         for row, (index, answer) in enumerate(zip(np.asarray(indices).tolist(), answers)):
             noise = np.random.default_rng([int(self.seed), 0x1A6E, index]).standard_normal(
                 self.sample_shape, dtype=np.float32)
-            if self.dense:          # each cell the colour of its class: pattern k's first cell
-                colours = self._coarse.reshape(self._coarse.shape[:2] + (-1,))[:, :, 0]
-                coarse = np.moveaxis(colours[answer], -1, 0)
+            if self.dense:          # each cell the colour of its class
+                coarse = np.moveaxis(self._colours[answer], -1, 0)
             elif self.targets is None:
                 coarse = self._coarse[int(answer)]
             else:

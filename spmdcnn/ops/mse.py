@@ -5,7 +5,8 @@
 
 A target row of NaN marks a padding sample (evaluation pads its last batch to the plan's size): it adds nothing to
 the loss or to the gradient, nor to ``T``, as the cross-entropy's label -1 does (``ops/loss.py``). A tile holding
-some of the samples returns its sum (``total=1``) and its count, which the executor sums over the tiles. bfloat16 predictions are taken in float32; the gradient comes back in their type.
+some of the samples returns its sum (``total=1``) and its count, which the executor sums over the tiles.
+bfloat16 predictions are taken in float32; the gradient comes back in their type.
 """
 
 from .. import backend

@@ -120,7 +120,7 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
         chosen = None if plan in (None, "auto") else load_plan(plan, graph, batch, world.size)
         xp = backend.rank_module(backend_name, node_ranks, share_gpus, tf32)
         source = None if data is None else open_checked(data, graph, seed, augment=Augment.from_spec(
-            augment, "--augment"), batch=batch, crop_key="--augment '{{crop: {crop}}}'")
+            augment, "--augment"), batch=batch, crop_key="--augment '{{crop: {crop}}}'", scan_masks=world.rank == 0)
         options = SyncOptions.of(sync, load_machine(machine).sync if machine else None)
         return graph, chosen, xp, backend.resolve_dtype(dtype, xp), source, options
     graph, plan_spec, xp, dtype, source, sync = world.agree(load)

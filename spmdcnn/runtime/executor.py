@@ -75,8 +75,9 @@ def _score(layer, output, answers, classes):
 @dataclass
 class Tally:
     """What the last :meth:`Executor.forward` counted over the global batch: the ``counted`` elements its loss
-    averaged over (labelled samples or positions, or target values) and, for a loss per position, ``classes``:
-    a (3, K) array of, per class, the positions predicted right, predicted as it and labelled as it."""
+    averaged over (labelled samples or positions, or target values) and, for a loss per position in evaluation
+    (``training=False``), ``classes``: a (3, K) array of, per class, the positions predicted right, predicted as it
+    and labelled as it."""
 
     counted: float = 0.0
     classes: object = None
@@ -193,7 +194,8 @@ class Executor:
         outputs, kept = {}, {}
         self._saved = {}
         loss = counted = correct = 0.0
-        loss_layer, per_class = self.graph.loss, self.graph.classes_scored
+        loss_layer = self.graph.loss
+        per_class = self.graph.classes_scored and not training      # IoU and Dice: evaluation's alone
         table = np.zeros((3, self.graph.num_classes if per_class else 0))
         for site in self.program.sites.values():
             layer = site.layer

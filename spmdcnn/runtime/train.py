@@ -37,20 +37,23 @@ from .shards import gather_global, restore, share_checkpoint
 from .signals import Signals
 
 
-def make_data(job, graph):
+def make_data(job, graph, scan_masks=True):
+    """The training data; ``scan_masks``: whether to read every mask to check its values (one rank does)."""
     spec = job["data"]
     if spec["kind"] == "hdf5":
-        return open_checked(spec["path"], graph, spec["seed"], spec["shuffle"], Augment.from_spec(spec["augment"]))
+        return open_checked(spec["path"], graph, spec["seed"], spec["shuffle"], Augment.from_spec(spec["augment"]),
+                            scan_masks=scan_masks)
     return SyntheticData.for_model(graph, spec["num_samples"] or SYNTHETIC_SAMPLES, seed=spec["seed"],
                                    signal=spec["signal"], shuffle=spec["shuffle"])
 
 
-def make_val(job, graph):
-    """The held-out dataset ``data.val`` (read in order), or None."""
+def make_val(job, graph, scan_masks=True):
+    """The held-out dataset ``data.val`` (read in order), or None; ``scan_masks``: as :func:`make_data`'s."""
     if not job["data"]["val"]:
         return None
     crop = job["data"]["augment"]["crop"]     # the center crop of the training crops' size, never flipped
-    data = open_checked(job["data"]["val"], graph, 0, False, Augment(tuple(crop) if crop else None))
+    data = open_checked(job["data"]["val"], graph, 0, False, Augment(tuple(crop) if crop else None),
+                        scan_masks=scan_masks)
     if not data.num_samples:
         data.close()
         raise DataError(f"data.val {job['data']['val']}: the held-out dataset has no samples")
@@ -173,8 +176,9 @@ class Trainer:
 
     def _open_data(self):
         if self.data is None:
-            self.data = make_data(self.job, self.graph)
-            self.val = make_val(self.job, self.graph)
+            # rank 0 alone reads every mask to check it (inside world.agree: its finding stops every rank)
+            self.data = make_data(self.job, self.graph, scan_masks=self.rank == 0)
+            self.val = make_val(self.job, self.graph, scan_masks=self.rank == 0)
             if self.val is not None:
                 error, warning = held_out_problems(self.data, self.val)
                 if error:

@@ -245,3 +245,33 @@ def _random_plans(root, graph, devices, first_seed, batch=6):
         with open(paths[-1], "w", encoding="utf-8") as f:
             f.write(random_plan(graph, batch, devices, first_seed + seed).text)
     return paths
+
+
+def test_masks_outside_the_classes_are_found_by_rank_0_alone_and_stop_every_rank(world):
+    """Every value of every mask is read once, by rank 0 (not by every rank); its finding stops them all."""
+    import pytest
+    import yaml
+    from decoder_models import SEGMENTER
+    from spmdcnn.runtime.train import Trainer
+    root = None
+    if world.rank == 0:
+        root = tempfile.mkdtemp(prefix="spmdcnn-mpi-")
+        masks = np.zeros((12, 10, 8), dtype=np.int64)
+        masks[11, 9, 7] = 5                                      # SEGMENTER has 3 classes and ignores 7
+        dataset.write_dataset(os.path.join(root, "train.h5"), np.zeros((12, 3, 10, 8), np.uint8), masks)
+        with open(os.path.join(root, "model.yaml"), "w", encoding="utf-8") as f:
+            yaml.safe_dump(SEGMENTER, f)
+    root = world.bcast(root)
+    job = parse_job({"model": os.path.join(root, "model.yaml"), "batch_size": 6, "steps": 2, "plan": "data",
+                     "data": {"kind": "hdf5", "path": os.path.join(root, "train.h5")}, "log": {"every": 100}})
+    with pytest.raises(Exception) as info:
+        Trainer(job, log=lambda line: None, world=world)
+    message = str(info.value)
+    problems = [] if "the masks range over [0, 5]: 5 is not one of model 'segmenter''s 3 classes" in message \
+        else [f"rank {world.rank}: {message}"]
+    if world.size > 1 and "(on rank 0)" not in message:
+        problems.append(f"rank {world.rank}: not rank 0's finding alone: {message}")
+    agree(world, problems)
+    world.barrier()
+    if world.rank == 0:
+        shutil.rmtree(root)
