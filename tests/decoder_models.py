@@ -65,8 +65,8 @@ DECODER_SEQUENCE = {"name": "decoder_sequence", "input": [3, 13], "layers": [
     {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 3},
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 
-# segmenters: a U-Net's shape (down, up, a skip) ending in a cross-entropy per pixel or voxel, one with an
-# ignore_index other than -1
+# segmenters: a U-Net's shape (down, up, a skip) ending in a cross-entropy per pixel with an ignore_index other than
+# -1, or in MLPerf's 3D U-Net loss (Dice and cross-entropy per voxel, half each, the background left out of Dice)
 SEGMENTER = {"name": "segmenter", "input": [3, 10, 8], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
     {"name": "gn", "op": "groupnorm", "groups": 2}, {"name": "a1", "op": "relu"},
@@ -86,4 +86,4 @@ SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers":
     {"name": "up", "op": "conv_transpose3d", "out_channels": 3, "kernel": 2, "stride": 2, "output_padding": [0, 1, 0]},
     {"name": "skip", "op": "add", "inputs": ["up", "a1"]},
     {"name": "head", "op": "conv3d", "out_channels": 4, "kernel": 1},
-    {"name": "loss", "op": "softmax_cross_entropy"}]}
+    {"name": "loss", "op": "dice_loss", "dice": 0.5, "cross_entropy": 0.5, "include_background": False}]}

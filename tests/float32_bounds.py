@@ -85,6 +85,10 @@ def layer_sums(layer, batch):
     if op == "softmax_cross_entropy":
         classes, = layer.in_shapes[0]
         return [classes, batch], [], {}     # the sum of exponentials, the mean over the batch
+    if op == "dice_loss":
+        classes, *spatial = layer.in_shapes[0]
+        # the sum of exponentials, Dice's sums over a sample's positions, the means over the batch
+        return [classes, math.prod(spatial), batch * classes, batch * math.prod(spatial)], [], {}
     if op == "mse_loss":
         outputs, = layer.in_shapes[0]
         return [outputs * batch], [], {}    # the sum of squares over the batch and the outputs

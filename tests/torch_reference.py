@@ -134,9 +134,34 @@ class TorchNet(torch.nn.Module):
             return sum(xs[1:], xs[0])
         if family == "softmax_cross_entropy":
             return F.cross_entropy(x, labels, ignore_index=a["ignore_index"])
+        if family == "dice_loss":
+            return dice_ce(x, labels, **a)
         if family == "mse_loss":
             return F.mse_loss(x, labels.to(x.dtype))
         raise NotImplementedError(layer.op)
+
+
+def dice_ce(logits, labels, dice=1.0, cross_entropy=0.0, include_background=True, smooth=1e-5, batch=False,
+            ignore_index=-1):
+    """MONAI's DiceCELoss (softmax, one-hot labels, mean) in PyTorch, with spmdcnn's ignore label: positions
+    whose label is ``ignore_index`` or negative count in neither term, nor do samples with no labelled
+    position."""
+    K = logits.shape[1]
+    spatial = tuple(range(2, logits.dim()))
+    labelled = (labels >= 0) & (labels != ignore_index)
+    ce = F.cross_entropy(logits, torch.where(labelled, labels, -100)) if labelled.any() else logits.sum() * 0
+    p = logits.softmax(1)
+    mask = labelled.unsqueeze(1).to(p.dtype)
+    onehot = F.one_hot(torch.where(labelled, labels, 0), K).movedim(-1, 1).to(p.dtype) * mask
+    I, P, T = ((p * onehot).sum(spatial), (p * mask).sum(spatial), onehot.sum(spatial))
+    real = T.sum(1) > 0
+    if batch:
+        I, P, T = (t[real].sum(0, keepdim=True) for t in (I, P, T))
+        real = real.any().reshape(1)
+    score = (2 * I + smooth) / (P + T + smooth)
+    terms = (1 - score)[:, 0 if include_background else 1:][real]
+    value = terms.mean() if terms.numel() else logits.sum() * 0
+    return dice * value + cross_entropy * ce
 
 
 def padded(x, padding, value=0.0):

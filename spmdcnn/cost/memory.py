@@ -120,6 +120,8 @@ def _transient(layer, box, batch, itemsize, im2col=True):
                 elements += workspace_elements(filled, geometry.kernel, x_shape[1], inner, itemsize)
         elif is_padded(need.pads):
             elements += prod(x_shape[:2]) * prod(padded_extents(x_shape[2:], need.pads))   # pooling pads a copy
+    elif layer.spec.class_sums:     # Dice's backward: the gradient of the probabilities, and its product with them
+        elements += 2 * prod(shape_of(tile_needs[0].box, tile_needs[0].steps))
     return itemsize * elements
 
 

@@ -9,6 +9,7 @@ timeline.
 """
 
 from dataclasses import dataclass, field
+from math import prod
 
 import numpy as np
 
@@ -179,9 +180,15 @@ class CostModel:
             return self.compute.step
         return self.loss_sum(devices) + self.compute.wait + self.compute.step
 
+    @property
+    def loss_values(self):
+        """How many float64 the loss's sum after forward adds up: LOSS_SUMS, and the loss's table per sample and
+        class where it has one (Dice's)."""
+        return LOSS_SUMS + prod(self.graph.loss_table(self.batch))
+
     def loss_sum(self, devices):
-        """The loss's sum after forward (LOSS_SUMS float64), no wait: 0 on one device."""
-        return self.machine.allreduce_time(tuple(range(devices)), LOSS_SUMS * 8) if devices > 1 else 0.0
+        """The loss's sum after forward (:attr:`loss_values` float64), no wait: 0 on one device."""
+        return self.machine.allreduce_time(tuple(range(devices)), self.loss_values * 8) if devices > 1 else 0.0
 
     def surrogate(self, plan):
         """The additive :class:`Prediction` the search's tables give ``plan`` (each layer's gradients one

@@ -116,6 +116,12 @@ class Graph:
         """Whether evaluation counts per class (IoU and Dice): for a loss per position."""
         return self.dense_labels
 
+    def loss_table(self, batch):
+        """The shape of the numbers per sample and class the loss's tiles add up over a batch of ``batch`` in the
+        step's one reduction (Dice's intersection, prediction and label sums: ``ops/dice.py``); (0,): none."""
+        sums = self.loss.spec.class_sums
+        return (sums, batch, self.num_classes) if sums else (0,)
+
     @property
     def answer_shape(self):
         """The answers of one sample: () for a label, (S...) for a mask, (K,) for targets."""
@@ -234,7 +240,8 @@ def parse_model(data, source="<model>", text=""):
                             params, buffers, flops, groups[name], input_grads, needs[name]))
     losses = [layer.name for layer in layers if layer.spec.loss]
     if losses != [layers[-1].name]:
-        raise FormatError(f"{source}: the model needs exactly one loss layer (softmax_cross_entropy or mse_loss), "
+        *others, last = [name for name, spec in OPS.items() if spec.loss]
+        raise FormatError(f"{source}: the model needs exactly one loss layer ({', '.join(others)} or {last}), "
                           f"and it must be the last one to run (found: {', '.join(losses) or 'none'})")
     unused = [layer.name for layer in layers[:-1] if not any(layer.name in l.inputs for l in layers)]
     if unused:

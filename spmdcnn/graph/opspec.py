@@ -19,7 +19,7 @@ from ..io.yamlfile import FormatError
 from ..ops.conv_transpose import output_padding_error, transposed_extents
 from ..ops.upsample import MODES as UPSAMPLE_MODES
 from ..ops.window import ntuple, output_extents
-from .optable import OPS, SPATIAL_NAMES, window
+from .optable import ANSWERS_LABELS, OPS, SPATIAL_NAMES, window
 
 _NO_DEFAULT = object()
 _WINDOW = {"kernel": _NO_DEFAULT, "stride": None, "padding": 0}
@@ -47,6 +47,8 @@ KEYS = {
     "concat": {},
     "add": {},
     "softmax_cross_entropy": {"ignore_index": -1},
+    "dice_loss": {"dice": 1.0, "cross_entropy": 0.0, "include_background": True, "smooth": 1e-5, "batch": False,
+                  "ignore_index": -1},
     "mse_loss": {},
 }
 
@@ -132,7 +134,7 @@ def normalise(op, given, where, rank=2):
         attrs["padding"] = _padding(attrs["padding"], where, rank, same=OPS[op].family == "conv")
         if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
             raise LayerError(f"{where}: padding 'same' needs stride 1 (as in PyTorch), got stride {attrs['stride']}")
-    for key in ("bias", "align_corners", "affine"):
+    for key in ("bias", "align_corners", "affine", "include_background", "batch"):
         if key in attrs and not isinstance(attrs[key], bool):
             raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
     if "scale" in attrs and OPS[op].family == "upsample":
@@ -146,7 +148,7 @@ def normalise(op, given, where, rank=2):
                                     or not isinstance(attrs["ignore_index"], int)):
         raise LayerError(f"{where}: 'ignore_index' must be an integer (a label that counts for nothing), got "
                          f"{attrs['ignore_index']!r}")
-    for key in ("eps", "momentum", "p", "negative_slope", "factor"):
+    for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth"):
         if key in attrs:
             value = attrs[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
@@ -159,6 +161,18 @@ def normalise(op, given, where, rank=2):
         raise LayerError(f"{where}: 'eps' must be a positive number, got {attrs['eps']}")
     if OPS[op].family == "batchnorm" and not 0.0 <= attrs["momentum"] <= 1.0:
         raise LayerError(f"{where}: 'momentum' must lie in [0, 1], got {attrs['momentum']}")
+    if OPS[op].family == "dice_loss":
+        _dice_weights(attrs, where)
+    return attrs
+
+
+def _dice_weights(attrs, where):
+    """The Dice loss's weights are not negative, not both 0, and its smoothing is not negative."""
+    for key in ("dice", "cross_entropy", "smooth"):
+        if attrs[key] < 0:
+            raise LayerError(f"{where}: '{key}' must not be negative, got {attrs[key]}")
+    if not attrs["dice"] and not attrs["cross_entropy"]:
+        raise LayerError(f"{where}: 'dice' and 'cross_entropy' (the weights of the two terms) are both 0")
     return attrs
 
 
@@ -304,24 +318,28 @@ def _add(op, attrs, in_shapes, where):
 
 
 def _loss(op, attrs, in_shapes, where):
-    """Cross-entropy takes logits per sample (K,), giving one loss per sample (shape ()), or per position
-    (K, S...), giving one per position (1, S...); mse_loss takes predictions per sample (F,)."""
+    """A loss of labels (cross-entropy, Dice) takes logits per sample (K,), giving one loss per sample (shape
+    ()), or per position (K, S...), giving one per position (1, S...); mse_loss takes predictions per sample
+    (F,)."""
     shape = in_shapes[0]
-    if op == "softmax_cross_entropy" and len(shape) - 1 in SPATIAL_NAMES:
-        return (1,) + tuple(shape[1:]), {}, {}, 4 * prod(shape)
+    labels = OPS[op].answers == ANSWERS_LABELS
+    flops = (4 + 6 * bool(OPS[op].class_sums)) if labels else 3
+    if attrs.get("include_background") is False and shape[0] < 2:
+        raise LayerError(f"{where}: include_background false leaves no class of the {shape[0]} to score")
+    if labels and len(shape) - 1 in SPATIAL_NAMES:
+        return (1,) + tuple(shape[1:]), {}, {}, flops * prod(shape)
     if len(shape) != 1:
-        what = ("logits (K,) per sample or (K, S...) per position" if op == "softmax_cross_entropy"
-                else "predictions (F,)")
+        what = "logits (K,) per sample or (K, S...) per position" if labels else "predictions (F,)"
         raise LayerError(f"{where}: {op} needs {what}, got shape {tuple(shape)}; add a flatten and a linear layer "
                          "before it")
-    return (), {}, {}, (4 if op == "softmax_cross_entropy" else 3) * shape[0]
+    return (), {}, {}, flops * shape[0]
 
 
 INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool,
          "global_avgpool": _global_avgpool, "upsample": _upsample, "batchnorm": _batchnorm, "groupnorm": _groupnorm,
          "instancenorm": _groupnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
          "scale": _elementwise, "dropout": _elementwise, "flatten": _flatten, "linear": _linear, "concat": _concat,
-         "add": _add, "softmax_cross_entropy": _loss, "mse_loss": _loss}
+         "add": _add, "softmax_cross_entropy": _loss, "dice_loss": _loss, "mse_loss": _loss}
 
 
 def infer(op, attrs, in_shapes, where):

@@ -70,6 +70,7 @@ class OpSpec:
     spatial: int = None         # the spatial rank of input it takes (None: any)
     answers: str = None         # a loss: what it compares the output with (ANSWERS_LABELS or ANSWERS_TARGETS)
     param_axes: tuple = ()      # (parameter, axis) where a parameter's output channels are not its first axis
+    class_sums: int = 0         # a loss: numbers per sample and class its tiles add up over the batch (Dice's I, P, T)
 
     @property
     def family(self):
@@ -115,6 +116,9 @@ OPS = {spec.name: spec for spec in (
     OpSpec("add", READS_BOX, multi_input=True, inplace=True),
     OpSpec("softmax_cross_entropy", READS_POSITIONS, KEEPS_INPUT, splits=("n",) + AXES, loss=True,
            answers=ANSWERS_LABELS, tile_attrs=("ignore_index",)),
+    OpSpec("dice_loss", READS_POSITIONS, KEEPS_INPUT, splits=("n",) + AXES, loss=True, answers=ANSWERS_LABELS,
+           class_sums=3, tile_attrs=("ignore_index", "dice", "cross_entropy", "include_background", "smooth",
+                                     "batch")),
     OpSpec("mse_loss", READS_SAMPLE, KEEPS_INPUT, splits=("n",), loss=True, answers=ANSWERS_TARGETS),
 )}
 

@@ -115,7 +115,7 @@ class Executor:
         self.batchnorm = ghost_group(batchnorm)
         self.trace = None           # a runtime.trace.Tracer while a step is traced (spmdcnn bench --trace)
         self.tally = Tally()        # what the last forward counted
-        self._gloss = 0.0           # the gradient of the global mean with respect to the loss's sum
+        self._gloss = 0.0           # where the loss's backward starts (kernels.finish_loss)
         self.overwritable = overwritable_inputs(graph) if overwrite else {layer.name: None for layer in graph.layers}
         self.program = self._program(plan or named("data", graph, 1, 1), fresh=True)
         self._saved = {}
@@ -195,6 +195,7 @@ class Executor:
         self._saved = {}
         loss = counted = correct = 0.0
         loss_layer = self.graph.loss
+        loss_table = np.zeros(self.graph.loss_table(batch.size))
         per_class = self.graph.classes_scored and not training      # IoU and Dice: evaluation's alone
         table = np.zeros((3, self.graph.num_classes if per_class else 0))
         for site in self.program.sites.values():
@@ -224,19 +225,21 @@ class Executor:
             if training and layer.needs_grad:
                 self._saved[layer.name] = saved
             if is_loss:
-                loss, counted = y
+                loss, counted = y.sum, y.counted
+                if y.table is not None:
+                    loss_table = y.table
             else:
                 outputs[layer.name] = y
             if layer.name in keep:
                 kept[layer.name] = y
         extra = () if also is None else also.tolist()
         loss, counted, correct, *summed = self.world.sum_scalars(loss, counted, correct, *table.ravel().tolist(),
-                                                                 *extra)
+                                                                 *loss_table.ravel().tolist(), *extra)
         if also is not None:
-            also[:] = summed[table.size:]
+            also[:] = summed[table.size + loss_table.size:]
         self.tally = Tally(counted, np.array(summed[:table.size]).reshape(table.shape) if per_class else None)
-        self._gloss = 1.0 / counted if counted else 0.0
-        loss = loss * self._gloss
+        summed_table = np.array(summed[table.size:table.size + loss_table.size]).reshape(loss_table.shape)
+        loss, self._gloss = kernels.finish_loss(loss_layer, loss, counted, summed_table)
         return loss, correct if self.graph.regression else int(round(correct)), kept
 
     def _gather_inputs(self, site, outputs, batch):

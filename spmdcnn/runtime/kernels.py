@@ -5,7 +5,9 @@ A :class:`TileKernel` holds everything its op reads besides the arrays of a step
 group), its parameter, gradient and buffer views (:class:`Views`), whether it computes its input's gradient, and
 which input it may overwrite. Then ``forward(xs, run) -> (y, saved)`` and ``backward(gy, saved) -> [gx per
 input]``; ``run`` (:class:`Run`) carries what changes per call: training or evaluation, the step (dropout's
-stream), whether in-place writes are allowed. The loss takes the labels as its second input. A backward writes
+stream), whether in-place writes are allowed. The loss takes the labels as its second input and gives its
+share of the step's one reduction (:class:`LossShare`); :func:`finish_loss` turns the sums into the loss and the
+seed its backward starts from. A backward writes
 the parameter gradients into its gradient views and returns None for an input that needs no gradient.
 
 The executor builds one per layer and rank from the plan (``runtime/program.py``); the profiler builds the same
@@ -24,8 +26,10 @@ from typing import NamedTuple
 
 from .. import backend
 from ..graph.optable import group_channels
-from ..ops import (add, batchnorm, concat, conv, conv_transpose, dropout, flatten, groupnorm, leaky_relu, linear, loss,
-                   mse, pool, relu, scale, tanh, upsample)
+import numpy as np
+
+from ..ops import (add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm, leaky_relu, linear,
+                   loss, mse, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -301,18 +305,55 @@ def _dropout(kernel):
     return forward, lambda gy, saved: [dropout.dropout_backward(gy, saved)]
 
 
+class LossShare(NamedTuple):
+    """What a loss tile adds to the step's one reduction over the ranks: its loss ``sum``, the elements it
+    ``counted`` and, for a loss with sums per sample and class (the op table's ``class_sums``: Dice), a
+    ``table`` of the graph's :meth:`~spmdcnn.graph.graph.Graph.loss_table` shape with its samples' rows filled."""
+
+    sum: float
+    counted: float
+    table: object = None
+
+
 def _loss(forward, backward):
     """The answers of the tile's elements (labels or targets) come as the second input. Forward gives
-    ``((sum, counted), saved)``: the loss summed over the tile and the elements it counted, which the executor
-    sums over the tiles (the global mean is the one sum over the other); backward takes the gradient of the sum."""
+    ``(LossShare, saved)``: the loss summed over the tile and the elements it counted, which the executor sums over
+    the tiles (the global mean is the one sum over the other); backward takes the gradient of the sum."""
     def bind(kernel):
         extra = {"ignore_index": kernel.layer.attrs["ignore_index"]} if "ignore_index" in kernel.layer.attrs else {}
 
         def run(xs, run):
             share, saved = forward(xs[0], xs[1], total=1, **extra)
-            return (share, saved.counted), saved
+            return LossShare(share, saved.counted), saved
         return run, (lambda gy, saved: [backward(gy, saved)])
     return bind
+
+
+def _dice(kernel):
+    """The cross-entropy's forward, and the tile's (I, P, T) sums placed at its samples' rows of the batch's
+    table (``ops/dice.py``); backward takes its rows of the seed's Dice derivatives."""
+    start, stop = kernel.tile.box[0]
+    batch, ignore = kernel.tile.global_shape[0], kernel.layer.attrs["ignore_index"]
+
+    def run(xs, run):
+        share, saved = loss.softmax_cross_entropy_forward(xs[0], xs[1], total=1, ignore_index=ignore)
+        part = backend.to_numpy(dice.dice_partials(saved))
+        table = np.zeros((part.shape[0], batch, part.shape[2]))
+        table[:, start:stop] = part
+        return LossShare(share, saved.counted, table), saved
+    return run, (lambda seed, saved: [dice.dice_backward(seed.rows(start, stop), saved)])
+
+
+def finish_loss(layer, total, counted, table):
+    """``(loss, seed)`` from the sums over the ranks of the loss tiles' :class:`LossShare`: the global loss, and
+    what its backward starts from (the gradient of the loss with respect to the tiles' sums; for Dice a
+    :class:`~spmdcnn.ops.dice.DiceSeed`). Nothing counted: loss 0, gradient 0."""
+    per = 1.0 / counted if counted else 0.0
+    if not layer.spec.class_sums:
+        return total * per, per
+    a = layer.attrs
+    value, da, db = dice.dice_finish(table, a["dice"], a["include_background"], a["smooth"], a["batch"])
+    return a["cross_entropy"] * total * per + value, dice.DiceSeed(a["cross_entropy"] * per, da, db)
 
 
 BIND = {
@@ -336,5 +377,6 @@ BIND = {
     "instancenorm": _groupnorm,
     "dropout": _dropout,
     "softmax_cross_entropy": _loss(loss.softmax_cross_entropy_forward, loss.softmax_cross_entropy_backward),
+    "dice_loss": _dice,
     "mse_loss": _loss(mse.mse_loss_forward, mse.mse_loss_backward),
 }

@@ -26,7 +26,7 @@ from ..graph.optable import ANSWERS_LABELS, ANSWERS_TARGETS, OPS, READS_TRANSPOS
 from ..planner.configs import configurations
 from ..progress import Progress
 from ..tiling.config import ParallelConfig, output_shape
-from .kernels import Run, Tile, TileKernel, Views
+from .kernels import Run, Tile, TileKernel, Views, finish_loss
 from .optimizer import SGD
 from .params import initial_value
 
@@ -140,8 +140,10 @@ def tile_step(shape, xp=np, dtype=np.float32, seed=0):
     (:func:`tile_kernel`), from a made-up output gradient."""
     kernel, xs = tile_kernel(shape, xp, dtype, seed)
     y, _ = kernel.forward(xs, Run())
-    loss = OPS[shape.op].loss           # its forward gives (sum, count); backward takes the sum's gradient
-    gy = 1.0 if loss else xp.asarray(np.random.default_rng(seed).standard_normal(np.shape(y)).astype(dtype))
+    if OPS[shape.op].loss:              # its forward gives its share of the sums; backward starts from their seed
+        gy = finish_loss(kernel.layer, y.sum, y.counted, y.table)[1]
+    else:
+        gy = xp.asarray(np.random.default_rng(seed).standard_normal(np.shape(y)).astype(dtype))
 
     def run():
         _, saved = kernel.forward(xs, Run())

@@ -91,7 +91,7 @@ def test_duplicate_name(tmp_path):
 def test_loss_must_be_last(tmp_path):
     layers = GOOD_LAYERS.replace("  - {name: loss, op: softmax_cross_entropy}\n", "") + \
         "  - {name: relu9, op: relu}\n"
-    expect_error(write(tmp_path, layers), "exactly one loss layer", "softmax_cross_entropy or mse_loss")
+    expect_error(write(tmp_path, layers), "exactly one loss layer", "softmax_cross_entropy, dice_loss or mse_loss")
 
 
 def test_dangling_layer(tmp_path):
@@ -342,6 +342,24 @@ def test_a_loss_per_pixel_takes_an_integer_ignore_index(tmp_path, value, fragmen
       - {name: conv, op: conv2d, out_channels: 3, kernel: 3, padding: 1}
       - {name: loss, op: softmax_cross_entropy, ignore_index: %s}
     """ % value
+    expect_error(write(tmp_path, layers), "loss", fragment)
+
+
+@pytest.mark.parametrize("keys,classes,fragment", [
+    ("dice: -1", 3, "'dice' must not be negative"),
+    ("cross_entropy: .nan", 3, "'cross_entropy' must be a finite number"),
+    ("smooth: -0.1", 3, "'smooth' must not be negative"),
+    ("dice: 0, cross_entropy: 0", 3, "'dice' and 'cross_entropy' (the weights of the two terms) are both 0"),
+    ("include_background: 0", 3, "'include_background' must be true or false"),
+    ("batch: yes please", 3, "'batch' must be true or false"),
+    ("include_background: false", 1, "include_background false leaves no class of the 1 to score"),
+    ("squared: true", 3, "unknown key 'squared' for op 'dice_loss'"),
+])
+def test_bad_dice_losses_name_the_key(tmp_path, keys, classes, fragment):
+    layers = """
+      - {name: conv, op: conv2d, out_channels: %d, kernel: 3, padding: 1}
+      - {name: loss, op: dice_loss, %s}
+    """ % (classes, keys)
     expect_error(write(tmp_path, layers), "loss", fragment)
 
 

@@ -53,7 +53,11 @@ EVERY_SEQUENCE_OP = [
     {"name": "flat", "op": "flatten"},
     {"name": "fc", "op": "linear", "out_features": 3}, {"name": "loss", "op": "softmax_cross_entropy"}]
 
-EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], EVERY_SEQUENCE_OP)]
+EVERY_PER_PIXEL_OP = [{"name": "head", "op": "conv2d", "out_channels": 3, "kernel": 1},
+                      {"name": "loss", "op": "dice_loss"}]
+
+EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], EVERY_SEQUENCE_OP),
+               ([2, 4, 3], EVERY_PER_PIXEL_OP)]
 
 
 def test_every_op_has_one_row_and_every_part_knows_it():
@@ -75,7 +79,8 @@ def test_a_family_is_one_op_for_every_spatial_rank():
 
 
 def test_the_rows_are_consistent():
-    assert [name for name, spec in OPS.items() if spec.loss] == ["softmax_cross_entropy", "mse_loss"]
+    assert [name for name, spec in OPS.items() if spec.loss] == ["softmax_cross_entropy", "dice_loss", "mse_loss"]
+    assert all(not spec.class_sums or spec.answers == ANSWERS_LABELS for spec in OPS.values())
     assert all((spec.answers in (ANSWERS_LABELS, ANSWERS_TARGETS)) == spec.loss for spec in OPS.values())
     for name, spec in OPS.items():
         assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_INTERPOLATED, READS_GROUPS,

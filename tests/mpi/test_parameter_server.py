@@ -14,7 +14,7 @@ from stepping import train
 from spmdcnn.cost.buckets import SyncOptions
 from spmdcnn.cost.compute import ComputeModel
 from spmdcnn.cost.machine import Link, Machine
-from spmdcnn.cost.model import LOSS_SUMS, CostModel
+from spmdcnn.cost.model import CostModel
 from spmdcnn.cost.timeline import device_buckets
 from spmdcnn.graph import load_model
 from spmdcnn.runtime.executor import Executor
@@ -78,7 +78,7 @@ def test_the_ranks_count_what_the_model_charges(world):
             problems.append(f"{plan.source}: {counters.sync_exposed_s} s exposed, more than the {counters.sync_s} s "
                             "of sync")
         synced = sum(world.allgather(counters.bytes_synced))
-        overhead = 8 * LOSS_SUMS * world.size if world.size > 1 else 0
+        overhead = 8 * cost.loss_values * world.size if world.size > 1 else 0
         predicted = cost.simulate(plan)
         if predicted.summary()["bytes_synced"] + overhead != synced:
             problems.append(f"{plan.source}: predicted {predicted.summary()['bytes_synced']} + {overhead} bytes "

@@ -11,7 +11,8 @@ import pytest
 from op_cases import CONV_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
-from spmdcnn.ops import batchnorm, conv, conv_transpose, dropout, groupnorm, linear, loss, pool, relu, upsample
+from spmdcnn.ops import (batchnorm, conv, conv_transpose, dice, dropout, groupnorm, linear, loss, pool, relu,
+                         upsample)
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -219,6 +220,21 @@ def test_cross_entropy_per_pixel_on_the_gpu(dtype):
     correct2, table2 = loss.scores(cp.asarray(logits), cp.asarray(labels), 255, classes=True)
     assert correct2 == correct
     np.testing.assert_array_equal(cp.asnumpy(table2), table)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_dice_loss_on_the_gpu(dtype):
+    """Dice's sums per sample and class, and the gradient from a seed, as on the host (ops/dice.py)."""
+    rng = _rng(11)
+    logits, labels = rng.standard_normal((2, 3, 4, 3, 2)), rng.integers(0, 3, (2, 4, 3, 2))
+    labels[1, 0] = -1
+    _, saved = loss.softmax_cross_entropy_forward(logits.astype(dtype), labels, total=1)
+    _, saved2 = loss.softmax_cross_entropy_forward(cp.asarray(logits.astype(dtype)), cp.asarray(labels), total=1)
+    table, table2 = dice.dice_partials(saved), dice.dice_partials(saved2)
+    _close(table2, table, dtype, "Dice's sums")
+    _, a, b = dice.dice_finish(table, 0.5, include_background=False)
+    seed = dice.DiceSeed(0.5 / saved.counted, a, b)
+    _close(dice.dice_backward(seed, saved2), dice.dice_backward(seed, saved), dtype, "Dice's gradient")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

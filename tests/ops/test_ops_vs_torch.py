@@ -787,3 +787,100 @@ def test_geometry_rejects_values_for_another_number_of_axes(make):
 def test_conv_rejects_a_geometry_of_another_rank():
     with pytest.raises(ValueError, match="spatial rank"):
         conv_forward(np.zeros((1, 2, 4, 4, 4)), np.zeros((2, 2, 3, 3, 3)), None, ConvGeometry())
+
+
+# ------------------------------------------------------------------------------------- Dice (and cross-entropy)
+
+def _dice_layer(**attrs):
+    from spmdcnn.graph.graph import parse_model
+    graph = parse_model({"name": "d", "input": [3, 4, 4], "layers": [
+        {"name": "loss", "op": "dice_loss", **attrs}]})
+    return graph.loss
+
+
+def _dice_tiles(layer, logits, labels, tiles):
+    """What the executor does with the loss tiles ``tiles`` (index tuples over (N, S...)): each tile's forward, the
+    tables summed, the finish, each tile's backward; returns the loss and the whole gradient."""
+    from spmdcnn.ops import dice
+    from spmdcnn.runtime.kernels import finish_loss
+    total = counted = 0.0
+    table = np.zeros((3,) + logits.shape[:2])
+    saved = []
+    for index in tiles:
+        share, kept = softmax_cross_entropy_forward(logits[index[:1] + (slice(None),) + index[1:]], labels[index],
+                                                    total=1, ignore_index=layer.attrs["ignore_index"])
+        table[:, index[0]] += dice.dice_partials(kept)
+        total, counted = total + share, counted + kept.counted
+        saved.append(kept)
+    loss, seed = finish_loss(layer, total, counted, table)
+    gradient = np.zeros_like(logits)
+    for index, kept in zip(tiles, saved):
+        rows = index[0]
+        gradient[index[:1] + (slice(None),) + index[1:]] = dice.dice_backward(seed.rows(rows.start, rows.stop), kept)
+    return loss, gradient
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("attrs", [{}, {"dice": 0.5, "cross_entropy": 0.5, "include_background": False},
+                                   {"batch": True, "cross_entropy": 1.0, "smooth": 0.0},
+                                   {"ignore_index": 255, "dice": 2.0, "include_background": False, "batch": True}])
+@pytest.mark.parametrize("shape", [(3, 4, 5, 6), (2, 3, 4, 3, 5), (2, 2, 9)])
+def test_dice_loss(shape, attrs, dtype):
+    """Dice and cross-entropy per position against MONAI's DiceCELoss written in PyTorch
+    (tests/torch_reference.dice_ce): per sample or over the batch, the background in or out, an ignore label, a
+    class absent from a sample, a padding sample (every label -1) that counts in neither term."""
+    from torch_reference import dice_ce
+    layer = _dice_layer(**attrs)
+    rng = np.random.default_rng(31)
+    N, K, *spatial = shape
+    logits = (2.0 * rng.standard_normal(shape)).astype(dtype)
+    labels = rng.integers(0, K - 1, (N, *spatial))          # the last class is absent
+    labels.reshape(N, -1)[:, ::4] = layer.attrs["ignore_index"]
+    labels[-1] = -1                                          # evaluation's padding
+    whole = (slice(None),) * (1 + len(spatial))
+    loss, gradient = _dice_tiles(layer, logits, labels, [whole])
+    t = torch.tensor(logits.astype(np.float64), requires_grad=True)
+    expected = dice_ce(t, torch.from_numpy(labels), **layer.attrs)
+    expected.backward()
+    np.testing.assert_allclose(loss, expected.item(), rtol=TOLERANCE[dtype])
+    assert_close(gradient, t.grad.numpy().astype(dtype), dtype, "glogits")
+
+
+def test_dice_loss_is_mlperfs_unet3d_loss():
+    """At dice 0.5, cross_entropy 0.5, background left out and smoothing 1e-6 it is MLPerf HPC's 3D U-Net loss
+    (mlcommons/training image_segmentation: DiceCELoss = (mean(1 - dice per sample and foreground class) + CE) / 2),
+    written here as the reference writes it."""
+    layer = _dice_layer(dice=0.5, cross_entropy=0.5, include_background=False, smooth=1e-6)
+    rng = np.random.default_rng(32)
+    logits, labels = rng.standard_normal((2, 3, 4, 5, 3)), rng.integers(0, 3, (2, 4, 5, 3))
+    loss, gradient = _dice_tiles(layer, logits, labels, [(slice(None),) * 4])
+    t = torch.tensor(logits, requires_grad=True)
+    target = F.one_hot(torch.from_numpy(labels), 3).permute(0, 4, 1, 2, 3).double()[:, 1:]
+    prediction = torch.softmax(t, dim=1)[:, 1:]
+    axes = (2, 3, 4)
+    score = (2.0 * (target * prediction).sum(axes) + 1e-6) / (target.sum(axes) + prediction.sum(axes) + 1e-6)
+    expected = (torch.mean(1.0 - score) + F.cross_entropy(t, torch.from_numpy(labels))) / 2
+    expected.backward()
+    np.testing.assert_allclose(loss, expected.item(), rtol=1e-12)
+    np.testing.assert_allclose(gradient, t.grad.numpy(), rtol=1e-10, atol=1e-15)
+
+
+@pytest.mark.parametrize("batch", [False, True])
+def test_dice_loss_of_tiles_is_the_whole(batch):
+    """Tiles over samples and positions add their sums into the table at their samples' rows: the loss and every
+    tile's gradient are the whole batch's."""
+    layer = _dice_layer(cross_entropy=0.3, batch=batch)
+    rng = np.random.default_rng(33)
+    logits, labels = rng.standard_normal((3, 4, 6, 5)), rng.integers(-1, 4, (3, 6, 5))
+    whole_loss, whole = _dice_tiles(layer, logits, labels, [(slice(None),) * 3])
+    tiles = [(slice(0, 2), slice(0, 4), slice(None)), (slice(0, 2), slice(4, 6), slice(None)),
+             (slice(2, 3), slice(0, 6), slice(0, 2)), (slice(2, 3), slice(0, 6), slice(2, 5))]
+    loss, gradient = _dice_tiles(layer, logits, labels, tiles)
+    np.testing.assert_allclose(loss, whole_loss, rtol=1e-13)
+    np.testing.assert_allclose(gradient, whole, rtol=1e-10, atol=1e-16)
+
+
+def test_dice_loss_of_nothing_labelled_is_zero():
+    layer = _dice_layer(cross_entropy=1.0)
+    loss, gradient = _dice_tiles(layer, np.ones((2, 3, 4)), np.full((2, 4), -1), [(slice(None),) * 2])
+    assert loss == 0.0 and not gradient.any()
