@@ -117,13 +117,18 @@ class CostModel:
         computes = self.compute.layer_times(layer, self.batch, [config.degrees for config in configs])
         wait = self.compute.wait
         ghost = self.ghost is not None and layer.spec.normalization
-        syncs = [self._sync.ghost(layer, config, self.batch, self.ghost) for config in configs] if ghost \
-            else self._sync.layers(layer, configs)
+        shared = layer.spec.sample_statistics
+        if ghost:
+            syncs = [self._sync.ghost(layer, config, self.batch, self.ghost) for config in configs]
+        elif shared:
+            syncs = [self._sync.statistics(layer, config, self.batch) for config in configs]
+        else:
+            syncs = self._sync.layers(layer, configs)
         for config, compute, sync in zip(configs, computes, syncs):
             seconds = sync.seconds + sync.points * wait
             if self.machine.served:         # a server's push is on the critical path: none to weight
                 gradient = 0.0
-            elif ghost:
+            elif ghost or shared:
                 gradient = sync.gradient
             else:
                 gradient = 0.0 if layer.spec.reduced_in_layer else seconds

@@ -4,8 +4,9 @@ Devices holding the same channel part of a layer hold the same parameter shard: 
 gradients with one allreduce (the library's algorithm for the size over the group's level: :class:`Regimes`), or
 on a machine of ``sync: parameter-server`` through the group's server (:class:`ParameterServer`). Batchnorm
 combines its statistics over the group: forward gathers every tile's count, mean and M2 per channel (three
-float64 each), backward sums two float64 per channel. The groups of a layer run at once; the layer waits for the
-slowest.
+float64 each), backward sums two float64 per channel. Group and instance norm sum theirs over the tiles of the same
+samples that share groups (:meth:`SyncModel.statistics`). The groups of a layer run at once; the layer waits for
+the slowest.
 """
 
 from dataclasses import dataclass
@@ -122,6 +123,38 @@ class SyncModel:
                 gradient = max(gradient, self.machine.gradient_sum(replicas).allreduce(len(replicas), params))
                 nbytes += params + 2 * rows * STAT_BYTES      # gamma and beta's gradients; running statistics
         found = self._syncs[key] = Sync(seconds + gradient, float(nbytes), points, forward, gradient)
+        return found
+
+    def statistics(self, layer, config, batch):
+        """The :class:`Sync` of a group (or instance) normalisation ``layer`` (:mod:`spmdcnn.tiling.statistics`):
+        each component of tiles sharing groups of their samples sums a float64 per sample and group twice in
+        forward (the means, then the centred squares) and two backward; its parameter gradients are summed over
+        the replica groups as any layer's (``gradient``)."""
+        from ..graph.optable import group_channels
+        from ..tiling.config import output_shape
+        from ..tiling.statistics import statistics_components
+        shape = output_shape(layer, batch)
+        key = ("statistics", config.degrees, config.devices, shape, group_channels(layer), layer.out_shape[0],
+               tuple(layer.params.items()))
+        found = self._syncs.get(key)
+        if found is not None:
+            return found
+        tiles = dict(config.tiles(shape))
+        seconds = forward = 0.0
+        nbytes = 0
+        for device, place in statistics_components(config, shape, group_channels(layer)).items():
+            size = len(place.component)
+            if size < 2:
+                continue
+            n0, n1 = tiles[device][0]
+            table = (n1 - n0) * (place.groups[1] - place.groups[0]) * STAT_BYTES
+            regimes = self.machine.regimes(place.component)
+            first = 2 * regimes.allreduce(size, table)
+            seconds, forward = max(seconds, first + regimes.allreduce(size, 2 * table)), max(forward, first)
+            nbytes += 4 * table
+        params = self.layer(layer, config)
+        found = self._syncs[key] = Sync(seconds + params.seconds, float(nbytes) + params.bytes,
+                                        (3 if nbytes else 0) + params.points, forward, params.seconds)
         return found
 
     def groups(self, config, channels):

@@ -14,12 +14,11 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..graph.optable import (OPS, READS_CHANNEL_PARTS, READS_GROUPS, READS_INTERPOLATED, READS_TRANSPOSED,
-                             group_channels)
+from ..graph.optable import OPS, READS_CHANNEL_PARTS, READS_INTERPOLATED, READS_TRANSPOSED, group_channels
 from ..ops.window import padded_extents
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
-from ..tiling.fields import group_range, needs as tile_needs, spatial_reach
+from ..tiling.fields import needs as tile_needs, spatial_reach
 
 
 @dataclass(frozen=True)
@@ -303,8 +302,6 @@ def distinct_parts(layer, in_shapes, axis, extent, degree):
     :func:`candidates`."""
     if layer.spec.reads == READS_CHANNEL_PARTS and axis == 1:
         return range(degree)
-    if layer.spec.reads == READS_GROUPS and axis == 1:         # parts of one size may span more groups
-        return _distinct(extent, degree, lambda c0, c1: group_range(layer, c0, c1))
     if layer.spec.reads in (READS_TRANSPOSED, READS_INTERPOLATED) and axis >= 2:
         return _distinct(extent, degree, lambda o0, o1: spatial_reach(layer, axis, o0, o1, in_shapes[0][axis]))
     return candidates(extent, degree, edges=layer.spec.window and axis >= 2)
@@ -358,7 +355,7 @@ def tile_shape(layer, box, needs):
                  ("stride", needs[0].stride(geometry.stride)))
     else:
         attrs = tuple((key, _tuple(a[key])) for key in sorted(layer.spec.tile_attrs))
-    if layer.spec.reads == READS_GROUPS:     # what the kernel needs of the groups, whatever block it reads
+    if layer.spec.sample_statistics:        # channels per group: the tile's groups, whatever its channels
         attrs = tuple(sorted(attrs + (("group_channels", group_channels(layer)),)))
     channels = box[1] if len(box) > 1 else (0, 1)
     params = tuple((name, layer.shard_shape(name, channels)) for name in layer.params)

@@ -26,7 +26,6 @@ READS_WINDOW = "window"                 # a window over the spatial axes, every 
 READS_CHANNEL_WINDOW = "channel window"  # a window over the spatial axes, the output's channels (pooling)
 READS_TRANSPOSED = "transposed window"  # the inputs whose windows reach the output's box, every input channel
 READS_INTERPOLATED = "interpolated"     # the inputs the output's box interpolates between, the output's channels
-READS_GROUPS = "groups"                 # the whole of its samples' channel groups its channels belong to
 READS_PLANE = "plane"                   # every position of the spatial axes, the output's channels
 READS_SAMPLE = "sample"                 # every feature of the output's samples
 READS_POSITIONS = "positions"           # every channel at the output's positions (a loss per sample or pixel)
@@ -63,6 +62,7 @@ class OpSpec:
     reduced_in_layer: bool = False  # its parameter gradients come out summed over the replica group
     dense: bool = False         # fully connected: the "one weird trick" plan splits its features
     normalization: bool = False  # running statistics over the batch (PyTorch counts its batches)
+    sample_statistics: bool = False  # statistics per sample and channel group, summed over the tiles sharing them
     unit_init: bool = False     # weight 1 and bias 0 at first (a normalisation's affine parameters)
     loss: bool = False          # the network's loss: one value per sample (or per position of a sample)
     tile_attrs: tuple = ()      # attributes its kernel reads, besides a window's geometry (cost/tiles.py)
@@ -107,8 +107,8 @@ OPS = {spec.name: spec for spec in (
     OpSpec("scale", READS_BOX, inplace=True, inherits=True, tile_attrs=("factor",)),
     *_ranked("batchnorm", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, normalization=True, unit_init=True,
              tile_attrs=("eps", "momentum")),
-    OpSpec("groupnorm", READS_GROUPS, KEEPS_INPUT, unit_init=True, tile_attrs=("eps",)),
-    OpSpec("instancenorm", READS_GROUPS, KEEPS_INPUT, unit_init=True, tile_attrs=("eps",)),
+    OpSpec("groupnorm", READS_BOX, KEEPS_INPUT, unit_init=True, sample_statistics=True, tile_attrs=("eps",)),
+    OpSpec("instancenorm", READS_BOX, KEEPS_INPUT, unit_init=True, sample_statistics=True, tile_attrs=("eps",)),
     OpSpec("dropout", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("flatten", READS_SAMPLE, splits=("n",), view=True),
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
@@ -153,7 +153,7 @@ def window(attrs, rank):
 
 
 def group_channels(layer):
-    """Channels per group of a group or instance normalisation (the op table's ``READS_GROUPS``)."""
+    """Channels per group of a group or instance normalisation (the op table's ``sample_statistics``)."""
     return layer.in_shapes[0][0] // layer.attrs["groups"] if "groups" in layer.attrs else 1
 
 

@@ -49,7 +49,7 @@ class Tile:
     (``need``, a :class:`~spmdcnn.tiling.fields.Need`: the padding it adds, the steps of a strided read; None: an
     input that arrives padded and whole, as the profiler gives it), and over the ranks holding the same channels
     (batchnorm's statistics; None: this rank alone holds them) ``reduce``, their sum, and ``gather``, their
-    arrays stacked."""
+    arrays stacked; for a group normalisation ``reduce`` sums over the ranks sharing its samples' groups."""
 
     global_shape: tuple
     box: tuple
@@ -57,6 +57,7 @@ class Tile:
     reduce: object = None
     gather: object = None
     ghost: object = None        # a Ghost: statistics over fixed groups of samples (job key batchnorm: {group: G})
+    statistics: tuple = None    # group norm: the groups (g0, g1) of the sums ``reduce`` adds (None: its own)
 
     @property
     def start(self):
@@ -196,18 +197,26 @@ def _upsample(kernel):
 
 
 def _groupnorm(kernel):
-    """A group (or instance) normalisation's tile: the block it reads holds whole groups of its samples, every
-    position; its output box lies at the tile's channels less the block's first, and its own positions."""
+    """A group (or instance) normalisation's tile: its own box, its partial sums per sample and group added over
+    the tiles that share its groups (``tile.reduce``; ``tile.statistics``: the groups of that table, None for the
+    tile's own), the count of each group the whole tensor's."""
     layer, tile, views = kernel.layer, kernel.tile, kernel.views
     per = group_channels(layer)
     eps = layer.attrs["eps"]
-    (c0, c1), start = tile.box[1], (tile.need.box[1][0] if tile.need is not None else tile.box[1][0])
-    box = (slice(c0 - start, c1 - start),) + tuple(slice(lo, hi) if tile.need is not None else slice(0, hi - lo)
-                                                   for lo, hi in tile.box[2:])
+    c0, c1 = tile.box[1]
+    g0, g1 = tile.statistics or (c0 // per, -(-c1 // per))
+    count = per * prod(tile.global_shape[2:])
+    memo = {}
+
+    def members(x):
+        xp = backend.array_module(x)
+        if xp not in memo:
+            memo[xp] = groupnorm.group_members(xp, c0, c1, per, g0, g1 - g0)
+        return memo[xp]
 
     def forward(xs, run):
         return groupnorm.groupnorm_forward(xs[0], views.params.get("weight"), views.params.get("bias"),
-                                           xs[0].shape[1] // per, eps, box)
+                                           members(xs[0]), count, eps, tile.reduce)
 
     def backward(gy, saved):
         gx, ggamma, gbeta = groupnorm.groupnorm_backward(gy, saved)

@@ -11,6 +11,7 @@ and memory are measured with the contention they will meet in training; rank 0 w
 import os
 import statistics
 import time
+from math import gcd
 from typing import NamedTuple
 
 import numpy as np
@@ -123,8 +124,8 @@ def _layer(shape):
         attrs["bias"] = any(n == "bias" for n, _ in shape.params)
     if "affine" in keys:
         attrs["affine"] = bool(shape.params)
-    if "group_channels" in attrs:       # a group normalisation: as many groups as the block it reads holds
-        per = attrs.pop("group_channels")
+    if "group_channels" in attrs:       # a group normalisation: the layer's groups where the tile's channels
+        per = gcd(attrs.pop("group_channels"), shape.inputs[0][1])     # hold whole ones (the work is the same)
         if "groups" in keys:
             attrs["groups"] = shape.inputs[0][1] // per
     out = shape.output[1:] if not spec.loss else ()

@@ -17,10 +17,12 @@ from .. import backend
 from ..comm import Exchange, ReplicaGroups
 from ..cost.buckets import SyncOptions, assign
 from ..graph.blocks import DATA
+from ..graph.optable import group_channels
 from ..ops.add import accumulate
 from ..tiling.config import output_shape
 from ..tiling.transfers import layer_transfers, tile_needs
 from ..tiling.ghost import components
+from ..tiling.statistics import statistics_components
 from .kernels import Ghost, Tile, TileKernel, Views
 from .params import flat_offsets
 
@@ -40,6 +42,7 @@ class Site:
     reduce: object = None       # the sum over the replica group, for a layer that sums inside (batchnorm)
     gather: object = None       # the arrays of the replica group stacked, likewise
     ghost: object = None        # ghost batch norm's Ghost (runtime.kernels) instead of reduce and gather
+    statistics: tuple = None    # group norm: the groups whose sums ``reduce`` adds (tiling.statistics)
     kernel: TileKernel = None   # the bound kernel of the tile (:meth:`Program.bind`)
     grad_slots: frozenset = frozenset()     # the inputs whose gradients backward sends back (Layer.input_grads)
 
@@ -51,7 +54,7 @@ class Site:
     def tile(self):
         """The :class:`~spmdcnn.runtime.kernels.Tile` its kernel is bound to."""
         return Tile(self.global_shape, self.box, self.needs[0] if self.needs else None, self.reduce, self.gather,
-                    self.ghost)
+                    self.ghost, self.statistics)
 
 
 @dataclass(frozen=True)
@@ -97,7 +100,7 @@ class Program:
         self.sync = SyncOptions.of(sync)
         self.batchnorm = batchnorm          # G of ghost batch norm (None: the global batch's statistics)
         self.deferred = []                  # (InFlight, apply) of running statistics summed off the critical path
-        ghosts = {}
+        ghosts, shared = {}, {}
         self.grad_itemsize = backend.master_dtype(dtype).itemsize
         rank = world.rank
         self.sites = {}
@@ -123,8 +126,16 @@ class Program:
             if layer.spec.normalization and batchnorm is not None:
                 ghosts[layer.name] = components(config, shape, batchnorm)
                 rank_sets += [ghost.component for ghost in ghosts[layer.name].values()]
+            if layer.spec.sample_statistics:
+                places = statistics_components(config, shape, group_channels(layer))
+                rank_sets += [place.component for place in places.values()]
+                if site.box is not None:
+                    shared[layer.name] = places[rank]
             self.sites[layer.name] = site
         self.groups = ReplicaGroups(world, rank_sets)
+        for name, place in shared.items():       # group norm: a sum over the tiles sharing its groups
+            self.sites[name].reduce = self.groups.reducer(place.component)      # the identity for one
+            self.sites[name].statistics = place.groups
         for site in self.sites.values():
             if site.box is None or not site.layer.spec.reduced_in_layer:
                 continue

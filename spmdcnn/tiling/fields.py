@@ -11,7 +11,7 @@ A transposed convolution's input position ``i`` adds into outputs ``i*s - p + q*
 tile reads the inputs that reach its part (``reach_range``), without padding, computes what they give and keeps
 its part (``ops/conv_transpose.py``: the crop). An upsampling's output tile reads, of its own channels, the inputs
 its outputs interpolate between (``ops/upsample.py: source_range``). A group (or instance) normalisation's tile reads
-the whole of its samples' groups its channels belong to, every position (its statistics are over all of them).
+its own box (the tiles sharing a group add their statistics: ``tiling/statistics.py``).
 Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
 their samples; the cross-entropy every class at its samples' positions (its output has one channel); element-wise ops and add read the output's own box; concat reads, from each input, the part of
 the output's channel range that input supplies (possibly nothing).
@@ -19,8 +19,8 @@ the output's channel range that input supplies (possibly nothing).
 
 from dataclasses import dataclass
 
-from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_GROUPS, READS_INTERPOLATED, READS_PLANE,
-                              READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW, group_channels)
+from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE,
+                              READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW)
 from ..ops.upsample import source_range
 from ..ops.window import ntuple
 
@@ -117,15 +117,6 @@ def spatial_reach(layer, axis, o0, o1, extent):
     return source_range(attrs["mode"], scale, attrs["align_corners"], extent, layer.out_shape[axis - 1], o0, o1)
 
 
-def group_range(layer, c0, c1):
-    """The channels ``[g0, g1)`` of the groups that output channels ``[c0, c1)`` of a group or instance
-    normalisation belong to (empty for none)."""
-    per = group_channels(layer)
-    if c1 <= c0:
-        return c0, c0
-    return c0 // per * per, -(-c1 // per) * per
-
-
 def _reaching_need(layer, out_box, in_shape, channels):
     return Need((out_box[0], channels) + tuple(spatial_reach(layer, axis, o0, o1, in_shape[axis])
                                                for axis, (o0, o1) in enumerate(out_box[2:], start=2)))
@@ -143,8 +134,6 @@ def needs(layer, out_box, in_shapes):
         return [_reaching_need(layer, out_box, in_shapes[0], (0, in_shapes[0][1]))]
     if reads == READS_INTERPOLATED:
         return [_reaching_need(layer, out_box, in_shapes[0], out_box[1])]
-    if reads == READS_GROUPS:           # the whole of its samples' groups: every position
-        return [Need((n, group_range(layer, *out_box[1])) + tuple((0, extent) for extent in in_shapes[0][2:]))]
     if reads == READS_PLANE:
         return [Need((n, out_box[1]) + tuple((0, extent) for extent in in_shapes[0][2:]))]
     if reads == READS_POSITIONS:        # every channel of the output's samples and positions

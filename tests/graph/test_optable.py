@@ -8,7 +8,7 @@ from spmdcnn.graph import opspec
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.graph.optable import (ANSWERS_LABELS, ANSWERS_TARGETS, FAMILIES, KEEPS_INDICES, KEEPS_INPUT,
                                    KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_CHANNEL_PARTS,
-                                   READS_CHANNEL_WINDOW, READS_GROUPS, READS_INTERPOLATED, READS_PLANE,
+                                   READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE,
                                    READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW, needs_gradient)
 from spmdcnn.runtime import kernels
 from spmdcnn.tiling.config import NAMES, dims_of, names_of
@@ -83,7 +83,7 @@ def test_the_rows_are_consistent():
     assert all(not spec.class_sums or spec.answers == ANSWERS_LABELS for spec in OPS.values())
     assert all((spec.answers in (ANSWERS_LABELS, ANSWERS_TARGETS)) == spec.loss for spec in OPS.values())
     for name, spec in OPS.items():
-        assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_INTERPOLATED, READS_GROUPS,
+        assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_INTERPOLATED,
                               READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_CHANNEL_PARTS, READS_BOX), name
         assert spec.keeps in (KEEPS_INPUT, KEEPS_MASK, KEEPS_INDICES, KEEPS_OUTPUT, KEEPS_NOTHING), name
         assert spec.splits is None or set(spec.splits) <= set(NAMES), name

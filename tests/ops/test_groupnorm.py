@@ -1,7 +1,8 @@
 """Group and instance normalisation against PyTorch in float64, forward and backward, over 1, 2 and 3 spatial
-axes; and split outputs: tiles that read the whole of their samples' groups and write their own box give the
-whole op's values and, added up, its gradients (the input's over the blocks read, gamma's and beta's over the
-tiles' channels)."""
+axes; and split outputs: tiles of their own boxes that add their partial sums of each (sample, group) give the
+whole op's values and gradients (the input's per tile, gamma's and beta's summed over the tiles' channels)."""
+
+import threading
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from spmdcnn.ops import groupnorm as gn
+from spmdcnn.tiling.statistics import touched_groups
 
 CASES = {   # x shape, groups, affine
     "image_two_groups": ((2, 6, 5, 4), 3, True),
@@ -28,11 +30,18 @@ def _arrays(case, seed=0):
     return x, gamma, beta
 
 
+def _whole(x, gamma, beta, groups, eps=1e-5):
+    C = x.shape[1]
+    per = C // groups
+    members = gn.group_members(np, 0, C, per, 0, groups)
+    return gn.groupnorm_forward(x, gamma, beta, members, per * int(np.prod(x.shape[2:])), eps)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_groupnorm_equals_pytorch(case):
     x, gamma, beta = _arrays(case)
     groups = CASES[case][1]
-    y, saved = gn.groupnorm_forward(x, gamma, beta, groups, eps=1e-5)
+    y, saved = _whole(x, gamma, beta, groups)
     tx = torch.tensor(x, requires_grad=True)
     tg = None if gamma is None else torch.tensor(gamma, requires_grad=True)
     tb = None if beta is None else torch.tensor(beta, requires_grad=True)
@@ -52,34 +61,70 @@ def test_groupnorm_equals_pytorch(case):
         assert ggamma is None and gbeta is None
 
 
+class _Tiles:
+    """A sum over tiles run in threads, as MPI's allreduce over their ranks: each call waits for every tile's."""
+
+    def __init__(self, count):
+        self.barrier, self.parts, self.count = threading.Barrier(count), {}, count
+
+    def reducer(self, index):
+        def reduce(array):
+            self.parts[index] = array.copy()
+            self.barrier.wait()
+            total = sum(self.parts[i] for i in range(self.count))
+            self.barrier.wait()
+            array[...] = total
+            return array
+        return reduce
+
+
 @pytest.mark.parametrize("case", CASES)
-def test_tiles_read_whole_groups_and_write_their_box(case):
+def test_tiles_of_their_own_boxes_add_their_sums(case):
+    """Tiles split over channels (inside a group) and width compute, forward and backward, what the whole op
+    computes at their boxes, adding their partial sums over the groups they share."""
     x, gamma, beta = _arrays(case)
     groups = CASES[case][1]
-    y, saved = gn.groupnorm_forward(x, gamma, beta, groups)
+    y, saved = _whole(x, gamma, beta, groups)
     gy = np.random.default_rng(2).standard_normal(y.shape)
     gx, ggamma, gbeta = gn.groupnorm_backward(gy, saved)
     C, W = x.shape[1], x.shape[-1]
     per = C // groups
+    count = per * int(np.prod(x.shape[2:]))
     inner = (slice(None),) * (x.ndim - 3)
-    total, gsum = np.zeros_like(gx), np.zeros(C)
-    for c0, c1 in ((0, C // 2 - 1 if C > 2 else 1), (C // 2 - 1 if C > 2 else 1, C)):      # splits inside a group
-        g0, g1 = c0 // per * per, -(-c1 // per) * per
-        for w0, w1 in ((0, W // 2), (W // 2, W)):
-            box = (slice(c0 - g0, c1 - g0),) + inner + (slice(w0, w1),)
-            tile = (slice(None), slice(c0, c1)) + inner + (slice(w0, w1),)
-            ty, tsaved = gn.groupnorm_forward(x[:, g0:g1], None if gamma is None else gamma[c0:c1],
-                                              None if beta is None else beta[c0:c1], (g1 - g0) // per, box=box)
-            np.testing.assert_allclose(ty, y[tile], rtol=1e-12, atol=1e-12)
-            tgx, tgg, _ = gn.groupnorm_backward(gy[tile], tsaved)
-            total[:, g0:g1] += tgx
-            if gamma is not None:
-                gsum[c0:c1] += tgg
-    np.testing.assert_allclose(total, gx, rtol=1e-11, atol=1e-11)
+    cut = C // 2 - 1 if C > 2 else 1
+    tiles = [(c, w) for c in ((0, cut), (cut, C)) for w in ((0, W // 2), (W // 2, W))]
+    sums = _Tiles(len(tiles))
+    out, grads, gsum, failures = {}, {}, np.zeros(C), []
+
+    def run(i, c0, c1, w0, w1):
+        try:
+            index = (slice(None), slice(c0, c1)) + inner + (slice(w0, w1),)
+            members = gn.group_members(np, c0, c1, per, 0, groups)        # one table of every group, for all
+            ty, tsaved = gn.groupnorm_forward(x[index], None if gamma is None else gamma[c0:c1],
+                                              None if beta is None else beta[c0:c1], members, count,
+                                              reduce=sums.reducer(i))
+            out[i] = (index, ty)
+            grads[i] = (index, c0, c1, gn.groupnorm_backward(gy[index], tsaved))
+        except Exception as error:          # noqa: BLE001 - reported below
+            failures.append(error)
+            sums.barrier.abort()
+    threads = [threading.Thread(target=run, args=(i, *c, *w)) for i, (c, w) in enumerate(tiles)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert not failures, failures
+    for index, ty in out.values():
+        np.testing.assert_allclose(ty, y[index], rtol=1e-12, atol=1e-12)
+    for index, c0, c1, (tgx, tgg, _) in grads.values():
+        np.testing.assert_allclose(tgx, gx[index], rtol=1e-11, atol=1e-11)
+        if gamma is not None:
+            gsum[c0:c1] += tgg
     if gamma is not None:
         np.testing.assert_allclose(gsum, ggamma, rtol=1e-11, atol=1e-11)
 
 
-def test_groups_must_divide_the_channels():
-    with pytest.raises(ValueError, match="6 channels do not split into 4 groups"):
-        gn.groupnorm_forward(np.zeros((1, 6, 2, 2)), None, None, 4)
+def test_a_tiles_channels_map_to_the_groups_it_shares():
+    members = gn.group_members(np, 3, 8, 2, 1, 3)     # channels 3..7, groups of 2 from group 1
+    np.testing.assert_array_equal(members.argmax(axis=1), [0, 1, 1, 2, 2])
+    assert members.sum() == 5 and touched_groups(3, 8, 2) == (1, 4)
