@@ -336,8 +336,13 @@ def _input_block(layout, w2, g, cols, gx):
 
 def conv_input_gradient(gy, w, x_shape, geometry):
     """The gradient of :func:`conv_forward`'s input of ``x_shape`` alone, from the output gradient ``gy``: the
-    transposed convolution of ``gy`` (``ops/conv_transpose.py`` runs its forward through this)."""
+    transposed convolution of ``gy`` (``ops/conv_transpose.py`` runs its forward through this); cuDNN's data
+    gradient on a GPU where an engine runs it."""
     xp = backend.array_module(gy)
+    if backend.on_device(gy) and cudnn.available():
+        gx = cudnn.input_gradient(gy, w, x_shape, geometry)
+        if gx is not None:
+            return gx
     N, C = x_shape[:2]
     K, kernel = w.shape[0], w.shape[2:]
     w2 = w.reshape(K, C * prod(kernel))

@@ -9,7 +9,8 @@ channels last) is run on channels-last copies (NHWC or NDHWC, weights KRSC) befo
 
 - Per-side padding: a tile's padding is often one-sided, which many cuDNN engines refuse; the input is then
   padded explicitly up to the symmetric part (forward and weight gradient read the padded copy; the data
-  gradient is computed for it and cropped).
+  gradient is computed for it and cropped). A transposed convolution's forward is the data gradient alone
+  (:func:`input_gradient`).
 - The bias is added and its gradient summed by CuPy (fused conv+bias graphs want channels-last layouts).
 - float32 convolutions use full float32 arithmetic unless TF32 is allowed (:func:`spmdcnn.backend.tf32_allowed`,
   the job's ``tf32``): without it, engines that round inputs (the TENSOR_CORE and DOWN_CONVERT_INPUTS numerical
@@ -249,6 +250,30 @@ def conv_forward(x, w, b, geometry, need_input_grad):
         y += b.astype(y.dtype, copy=False).reshape((1, K) + (1,) * len(kernel))
     return y, ConvSaved("cudnn", geometry, x=xpad, w=w, has_bias=b is not None, need_input_grad=need_input_grad,
                         x_shape=x.shape, wio=wio, padding=padding)
+
+
+def input_gradient(gy, w, x_shape, geometry):
+    """The gradient of a convolution's input of ``x_shape`` from ``gy`` alone (a transposed convolution's forward,
+    ``ops/conv.conv_input_gradient``) through cuDNN's data gradient, computed for the input padded by the
+    padding's one-sided part and cropped; None when no engine runs it."""
+    kernel = w.shape[2:]
+    extra, padding = _symmetric(geometry, kernel)
+    xpad_shape = tuple(x_shape[:2]) + tuple(size + before + after for size, (before, after) in
+                                            zip(x_shape[2:], extra))
+    gy = aligned_contiguous(gy)
+    wio = aligned_contiguous(w.astype(gy.dtype, copy=False))
+    io_type = gy.dtype.name
+    for layout in LAYOUTS:
+        graph = _graph("dgrad", io_type, io_type, xpad_shape, w.shape, gy.shape, padding, geometry.stride,
+                       geometry.dilation, layout, quiet=layout != LAYOUTS[-1])
+        gxpad = _empty(xpad_shape, gy.dtype, layout)
+        if graph is not None and graph(gy=_to(gy, layout), w=_to(wio, layout), out=gxpad):
+            paths["dgrad", layout] += 1
+            gxpad = _back(gxpad, layout)
+            crop = tuple(slice(before, before + size) for size, (before, _) in zip(x_shape[2:], extra))
+            return gxpad[(slice(None), slice(None)) + crop]
+    paths["dgrad", "im2col"] += 1
+    return None
 
 
 def conv_backward(gy, saved, gw_out):
