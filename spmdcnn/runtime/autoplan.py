@@ -122,10 +122,10 @@ def choose(proposed, graph, batch, world, xp, dtype, settings, store, path, log,
     in ``store``, the profile at ``path``; :func:`~.trials.fastest`)."""
     (label, plan, predicted), chosen_by = proposed[0], "optimal under the cost model"
     if len(proposed) > 1:
-        found = _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm,
-                        source, run_steps, seed, read_dtype)
         data_text = named("data", graph, batch, world.size).text
         incumbent = next((i for i, (_, candidate, _) in enumerate(proposed) if candidate.text == data_text), 0)
+        found = _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm,
+                        source, run_steps, seed, read_dtype, incumbent)
         winner = trial.fastest(found, incumbent=incumbent) if found else None
         if winner is not None:
             label, plan, predicted = winner.label, winner.plan, winner.predicted_s
@@ -139,9 +139,10 @@ def choose(proposed, graph, batch, world, xp, dtype, settings, store, path, log,
 
 
 def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log, sync, batchnorm, source,
-            run_steps, seed, read_dtype):
-    """The :class:`~.trials.Trial` s of ``proposed``, from the profile's cache or timed now (and cached in
-    ``store`` at ``path``, when given); None when the run is too short for them."""
+            run_steps, seed, read_dtype, incumbent=0):
+    """The :class:`~.trials.Trial` s of ``proposed``, from the profile's cache or timed now, with a run-off of
+    the two closest when they cannot be told apart and the run's share allows (:func:`_run_off`), and cached in
+    ``store`` at ``path``, when given; None when the run is too short for them."""
     key = trial.cache_key(graph, batch, world.size, sync, batchnorm, settings)
     found = world.bcast(trial.cached(store, key, proposed) if world.rank == 0 else None)
     if found is not None:
@@ -161,6 +162,9 @@ def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log
         start = time.perf_counter()
         found = trial.run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed, sync, batchnorm,
                                  source, read_dtype=read_dtype)
+        spare = None if run_steps is None else settings.share * run_steps - total
+        found = _run_off(found, graph, batch, world, xp, dtype, settings, steps, spare, log, incumbent, seed, sync,
+                         batchnorm, source, read_dtype)
         if world.rank == 0:
             trial.remember(store, key, found)
             if path:
@@ -169,6 +173,26 @@ def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log
     for found_trial in found:
         log(trial.describe(found_trial))
     return found
+
+
+def _run_off(found, graph, batch, world, xp, dtype, settings, steps, spare, log, incumbent, seed, sync, batchnorm,
+             source, read_dtype):
+    """``found`` with the two trials :func:`~.trials.fastest` cannot tell apart (:func:`~.trials.contenders`)
+    timed again, in two passes of the pair (reversed from their first order), and each merged with its first
+    timing (:func:`~.trials.merged`); unchanged when there are no such two or ``spare`` (steps left in the run's
+    share; None: no bound) cannot hold the run-off."""
+    pair = trial.contenders(found, incumbent=incumbent)
+    cost = settings.total(2, steps)
+    if pair is None or (spare is not None and cost > spare):
+        return found
+    first, second = pair
+    log(f"plan auto: {first.label} and {second.label} ran within what their steps vary by "
+        f"({first.measured_s * 1e3:.1f} and {second.measured_s * 1e3:.1f} ms): a run-off of the two, {steps} steps "
+        f"each in two passes ({cost} steps)")
+    again = trial.run_trials([(t.label, t.plan, t.predicted_s) for t in (second, first)], graph, batch, world, xp,
+                             dtype, settings, steps, seed, sync, batchnorm, source, read_dtype=read_dtype)
+    timed = {id(second): again[0], id(first): again[1]}
+    return [trial.merged(t, timed[id(t)]) if id(t) in timed else t for t in found]
 
 
 def _save(store, path, log):

@@ -2,7 +2,9 @@
 
 ``plan: auto`` (and ``spmdcnn plan --trials K`` under ``mpiexec``) times the model's few best plans, data
 parallelism always among them, for a few steps each on the job's own ranks and batches, and keeps data
-parallelism unless another plan ran clearly faster (:func:`fastest`), then the fastest of those. Each candidate
+parallelism unless another plan ran clearly faster (:func:`fastest`), then the fastest of those; when the two
+fastest of those ran too close for their steps to tell apart, the two are timed again, alternating, and the
+faster over both timings is kept (:func:`contenders`, :func:`merged`). Each candidate
 trains on an executor of its own, built from the job's seed and dropped after its steps: the run's weights,
 optimizer and data order are those it would have without trials, so a run with trials equals the same run under
 the plan they chose (and every plan equals one process). The trials take at most ``share`` of
@@ -208,25 +210,56 @@ def refuse(graph, plan, dtype, xp, local_ranks=1):
                          f"{format_bytes(free)} is free for each rank here")
 
 
+def _beats(other, base, margin):
+    """Whether trial ``other`` ran faster than ``base`` by more than ``margin`` and more than the steps of either
+    disagreed among themselves, overall and in each pass."""
+    noise = max(margin, base.spread, other.spread)
+    return (other.measured_s * (1 + noise) < base.measured_s
+            and all(b * (1 + noise) < f for b, f in zip(other.passes, base.passes)))
+
+
+def _base_and_better(trials, margin, incumbent):
+    """``(base, [trials clearly faster than it])`` (:func:`fastest`), or ``(None, ran)`` when the base did not
+    run."""
+    ran = [t for t in trials if t.measured_s is not None]
+    base = trials[incumbent] if trials[incumbent].measured_s is not None else trials[0]
+    if base.measured_s is None:
+        return None, ran
+    return base, [t for t in ran if t is not base and _beats(t, base, margin)]
+
+
 def fastest(trials, margin=MARGIN, incumbent=0):
     """The trial to keep (None when none ran): the ``incumbent`` (an index: data parallelism when it ran, which
     moves nothing between layers, else the model's choice) unless another ran faster than it by more than
     ``margin`` (a fraction) and more than the steps of either disagreed among themselves (their
     :attr:`~Trial.spread`: what a few steps on a busy machine cannot tell apart), overall and in each pass (in
     order, then reversed: not by its turn); then the fastest of those that did."""
-    ran = [t for t in trials if t.measured_s is not None]
-    if not ran:
-        return None
-    base = trials[incumbent] if trials[incumbent].measured_s is not None else trials[0]
-    if base.measured_s is None:
-        return min(ran, key=lambda t: t.measured_s)
-
-    def beats(other):
-        noise = max(margin, base.spread, other.spread)
-        return (other.measured_s * (1 + noise) < base.measured_s
-                and all(b * (1 + noise) < f for b, f in zip(other.passes, base.passes)))
-    better = [t for t in ran if t is not base and beats(t)]
+    base, better = _base_and_better(trials, margin, incumbent)
+    if base is None:
+        return min(better, key=lambda t: t.measured_s) if better else None
     return min(better, key=lambda t: t.measured_s) if better else base
+
+
+def contenders(trials, margin=MARGIN, incumbent=0):
+    """The two trials :func:`fastest` would choose between by a difference its steps cannot tell apart, fastest
+    first, or None: the two fastest of those clearly faster than the incumbent (or, when it did not run, of those
+    that ran) when neither is clearly faster than the other. A run-off of the two settles it
+    (:func:`merged`)."""
+    base, better = _base_and_better(trials, margin, incumbent)
+    if len(better) < 2:
+        return None
+    first, second = sorted(better, key=lambda t: t.measured_s)[:2]
+    return None if _beats(first, second, margin) else (first, second)
+
+
+def merged(trial, again):
+    """``trial`` with a run-off's timing of the same plan (``again``) added: its passes are both timings' passes,
+    its time their median, its spread the larger."""
+    if again.measured_s is None:
+        return trial._replace(measured_s=None, error=again.error)
+    passes = tuple(trial.passes) + tuple(again.passes)
+    return trial._replace(measured_s=statistics.median(passes), spread=max(trial.spread, again.spread),
+                          passes=passes)
 
 
 def describe(trial):

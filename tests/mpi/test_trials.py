@@ -86,6 +86,35 @@ def test_a_second_run_takes_the_trials_from_the_cache(world, cache, data, monkey
     agree(world, problems)
 
 
+def test_two_plans_too_close_to_tell_apart_run_off_and_the_run_equals_the_winner_alone(world, cache, data,
+                                                                                       monkeypatch):
+    from spmdcnn.runtime import trials
+    timed, run = [], trials.run_trials
+
+    def counted(proposed, *args, **keys):
+        timed.append([plan.text for _, plan, _ in proposed])
+        return run(proposed, *args, **keys)
+    monkeypatch.setattr(trials, "run_trials", counted)
+    monkeypatch.setattr(trials, "contenders", lambda found, **keys: (found[0], found[1]))   # as if too close
+    lines = []
+    plan, losses = _trained(world, _trial_job(data, steps=20), lines)     # room in the share for the run-off
+    problems = []
+    if len(timed) != 2 or len(timed[1]) != 2 or set(timed[1]) != set(timed[0][:2]):
+        problems.append(f"no run-off of the first two: {timed}")
+    if world.rank == 0 and not any("a run-off of the two" in line for line in lines):
+        problems.append("the run-off not said:\n" + "\n".join(lines))
+    path = None
+    if world.rank == 0:
+        path = os.path.join(cache, "settled.yaml")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(plan.text)
+    path = world.bcast(path)
+    _, alone = _trained(world, _trial_job(data, path, {"plans": 0}, steps=20))
+    if losses != alone:
+        problems.append(f"the run-off changed the run: {losses} against {alone}")
+    agree(world, problems)
+
+
 def test_a_candidate_that_cannot_run_or_is_refused_is_said_and_passed_over(world, cache, data, monkeypatch):
     from spmdcnn.runtime import trials
     step, calls = trials.training_step, []

@@ -71,6 +71,25 @@ def test_data_parallelism_stays_unless_another_is_clearly_faster(plans):
         trials.describe(clear)
 
 
+def test_a_run_off_settles_two_plans_their_steps_cannot_tell_apart(plans):
+    _, p = plans
+    data = trials.Trial("data parallelism", p["data"], 1.1, 10.0, None, 0.0, (10.0, 10.0))
+    one = trials.Trial("choice", p["owt"], 1.0, 9.0, None, 0.0, (9.0, 9.0))
+    two = trials.Trial("model", p["model"], 1.2, 9.1, None, 0.0, (9.1, 9.1))
+    assert trials.contenders([one, data, two], incumbent=1) == (one, two)          # 1 % apart: a coin toss
+    assert trials.contenders([one, data, two._replace(measured_s=8.0, passes=(8.0, 8.0))], incumbent=1) is None
+    assert trials.contenders([one, data], incumbent=1) is None                      # only one beats the incumbent
+    assert trials.contenders([one, data, two._replace(measured_s=9.9, passes=(9.9, 9.9))], incumbent=1) is None
+    # the run-off's passes join the first ones; the faster over both is kept
+    settled = [trials.merged(one, one._replace(measured_s=9.4, passes=(9.4, 9.5), spread=0.01)), data,
+               trials.merged(two, two._replace(measured_s=8.6, passes=(8.6, 8.7)))]
+    assert settled[0].passes == (9.0, 9.0, 9.4, 9.5) and settled[0].measured_s == 9.2 and settled[0].spread == 0.01
+    assert settled[2].measured_s == pytest.approx(8.9)
+    assert trials.fastest(settled, incumbent=1) is settled[2]
+    failed = trials.merged(one, one._replace(measured_s=None, error="gone"))
+    assert failed.measured_s is None and failed.error == "gone"
+
+
 def test_trials_are_cached_for_the_same_candidates_only(plans, tmp_path):
     graph, p = plans
     store = Profile("test")
