@@ -1,5 +1,6 @@
 """Small decoders for the tests: every transposed convolution, upsampling and group or instance normalisation case a
-tile split can meet, in 1, 2 and 3 spatial axes, and segmenters ending in a loss per pixel or voxel (shared by the
+tile split can meet, in 1, 2 and 3 spatial axes, with today's activations (silu, gelu, hard swish and sigmoid,
+sigmoid, relu6) between them, and segmenters ending in a loss per pixel or voxel (shared by the
 plan equivalence, profiler and PyTorch tests), and random answers for any model."""
 
 import numpy as np
@@ -25,20 +26,23 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "bn", "op": "batchnorm2d"}, {"name": "act", "op": "relu"},
     {"name": "up", "op": "conv_transpose2d", "out_channels": 4, "kernel": 3, "stride": 2, "padding": 1,
      "output_padding": [0, 1]},
-    {"name": "gn", "op": "groupnorm", "groups": 2},
-    {"name": "skip", "op": "concat", "inputs": ["gn", "c1"]},
+    {"name": "gn", "op": "groupnorm", "groups": 2}, {"name": "gelu", "op": "gelu"},
+    {"name": "skip", "op": "concat", "inputs": ["gelu", "c1"]},
     {"name": "up2", "op": "conv_transpose2d", "out_channels": 3, "kernel": 2, "stride": 2, "bias": False},
     {"name": "odd", "op": "conv_transpose2d", "out_channels": 2, "kernel": [3, 2], "stride": [1, 3],
      "dilation": [2, 1], "padding": [[1, 2], [0, 1]], "output_padding": [1, 2], "inputs": ["skip"]},
-    {"name": "near", "op": "upsample", "scale": [3, 2], "inputs": ["act"]},
+    {"name": "hsig", "op": "hardsigmoid"},
+    {"name": "near", "op": "upsample", "scale": [3, 2], "inputs": ["act"]}, {"name": "hs", "op": "hardswish"},
     {"name": "bilinear", "op": "upsample", "scale": 2, "mode": "linear", "inputs": ["act"]},
+    {"name": "sig", "op": "sigmoid"},
     {"name": "corners", "op": "upsample", "scale": [3, 2], "mode": "linear", "align_corners": True,
-     "inputs": ["act"]},
-    {"name": "ups", "op": "concat", "inputs": ["near", "corners"]},
+     "inputs": ["act"]}, {"name": "sl", "op": "silu"},
+    {"name": "ups", "op": "concat", "inputs": ["hs", "sl"]},
     {"name": "f_ups", "op": "flatten", "inputs": ["ups"]}, {"name": "l_ups", "op": "linear", "out_features": 3},
-    {"name": "f_bil", "op": "flatten", "inputs": ["bilinear"]}, {"name": "l_bil", "op": "linear", "out_features": 3},
-    {"name": "f_up2", "op": "flatten", "inputs": ["up2"]}, {"name": "l_up2", "op": "linear", "out_features": 3},
-    {"name": "f_odd", "op": "flatten", "inputs": ["odd"]}, {"name": "l_odd", "op": "linear", "out_features": 3},
+    {"name": "f_bil", "op": "flatten", "inputs": ["sig"]}, {"name": "l_bil", "op": "linear", "out_features": 3},
+    {"name": "r6", "op": "relu6", "inputs": ["up2"]},
+    {"name": "f_up2", "op": "flatten", "inputs": ["r6"]}, {"name": "l_up2", "op": "linear", "out_features": 3},
+    {"name": "f_odd", "op": "flatten", "inputs": ["hsig"]}, {"name": "l_odd", "op": "linear", "out_features": 3},
     {"name": "sum", "op": "add", "inputs": ["l_up2", "l_odd", "l_ups", "l_bil"]},
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 
@@ -58,7 +62,7 @@ DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
 
 DECODER_SEQUENCE = {"name": "decoder_sequence", "input": [3, 13], "layers": [
     {"name": "down", "op": "conv1d", "out_channels": 4, "kernel": 3, "stride": 2},
-    {"name": "inorm", "op": "instancenorm", "affine": True},
+    {"name": "inorm", "op": "instancenorm", "affine": True}, {"name": "gt", "op": "gelu", "approximate": "tanh"},
     {"name": "up", "op": "conv_transpose1d", "out_channels": 3, "kernel": 5, "stride": 3, "padding": 2,
      "output_padding": 2},
     {"name": "lin", "op": "upsample", "scale": 3, "mode": "linear", "align_corners": True},

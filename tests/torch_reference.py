@@ -104,6 +104,14 @@ class TorchNet(torch.nn.Module):
             if decision is not None:     # the slope where spmdcnn found the unit not positive
                 return x * torch.where(decision, 1.0, a["negative_slope"]).to(x.dtype)
             return F.leaky_relu(x, a["negative_slope"])
+        if family == "sigmoid":
+            return torch.sigmoid(x)
+        if family == "hardsigmoid":     # F.hardsigmoid's backward takes 1/6 in float32 even in float64
+            return F.relu6(x + 3) / 6
+        if family in ("silu", "hardswish", "relu6"):
+            return getattr(F, family)(x)
+        if family == "gelu":
+            return F.gelu(x, approximate=a["approximate"])
         if family == "tanh":
             return torch.tanh(x)
         if family == "scale":

@@ -37,6 +37,12 @@ KEYS = {
     "relu": {},
     "leaky_relu": {"negative_slope": 0.01},
     "tanh": {},
+    "sigmoid": {},
+    "silu": {},
+    "gelu": {"approximate": "none"},
+    "hardswish": {},
+    "hardsigmoid": {},
+    "relu6": {},
     "scale": {"factor": _NO_DEFAULT},
     "batchnorm": {"eps": 1e-5, "momentum": 0.1},
     "groupnorm": {"groups": _NO_DEFAULT, "eps": 1e-5, "affine": True},
@@ -144,6 +150,8 @@ def normalise(op, given, where, rank=2):
                              f"images and trilinear on volumes), got {attrs['mode']!r}")
         if attrs["align_corners"] and attrs["mode"] == "nearest":
             raise LayerError(f"{where}: 'align_corners' applies to mode linear only (as in PyTorch)")
+    if "approximate" in attrs and attrs["approximate"] not in ("none", "tanh"):
+        raise LayerError(f"{where}: 'approximate' must be none or tanh (as in PyTorch), got {attrs['approximate']!r}")
     if "ignore_index" in attrs and (isinstance(attrs["ignore_index"], bool)
                                     or not isinstance(attrs["ignore_index"], int)):
         raise LayerError(f"{where}: 'ignore_index' must be an integer (a label that counts for nothing), got "
@@ -338,6 +346,8 @@ def _loss(op, attrs, in_shapes, where):
 INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool,
          "global_avgpool": _global_avgpool, "upsample": _upsample, "batchnorm": _batchnorm, "groupnorm": _groupnorm,
          "instancenorm": _groupnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
+         "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise, "hardswish": _elementwise,
+         "hardsigmoid": _elementwise, "relu6": _elementwise,
          "scale": _elementwise, "dropout": _elementwise, "flatten": _flatten, "linear": _linear, "concat": _concat,
          "add": _add, "softmax_cross_entropy": _loss, "dice_loss": _loss, "mse_loss": _loss}
 

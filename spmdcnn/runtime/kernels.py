@@ -28,8 +28,8 @@ from .. import backend
 from ..graph.optable import group_channels
 import numpy as np
 
-from ..ops import (add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm, leaky_relu, linear,
-                   loss, mse, pool, relu, scale, tanh, upsample)
+from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
+                   leaky_relu, linear, loss, mse, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -378,6 +378,12 @@ BIND = {
     "relu": _elementwise(relu.relu_forward, relu.relu_backward),
     "leaky_relu": _elementwise(leaky_relu.leaky_relu_forward, leaky_relu.leaky_relu_backward, "negative_slope"),
     "tanh": _elementwise(tanh.tanh_forward, tanh.tanh_backward),
+    "sigmoid": _elementwise(activations.sigmoid_forward, activations.sigmoid_backward),
+    "silu": _elementwise(activations.silu_forward, activations.silu_backward),
+    "gelu": _elementwise(activations.gelu_forward, activations.gelu_backward, "approximate"),
+    "hardswish": _elementwise(activations.hardswish_forward, activations.hardswish_backward),
+    "hardsigmoid": _elementwise(activations.hardsigmoid_forward, activations.hardsigmoid_backward),
+    "relu6": _elementwise(activations.relu6_forward, activations.relu6_backward),
     "scale": _elementwise(scale.scale_forward, scale.scale_backward, "factor"),
     "add": _add,
     "concat": _concat,

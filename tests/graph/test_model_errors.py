@@ -345,6 +345,15 @@ def test_a_loss_per_pixel_takes_an_integer_ignore_index(tmp_path, value, fragmen
     expect_error(write(tmp_path, layers), "loss", fragment)
 
 
+def test_gelu_takes_pytorchs_approximations_only(tmp_path):
+    layers = """
+      - {name: conv, op: conv2d, out_channels: 3, kernel: 3, padding: 1}
+      - {name: act, op: gelu, approximate: erf}
+      - {name: loss, op: softmax_cross_entropy}
+    """
+    expect_error(write(tmp_path, layers), "act", "'approximate' must be none or tanh (as in PyTorch), got 'erf'")
+
+
 @pytest.mark.parametrize("keys,classes,fragment", [
     ("dice: -1", 3, "'dice' must not be negative"),
     ("cross_entropy: .nan", 3, "'cross_entropy' must be a finite number"),

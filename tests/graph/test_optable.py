@@ -54,6 +54,9 @@ EVERY_SEQUENCE_OP = [
     {"name": "fc", "op": "linear", "out_features": 3}, {"name": "loss", "op": "softmax_cross_entropy"}]
 
 EVERY_PER_PIXEL_OP = [{"name": "head", "op": "conv2d", "out_channels": 3, "kernel": 1},
+                      {"name": "a1", "op": "silu"}, {"name": "a2", "op": "gelu", "approximate": "tanh"},
+                      {"name": "a3", "op": "hardswish"}, {"name": "a4", "op": "hardsigmoid"},
+                      {"name": "a5", "op": "relu6"}, {"name": "a6", "op": "sigmoid"},
                       {"name": "loss", "op": "dice_loss"}]
 
 EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], EVERY_SEQUENCE_OP),

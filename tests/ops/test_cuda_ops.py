@@ -11,8 +11,8 @@ import pytest
 from op_cases import CONV_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
-from spmdcnn.ops import (batchnorm, conv, conv_transpose, dice, dropout, groupnorm, linear, loss, pool, relu,
-                         upsample)
+from spmdcnn.ops import (activations, batchnorm, conv, conv_transpose, dice, dropout, groupnorm, linear, loss, pool,
+                         relu, upsample)
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -225,6 +225,21 @@ def test_cross_entropy_per_pixel_on_the_gpu(dtype):
     correct2, table2 = loss.scores(cp.asarray(logits), cp.asarray(labels), 255, classes=True)
     assert correct2 == correct
     np.testing.assert_array_equal(cp.asnumpy(table2), table)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op, attrs", [("sigmoid", ()), ("silu", ()), ("gelu", ("none",)), ("gelu", ("tanh",)),
+                                       ("hardswish", ()), ("hardsigmoid", ()), ("relu6", ())])
+def test_activations_on_the_gpu(op, attrs, dtype):
+    """Each activation forward and backward as on the host (exact GELU: CuPy's erf against Cody's)."""
+    rng = _rng(12)
+    x, gy = rng.uniform(-8, 9, (2, 3, 40)), rng.standard_normal((2, 3, 40))
+    forward, backward = getattr(activations, f"{op}_forward"), getattr(activations, f"{op}_backward")
+    y, saved = forward(x.astype(dtype), *attrs)
+    y2, saved2 = forward(cp.asarray(x.astype(dtype)), *attrs)
+    _close(y2, y, dtype, f"{op} y")
+    _close(backward(cp.asarray(gy.astype(dtype)), saved2, *attrs), backward(gy.astype(dtype), saved, *attrs), dtype,
+           f"{op} gx")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -884,3 +884,56 @@ def test_dice_loss_of_nothing_labelled_is_zero():
     layer = _dice_layer(cross_entropy=1.0)
     loss, gradient = _dice_tiles(layer, np.ones((2, 3, 4)), np.full((2, 4), -1), [(slice(None),) * 2])
     assert loss == 0.0 and not gradient.any()
+
+
+# ------------------------------------------------------------------------------------- activations
+
+ACTIVATIONS = {     # op: (PyTorch's function, spmdcnn's forward and backward, the op's attributes)
+    "sigmoid": (torch.sigmoid, {}),
+    "silu": (F.silu, {}),
+    "gelu": (F.gelu, {}),
+    "gelu_tanh": (lambda t: F.gelu(t, approximate="tanh"), {"approximate": "tanh"}),
+    "hardswish": (F.hardswish, {}),
+    "hardsigmoid": (F.hardsigmoid, {}),
+    "relu6": (F.relu6, {}),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inplace", [False, True])
+@pytest.mark.parametrize("name", sorted(ACTIVATIONS))
+def test_activations(name, inplace, dtype):
+    """Forward and backward of each activation against PyTorch, over values that cross every kink (-3, 0, 3, 6)
+    and reach the tails; ``inplace`` where the op table lets it write over its input."""
+    from spmdcnn.graph.optable import OPS
+    from spmdcnn.ops import activations
+    reference, attrs = ACTIVATIONS[name]
+    op = name.split("_")[0]
+    rng = np.random.default_rng(41)
+    x = np.concatenate([rng.uniform(-8, 9, 500), [-3.0, 0.0, 3.0, 6.0, -40.0, 40.0, 1e-9]]).astype(dtype)
+    x = x.reshape(1, 1, -1)
+    gy = rng.standard_normal(x.shape).astype(dtype)
+    forward, backward = getattr(activations, f"{op}_forward"), getattr(activations, f"{op}_backward")
+    given = x.copy()
+    y, saved = forward(given, *attrs.values(), inplace=inplace and OPS[op].inplace)
+    gx = backward(gy, saved, *attrs.values())
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    ty = reference(t)
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    expected = t.grad.numpy()
+    if op == "hardsigmoid":         # PyTorch's CPU kernel multiplies by float(1/6) even in float64; we by 1/6
+        expected = expected / float(np.float32(1 / 6)) / 6
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, f"{name} y")
+    assert_close(gx, expected.astype(dtype), dtype, f"{name} gx")
+    if not (inplace and OPS[op].inplace):
+        np.testing.assert_array_equal(given, x)            # not written over
+
+
+def test_erf_is_float64_accurate():
+    """Cody's rational approximation against math.erf over all three of its intervals and both signs."""
+    import math
+    from spmdcnn.ops.activations import erf
+    x = np.concatenate([np.linspace(-7, 7, 20001), [0.0, 0.46875, -0.46875, 4.0, -4.0, 1e-300, 30.0]])
+    expected = np.array([math.erf(v) for v in x])
+    np.testing.assert_allclose(erf(x), expected, rtol=1e-15, atol=1e-300)      # 2 ulp
+    np.testing.assert_allclose(erf(x.astype(np.float32)), expected, rtol=2e-7, atol=1e-7)
