@@ -177,16 +177,16 @@ def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log
 
 def _run_off(found, graph, batch, world, xp, dtype, settings, steps, spare, log, incumbent, seed, sync, batchnorm,
              source, read_dtype):
-    """``found`` with the two trials :func:`~.trials.fastest` cannot tell apart (:func:`~.trials.contenders`)
-    timed again, in two passes of the pair (reversed from their first order), and each merged with its first
-    timing (:func:`~.trials.merged`); unchanged when there are no such two or ``spare`` (steps left in the run's
-    share; None: no bound) cannot hold the run-off."""
+    """``found`` with the trial :func:`~.trials.fastest` keeps and its closest rival, when their steps cannot
+    tell them apart (:func:`~.trials.contenders`), timed again in two passes of the pair, and each merged with
+    its first timing (:func:`~.trials.merged`); unchanged when there are no such two or ``spare`` (steps left in
+    the run's share; None: no bound) cannot hold the run-off."""
     pair = trial.contenders(found, incumbent=incumbent)
     cost = settings.total(2, steps)
     if pair is None or (spare is not None and cost > spare):
         return found
     first, second = pair
-    log(f"plan auto: {first.label} and {second.label} ran within what their steps vary by "
+    log(f"plan auto: {first.label} and {second.label} ran too close for their steps to tell apart "
         f"({first.measured_s * 1e3:.1f} and {second.measured_s * 1e3:.1f} ms): a run-off of the two, {steps} steps "
         f"each in two passes ({cost} steps)")
     again = trial.run_trials([(t.label, t.plan, t.predicted_s) for t in (second, first)], graph, batch, world, xp,

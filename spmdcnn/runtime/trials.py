@@ -2,9 +2,9 @@
 
 ``plan: auto`` (and ``spmdcnn plan --trials K`` under ``mpiexec``) times the model's few best plans, data
 parallelism always among them, for a few steps each on the job's own ranks and batches, and keeps data
-parallelism unless another plan ran clearly faster (:func:`fastest`), then the fastest of those; when the two
-fastest of those ran too close for their steps to tell apart, the two are timed again, alternating, and the
-faster over both timings is kept (:func:`contenders`, :func:`merged`). Each candidate
+parallelism unless another plan ran clearly faster (:func:`fastest`), then the fastest of those; when the one
+kept and its closest rival ran too close for their steps to tell apart, the two are timed again and the same rule
+chooses over both timings (:func:`contenders`, :func:`merged`). Each candidate
 trains on an executor of its own, built from the job's seed and dropped after its steps: the run's weights,
 optimizer and data order are those it would have without trials, so a run with trials equals the same run under
 the plan they chose (and every plan equals one process). The trials take at most ``share`` of
@@ -241,15 +241,18 @@ def fastest(trials, margin=MARGIN, incumbent=0):
 
 
 def contenders(trials, margin=MARGIN, incumbent=0):
-    """The two trials :func:`fastest` would choose between by a difference its steps cannot tell apart, fastest
-    first, or None: the two fastest of those clearly faster than the incumbent (or, when it did not run, of those
-    that ran) when neither is clearly faster than the other. A run-off of the two settles it
-    (:func:`merged`)."""
-    base, better = _base_and_better(trials, margin, incumbent)
-    if len(better) < 2:
+    """``(the trial :func:`fastest` keeps, its closest rival)`` when a few more steps could change the choice, or
+    None: the rival (the fastest of the others that ran) ran faster than the one kept (which stays for not being
+    clearly beaten), or the one kept did not run clearly faster than the rival. A run-off of the two settles it
+    (:func:`merged`; the same rule then chooses over both timings)."""
+    winner = fastest(trials, margin, incumbent)
+    others = [t for t in trials if t.measured_s is not None and t is not winner]
+    if winner is None or not others:
         return None
-    first, second = sorted(better, key=lambda t: t.measured_s)[:2]
-    return None if _beats(first, second, margin) else (first, second)
+    rival = min(others, key=lambda t: t.measured_s)
+    if rival.measured_s < winner.measured_s or not _beats(winner, rival, margin):
+        return winner, rival
+    return None
 
 
 def merged(trial, again):

@@ -78,8 +78,10 @@ def test_a_run_off_settles_two_plans_their_steps_cannot_tell_apart(plans):
     two = trials.Trial("model", p["model"], 1.2, 9.1, None, 0.0, (9.1, 9.1))
     assert trials.contenders([one, data, two], incumbent=1) == (one, two)          # 1 % apart: a coin toss
     assert trials.contenders([one, data, two._replace(measured_s=8.0, passes=(8.0, 8.0))], incumbent=1) is None
-    assert trials.contenders([one, data], incumbent=1) is None                      # only one beats the incumbent
+    assert trials.contenders([one, data], incumbent=1) is None                      # one clearly beats the other
     assert trials.contenders([one, data, two._replace(measured_s=9.9, passes=(9.9, 9.9))], incumbent=1) is None
+    close = one._replace(measured_s=9.8, passes=(9.8, 9.8))        # faster than data parallelism, not clearly
+    assert trials.contenders([close, data], incumbent=1) == (data, close)
     # the run-off's passes join the first ones; the faster over both is kept
     settled = [trials.merged(one, one._replace(measured_s=9.4, passes=(9.4, 9.5), spread=0.01)), data,
                trials.merged(two, two._replace(measured_s=8.6, passes=(8.6, 8.7)))]
