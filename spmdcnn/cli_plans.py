@@ -394,7 +394,8 @@ def cmd_plot(args):
         if args.plan:
             raise ValueError("give a plan or --trace, not both")
         from .io.trace import read_trace
-        draw_traces([read_trace(path) for path in args.trace], args.output)
+        for title, note in draw_traces([read_trace(path) for path in args.trace], args.output):
+            print(f"{title}: {note}")
         print(f"wrote {args.output}")
         return 0
     if not args.plan:

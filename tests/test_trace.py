@@ -86,3 +86,42 @@ def test_bench_writes_each_ranks_measured_iteration_and_plot_draws_both(tmp_path
     assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     both = run("plot", "data", "--trace", measured, "-o", picture)
     assert both.returncode == 2 and "not both" in both.stderr
+
+
+def _ranks(count, alike=1):
+    """A measured-looking trace of ``count`` ranks: ranks ``r`` and ``r + count / alike`` alike, each finishing
+    later than the one before."""
+    events = []
+    for rank in range(count):
+        slow = (rank % (count // alike)) * 1e-4
+        events += [Event("conv1", "forward", rank, "compute", 0.0, 0.001 + slow),
+                   Event("gradients", "allreduce", rank, "communication", 0.001 + slow, 0.002 + slow)]
+    return events
+
+
+def test_a_trace_of_many_ranks_is_summarised_and_says_what_it_left_out():
+    from spmdcnn.io.trace import MAX_RANKS, summarize
+    drawn, note = summarize(_ranks(6))
+    assert [d.label for d in drawn] == [f"rank {r}" for r in range(6)] and note is None
+    drawn, note = summarize(_ranks(64))
+    assert len(drawn) == MAX_RANKS
+    assert drawn[0].rank == 0 and drawn[-1].rank == 63                 # the fastest and the slowest
+    assert "64 ranks in 64 different timelines: drew 8 by when they finish" in note
+    assert "56 ranks left out, finishing between 2.10 and 8.20 ms" in note
+    drawn, note = summarize(_ranks(64, alike=16))           # 4 timelines, each of 16 ranks
+    assert [d.label for d in drawn][0] == "ranks 0, 4, 8, ... (16 alike), ends 2.00 ms"
+    assert len(drawn) == 4 and note == "64 ranks in 4 different timelines: one row each"
+    drawn, note = summarize(_ranks(64, alike=64))
+    assert drawn[0].label.startswith("ranks 0-63 (64 alike)") and note.startswith("all 64 ranks have the same")
+
+
+def test_plot_of_64_ranks_fits_a_page(tmp_path):
+    pytest.importorskip("matplotlib")
+    trace, picture = tmp_path / "m.json", tmp_path / "t.png"
+    write_trace(trace, _ranks(64), "measured: 64 ranks")
+    drawn = run("plot", "--trace", trace, "-o", picture)
+    assert drawn.returncode == 0, drawn.stderr
+    assert "measured: 64 ranks: 64 ranks in 64 different timelines: drew 8" in drawn.stdout
+    width, height = int.from_bytes(picture.read_bytes()[16:20], "big"), int.from_bytes(picture.read_bytes()[20:24],
+                                                                                     "big")
+    assert width <= 1400 and height <= 1400, (width, height)

@@ -83,7 +83,10 @@ TRACE_COLOURS = {"forward": "#4878a8", "backward": "#9ab4d4", "exchange": "#c030
 def draw_traces(traces, output):
     """Write a picture of ``traces`` (``[(title, [Event])]``: measured by ``bench --trace``, predicted by
     ``simulate --trace``) to ``output``: one panel each, on a common time axis, a row per rank and lane, a bar per
-    event coloured by its kind."""
+    event coloured by its kind. A trace of more than :data:`~spmdcnn.io.trace.MAX_RANKS` ranks draws a summary
+    (:func:`~spmdcnn.io.trace.summarize`: ranks of identical timelines once, then the fastest, slowest and ranks
+    between). Returns the notes of what each panel left out (``[(title, note)]``)."""
+    from ..io.trace import summarize
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -92,25 +95,33 @@ def draw_traces(traces, output):
     except ImportError:
         raise RuntimeError("spmdcnn plot needs matplotlib: pip install matplotlib (or spmdcnn[plot])") from None
     longest = max((e.end for _, events in traces for e in events), default=1.0) * 1e3
-    rows_of = [sorted({(e.rank, e.lane) for e in events}) for _, events in traces]
+    rows_of, notes = [], []
+    for title, events in traces:
+        drawn, note = summarize(events)
+        lanes = {}
+        for e in events:
+            lanes.setdefault(e.rank, set()).add(e.lane)
+        rows_of.append([(d.rank, lane, d.label) for d in drawn for lane in sorted(lanes[d.rank])])
+        notes.append((title, note))
     figure, axes = plt.subplots(len(traces), 1, squeeze=False, figsize=(12, 1.2 + 0.5 * sum(map(len, rows_of))),
                                 height_ratios=[max(len(rows), 1) for rows in rows_of])
-    for (title, events), rows, (axis,) in zip(traces, rows_of, axes):
-        index = {row: i for i, row in enumerate(rows)}
+    for (title, events), rows, (_, note), (axis,) in zip(traces, rows_of, notes, axes):
+        index = {(rank, lane): i for i, (rank, lane, _) in enumerate(rows)}
         for kind, colour in TRACE_COLOURS.items():
             spans = {}
             for e in events:
-                if e.kind == kind:
+                if e.kind == kind and (e.rank, e.lane) in index:
                     spans.setdefault(index[e.rank, e.lane], []).append((e.start * 1e3, (e.end - e.start) * 1e3))
             for row, bars in spans.items():
                 axis.broken_barh(bars, (row - 0.4, 0.8), facecolors=colour, edgecolors="none")
-        axis.set_yticks(range(len(rows)), [f"rank {rank} {lane}" for rank, lane in rows], fontsize=8)
+        axis.set_yticks(range(len(rows)), [f"{label}: {lane}" for _, lane, label in rows], fontsize=8)
         axis.invert_yaxis()
         axis.set_xlim(0, longest)
-        axis.set_title(title, fontsize=9)
+        axis.set_title(title if note is None else f"{title}\n{note}", fontsize=9)
     axes[-1][0].set_xlabel("ms from the iteration's start")
     figure.legend(handles=[Patch(color=c, label=k) for k, c in TRACE_COLOURS.items()], loc="upper right",
                   ncol=len(TRACE_COLOURS), fontsize=8)
     figure.tight_layout(rect=(0, 0, 1, 0.95))
     figure.savefig(output, dpi=110)
     plt.close(figure)
+    return [(title, note) for title, note in notes if note is not None]
