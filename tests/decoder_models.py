@@ -1,6 +1,6 @@
 """Small decoders for the tests: every transposed convolution, upsampling and group or instance normalisation case a
 tile split can meet, in 1, 2 and 3 spatial axes, with today's activations (silu, gelu, hard swish and sigmoid,
-sigmoid, relu6) between them, and segmenters ending in a loss per pixel or voxel (shared by the
+sigmoid, relu6), a layer scale and stochastic depth between them, and segmenters ending in a loss per pixel or voxel (shared by the
 plan equivalence, profiler and PyTorch tests), and random answers for any model."""
 
 import numpy as np
@@ -53,10 +53,11 @@ DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
      "output_padding": [1, 0, 1], "inputs": ["down"]},
     {"name": "whole", "op": "groupnorm", "groups": 1, "eps": 1e-3, "inputs": ["down"]},
     {"name": "tri", "op": "upsample", "scale": [2, 1, 3], "mode": "linear"},
+    {"name": "ls", "op": "layer_scale", "init": 0.5}, {"name": "sd", "op": "stochastic_depth", "p": 0.25},
     {"name": "inorm", "op": "instancenorm", "inputs": ["up"]},
     {"name": "f_up", "op": "flatten", "inputs": ["inorm"]}, {"name": "l_up", "op": "linear", "out_features": 2},
     {"name": "f_up3", "op": "flatten", "inputs": ["up3"]}, {"name": "l_up3", "op": "linear", "out_features": 2},
-    {"name": "f_tri", "op": "flatten", "inputs": ["tri"]}, {"name": "l_tri", "op": "linear", "out_features": 2},
+    {"name": "f_tri", "op": "flatten", "inputs": ["sd"]}, {"name": "l_tri", "op": "linear", "out_features": 2},
     {"name": "sum", "op": "add", "inputs": ["l_up", "l_up3", "l_tri"]},
     {"name": "loss", "op": "mse_loss"}]}
 

@@ -125,6 +125,17 @@ class TorchNet(torch.nn.Module):
         if family == "instancenorm":
             return F.instance_norm(x, weight=self.param(f"{name}.weight"), bias=self.param(f"{name}.bias"),
                                    eps=a["eps"])
+        if family == "layer_scale":
+            return x * self.param(f"{name}.weight").reshape((1, -1) + (1,) * (x.dim() - 2))
+        if family == "stochastic_depth":     # torchvision's StochasticDepth(p, "row"), with spmdcnn's samples kept
+            if not self.training or a["p"] == 0:
+                return x
+            if self.dropout_masks is None:
+                keep = torch.empty((x.shape[0],) + (1,) * (x.dim() - 1), dtype=x.dtype).bernoulli_(1 - a["p"])
+            else:
+                keep = torch.tensor(self.dropout_masks(layer, (x.shape[0],), step), dtype=x.dtype)
+                keep = keep.reshape((-1,) + (1,) * (x.dim() - 1))
+            return x * keep / (1.0 - a["p"]) if a["p"] < 1 else x * 0
         if family == "dropout":
             if not self.training:
                 return x

@@ -48,6 +48,8 @@ KEYS = {
     "groupnorm": {"groups": _NO_DEFAULT, "eps": 1e-5, "affine": True},
     "instancenorm": {"eps": 1e-5, "affine": False},
     "dropout": {"p": 0.5},
+    "stochastic_depth": {"p": _NO_DEFAULT},
+    "layer_scale": {"init": 1e-6},
     "flatten": {},
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
     "concat": {},
@@ -156,15 +158,15 @@ def normalise(op, given, where, rank=2):
                                     or not isinstance(attrs["ignore_index"], int)):
         raise LayerError(f"{where}: 'ignore_index' must be an integer (a label that counts for nothing), got "
                          f"{attrs['ignore_index']!r}")
-    for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth"):
+    for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth", "init"):
         if key in attrs:
             value = attrs[key]
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
                     or abs(value) == float("inf"):
                 raise LayerError(f"{where}: '{key}' must be a finite number, got {value!r}")
             attrs[key] = float(value)
-    if op == "dropout" and not 0.0 <= attrs["p"] <= 1.0:
-        raise LayerError(f"{where}: dropout 'p' must lie in [0, 1], got {attrs['p']}")
+    if op in ("dropout", "stochastic_depth") and not 0.0 <= attrs["p"] <= 1.0:
+        raise LayerError(f"{where}: {op} 'p' must lie in [0, 1], got {attrs['p']}")
     if "eps" in attrs and not 0 < attrs["eps"] < float("inf"):
         raise LayerError(f"{where}: 'eps' must be a positive number, got {attrs['eps']}")
     if OPS[op].family == "batchnorm" and not 0.0 <= attrs["momentum"] <= 1.0:
@@ -289,6 +291,14 @@ def _elementwise(op, attrs, in_shapes, where):
     return in_shapes[0], {}, {}, prod(in_shapes[0])
 
 
+def _layer_scale(op, attrs, in_shapes, where):
+    """A factor per channel (or feature): ``weight`` of (C,)."""
+    shape = in_shapes[0]
+    if not len(shape):
+        raise LayerError(f"{where}: layer_scale needs channels or features, got a scalar")
+    return shape, {"weight": (shape[0],)}, {}, prod(shape)
+
+
 def _flatten(op, attrs, in_shapes, where):
     if len(in_shapes[0]) < 1:
         raise LayerError(f"{where}: flatten needs a tensor input, got a scalar")
@@ -348,7 +358,7 @@ INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "av
          "instancenorm": _groupnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
          "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise, "hardswish": _elementwise,
          "hardsigmoid": _elementwise, "relu6": _elementwise,
-         "scale": _elementwise, "dropout": _elementwise, "flatten": _flatten, "linear": _linear, "concat": _concat,
+         "scale": _elementwise, "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "flatten": _flatten, "linear": _linear, "concat": _concat,
          "add": _add, "softmax_cross_entropy": _loss, "dice_loss": _loss, "mse_loss": _loss}
 
 

@@ -116,6 +116,8 @@ OPS = {spec.name: spec for spec in (
     OpSpec("groupnorm", READS_BOX, KEEPS_INPUT, unit_init=True, sample_statistics=True, tile_attrs=("eps",)),
     OpSpec("instancenorm", READS_BOX, KEEPS_INPUT, unit_init=True, sample_statistics=True, tile_attrs=("eps",)),
     OpSpec("dropout", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
+    OpSpec("stochastic_depth", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
+    OpSpec("layer_scale", READS_BOX, KEEPS_INPUT, unit_init=True, tile_attrs=("init",)),
     OpSpec("flatten", READS_SAMPLE, splits=("n",), view=True),
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
     OpSpec("concat", READS_CHANNEL_PARTS, multi_input=True),

@@ -3,6 +3,10 @@
 ``i`` is the element's index in the *global* tensor, so a tile computes exactly the mask entries that the
 whole tensor would have there, whatever the plan. The hash is SplitMix64's finaliser; element ``i`` is kept
 when its top 53 bits, read as a fraction of 2**53, are at least ``p``. Kept values are scaled by 1 / (1 - p).
+
+Stochastic depth (torchvision's ``StochasticDepth(p, mode="row")``) drops whole samples the same way: sample
+``n`` of the global batch survives when the hash of (seed, step, layer, n) does, and then is scaled by
+1 / (1 - p); a tile of any part of the sample's channels and positions computes the same decision.
 """
 
 from .. import backend
@@ -43,4 +47,24 @@ def dropout_backward(gy, saved):
         return cuda.dropout_backward(gy, keep, scale)
     gx = gy * keep
     gx *= scale
+    return gx
+
+
+def stochastic_depth_forward(x, p, key, start, batch, inplace=False):
+    """``(y, saved)`` of the tile ``x`` whose first sample is sample ``start`` of a global batch of ``batch``."""
+    xp = backend.array_module(x)
+    if p == 0.0:
+        return x, None
+    keep = dropout_mask(xp, x.shape[:1], p, key, (start,), (batch,)).reshape((-1,) + (1,) * (x.ndim - 1))
+    scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
+    y = xp.multiply(x, keep, out=x if inplace else None)
+    y *= scale
+    return y, DropoutSaved(keep, scale)
+
+
+def stochastic_depth_backward(gy, saved):
+    if saved is None:
+        return gy
+    gx = gy * saved.keep
+    gx *= saved.scale
     return gx

@@ -29,7 +29,7 @@ from ..graph.optable import group_channels
 import numpy as np
 
 from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
-                   leaky_relu, linear, loss, mse, pool, relu, scale, tanh, upsample)
+                   layer_scale, leaky_relu, linear, loss, mse, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -302,6 +302,28 @@ def _batchnorm(kernel):
     return forward, backward
 
 
+def _stochastic_depth(kernel):
+    layer, tile = kernel.layer, kernel.tile
+
+    def forward(xs, run):
+        if not run.training:
+            return xs[0], None
+        key = dropout.stream_key(kernel.seed, run.step, layer.name)
+        return dropout.stochastic_depth_forward(xs[0], layer.attrs["p"], key, tile.box[0][0], tile.global_shape[0],
+                                                inplace=kernel.overwrites(run))
+    return forward, lambda gy, saved: [dropout.stochastic_depth_backward(gy, saved)]
+
+
+def _layer_scale(kernel):
+    views = kernel.views
+
+    def backward(gy, saved):
+        gx, ggamma = layer_scale.layer_scale_backward(gy, saved, views.params["weight"])
+        views.grads["weight"][...] = ggamma
+        return [gx]
+    return (lambda xs, run: layer_scale.layer_scale_forward(xs[0], views.params["weight"])), backward
+
+
 def _dropout(kernel):
     layer, tile = kernel.layer, kernel.tile
 
@@ -391,6 +413,8 @@ BIND = {
     "groupnorm": _groupnorm,
     "instancenorm": _groupnorm,
     "dropout": _dropout,
+    "stochastic_depth": _stochastic_depth,
+    "layer_scale": _layer_scale,
     "softmax_cross_entropy": _loss(loss.softmax_cross_entropy_forward, loss.softmax_cross_entropy_backward),
     "dice_loss": _dice,
     "mse_loss": _loss(mse.mse_loss_forward, mse.mse_loss_backward),

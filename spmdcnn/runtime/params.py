@@ -58,7 +58,7 @@ def initial_value(layer, kind, seed, rows=None, axis=0):
     """PyTorch's default initial value of parameter ``kind`` of ``layer``, from a generator keyed by name.
 
     Conv and linear weights and biases: U(-1/sqrt(fan_in), 1/sqrt(fan_in)) (kaiming_uniform with a=sqrt(5));
-    batch-norm weights 1 and biases 0; running means 0 and variances 1. Keying the generator by (seed, name)
+    batch-norm weights 1 and biases 0; running means 0 and variances 1; a layer scale's factors its ``init``. Keying the generator by (seed, name)
     makes every tensor independent of the others and of the plan. Returned in float64.
 
     ``rows=(r0, r1)`` gives only those rows (a shard along the first axis), drawing nothing else: the generator
@@ -71,8 +71,10 @@ def initial_value(layer, kind, seed, rows=None, axis=0):
         return whole[(slice(None),) * axis + (slice(*(rows or (0, shape[axis]))),)]
     r0, r1 = (0, shape[0]) if rows is None else rows
     shape = (r1 - r0,) + shape[1:]
-    if layer.spec.unit_init:
-        return np.ones(shape) if kind in ("weight", "running_var") else np.zeros(shape)
+    if layer.spec.unit_init:        # normalisations' weights 1 and biases 0; a layer scale's factors its init
+        if kind in ("weight", "running_var"):
+            return np.full(shape, layer.attrs.get("init", 1.0) if kind == "weight" else 1.0)
+        return np.zeros(shape)
     bound = 1.0 / np.sqrt(fan_in(layer.params["weight"]))
     rng = np.random.default_rng([seed, zlib.crc32(f"{layer.name}.{kind}".encode())])
     rng.bit_generator.advance(r0 * count(shape[1:]))

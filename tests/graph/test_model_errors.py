@@ -38,8 +38,8 @@ def test_the_good_model_loads(tmp_path):
 
 
 def test_unknown_op(tmp_path):
-    path = write(tmp_path, GOOD_LAYERS.replace("op: relu", "op: gelu"))
-    expect_error(path, "relu1", "unknown op", "gelu")
+    path = write(tmp_path, GOOD_LAYERS.replace("op: relu", "op: mish"))
+    expect_error(path, "relu1", "unknown op", "mish")
 
 
 def test_unknown_key(tmp_path):

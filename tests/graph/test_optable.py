@@ -57,6 +57,7 @@ EVERY_PER_PIXEL_OP = [{"name": "head", "op": "conv2d", "out_channels": 3, "kerne
                       {"name": "a1", "op": "silu"}, {"name": "a2", "op": "gelu", "approximate": "tanh"},
                       {"name": "a3", "op": "hardswish"}, {"name": "a4", "op": "hardsigmoid"},
                       {"name": "a5", "op": "relu6"}, {"name": "a6", "op": "sigmoid"},
+                      {"name": "ls", "op": "layer_scale"}, {"name": "sd", "op": "stochastic_depth", "p": 0.1},
                       {"name": "loss", "op": "dice_loss"}]
 
 EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], EVERY_SEQUENCE_OP),

@@ -11,8 +11,8 @@ import pytest
 from op_cases import CONV_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
-from spmdcnn.ops import (activations, batchnorm, conv, conv_transpose, dice, dropout, groupnorm, linear, loss, pool,
-                         relu, upsample)
+from spmdcnn.ops import (activations, batchnorm, conv, conv_transpose, dice, dropout, groupnorm, layer_scale, linear,
+                         loss, pool, relu, upsample)
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -240,6 +240,26 @@ def test_activations_on_the_gpu(op, attrs, dtype):
     _close(y2, y, dtype, f"{op} y")
     _close(backward(cp.asarray(gy.astype(dtype)), saved2, *attrs), backward(gy.astype(dtype), saved, *attrs), dtype,
            f"{op} gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layer_scale_and_stochastic_depth_on_the_gpu(dtype):
+    rng = _rng(13)
+    x, gy, gamma = rng.standard_normal((6, 3, 4, 5)), rng.standard_normal((6, 3, 4, 5)), rng.standard_normal(3)
+    on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
+    y, saved = layer_scale.layer_scale_forward(x.astype(dtype), gamma.astype(dtype))
+    y2, saved2 = layer_scale.layer_scale_forward(on(x), on(gamma))
+    _close(y2, y, dtype, "layer scale y")
+    for what, a, e in zip(("gx", "ggamma"), layer_scale.layer_scale_backward(on(gy), saved2, on(gamma)),
+                          layer_scale.layer_scale_backward(gy.astype(dtype), saved, gamma.astype(dtype))):
+        _close(a, e, dtype, f"layer scale {what}")
+    key = dropout.stream_key(3, 1, "sd")
+    y, saved = dropout.stochastic_depth_forward(x.astype(dtype), 0.4, key, 2, 10)
+    y2, saved2 = dropout.stochastic_depth_forward(on(x), 0.4, key, 2, 10)
+    _close(y2, y, dtype, "stochastic depth y")
+    _close(dropout.stochastic_depth_backward(on(gy), saved2), dropout.stochastic_depth_backward(gy.astype(dtype),
+                                                                                                saved), dtype,
+           "stochastic depth gx")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

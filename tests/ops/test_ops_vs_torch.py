@@ -937,3 +937,45 @@ def test_erf_is_float64_accurate():
     expected = np.array([math.erf(v) for v in x])
     np.testing.assert_allclose(erf(x), expected, rtol=1e-15, atol=1e-300)      # 2 ulp
     np.testing.assert_allclose(erf(x.astype(np.float32)), expected, rtol=2e-7, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------- layer scale, stochastic depth
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", [(3, 4, 5, 2), (2, 3, 4, 2, 3), (4, 6)])
+def test_layer_scale(shape, dtype):
+    from spmdcnn.ops.layer_scale import layer_scale_backward, layer_scale_forward
+    rng = np.random.default_rng(51)
+    x, gy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    gamma = rng.standard_normal(shape[1]).astype(dtype)
+    y, saved = layer_scale_forward(x, gamma)
+    gx, ggamma = layer_scale_backward(gy, saved, gamma)
+    t, tg = torch.tensor(x.astype(np.float64), requires_grad=True), torch.tensor(gamma.astype(np.float64),
+                                                                                  requires_grad=True)
+    ty = t * tg.reshape((1, -1) + (1,) * (len(shape) - 2))      # torchvision's CNBlock: layer_scale * x
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+    assert_close(gx, t.grad.numpy().astype(dtype), dtype, "gx")
+    assert_close(ggamma, tg.grad.numpy().astype(dtype), dtype, "ggamma")
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 1.0])
+def test_stochastic_depth_drops_whole_samples_by_global_index(p):
+    """As torchvision's StochasticDepth(p, "row"): a sample kept whole and scaled by 1 / (1 - p), or dropped; the
+    decision is the sample's in the global batch, so tiles of any split agree with the whole."""
+    from spmdcnn.ops.dropout import stochastic_depth_backward, stochastic_depth_forward, stream_key
+    rng = np.random.default_rng(52)
+    x = rng.standard_normal((40, 3, 4, 2))
+    key = stream_key(7, 3, "drop_path")
+    y, saved = stochastic_depth_forward(x.copy(), p, key, 0, 40)
+    kept = [n for n in range(40) if y[n].any()]
+    for n in range(40):
+        np.testing.assert_allclose(y[n], x[n] / (1 - p) if n in kept else 0 * x[n], rtol=1e-15)
+    if 0 < p < 1:
+        assert 0 < len(kept) < 40
+    part, _ = stochastic_depth_forward(x[10:25, 1:], p, key, 10, 40)      # a tile: samples 10-24, channels 1-2
+    np.testing.assert_array_equal(part, y[10:25, 1:])
+    gy = rng.standard_normal(x.shape)
+    gx = stochastic_depth_backward(gy, saved)
+    np.testing.assert_allclose(gx, np.where(np.isin(np.arange(40), kept)[:, None, None, None],
+                                            gy / (1 - p) if p < 1 else 0 * gy, 0), rtol=1e-15)
