@@ -1,6 +1,6 @@
 """Small decoders for the tests: every transposed convolution, upsampling and group or instance normalisation case a
 tile split can meet, in 1, 2 and 3 spatial axes, with today's activations (silu, gelu, hard swish and sigmoid,
-sigmoid, relu6), a layer scale and stochastic depth between them, and segmenters ending in a loss per pixel or voxel (shared by the
+sigmoid, relu6), a layer scale, stochastic depth and a squeeze-and-excitation gate between them, and segmenters ending in a loss per pixel or voxel (shared by the
 plan equivalence, profiler and PyTorch tests), and random answers for any model."""
 
 import numpy as np
@@ -32,7 +32,10 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "odd", "op": "conv_transpose2d", "out_channels": 2, "kernel": [3, 2], "stride": [1, 3],
      "dilation": [2, 1], "padding": [[1, 2], [0, 1]], "output_padding": [1, 2], "inputs": ["skip"]},
     {"name": "hsig", "op": "hardsigmoid"},
-    {"name": "near", "op": "upsample", "scale": [3, 2], "inputs": ["act"]}, {"name": "hs", "op": "hardswish"},
+    {"name": "squeeze", "op": "avgpool2d", "kernel": 5, "inputs": ["act"]},      # squeeze-and-excitation
+    {"name": "excite", "op": "conv2d", "out_channels": 5, "kernel": 1}, {"name": "gate", "op": "sigmoid"},
+    {"name": "se", "op": "mul", "inputs": ["act", "gate"]},
+    {"name": "near", "op": "upsample", "scale": [3, 2], "inputs": ["se"]}, {"name": "hs", "op": "hardswish"},
     {"name": "bilinear", "op": "upsample", "scale": 2, "mode": "linear", "inputs": ["act"]},
     {"name": "sig", "op": "sigmoid"},
     {"name": "corners", "op": "upsample", "scale": [3, 2], "mode": "linear", "align_corners": True,

@@ -149,6 +149,8 @@ class TorchNet(torch.nn.Module):
             return F.linear(x, self.param(f"{name}.weight"), self.param(f"{name}.bias"))
         if family == "concat":
             return torch.cat(xs, dim=1)
+        if family == "mul":
+            return xs[0] * xs[1]
         if family == "add":
             return sum(xs[1:], xs[0])
         if family == "softmax_cross_entropy":

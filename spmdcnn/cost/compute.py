@@ -130,6 +130,7 @@ WORK = {
     "mse_loss": lambda shape, out, ins, itemsize: (4, 4 * ins, itemsize * 6 * ins),
     "concat": _copies,
     "add": _copies,
+    "mul": lambda shape, out, ins, itemsize: (3, 3 * out, itemsize * 6 * out),
     "flatten": _copies,
     "global_avgpool": _copies,
 }

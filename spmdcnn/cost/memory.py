@@ -81,9 +81,8 @@ def _saved(layer, box, batch, itemsize):
     """Bytes the kernel of ``layer`` keeps from forward to backward for its output tile ``box`` (module
     docstring)."""
     keeps = layer.spec.keeps if layer.needs_grad else None
-    if keeps == KEEPS_INPUT:
-        need = _needs(layer, box, batch)[0]
-        kept = itemsize * prod(shape_of(need.box, need.steps))
+    if keeps == KEEPS_INPUT:                 # its input (both of mul's)
+        kept = itemsize * sum(prod(shape_of(need.box, need.steps)) for need in _needs(layer, box, batch))
         if layer.spec.answers == ANSWERS_LABELS:    # the cross-entropy: each element's label and whether it counts
             kept += 9 * prod(shape_of(box))
         return kept

@@ -54,6 +54,7 @@ KEYS = {
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
     "concat": {},
     "add": {},
+    "mul": {},
     "softmax_cross_entropy": {"ignore_index": -1},
     "dice_loss": {"dice": 1.0, "cross_entropy": 0.0, "include_background": True, "smooth": 1e-5, "batch": False,
                   "ignore_index": -1},
@@ -328,6 +329,16 @@ def _concat(op, attrs, in_shapes, where):
     return (sum(s[0] for s in in_shapes),) + tuple(in_shapes[0][1:]), {}, {}, 0
 
 
+def _mul(op, attrs, in_shapes, where):
+    """Two inputs of one rank whose extents agree or are 1 in one of them: the output takes the longer."""
+    if len(in_shapes) != 2 or len(in_shapes[0]) != len(in_shapes[1]) or any(
+            a != b and 1 not in (a, b) for a, b in zip(*in_shapes)):
+        raise LayerError(f"{where}: mul takes two inputs of one rank whose extents agree or are 1 in one of them "
+                         f"(a gate (C, 1, 1) over (C, H, W)), got {', '.join(str(tuple(s)) for s in in_shapes)}")
+    shape = tuple(max(a, b) for a, b in zip(*in_shapes))
+    return shape, {}, {}, prod(shape)
+
+
 def _add(op, attrs, in_shapes, where):
     if len(set(in_shapes)) != 1:
         raise LayerError(f"{where}: add inputs must have the same shape, got "
@@ -359,7 +370,7 @@ INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "av
          "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise, "hardswish": _elementwise,
          "hardsigmoid": _elementwise, "relu6": _elementwise,
          "scale": _elementwise, "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "flatten": _flatten, "linear": _linear, "concat": _concat,
-         "add": _add, "softmax_cross_entropy": _loss, "dice_loss": _loss, "mse_loss": _loss}
+         "add": _add, "mul": _mul, "softmax_cross_entropy": _loss, "dice_loss": _loss, "mse_loss": _loss}
 
 
 def infer(op, attrs, in_shapes, where):

@@ -31,6 +31,7 @@ READS_SAMPLE = "sample"                 # every feature of the output's samples
 READS_POSITIONS = "positions"           # every channel at the output's positions (a loss per sample or pixel)
 READS_CHANNEL_PARTS = "channel parts"   # from each input the part of the output's channels it supplies (concat)
 READS_BOX = "box"                       # the output's own box (element-wise)
+READS_BROADCAST = "broadcast"           # the output's box, one element along an input's axes of size 1 (mul)
 
 # what a kernel keeps from forward to backward (cost/memory.py)
 KEEPS_INPUT = "input"                   # its input tile, in the activations' type
@@ -122,6 +123,7 @@ OPS = {spec.name: spec for spec in (
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
     OpSpec("concat", READS_CHANNEL_PARTS, multi_input=True),
     OpSpec("add", READS_BOX, multi_input=True, inplace=True),
+    OpSpec("mul", READS_BROADCAST, KEEPS_INPUT, multi_input=True),
     OpSpec("softmax_cross_entropy", READS_POSITIONS, KEEPS_INPUT, splits=("n",) + AXES, loss=True,
            answers=ANSWERS_LABELS, tile_attrs=("ignore_index",)),
     OpSpec("dice_loss", READS_POSITIONS, KEEPS_INPUT, splits=("n",) + AXES, loss=True, answers=ANSWERS_LABELS,

@@ -29,7 +29,7 @@ from ..graph.optable import group_channels
 import numpy as np
 
 from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
-                   layer_scale, leaky_relu, linear, loss, mse, pool, relu, scale, tanh, upsample)
+                   layer_scale, leaky_relu, linear, loss, mse, mul, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -134,6 +134,11 @@ def _add(kernel):
     def forward(xs, run):
         return add.add_forward(xs, inplace=kernel.overwrite if run.overwrite else None)
     return forward, add.add_backward
+
+
+def _mul(kernel):
+    needs = kernel.layer.input_grads
+    return (lambda xs, run: mul.mul_forward(xs[0], xs[1])), (lambda gy, saved: mul.mul_backward(gy, saved, needs))
 
 
 def _concat(kernel):
@@ -408,6 +413,7 @@ BIND = {
     "relu6": _elementwise(activations.relu6_forward, activations.relu6_backward),
     "scale": _elementwise(scale.scale_forward, scale.scale_backward, "factor"),
     "add": _add,
+    "mul": _mul,
     "concat": _concat,
     "batchnorm": _batchnorm,
     "groupnorm": _groupnorm,

@@ -11,7 +11,9 @@ A transposed convolution's input position ``i`` adds into outputs ``i*s - p + q*
 tile reads the inputs that reach its part (``reach_range``), without padding, computes what they give and keeps
 its part (``ops/conv_transpose.py``: the crop). An upsampling's output tile reads, of its own channels, the inputs
 its outputs interpolate between (``ops/upsample.py: source_range``). A group (or instance) normalisation's tile reads
-its own box (the tiles sharing a group add their statistics: ``tiling/statistics.py``).
+its own box (the tiles sharing a group add their statistics: ``tiling/statistics.py``). ``mul`` reads the output's box
+of each input but along an input's axes of size 1, where it reads that one element (a gate (C, 1, 1): its samples'
+and channels' gates, whatever the tile's positions).
 Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
 their samples; the cross-entropy every class at its samples' positions (its output has one channel); element-wise ops and add read the output's own box; concat reads, from each input, the part of
 the output's channel range that input supplies (possibly nothing).
@@ -19,8 +21,8 @@ the output's channel range that input supplies (possibly nothing).
 
 from dataclasses import dataclass
 
-from ..graph.optable import (READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE,
-                              READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW)
+from ..graph.optable import (READS_BROADCAST, READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_INTERPOLATED,
+                              READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW)
 from ..ops.upsample import source_range
 from ..ops.window import ntuple
 
@@ -147,6 +149,9 @@ def needs(layer, out_box, in_shapes):
             result.append(Need((n, _concat_range(c0, c1, offset, shape[1])) + tuple(out_box[2:])))
             offset += shape[1]
         return result
+    if reads == READS_BROADCAST:        # an axis of size 1 the output's is longer than: its one element
+        return [Need((n,) + tuple((0, 1) if extent == 1 else span for extent, span in zip(shape[1:], out_box[1:])))
+                for shape in in_shapes]
     return [Need(tuple(out_box)) for _ in in_shapes]        # element-wise, batchnorm, add
 
 

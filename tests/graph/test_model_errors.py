@@ -345,6 +345,17 @@ def test_a_loss_per_pixel_takes_an_integer_ignore_index(tmp_path, value, fragmen
     expect_error(write(tmp_path, layers), "loss", fragment)
 
 
+def test_mul_takes_inputs_that_broadcast(tmp_path):
+    layers = """
+      - {name: conv, op: conv2d, out_channels: 3, kernel: 3, padding: 1}
+      - {name: pool, op: avgpool2d, kernel: 2}
+      - {name: gate, op: mul, inputs: [conv, pool]}
+      - {name: loss, op: softmax_cross_entropy}
+    """
+    expect_error(write(tmp_path, layers), "gate", "mul takes two inputs of one rank whose extents agree or are 1",
+                 "(3, 8, 8), (3, 4, 4)")
+
+
 def test_gelu_takes_pytorchs_approximations_only(tmp_path):
     layers = """
       - {name: conv, op: conv2d, out_channels: 3, kernel: 3, padding: 1}

@@ -7,8 +7,8 @@ from spmdcnn.cost.compute import WORK
 from spmdcnn.graph import opspec
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.graph.optable import (ANSWERS_LABELS, ANSWERS_TARGETS, FAMILIES, KEEPS_INDICES, KEEPS_INPUT,
-                                   KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_CHANNEL_PARTS,
-                                   READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE,
+                                   KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_BROADCAST,
+                                   READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE,
                                    READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW, needs_gradient)
 from spmdcnn.runtime import kernels
 from spmdcnn.tiling.config import NAMES, dims_of, names_of
@@ -58,6 +58,8 @@ EVERY_PER_PIXEL_OP = [{"name": "head", "op": "conv2d", "out_channels": 3, "kerne
                       {"name": "a3", "op": "hardswish"}, {"name": "a4", "op": "hardsigmoid"},
                       {"name": "a5", "op": "relu6"}, {"name": "a6", "op": "sigmoid"},
                       {"name": "ls", "op": "layer_scale"}, {"name": "sd", "op": "stochastic_depth", "p": 0.1},
+                      {"name": "pool", "op": "avgpool2d", "kernel": [4, 3]},
+                      {"name": "se", "op": "mul", "inputs": ["sd", "pool"]},
                       {"name": "loss", "op": "dice_loss"}]
 
 EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], EVERY_SEQUENCE_OP),
@@ -88,7 +90,7 @@ def test_the_rows_are_consistent():
     assert all((spec.answers in (ANSWERS_LABELS, ANSWERS_TARGETS)) == spec.loss for spec in OPS.values())
     for name, spec in OPS.items():
         assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_INTERPOLATED,
-                              READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_CHANNEL_PARTS, READS_BOX), name
+                              READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_CHANNEL_PARTS, READS_BOX, READS_BROADCAST), name
         assert spec.keeps in (KEEPS_INPUT, KEEPS_MASK, KEEPS_INDICES, KEEPS_OUTPUT, KEEPS_NOTHING), name
         assert spec.splits is None or set(spec.splits) <= set(NAMES), name
         assert spec.window == (spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED)), name

@@ -243,6 +243,19 @@ def test_activations_on_the_gpu(op, attrs, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_mul_on_the_gpu(dtype):
+    from spmdcnn.ops import mul
+    rng = _rng(14)
+    a, b, gy = rng.standard_normal((2, 3, 4, 5)), rng.standard_normal((2, 3, 1, 1)), rng.standard_normal((2, 3, 4, 5))
+    y, saved = mul.mul_forward(a.astype(dtype), b.astype(dtype))
+    y2, saved2 = mul.mul_forward(cp.asarray(a.astype(dtype)), cp.asarray(b.astype(dtype)))
+    _close(y2, y, dtype, "y")
+    for what, got, want in zip(("ga", "gb"), mul.mul_backward(cp.asarray(gy.astype(dtype)), saved2),
+                               mul.mul_backward(gy.astype(dtype), saved)):
+        _close(got, want, dtype, what)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_layer_scale_and_stochastic_depth_on_the_gpu(dtype):
     rng = _rng(13)
     x, gy, gamma = rng.standard_normal((6, 3, 4, 5)), rng.standard_normal((6, 3, 4, 5)), rng.standard_normal(3)

@@ -979,3 +979,22 @@ def test_stochastic_depth_drops_whole_samples_by_global_index(p):
     gx = stochastic_depth_backward(gy, saved)
     np.testing.assert_allclose(gx, np.where(np.isin(np.arange(40), kept)[:, None, None, None],
                                             gy / (1 - p) if p < 1 else 0 * gy, 0), rtol=1e-15)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shapes", [((3, 4, 5, 2), (3, 4, 1, 1)), ((3, 4, 1, 1), (3, 4, 5, 2)),
+                                    ((2, 3, 1, 4), (2, 1, 5, 1)), ((2, 3, 4), (2, 3, 4))])
+def test_mul_broadcasts_size_one_axes(shapes, dtype):
+    from spmdcnn.ops.mul import mul_backward, mul_forward
+    rng = np.random.default_rng(53)
+    a, b = (rng.standard_normal(s).astype(dtype) for s in shapes)
+    y, saved = mul_forward(a, b)
+    gy = rng.standard_normal(y.shape).astype(dtype)
+    ga, gb = mul_backward(gy, saved)
+    ta, tb = (torch.tensor(v.astype(np.float64), requires_grad=True) for v in (a, b))
+    ty = ta * tb
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+    assert_close(ga, ta.grad.numpy().astype(dtype), dtype, "ga")
+    assert_close(gb, tb.grad.numpy().astype(dtype), dtype, "gb")
+    assert mul_backward(gy, saved, (False, True))[0] is None
