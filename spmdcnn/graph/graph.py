@@ -225,11 +225,12 @@ def parse_model(data, source="<model>", text=""):
     for entry in flat:
         name, op = entry["name"], entry.get("op")
         where = f"{source}: layer '{name}'"
-        if not isinstance(op, str) or op not in OPS:
-            known = ", ".join(sorted(OPS))
-            raise FormatError(f"{where}: unknown op {op!r} (known ops: {known})")
         given = {k: v for k, v in entry.items() if k not in ("name", "op", "inputs")}
         in_shapes = [shapes[ref] for ref in entry["inputs"]]
+        op, given = opspec.unaliased(op, given, in_shapes, where)
+        if not isinstance(op, str) or op not in OPS:
+            known = ", ".join(sorted(OPS | dict.fromkeys(opspec.ALIASES)))
+            raise FormatError(f"{where}: unknown op {op!r} (known ops: {known})")
         rank = OPS[op].spatial or len(in_shapes[0]) - 1     # how many values kernel, stride, ... may list
         attrs = opspec.normalise(op, given, where, rank)
         out_shape, params, buffers, flops = opspec.infer(op, attrs, in_shapes, where)

@@ -66,6 +66,40 @@ class LayerError(FormatError):
     pass
 
 
+def _adaptive_avgpool(rank):
+    """``adaptive_avgpool<rank>d {output_size}``: PyTorch's ``AdaptiveAvgPool`` where the output size divides the
+    input's, which is average pooling of kernel and stride input / output (the same windows, the same sums)."""
+    def rewrite(given, in_shapes, where):
+        unknown = sorted(set(given) - {"output_size"})
+        if unknown or "output_size" not in given:
+            raise LayerError(f"{where}: adaptive_avgpool{rank}d takes one key, 'output_size' (an int or one per "
+                             f"axis), got {', '.join(map(repr, unknown)) or 'none'}")
+        shape = in_shapes[0]
+        if len(shape) != rank + 1:
+            hint = f": use adaptive_avgpool{len(shape) - 1}d" if len(shape) - 1 in SPATIAL_NAMES else ""
+            raise LayerError(f"{where}: op 'adaptive_avgpool{rank}d' needs {SPATIAL_NAMES[rank]} input, got "
+                             f"{describe_shape(shape)}{hint}")
+        out = _per_axis(given["output_size"], "output_size", where, rank)
+        out = ntuple(out, rank, "output_size")
+        if any(size % o for size, o in zip(shape[1:], out)):
+            raise LayerError(f"{where}: adaptive_avgpool{rank}d's output_size {list(out)} must divide the input's "
+                             f"{list(shape[1:])} (the windows PyTorch takes for sizes that do not divide overlap "
+                             "unevenly: use avgpool with a kernel and stride of your choice)")
+        kernel = [size // o for size, o in zip(shape[1:], out)]
+        return f"avgpool{rank}d", {"kernel": kernel, "stride": kernel}
+    return rewrite
+
+
+ALIASES = {f"adaptive_avgpool{rank}d": _adaptive_avgpool(rank) for rank in (1, 2, 3)}
+
+
+def unaliased(op, given, in_shapes, where):
+    """``(op, keys)`` of a layer, an alias (``ALIASES``) written as the op it is."""
+    if isinstance(op, str) and op in ALIASES:
+        return ALIASES[op](given, in_shapes, where)
+    return op, given
+
+
 def keys_of(op):
     """``{key: default}`` of ``op`` (its family's)."""
     return KEYS[OPS[op].family]

@@ -391,3 +391,20 @@ def test_a_loss_of_logits_without_classes_first_is_refused(tmp_path):
       - {name: loss, op: mse_loss}
     """
     expect_error(write(tmp_path, layers), "loss", "mse_loss needs predictions (F,)")
+
+
+@pytest.mark.parametrize("keys,fragment", [
+    ("output_size: 3", "output_size [3, 3] must divide the input's [8, 8]"),
+    ("output_size: [2, 2, 2]", "'output_size' must be an int or"),
+    ("{}", "takes one key, 'output_size'"),
+    ("output_size: 1, kernel: 2", "got 'kernel'"),
+])
+def test_adaptive_avgpool_takes_an_output_size_that_divides(tmp_path, keys, fragment):
+    keys = "" if keys == "{}" else ", " + keys
+    layers = """
+      - {name: conv, op: conv2d, out_channels: 3, kernel: 3, padding: 1}
+      - {name: pool, op: adaptive_avgpool2d%s}
+      - {name: flat, op: flatten}
+      - {name: loss, op: softmax_cross_entropy}
+    """ % keys
+    expect_error(write(tmp_path, layers), "pool", fragment)

@@ -998,3 +998,25 @@ def test_mul_broadcasts_size_one_axes(shapes, dtype):
     assert_close(ga, ta.grad.numpy().astype(dtype), dtype, "ga")
     assert_close(gb, tb.grad.numpy().astype(dtype), dtype, "gb")
     assert mul_backward(gy, saved, (False, True))[0] is None
+
+
+@pytest.mark.parametrize("input_shape,output_size", [((3, 8, 6), 1), ((3, 8, 6), [4, 2]), ((2, 4, 6, 2), [2, 3, 1]),
+                                                     ((3, 10), 5)])
+def test_adaptive_avgpool_is_pytorchs_where_the_output_divides(input_shape, output_size):
+    """adaptive_avgpool{1,2,3}d {output_size} is average pooling of kernel = stride = input / output: PyTorch's
+    AdaptiveAvgPool forward and backward, in a model."""
+    from spmdcnn.graph.graph import parse_model
+    from spmdcnn.runtime.executor import Executor
+    rank = len(input_shape) - 1
+    graph = parse_model({"name": "a", "input": list(input_shape), "layers": [
+        {"name": "pool", "op": f"adaptive_avgpool{rank}d", "output_size": output_size},
+        {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 2},
+        {"name": "loss", "op": "softmax_cross_entropy"}]})
+    assert graph.by_name["pool"].op == f"avgpool{rank}d"
+    executor = Executor(graph, np, np.float64, seed=1)
+    rng = np.random.default_rng(54)
+    x = rng.standard_normal((2,) + input_shape)
+    _, _, kept = executor.forward(x, np.array([0, 1]), keep=("pool",))
+    t = torch.tensor(x)
+    expected = getattr(F, f"adaptive_avg_pool{rank}d")(t, output_size)
+    np.testing.assert_allclose(kept["pool"], expected.numpy(), rtol=1e-13)
