@@ -1,6 +1,7 @@
 """Small decoders for the tests: every transposed convolution, upsampling and group or instance normalisation case a
 tile split can meet, in 1, 2 and 3 spatial axes, with today's activations (silu, gelu, hard swish and sigmoid,
-sigmoid, relu6), a layer scale, stochastic depth and a squeeze-and-excitation gate between them, and segmenters ending in a loss per pixel or voxel (shared by the
+sigmoid, relu6), layer norm over channels, a layer scale, stochastic depth and a squeeze-and-excitation gate
+between them, and segmenters ending in a loss per pixel or voxel (shared by the
 plan equivalence, profiler and PyTorch tests), and random answers for any model."""
 
 import numpy as np
@@ -27,7 +28,8 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "up", "op": "conv_transpose2d", "out_channels": 4, "kernel": 3, "stride": 2, "padding": 1,
      "output_padding": [0, 1]},
     {"name": "gn", "op": "groupnorm", "groups": 2}, {"name": "gelu", "op": "gelu"},
-    {"name": "skip", "op": "concat", "inputs": ["gelu", "c1"]},
+    {"name": "ln", "op": "layernorm", "affine": False},
+    {"name": "skip", "op": "concat", "inputs": ["ln", "c1"]},
     {"name": "up2", "op": "conv_transpose2d", "out_channels": 3, "kernel": 2, "stride": 2, "bias": False},
     {"name": "odd", "op": "conv_transpose2d", "out_channels": 2, "kernel": [3, 2], "stride": [1, 3],
      "dilation": [2, 1], "padding": [[1, 2], [0, 1]], "output_padding": [1, 2], "inputs": ["skip"]},
@@ -67,6 +69,7 @@ DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
 DECODER_SEQUENCE = {"name": "decoder_sequence", "input": [3, 13], "layers": [
     {"name": "down", "op": "conv1d", "out_channels": 4, "kernel": 3, "stride": 2},
     {"name": "inorm", "op": "instancenorm", "affine": True}, {"name": "gt", "op": "gelu", "approximate": "tanh"},
+    {"name": "lnorm", "op": "layernorm", "eps": 1e-6},
     {"name": "up", "op": "conv_transpose1d", "out_channels": 3, "kernel": 5, "stride": 3, "padding": 2,
      "output_padding": 2},
     {"name": "lin", "op": "upsample", "scale": 3, "mode": "linear", "align_corners": True},

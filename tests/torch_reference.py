@@ -125,6 +125,11 @@ class TorchNet(torch.nn.Module):
         if family == "instancenorm":
             return F.instance_norm(x, weight=self.param(f"{name}.weight"), bias=self.param(f"{name}.bias"),
                                    eps=a["eps"])
+        if family == "layernorm":        # over the channels at each position: F.layer_norm with them last
+            moved = x.movedim(1, -1)
+            y = F.layer_norm(moved, moved.shape[-1:], self.param(f"{name}.weight"), self.param(f"{name}.bias"),
+                             a["eps"])
+            return y.movedim(-1, 1)
         if family == "layer_scale":
             return x * self.param(f"{name}.weight").reshape((1, -1) + (1,) * (x.dim() - 2))
         if family == "stochastic_depth":     # torchvision's StochasticDepth(p, "row"), with spmdcnn's samples kept

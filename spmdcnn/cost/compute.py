@@ -108,6 +108,7 @@ WORK = {
     "upsample": _upsample_work,
     "groupnorm": _groupnorm_work,
     "instancenorm": _groupnorm_work,
+    "layernorm": _groupnorm_work,
     "linear": _linear_work,
     "maxpool": _pool_work,
     "avgpool": _pool_work,

@@ -117,7 +117,7 @@ class CostModel:
         computes = self.compute.layer_times(layer, self.batch, [config.degrees for config in configs])
         wait = self.compute.wait
         ghost = self.ghost is not None and layer.spec.normalization
-        shared = layer.spec.sample_statistics
+        shared = layer.spec.statistics
         if ghost:
             syncs = [self._sync.ghost(layer, config, self.batch, self.ghost) for config in configs]
         elif shared:

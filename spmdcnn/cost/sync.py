@@ -126,28 +126,27 @@ class SyncModel:
         return found
 
     def statistics(self, layer, config, batch):
-        """The :class:`Sync` of a group (or instance) normalisation ``layer`` (:mod:`spmdcnn.tiling.statistics`):
-        each component of tiles sharing groups of their samples sums a float64 per sample and group twice in
-        forward (the means, then the centred squares) and two backward; its parameter gradients are summed over
-        the replica groups as any layer's (``gradient``)."""
+        """The :class:`Sync` of a group, instance or layer normalisation ``layer`` (:mod:`spmdcnn.tiling.statistics`):
+        each component of tiles sharing statistics sums its table (a float64 per sample and group, or per sample
+        and position) twice in forward (the means, then the centred squares) and two backward; its parameter
+        gradients are summed over the replica groups as any layer's (``gradient``)."""
         from ..graph.optable import group_channels
         from ..tiling.config import output_shape
-        from ..tiling.statistics import statistics_components
+        from ..tiling.statistics import shared_statistics, table_size
         shape = output_shape(layer, batch)
-        key = ("statistics", config.degrees, config.devices, shape, group_channels(layer), layer.out_shape[0],
-               tuple(layer.params.items()))
+        key = ("statistics", layer.spec.statistics, config.degrees, config.devices, shape, group_channels(layer),
+               layer.out_shape[0], tuple(layer.params.items()))
         found = self._syncs.get(key)
         if found is not None:
             return found
         tiles = dict(config.tiles(shape))
         seconds = forward = 0.0
         nbytes = 0
-        for device, place in statistics_components(config, shape, group_channels(layer)).items():
+        for device, place in shared_statistics(layer, config, shape).items():
             size = len(place.component)
             if size < 2:
                 continue
-            n0, n1 = tiles[device][0]
-            table = (n1 - n0) * (place.groups[1] - place.groups[0]) * STAT_BYTES
+            table = table_size(layer, place, tiles[device]) * STAT_BYTES
             regimes = self.machine.regimes(place.component)
             first = 2 * regimes.allreduce(size, table)
             seconds, forward = max(seconds, first + regimes.allreduce(size, 2 * table)), max(forward, first)

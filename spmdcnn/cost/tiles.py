@@ -14,7 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..graph.optable import OPS, READS_CHANNEL_PARTS, READS_INTERPOLATED, READS_TRANSPOSED, group_channels
+from ..graph.optable import (OPS, READS_CHANNEL_PARTS, READS_INTERPOLATED, READS_TRANSPOSED, STATISTICS_GROUPS,
+                             group_channels)
 from ..ops.window import padded_extents
 from ..tiling.boxes import full, part, shape_of
 from ..tiling.config import output_shape
@@ -355,7 +356,7 @@ def tile_shape(layer, box, needs):
                  ("stride", needs[0].stride(geometry.stride)))
     else:
         attrs = tuple((key, _tuple(a[key])) for key in sorted(layer.spec.tile_attrs))
-    if layer.spec.sample_statistics:        # channels per group: the tile's groups, whatever its channels
+    if layer.spec.statistics == STATISTICS_GROUPS:      # channels per group: the tile's groups, whatever its channels
         attrs = tuple(sorted(attrs + (("group_channels", group_channels(layer)),)))
     channels = box[1] if len(box) > 1 else (0, 1)
     params = tuple((name, layer.shard_shape(name, channels)) for name in layer.params)

@@ -310,7 +310,7 @@ def layer_lanes(cost, plan):
             moved += traffic.bytes
         sync = cost.node_sync(layer, config)
         gather = batchnorm = 0.0                # batchnorm: the sync on the compute lane
-        if layer.spec.reduced_in_layer or layer.spec.sample_statistics:
+        if layer.spec.reduced_in_layer or layer.spec.statistics:
             if sync.points:
                 gather, batchnorm = sync.forward, sync.seconds - sync.gradient
             if served:

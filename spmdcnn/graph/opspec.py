@@ -47,6 +47,7 @@ KEYS = {
     "batchnorm": {"eps": 1e-5, "momentum": 0.1},
     "groupnorm": {"groups": _NO_DEFAULT, "eps": 1e-5, "affine": True},
     "instancenorm": {"eps": 1e-5, "affine": False},
+    "layernorm": {"eps": 1e-5, "affine": True},
     "dropout": {"p": 0.5},
     "stochastic_depth": {"p": _NO_DEFAULT},
     "layer_scale": {"init": 1e-6},
@@ -326,6 +327,15 @@ def _elementwise(op, attrs, in_shapes, where):
     return in_shapes[0], {}, {}, prod(in_shapes[0])
 
 
+def _layernorm(op, attrs, in_shapes, where):
+    """Over the channels (or features) at each position: ``weight`` and ``bias`` of (C,) when affine."""
+    shape = in_shapes[0]
+    if not len(shape):
+        raise LayerError(f"{where}: layernorm needs channels or features, got a scalar")
+    params = {"weight": (shape[0],), "bias": (shape[0],)} if attrs["affine"] else {}
+    return shape, params, {}, 8 * prod(shape)
+
+
 def _layer_scale(op, attrs, in_shapes, where):
     """A factor per channel (or feature): ``weight`` of (C,)."""
     shape = in_shapes[0]
@@ -400,7 +410,7 @@ def _loss(op, attrs, in_shapes, where):
 
 INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool,
          "global_avgpool": _global_avgpool, "upsample": _upsample, "batchnorm": _batchnorm, "groupnorm": _groupnorm,
-         "instancenorm": _groupnorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
+         "instancenorm": _groupnorm, "layernorm": _layernorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
          "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise, "hardswish": _elementwise,
          "hardsigmoid": _elementwise, "relu6": _elementwise,
          "scale": _elementwise, "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "flatten": _flatten, "linear": _linear, "concat": _concat,

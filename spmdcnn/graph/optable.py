@@ -40,6 +40,10 @@ KEEPS_INDICES = "indices"               # the argmax of each window (one byte, o
 KEEPS_OUTPUT = "output"                 # its output tile (no later layer may write over it: runtime.executor)
 KEEPS_NOTHING = None
 
+# the statistics a normalisation sums over the tiles that share them (tiling/statistics.py)
+STATISTICS_GROUPS = "groups"            # per sample and group of channels, over the group's channels and positions
+STATISTICS_CHANNELS = "channels"        # per sample and position, over the channels (layer norm)
+
 # what the loss compares the network's output with (io/dataset.py: /labels or /targets)
 ANSWERS_LABELS = "labels"               # an integer class per sample, or per position (a mask)
 ANSWERS_TARGETS = "targets"             # K real values per sample
@@ -63,7 +67,7 @@ class OpSpec:
     reduced_in_layer: bool = False  # its parameter gradients come out summed over the replica group
     dense: bool = False         # fully connected: the "one weird trick" plan splits its features
     normalization: bool = False  # running statistics over the batch (PyTorch counts its batches)
-    sample_statistics: bool = False  # statistics per sample and channel group, summed over the tiles sharing them
+    statistics: str = None      # statistics summed over the tiles that share them (STATISTICS_GROUPS, _CHANNELS)
     unit_init: bool = False     # weight 1 and bias 0 at first (a normalisation's affine parameters)
     loss: bool = False          # the network's loss: one value per sample (or per position of a sample)
     tile_attrs: tuple = ()      # attributes its kernel reads, besides a window's geometry (cost/tiles.py)
@@ -114,8 +118,9 @@ OPS = {spec.name: spec for spec in (
     OpSpec("scale", READS_BOX, inplace=True, inherits=True, tile_attrs=("factor",)),
     *_ranked("batchnorm", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, normalization=True, unit_init=True,
              tile_attrs=("eps", "momentum")),
-    OpSpec("groupnorm", READS_BOX, KEEPS_INPUT, unit_init=True, sample_statistics=True, tile_attrs=("eps",)),
-    OpSpec("instancenorm", READS_BOX, KEEPS_INPUT, unit_init=True, sample_statistics=True, tile_attrs=("eps",)),
+    OpSpec("groupnorm", READS_BOX, KEEPS_INPUT, unit_init=True, statistics=STATISTICS_GROUPS, tile_attrs=("eps",)),
+    OpSpec("instancenorm", READS_BOX, KEEPS_INPUT, unit_init=True, statistics=STATISTICS_GROUPS, tile_attrs=("eps",)),
+    OpSpec("layernorm", READS_BOX, KEEPS_INPUT, unit_init=True, statistics=STATISTICS_CHANNELS, tile_attrs=("eps",)),
     OpSpec("dropout", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("stochastic_depth", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("layer_scale", READS_BOX, KEEPS_INPUT, unit_init=True, tile_attrs=("init",)),
@@ -163,7 +168,7 @@ def window(attrs, rank):
 
 
 def group_channels(layer):
-    """Channels per group of a group or instance normalisation (the op table's ``sample_statistics``)."""
+    """Channels per group of a group or instance normalisation (the op table's ``STATISTICS_GROUPS``)."""
     return layer.in_shapes[0][0] // layer.attrs["groups"] if "groups" in layer.attrs else 1
 
 

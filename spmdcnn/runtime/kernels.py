@@ -29,7 +29,7 @@ from ..graph.optable import group_channels
 import numpy as np
 
 from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
-                   layer_scale, leaky_relu, linear, loss, mse, mul, pool, relu, scale, tanh, upsample)
+                   layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -232,6 +232,25 @@ def _groupnorm(kernel):
     return forward, backward
 
 
+def _layernorm(kernel):
+    """A layer normalisation's tile: its own box, its partial sums per sample and position added over the tiles of
+    the same samples and positions (``tile.reduce``), over the whole tensor's channels."""
+    layer, tile, views = kernel.layer, kernel.tile, kernel.views
+    eps, count = layer.attrs["eps"], tile.global_shape[1]
+
+    def forward(xs, run):
+        return layernorm.layernorm_forward(xs[0], views.params.get("weight"), views.params.get("bias"), count, eps,
+                                           tile.reduce)
+
+    def backward(gy, saved):
+        gx, ggamma, gbeta = layernorm.layernorm_backward(gy, saved)
+        if ggamma is not None:
+            views.grads["weight"][...] = ggamma
+            views.grads["bias"][...] = gbeta
+        return [gx]
+    return forward, backward
+
+
 @dataclass
 class Ghost:
     """A batchnorm tile under ghost batch norm (:mod:`spmdcnn.tiling.ghost`): its ``site`` (a GhostSite),
@@ -418,6 +437,7 @@ BIND = {
     "batchnorm": _batchnorm,
     "groupnorm": _groupnorm,
     "instancenorm": _groupnorm,
+    "layernorm": _layernorm,
     "dropout": _dropout,
     "stochastic_depth": _stochastic_depth,
     "layer_scale": _layer_scale,

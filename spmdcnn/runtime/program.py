@@ -17,12 +17,11 @@ from .. import backend
 from ..comm import Exchange, ReplicaGroups
 from ..cost.buckets import SyncOptions, assign
 from ..graph.blocks import DATA
-from ..graph.optable import group_channels
 from ..ops.add import accumulate
 from ..tiling.config import output_shape
 from ..tiling.transfers import layer_transfers, tile_needs
 from ..tiling.ghost import components
-from ..tiling.statistics import statistics_components
+from ..tiling.statistics import shared_statistics
 from .kernels import Ghost, Tile, TileKernel, Views
 from .params import flat_offsets
 
@@ -42,7 +41,7 @@ class Site:
     reduce: object = None       # the sum over the replica group, for a layer that sums inside (batchnorm)
     gather: object = None       # the arrays of the replica group stacked, likewise
     ghost: object = None        # ghost batch norm's Ghost (runtime.kernels) instead of reduce and gather
-    statistics: tuple = None    # group norm: the groups whose sums ``reduce`` adds (tiling.statistics)
+    statistics: tuple = None    # group norm: the groups whose sums ``reduce`` adds (tiling.statistics; None: its own)
     kernel: TileKernel = None   # the bound kernel of the tile (:meth:`Program.bind`)
     grad_slots: frozenset = frozenset()     # the inputs whose gradients backward sends back (Layer.input_grads)
 
@@ -126,8 +125,8 @@ class Program:
             if layer.spec.normalization and batchnorm is not None:
                 ghosts[layer.name] = components(config, shape, batchnorm)
                 rank_sets += [ghost.component for ghost in ghosts[layer.name].values()]
-            if layer.spec.sample_statistics:
-                places = statistics_components(config, shape, group_channels(layer))
+            if layer.spec.statistics:
+                places = shared_statistics(layer, config, shape)
                 rank_sets += [place.component for place in places.values()]
                 if site.box is not None:
                     shared[layer.name] = places[rank]

@@ -59,7 +59,7 @@ EVERY_PER_PIXEL_OP = [{"name": "head", "op": "conv2d", "out_channels": 3, "kerne
                       {"name": "a5", "op": "relu6"}, {"name": "a6", "op": "sigmoid"},
                       {"name": "ls", "op": "layer_scale"}, {"name": "sd", "op": "stochastic_depth", "p": 0.1},
                       {"name": "pool", "op": "avgpool2d", "kernel": [4, 3]},
-                      {"name": "se", "op": "mul", "inputs": ["sd", "pool"]},
+                      {"name": "se", "op": "mul", "inputs": ["sd", "pool"]}, {"name": "ln", "op": "layernorm"},
                       {"name": "loss", "op": "dice_loss"}]
 
 EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], EVERY_SEQUENCE_OP),

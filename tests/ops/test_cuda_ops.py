@@ -243,6 +243,21 @@ def test_activations_on_the_gpu(op, attrs, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm_on_the_gpu(dtype):
+    from spmdcnn.ops import layernorm
+    rng = _rng(15)
+    x, gy = rng.standard_normal((2, 5, 3, 4)) * 2 + 1, rng.standard_normal((2, 5, 3, 4))
+    gamma, beta = rng.standard_normal(5), rng.standard_normal(5)
+    y, saved = layernorm.layernorm_forward(x, gamma, beta, 5)
+    gx, gg, gb = layernorm.layernorm_backward(gy, saved)
+    on = [cp.asarray(a.astype(dtype)) for a in (x, gamma, beta)]
+    y2, saved2 = layernorm.layernorm_forward(*on, 5)
+    gx2, gg2, gb2 = layernorm.layernorm_backward(cp.asarray(gy.astype(dtype)), saved2)
+    for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("ggamma", gg2, gg), ("gbeta", gb2, gb)):
+        _close(a, e, dtype, what)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_mul_on_the_gpu(dtype):
     from spmdcnn.ops import mul
     rng = _rng(14)

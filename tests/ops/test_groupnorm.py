@@ -1,5 +1,5 @@
-"""Group and instance normalisation against PyTorch in float64, forward and backward, over 1, 2 and 3 spatial
-axes; and split outputs: tiles of their own boxes that add their partial sums of each (sample, group) give the
+"""Group, instance and layer normalisation against PyTorch in float64, forward and backward, over 1, 2 and 3
+spatial axes; and split outputs: tiles of their own boxes that add their partial sums of each (sample, group) give the
 whole op's values and gradients (the input's per tile, gamma's and beta's summed over the tiles' channels)."""
 
 import threading
@@ -128,3 +128,59 @@ def test_a_tiles_channels_map_to_the_groups_it_shares():
     members = gn.group_members(np, 3, 8, 2, 1, 3)     # channels 3..7, groups of 2 from group 1
     np.testing.assert_array_equal(members.argmax(axis=1), [0, 1, 1, 2, 2])
     assert members.sum() == 5 and touched_groups(3, 8, 2) == (1, 4)
+
+
+# ------------------------------------------------------------------------------------- layer norm over channels
+
+@pytest.mark.parametrize("shape,affine", [((2, 6, 5, 4), True), ((3, 4, 7), False), ((2, 5, 3, 4, 2), True),
+                                          ((4, 6), True)])
+def test_layernorm_over_channels_equals_pytorch(shape, affine):
+    from spmdcnn.ops import layernorm as ln
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal(shape) * 3 + 1
+    gamma, beta = (rng.standard_normal(shape[1]), rng.standard_normal(shape[1])) if affine else (None, None)
+    y, saved = ln.layernorm_forward(x, gamma, beta, shape[1], eps=1e-6)
+    gy = rng.standard_normal(shape)
+    gx, ggamma, gbeta = ln.layernorm_backward(gy, saved)
+    tx = torch.tensor(x, requires_grad=True)
+    tg, tb = (None, None) if not affine else (torch.tensor(gamma, requires_grad=True),
+                                              torch.tensor(beta, requires_grad=True))
+    ty = F.layer_norm(tx.movedim(1, -1), (shape[1],), tg, tb, 1e-6).movedim(-1, 1)     # ConvNeXt's LayerNorm2d
+    ty.backward(torch.tensor(gy))
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(gx, tx.grad.numpy(), rtol=1e-11, atol=1e-11)
+    if affine:
+        np.testing.assert_allclose(ggamma, tg.grad.numpy(), rtol=1e-11, atol=1e-11)
+        np.testing.assert_allclose(gbeta, tb.grad.numpy(), rtol=1e-11, atol=1e-11)
+
+
+def test_layernorm_tiles_of_some_channels_add_their_sums():
+    """Tiles split over channels (and width) add their per-position sums over the tiles of the same positions."""
+    from spmdcnn.ops import layernorm as ln
+    rng = np.random.default_rng(4)
+    x, gy = rng.standard_normal((2, 6, 3, 4)) * 2 + 1, rng.standard_normal((2, 6, 3, 4))
+    gamma, beta = rng.standard_normal(6), rng.standard_normal(6)
+    y, saved = ln.layernorm_forward(x, gamma, beta, 6)
+    gx, ggamma, gbeta = ln.layernorm_backward(gy, saved)
+    for w0, w1 in ((0, 1), (1, 4)):                  # each width part: its 3 channel tiles sum among themselves
+        parts = [(0, 1), (1, 4), (4, 6)]
+        sums = _Tiles(len(parts))
+        out, failures = {}, []
+
+        def run(i, c0, c1):
+            try:
+                index = (slice(None), slice(c0, c1), slice(None), slice(w0, w1))
+                ty, tsaved = ln.layernorm_forward(x[index], gamma[c0:c1], beta[c0:c1], 6, reduce=sums.reducer(i))
+                out[i] = (index, ty, ln.layernorm_backward(gy[index], tsaved))
+            except Exception as error:          # noqa: BLE001 - reported below
+                failures.append(error)
+                sums.barrier.abort()
+        threads = [threading.Thread(target=run, args=(i, *p)) for i, p in enumerate(parts)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert not failures, failures
+        for index, ty, (tgx, _, _) in out.values():
+            np.testing.assert_allclose(ty, y[index], rtol=1e-12, atol=1e-12)
+            np.testing.assert_allclose(tgx, gx[index], rtol=1e-11, atol=1e-11)
