@@ -5,7 +5,8 @@ gradients with one allreduce (the library's algorithm for the size over the grou
 on a machine of ``sync: parameter-server`` through the group's server (:class:`ParameterServer`). Batchnorm
 combines its statistics over the group: forward gathers every tile's count, mean and M2 per channel (three
 float64 each), backward sums two float64 per channel. Group and instance norm sum theirs over the tiles of the same
-samples that share groups (:meth:`SyncModel.statistics`). The groups of a layer run at once; the layer waits for
+samples that share groups, layer norm over the tiles of the same samples and positions
+(:meth:`SyncModel.statistics`). The groups of a layer run at once; the layer waits for
 the slowest.
 """
 
@@ -128,8 +129,8 @@ class SyncModel:
     def statistics(self, layer, config, batch):
         """The :class:`Sync` of a group, instance or layer normalisation ``layer`` (:mod:`spmdcnn.tiling.statistics`):
         each component of tiles sharing statistics sums its table (a float64 per sample and group, or per sample
-        and position) twice in forward (the means, then the centred squares) and two backward; its parameter
-        gradients are summed over the replica groups as any layer's (``gradient``)."""
+        and position) twice in forward (the means, then the centred squares) and once backward (two tables in one
+        sum); its parameter gradients are summed over the replica groups as any layer's (``gradient``)."""
         from ..graph.optable import group_channels
         from ..tiling.config import output_shape
         from ..tiling.statistics import shared_statistics, table_size

@@ -24,10 +24,10 @@ from dataclasses import dataclass, field
 from math import prod
 from typing import NamedTuple
 
-from .. import backend
-from ..graph.optable import group_channels
 import numpy as np
 
+from .. import backend
+from ..graph.optable import group_channels
 from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
                    layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
@@ -49,7 +49,7 @@ class Tile:
     (``need``, a :class:`~spmdcnn.tiling.fields.Need`: the padding it adds, the steps of a strided read; None: an
     input that arrives padded and whole, as the profiler gives it), and over the ranks holding the same channels
     (batchnorm's statistics; None: this rank alone holds them) ``reduce``, their sum, and ``gather``, their
-    arrays stacked; for a group normalisation ``reduce`` sums over the ranks sharing its samples' groups."""
+    arrays stacked; for a group or layer normalisation ``reduce`` sums over the ranks sharing its statistics."""
 
     global_shape: tuple
     box: tuple

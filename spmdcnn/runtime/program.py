@@ -41,7 +41,7 @@ class Site:
     reduce: object = None       # the sum over the replica group, for a layer that sums inside (batchnorm)
     gather: object = None       # the arrays of the replica group stacked, likewise
     ghost: object = None        # ghost batch norm's Ghost (runtime.kernels) instead of reduce and gather
-    statistics: tuple = None    # group norm: the groups whose sums ``reduce`` adds (tiling.statistics; None: its own)
+    statistics: tuple = None    # group norm: the groups whose sums ``reduce`` adds (tiling.statistics; else None)
     kernel: TileKernel = None   # the bound kernel of the tile (:meth:`Program.bind`)
     grad_slots: frozenset = frozenset()     # the inputs whose gradients backward sends back (Layer.input_grads)
 
@@ -132,7 +132,7 @@ class Program:
                     shared[layer.name] = places[rank]
             self.sites[layer.name] = site
         self.groups = ReplicaGroups(world, rank_sets)
-        for name, place in shared.items():       # group norm: a sum over the tiles sharing its groups
+        for name, place in shared.items():       # group and layer norm: a sum over the tiles sharing statistics
             self.sites[name].reduce = self.groups.reducer(place.component)      # the identity for one
             self.sites[name].statistics = place.groups
         for site in self.sites.values():
