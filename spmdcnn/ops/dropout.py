@@ -32,9 +32,13 @@ def dropout_forward(x, p, key, start=None, global_shape=None, inplace=False):
         return x, None
     if backend.on_device(x):
         return cuda.dropout_forward(x, p, key, start, global_shape, inplace)
-    keep = dropout_mask(xp, x.shape, p, key, start, global_shape)
+    return _kept(x, dropout_mask(xp, x.shape, p, key, start, global_shape), p, inplace)
+
+
+def _kept(x, keep, p, inplace):
+    """``x`` times the mask ``keep`` (broadcast) and 1 / (1 - p), and what backward needs."""
     scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
-    y = xp.multiply(x, keep, out=x if inplace else None)
+    y = backend.array_module(x).multiply(x, keep, out=x if inplace else None)
     y *= scale
     return y, DropoutSaved(keep, scale)
 
@@ -42,11 +46,10 @@ def dropout_forward(x, p, key, start=None, global_shape=None, inplace=False):
 def dropout_backward(gy, saved):
     if saved is None:
         return gy
-    keep, scale = saved.keep, saved.scale
-    if backend.on_device(gy):
-        return cuda.dropout_backward(gy, keep, scale)
-    gx = gy * keep
-    gx *= scale
+    if backend.on_device(gy) and saved.keep.shape == gy.shape:
+        return cuda.dropout_backward(gy, saved.keep, saved.scale)
+    gx = gy * saved.keep
+    gx *= saved.scale
     return gx
 
 
@@ -56,15 +59,7 @@ def stochastic_depth_forward(x, p, key, start, batch, inplace=False):
     if p == 0.0:
         return x, None
     keep = dropout_mask(xp, x.shape[:1], p, key, (start,), (batch,)).reshape((-1,) + (1,) * (x.ndim - 1))
-    scale = 0.0 if p >= 1.0 else 1.0 / (1.0 - p)
-    y = xp.multiply(x, keep, out=x if inplace else None)
-    y *= scale
-    return y, DropoutSaved(keep, scale)
+    return _kept(x, keep, p, inplace)
 
 
-def stochastic_depth_backward(gy, saved):
-    if saved is None:
-        return gy
-    gx = gy * saved.keep
-    gx *= saved.scale
-    return gx
+stochastic_depth_backward = dropout_backward        # the mask (one per sample) broadcast over the sample

@@ -222,14 +222,18 @@ def _groupnorm(kernel):
     def forward(xs, run):
         return groupnorm.groupnorm_forward(xs[0], views.params.get("weight"), views.params.get("bias"),
                                            members(xs[0]), count, eps, tile.reduce)
+    return forward, _affine_backward(groupnorm.groupnorm_backward, views)
 
-    def backward(gy, saved):
-        gx, ggamma, gbeta = groupnorm.groupnorm_backward(gy, saved)
+
+def _affine_backward(backward, views):
+    """A normalisation's backward writing gamma's and beta's gradients, when it has them, into their views."""
+    def run(gy, saved):
+        gx, ggamma, gbeta = backward(gy, saved)
         if ggamma is not None:
             views.grads["weight"][...] = ggamma
             views.grads["bias"][...] = gbeta
         return [gx]
-    return forward, backward
+    return run
 
 
 def _layernorm(kernel):
@@ -241,14 +245,7 @@ def _layernorm(kernel):
     def forward(xs, run):
         return layernorm.layernorm_forward(xs[0], views.params.get("weight"), views.params.get("bias"), count, eps,
                                            tile.reduce)
-
-    def backward(gy, saved):
-        gx, ggamma, gbeta = layernorm.layernorm_backward(gy, saved)
-        if ggamma is not None:
-            views.grads["weight"][...] = ggamma
-            views.grads["bias"][...] = gbeta
-        return [gx]
-    return forward, backward
+    return forward, _affine_backward(layernorm.layernorm_backward, views)
 
 
 @dataclass
