@@ -85,7 +85,8 @@ def reading_batch(source, indices, dtype, epoch=None):
 
     def read(box, steps):
         (n0, n1), *region = box
-        return source.read(indices[n0:n1], dtype, region, None if steps is None else steps[1:], epoch=epoch)[0]
+        return source.read(indices[n0:n1], dtype, region, None if steps is None else steps[1:], epoch=epoch,
+                           answers=False)[0]
     def answers(box):
         (n0, n1), *region = box
         return source.read_answers(indices[n0:n1], region or None, epoch)
@@ -291,9 +292,10 @@ class HDF5Dataset(_Source):
         return {**super().identity(), key: zlib.crc32(np.ascontiguousarray(answers).tobytes()),
                 "data.augment": self.augment.identity()}
 
-    def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None):
-        """Samples (as ``dtype``, scaled and normalised) and answers (int64 labels, or float32 targets) of the
-        samples ``indices``; only the channel and spatial ranges of ``region`` (``[(c0, c1), (lo, hi) per spatial
+    def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None, answers=True):
+        """Samples (as ``dtype``, scaled and normalised) and answers (int64 labels, float32 targets, or whole
+        masks; None unless ``answers``: a tile's read, whose answers come by :meth:`read_answers`) of the samples
+        ``indices``; only the channel and spatial ranges of ``region`` (``[(c0, c1), (lo, hi) per spatial
         axis]``, in the coordinates of the samples the model sees: the crop) when given, and of those only every
         ``steps``-th element.
         ``epoch``: the training epoch whose crops and flips to apply (:mod:`spmdcnn.io.augment`); None reads the
@@ -312,7 +314,7 @@ class HDF5Dataset(_Source):
         elif out.shape != shape or out.dtype != np.dtype(dtype):
             raise ValueError(f"out is {out.shape} {out.dtype}, the read gives {shape} {np.dtype(dtype)}")
         if not out.size:
-            return out, self.read_answers(indices, epoch=epoch)
+            return out, self.read_answers(indices, epoch=epoch) if answers else None
         if indices.min() < 0 or indices.max() >= self.num_samples:
             raise DataError(f"{self.path}: sample indices must lie in [0, {self.num_samples})")
         windows = self.augment.windows(self.stored_shape, self.seed, epoch, indices)
@@ -324,7 +326,7 @@ class HDF5Dataset(_Source):
             for k, part in enumerate(parts):
                 np.copyto(out[k], staged[k][part.picks], casting="unsafe")
         self._normalise(out, slice(ranges[0][0], ranges[0][1], steps[0]))
-        return out, self.read_answers(indices, epoch=epoch)
+        return out, self.read_answers(indices, epoch=epoch) if answers else None
 
     def _read_parts(self, indices, parts):
         """Sample ``indices[k]``'s :class:`~spmdcnn.io.augment.StoredRead` ``parts[k]``, each into its row of a

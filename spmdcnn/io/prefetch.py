@@ -96,7 +96,7 @@ def read_batch(source, layout, indices, epoch, views):
         wanted, out = indices[n0:n1], views[(box, steps)]
         real = int(np.count_nonzero(wanted >= 0))
         source.read(wanted[:real], layout.dtype, region, None if steps is None else steps[1:], epoch=epoch,
-                    out=out[:real])
+                    out=out[:real], answers=False)
         out[real:] = 0
 
 

@@ -101,16 +101,16 @@ class SyntheticData(_Source):
             coarse = np.repeat(coarse, counts, axis=axis + first)
         return coarse
 
-    def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None):
+    def read(self, indices, dtype=np.float32, region=None, steps=None, epoch=None, out=None, answers=True):
         """Like :meth:`HDF5Dataset.read` (without augmentation: ``epoch`` changes nothing); a sample is made whole
         (it is a function of (seed, i)), then cut."""
-        answers = self._cells(np.asarray(indices, dtype=np.int64)) if self.dense else self.read_answers(indices)
+        truth = self._cells(np.asarray(indices, dtype=np.int64)) if self.dense else self.read_answers(indices)
         cut = _cut(region, self.sample_shape, steps)
-        shape = (len(answers),) + tuple(len(range(c.start, c.stop, c.step)) for c in cut)
+        shape = (len(truth),) + tuple(len(range(c.start, c.stop, c.step)) for c in cut)
         images = np.empty(shape, dtype=dtype) if out is None else out
         if images.shape != shape:
             raise ValueError(f"out is {images.shape}, the read gives {shape}")
-        for row, (index, answer) in enumerate(zip(np.asarray(indices).tolist(), answers)):
+        for row, (index, answer) in enumerate(zip(np.asarray(indices).tolist(), truth)):
             noise = np.random.default_rng([int(self.seed), 0x1A6E, index]).standard_normal(
                 self.sample_shape, dtype=np.float32)
             if self.dense:          # each cell the colour of its class
@@ -121,6 +121,6 @@ class SyntheticData(_Source):
                 coarse = np.tensordot(answer, self._coarse, axes=1)
             noise += self._stretched(coarse)
             images[row] = noise[cut]
-        if self.dense:
-            answers = self._stretched(answers, first=1)
-        return images, answers
+        if not answers:
+            return images, None
+        return images, self._stretched(truth, first=1) if self.dense else truth

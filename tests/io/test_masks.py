@@ -48,6 +48,22 @@ def test_masks_are_cropped_and_flipped_with_their_images(tmp_path):
     data.close()
 
 
+def test_a_tiles_image_read_reads_no_mask(tmp_path, monkeypatch):
+    """Images read for a tile (the trainer's and the workers' reads) leave the masks alone: those are read as the
+    loss's tiles ask (read_answers), never whole beside every image box."""
+    from spmdcnn.io.dataset import reading_batch
+    from spmdcnn.io.prefetch import Layout, read_batch
+    data = HDF5Dataset(coded(tmp_path / "d.h5"), shuffle=False)
+    called = []
+    monkeypatch.setattr(data, "read_answers", lambda *a, **k: called.append(a) or np.zeros(0))
+    box = ((0, 2), (0, 1), (1, 4), (0, W))
+    reading_batch(data, np.array([3, 1]), np.float32).images(box, None)
+    layout = Layout([(box, None)], np.float32)
+    read_batch(data, layout, np.array([3, 1]), None, {(box, None): np.empty((2, 1, 3, W), np.float32)})
+    assert not called
+    data.close()
+
+
 def test_a_loader_reads_masks_as_each_tile_asks_and_pads_them(tmp_path):
     """Evaluation's last batch: the padding samples' masks are -1 (ignored), with workers or without."""
     data = HDF5Dataset(coded(tmp_path / "d.h5"), shuffle=False)
