@@ -290,14 +290,19 @@ def _masked(folder, masks, mask_values, classes, size, fit):
     read = mask_reader(size, fit, read_value_map(mask_values))
 
     def answers(shape):
-        found = np.empty((len(paths),) + tuple(shape), dtype=np.int64)
+        found = np.empty((len(paths),) + tuple(shape), dtype=np.int16)     # classes, held in 2 bytes a pixel
+        limits = np.iinfo(found.dtype)
         for k, (mask, image) in enumerate(zip(mask_paths, paths)):
             value = read(mask, image)
             if value.shape != tuple(shape):
                 raise DataError(f"{mask}: the mask is {value.shape[0]} x {value.shape[1]} (H x W) once fitted, the "
                                 f"images {shape[0]} x {shape[1]}: give --size H W to fit them all")
+            if value.size and (value.min() < limits.min or value.max() > limits.max):
+                raise DataError(f"{mask}: a class value {int(value.max())} or {int(value.min())} outside "
+                                f"[{limits.min}, {limits.max}]: a mask's values are classes")
             found[k] = value
-        return found.astype(mask_dtype(found))
+        dtype = mask_dtype(found)
+        return found if dtype == found.dtype else found.astype(dtype)
     return answers, load_classes(classes) if classes is not None else None, paths
 
 
