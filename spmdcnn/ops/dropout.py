@@ -53,12 +53,14 @@ def dropout_backward(gy, saved):
     return gx
 
 
-def stochastic_depth_forward(x, p, key, start, batch, inplace=False):
-    """``(y, saved)`` of the tile ``x`` whose first sample is sample ``start`` of a global batch of ``batch``."""
+def stochastic_depth_forward(x, p, key, start=None, global_shape=None, inplace=False):
+    """``(y, saved)`` of the tile ``x`` at ``start`` (its first element's place) in the global tensor of
+    ``global_shape``: only the samples' (the first axis's) count."""
     xp = backend.array_module(x)
     if p == 0.0:
         return x, None
-    keep = dropout_mask(xp, x.shape[:1], p, key, (start,), (batch,)).reshape((-1,) + (1,) * (x.ndim - 1))
+    first, batch = (0 if start is None else start[0]), (len(x) if global_shape is None else global_shape[0])
+    keep = dropout_mask(xp, x.shape[:1], p, key, (first,), (batch,)).reshape((-1,) + (1,) * (x.ndim - 1))
     return _kept(x, keep, p, inplace)
 
 

@@ -323,18 +323,6 @@ def _batchnorm(kernel):
     return forward, backward
 
 
-def _stochastic_depth(kernel):
-    layer, tile = kernel.layer, kernel.tile
-
-    def forward(xs, run):
-        if not run.training:
-            return xs[0], None
-        key = dropout.stream_key(kernel.seed, run.step, layer.name)
-        return dropout.stochastic_depth_forward(xs[0], layer.attrs["p"], key, tile.box[0][0], tile.global_shape[0],
-                                                inplace=kernel.overwrites(run))
-    return forward, lambda gy, saved: [dropout.stochastic_depth_backward(gy, saved)]
-
-
 def _layer_scale(kernel):
     views = kernel.views
 
@@ -345,16 +333,20 @@ def _layer_scale(kernel):
     return (lambda xs, run: layer_scale.layer_scale_forward(xs[0], views.params["weight"])), backward
 
 
-def _dropout(kernel):
-    layer, tile = kernel.layer, kernel.tile
+def _masked(function):
+    """Dropout and stochastic depth: in training, ``function(x, p, key, start, global_shape, inplace)`` with the
+    layer's stream key of the step and the tile's place in the global tensor; the identity in evaluation."""
+    def bind(kernel):
+        layer, tile = kernel.layer, kernel.tile
 
-    def forward(xs, run):
-        if not run.training:
-            return xs[0], None
-        key = dropout.stream_key(kernel.seed, run.step, layer.name)
-        return dropout.dropout_forward(xs[0], layer.attrs["p"], key, start=tile.start,
-                                       global_shape=tile.global_shape, inplace=kernel.overwrites(run))
-    return forward, lambda gy, saved: [dropout.dropout_backward(gy, saved)]
+        def forward(xs, run):
+            if not run.training:
+                return xs[0], None
+            key = dropout.stream_key(kernel.seed, run.step, layer.name)
+            return function(xs[0], layer.attrs["p"], key, tile.start, tile.global_shape,
+                            inplace=kernel.overwrites(run))
+        return forward, lambda gy, saved: [dropout.dropout_backward(gy, saved)]
+    return bind
 
 
 class LossShare(NamedTuple):
@@ -435,8 +427,8 @@ BIND = {
     "groupnorm": _groupnorm,
     "instancenorm": _groupnorm,
     "layernorm": _layernorm,
-    "dropout": _dropout,
-    "stochastic_depth": _stochastic_depth,
+    "dropout": _masked(dropout.dropout_forward),
+    "stochastic_depth": _masked(dropout.stochastic_depth_forward),
     "layer_scale": _layer_scale,
     "softmax_cross_entropy": _loss(loss.softmax_cross_entropy_forward, loss.softmax_cross_entropy_backward),
     "dice_loss": _dice,

@@ -282,8 +282,8 @@ def test_layer_scale_and_stochastic_depth_on_the_gpu(dtype):
                           layer_scale.layer_scale_backward(gy.astype(dtype), saved, gamma.astype(dtype))):
         _close(a, e, dtype, f"layer scale {what}")
     key = dropout.stream_key(3, 1, "sd")
-    y, saved = dropout.stochastic_depth_forward(x.astype(dtype), 0.4, key, 2, 10)
-    y2, saved2 = dropout.stochastic_depth_forward(on(x), 0.4, key, 2, 10)
+    y, saved = dropout.stochastic_depth_forward(x.astype(dtype), 0.4, key, (2, 0, 0, 0), (10, 3, 4, 5))
+    y2, saved2 = dropout.stochastic_depth_forward(on(x), 0.4, key, (2, 0, 0, 0), (10, 3, 4, 5))
     _close(y2, y, dtype, "stochastic depth y")
     _close(dropout.stochastic_depth_backward(on(gy), saved2), dropout.stochastic_depth_backward(gy.astype(dtype),
                                                                                                 saved), dtype,

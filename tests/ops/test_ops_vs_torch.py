@@ -967,13 +967,13 @@ def test_stochastic_depth_drops_whole_samples_by_global_index(p):
     rng = np.random.default_rng(52)
     x = rng.standard_normal((40, 3, 4, 2))
     key = stream_key(7, 3, "drop_path")
-    y, saved = stochastic_depth_forward(x.copy(), p, key, 0, 40)
+    y, saved = stochastic_depth_forward(x.copy(), p, key, (0, 0, 0, 0), x.shape)
     kept = [n for n in range(40) if y[n].any()]
     for n in range(40):
         np.testing.assert_allclose(y[n], x[n] / (1 - p) if n in kept else 0 * x[n], rtol=1e-15)
     if 0 < p < 1:
         assert 0 < len(kept) < 40
-    part, _ = stochastic_depth_forward(x[10:25, 1:], p, key, 10, 40)      # a tile: samples 10-24, channels 1-2
+    part, _ = stochastic_depth_forward(x[10:25, 1:], p, key, (10, 1, 0, 0), x.shape)   # samples 10-24, channels 1-2
     np.testing.assert_array_equal(part, y[10:25, 1:])
     gy = rng.standard_normal(x.shape)
     gx = stochastic_depth_backward(gy, saved)
