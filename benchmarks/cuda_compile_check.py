@@ -104,13 +104,14 @@ def elementwise_cases():
 
 def describe_convolutions():
     """Describe the forward, data-gradient and weight-gradient graphs of every convolution case of the op tests
-    (sequences, images and volumes), in every data type and layout; returns how many."""
-    from op_cases import CONV_CASES
+    (sequences, images and volumes, grouped and depthwise ones: cuDNN reads the groups from the weight's
+    channels), in every data type and layout; returns how many."""
+    from op_cases import CONV_CASES, GROUPED_CASES
     from spmdcnn.ops.conv import ConvGeometry
     from spmdcnn.ops.cuda import conv
     from spmdcnn.ops.window import output_extent
     count = 0
-    for x_shape, w_shape, stride, padding, dilation, _ in CONV_CASES.values():
+    for x_shape, w_shape, stride, padding, dilation, *_ in list(CONV_CASES.values()) + list(GROUPED_CASES.values()):
         geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
         extra, symmetric = conv._symmetric(geometry, w_shape[2:])
         spatial = tuple(size + sum(pad) for size, pad in zip(x_shape[2:], extra))

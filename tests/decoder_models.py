@@ -1,5 +1,5 @@
 """Small decoders for the tests: every transposed convolution, upsampling and group or instance normalisation case a
-tile split can meet, in 1, 2 and 3 spatial axes, with today's activations (silu, gelu, hard swish and sigmoid,
+tile split can meet, in 1, 2 and 3 spatial axes, with grouped and depthwise convolutions, today's activations (silu, gelu, hard swish and sigmoid,
 sigmoid, relu6), layer norm over channels, a layer scale, stochastic depth and a squeeze-and-excitation gate
 between them, and segmenters ending in a loss per pixel or voxel (shared by the
 plan equivalence, profiler and PyTorch tests), and random answers for any model."""
@@ -23,6 +23,8 @@ def answers(graph, rng, count):
 # samples and space
 DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 4, "kernel": 3, "padding": 1},
+    {"name": "dw", "op": "conv2d", "out_channels": 8, "kernel": 3, "padding": 1, "groups": 4},    # depthwise, x2
+    {"name": "pw", "op": "conv2d", "out_channels": 4, "kernel": 1, "groups": 2},     # grouped pointwise
     {"name": "down", "op": "conv2d", "out_channels": 5, "kernel": 3, "stride": 2, "padding": 1, "bias": False},
     {"name": "bn", "op": "batchnorm2d"}, {"name": "act", "op": "relu"},
     {"name": "up", "op": "conv_transpose2d", "out_channels": 4, "kernel": 3, "stride": 2, "padding": 1,
@@ -53,6 +55,7 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
 
 DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
     {"name": "down", "op": "conv3d", "out_channels": 3, "kernel": 2, "stride": 2},
+    {"name": "dw", "op": "conv3d", "out_channels": 3, "kernel": 3, "padding": 1, "groups": 3, "bias": False},
     {"name": "up", "op": "conv_transpose3d", "out_channels": 2, "kernel": 2, "stride": 2, "bias": False},
     {"name": "up3", "op": "conv_transpose3d", "out_channels": 2, "kernel": 3, "stride": [2, 1, 2], "padding": 1,
      "output_padding": [1, 0, 1], "inputs": ["down"]},
@@ -68,6 +71,7 @@ DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
 
 DECODER_SEQUENCE = {"name": "decoder_sequence", "input": [3, 13], "layers": [
     {"name": "down", "op": "conv1d", "out_channels": 4, "kernel": 3, "stride": 2},
+    {"name": "grouped", "op": "conv1d", "out_channels": 4, "kernel": 3, "stride": 2, "padding": 1, "groups": 2},
     {"name": "inorm", "op": "instancenorm", "affine": True}, {"name": "gt", "op": "gelu", "approximate": "tanh"},
     {"name": "lnorm", "op": "layernorm", "eps": 1e-6},
     {"name": "up", "op": "conv_transpose1d", "out_channels": 3, "kernel": 5, "stride": 3, "padding": 2,

@@ -69,7 +69,8 @@ class TorchNet(torch.nn.Module):
         if family == "conv":
             g = layer.window
             return getattr(F, f"conv{rank}d")(padded(x, g.padding), self.param(f"{name}.weight"),
-                                              self.param(f"{name}.bias"), stride=g.stride, dilation=g.dilation)
+                                              self.param(f"{name}.bias"), stride=g.stride, dilation=g.dilation,
+                                              groups=a["groups"])
         if family == "conv_transpose":      # the full extent the input fills, cropped (or extended) per side
             g = layer.window
             full = getattr(F, f"conv_transpose{rank}d")(x, self.param(f"{name}.weight"), None, stride=g.stride,

@@ -2,7 +2,7 @@
 
 Shapes here are per sample (no batch dimension): (C, S...) for tensors with spatial axes (a sequence (C, W), an
 image (C, H, W), a volume (C, D, H, W)), (F,) for features, () for the loss. FLOPs count a multiply-add as two:
-conv ``2*K*C*prod(k)*prod(O)`` (+ ``K*prod(O)`` for the bias), a transposed convolution
+conv ``2*K*(C/groups)*prod(k)*prod(O)`` (+ ``K*prod(O)`` for the bias), a transposed convolution
 ``2*K*C*prod(k)*prod(S)`` over its input's positions S, linear ``2*F_in*F_out`` (+ ``F_out``), pooling one per
 window element, upsampling one per output element (nearest) or three per axis (linear), batchnorm 4, group
 and instance normalisation 8 and the other element-wise ops one per output element, softmax cross-entropy 4 per
@@ -27,7 +27,7 @@ _WINDOW = {"kernel": _NO_DEFAULT, "stride": None, "padding": 0}
 # family -> {key: default}; a key whose default is _NO_DEFAULT is required.
 KEYS = {
     "conv": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0, "dilation": 1,
-             "bias": True},
+             "groups": 1, "bias": True},
     "conv_transpose": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0,
                        "output_padding": 0, "dilation": 1, "bias": True},
     "maxpool": dict(_WINDOW),
@@ -259,10 +259,13 @@ def _window_out(shape, attrs, where, what):
 
 def _conv(op, attrs, in_shapes, where):
     shape = _spatial(in_shapes[0], op, where)
-    K, C = attrs["out_channels"], shape[0]
+    K, C, groups = attrs["out_channels"], shape[0], attrs.get("groups", 1)
+    for count, what in ((C, "input channels"), (K, "out_channels")):
+        if count % groups:
+            raise LayerError(f"{where}: 'groups' {groups} must divide its {count} {what} (as in PyTorch)")
     out, geometry = _window_out(shape, attrs, where, "convolution")
-    params = {"weight": (K, C) + geometry.kernel}
-    flops = 2 * K * C * prod(geometry.kernel) * prod(out)
+    params = {"weight": (K, C // groups) + geometry.kernel}
+    flops = 2 * K * (C // groups) * prod(geometry.kernel) * prod(out)
     if attrs["bias"]:
         params["bias"] = (K,)
         flops += K * prod(out)

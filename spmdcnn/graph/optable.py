@@ -22,7 +22,8 @@ from ..io.samples import AXES, described
 from ..ops.window import ntuple, sides
 
 # what an output tile reads of its inputs (tiling/fields.py)
-READS_WINDOW = "window"                 # a window over the spatial axes, every input channel (convolution)
+READS_WINDOW = "window"                 # a window over the spatial axes, the input channels of the output's groups
+                                        # (all of them without groups: convolution)
 READS_CHANNEL_WINDOW = "channel window"  # a window over the spatial axes, the output's channels (pooling)
 READS_TRANSPOSED = "transposed window"  # the inputs whose windows reach the output's box, every input channel
 READS_INTERPOLATED = "interpolated"     # the inputs the output's box interpolates between, the output's channels
@@ -76,6 +77,7 @@ class OpSpec:
     answers: str = None         # a loss: what it compares the output with (ANSWERS_LABELS or ANSWERS_TARGETS)
     param_axes: tuple = ()      # (parameter, axis) where a parameter's output channels are not its first axis
     class_sums: int = 0         # a loss: numbers per sample and class its tiles add up over the batch (Dice's I, P, T)
+    grouped: bool = False       # attrs 'groups' split its channels: c splits in whole groups, read their inputs
 
     @property
     def family(self):
@@ -99,7 +101,7 @@ def _ranked(family, *args, **kwargs):
 
 
 OPS = {spec.name: spec for spec in (
-    *_ranked("conv", READS_WINDOW, KEEPS_INPUT),
+    *_ranked("conv", READS_WINDOW, KEEPS_INPUT, grouped=True),
     # its weight is PyTorch's (C_in, C_out, k...): a tile of some output channels holds those along axis 1
     *_ranked("conv_transpose", READS_TRANSPOSED, KEEPS_INPUT, param_axes=(("weight", 1),)),
     *_ranked("maxpool", READS_CHANNEL_WINDOW, KEEPS_INDICES),
@@ -170,6 +172,23 @@ def window(attrs, rank):
 def group_channels(layer):
     """Channels per group of a group or instance normalisation (the op table's ``STATISTICS_GROUPS``)."""
     return layer.in_shapes[0][0] // layer.attrs["groups"] if "groups" in layer.attrs else 1
+
+
+def layer_groups(layer):
+    """The groups a grouped op's channels fall in (the op table's ``grouped``), 1 for any other op."""
+    return layer.attrs.get("groups", 1) if layer.spec.grouped else 1
+
+
+def output_grain(layer):
+    """Output channels per group of an op with groups (a split of its channels keeps groups whole, so its parts
+    hold multiples of this), 1 for any other."""
+    groups = layer_groups(layer)
+    return layer.out_shape[0] // groups if groups > 1 else 1
+
+
+def tile_groups(layer, channels):
+    """The groups a tile of output ``channels`` ``(k0, k1)`` holds (whole ones), 1 where the op has none."""
+    return (channels[1] - channels[0]) // output_grain(layer) if layer_groups(layer) > 1 else 1
 
 
 def needs_gradient(has_params, inputs_need):

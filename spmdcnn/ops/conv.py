@@ -1,10 +1,16 @@
 """Convolution over 1, 2 or 3 spatial axes (cross-correlation, as PyTorch's conv1d/2d/3d): forward and backward
 through im2col + GEMM, one implementation for every spatial rank.
 
-    y[n, k, i...] = b[k] + sum_{c, p...} w[k, c, p...] * xpad[n, c, i*s + p*d ...]     (per spatial axis)
+    y[n, k, i...] = b[k] + sum_{c, p...} w[k, c, p...] * xpad[n, g*Cg + c, i*s + p*d ...]     (per spatial axis)
 
-Shapes: x (N, C, S...), w (K, C, k...), y (N, K, O...), with ``S``, ``k``, ``O`` one extent per spatial axis
-(``(D, H, W)`` for a volume). Samples are processed in blocks so that the column buffer stays near
+Shapes: x (N, C, S...), w (K, Cg, k...), y (N, K, O...), with ``S``, ``k``, ``O`` one extent per spatial axis
+(``(D, H, W)`` for a volume). With ``groups`` G (PyTorch's), the channels fall in G groups: output channel ``k``
+belongs to group ``g = k // (K/G)`` and reads the ``Cg = C/G`` input channels of that group alone (depthwise when
+G = C); every product below is then a stack of G products, one per group (``matmul`` over a leading G axis),
+which for G = 1 is the plain product. A tile of some of the output channels (a split over ``c``, in whole groups)
+is the convolution of its groups: the input channels they read (:func:`group_inputs`), its rows of the weight.
+
+Samples are processed in blocks so that the column buffer stays near
 ``COLUMN_BYTES``; a block's columns are laid out (C, k..., Nb, positions) so that one GEMM covers the whole
 block. Backward rebuilds the columns block by block rather than keeping them from forward: memory stays
 proportional to the activations, not to prod(k) times them. Copies are split over samples between threads
@@ -41,17 +47,29 @@ COLUMN_BYTES = 48 << 20
 SHIFTED_WASTE = 0.10
 
 
+def group_inputs(k0, k1, out_channels, in_channels, groups):
+    """The input channels ``[c0, c1)`` that output channels ``[k0, k1)`` of a convolution with ``groups`` groups
+    read: those of the groups the output channels fall in."""
+    per_output, per_input = out_channels // groups, in_channels // groups
+    if k1 <= k0:
+        return k0 // per_output * per_input, k0 // per_output * per_input
+    return k0 // per_output * per_input, -(-k1 // per_output) * per_input
+
+
 class ConvGeometry:
     """Stride, per-side padding and dilation of a convolution, one value per spatial axis (``rank`` of them: given,
-    or the length of the first one given as a sequence, else 2); the kernel size comes from the weight."""
+    or the length of the first one given as a sequence, else 2); the kernel size comes from the weight.
 
-    __slots__ = ("stride", "padding", "dilation")
+    ``groups``: the groups its channels fall in (PyTorch's ``groups``; for a tile, the tile's groups)."""
 
-    def __init__(self, stride=1, padding=0, dilation=1, rank=None):
+    __slots__ = ("stride", "padding", "dilation", "groups")
+
+    def __init__(self, stride=1, padding=0, dilation=1, rank=None, groups=1):
         rank = rank or rank_of(stride, padding, dilation)
         self.stride = ntuple(stride, rank, "stride")
         self.padding = sides(padding, rank)
         self.dilation = ntuple(dilation, rank, "dilation")
+        self.groups = groups
 
     @property
     def rank(self):
@@ -65,7 +83,8 @@ class ConvGeometry:
         return all(k == 1 for k in kernel) and all(s == 1 for s in self.stride) and not is_padded(self.padding)
 
     def __repr__(self):
-        return f"ConvGeometry(stride={self.stride}, padding={self.padding}, dilation={self.dilation})"
+        grouped = f", groups={self.groups}" if self.groups != 1 else ""
+        return f"ConvGeometry(stride={self.stride}, padding={self.padding}, dilation={self.dilation}{grouped})"
 
 
 class _Layout:
@@ -187,12 +206,15 @@ def conv_forward(x, w, b, geometry, need_input_grad=True):
     C, kernel = x.shape[1], w.shape[2:]
     if x.ndim != w.ndim or x.ndim - 2 != geometry.rank:
         raise ValueError(f"conv: input {x.shape}, weight {w.shape} and {geometry} disagree in spatial rank")
-    if w.shape[1] != C:
-        raise ValueError(f"conv: input has {C} channels, weight expects {w.shape[1]}")
+    if w.shape[1] * geometry.groups != C:
+        raise ValueError(f"conv: input has {C} channels, weight expects {w.shape[1]} in each of {geometry.groups} "
+                         f"group{'s' * (geometry.groups != 1)}")
     out = geometry.output_shape(x.shape[2:], kernel)
     if min(out) <= 0:
         raise ValueError(f"conv: a {'x'.join(map(str, kernel))} kernel with {geometry} over a "
                          f"{'x'.join(map(str, x.shape[2:]))} input gives an empty output")
+    if w.shape[0] % geometry.groups:
+        raise ValueError(f"conv: {w.shape[0]} output channels do not fall evenly in {geometry.groups} groups")
     if backend.on_device(x) and cudnn.available():
         result = cudnn.conv_forward(x, w, b, geometry, need_input_grad)
         if result is not None:
@@ -206,7 +228,8 @@ def _host_forward(x, w, b, geometry, need_input_grad, out):
     if all(k == 1 for k in kernel) and not is_padded(geometry.padding) and any(s > 1 for s in geometry.stride):
         # a strided kernel-1 convolution reads every s-th element: subsample, then a pointwise product
         subsampled = x[(slice(None), slice(None)) + tuple(slice(None, None, s) for s in geometry.stride)].copy()
-        y, inner = conv_forward(subsampled, w, b, ConvGeometry(rank=geometry.rank), need_input_grad)
+        y, inner = conv_forward(subsampled, w, b, ConvGeometry(rank=geometry.rank, groups=geometry.groups),
+                                need_input_grad)
         return y, ConvSaved("subsample", geometry, x_shape=x.shape, inner=inner)
     y = _columns_forward(x, w, b, geometry, out)
     return y, ConvSaved("direct", geometry, x=x, w=w, has_bias=b is not None, need_input_grad=need_input_grad)
@@ -216,15 +239,23 @@ def _bias_shape(K, rank):
     return (1, K) + (1,) * rank
 
 
+def _by_group(array, groups, positions=None):
+    """A (K, rest...) array as its groups' stack (G, K/G, prod(rest)), or with ``positions``, columns (C, k...,
+    Nb, P) as (G, C/G * prod(k), positions) (a view where the array allows one)."""
+    if positions is not None:
+        return array.reshape(groups, -1, positions)
+    return array.reshape(groups, array.shape[0] // groups, -1)
+
+
 def _columns_forward(x, w, b, geometry, out):
     xp = backend.array_module(x)
     N, C = x.shape[:2]
     K, kernel = w.shape[0], w.shape[2:]
-    taps = prod(kernel)
+    G = geometry.groups
     y = xp.empty((N, K) + tuple(out), dtype=x.dtype)
-    w2 = w.reshape(K, C * taps)
+    w3 = _by_group(w, G)                                                # (G, K/G, C/G * taps)
     if geometry.is_pointwise(kernel):
-        xp.matmul(w2, x.reshape(N, C, -1), out=y.reshape(N, K, -1))      # (N, K, S)
+        xp.matmul(w3, x.reshape(N, G, C // G, -1), out=y.reshape(N, G, K // G, -1))      # (N, G, K/G, S)
         if b is not None:
             y += b.reshape(_bias_shape(K, geometry.rank))
         return y
@@ -236,7 +267,7 @@ def _columns_forward(x, w, b, geometry, out):
         nb = min(N, n0 + Nb) - n0
         cols = layout.im2col(layout.padded_block(x[n0:n0 + nb]), columns[..., :nb, :])
         part = product[:, :nb * P]
-        xp.matmul(w2, cols.reshape(C * taps, nb * P), out=part)
+        xp.matmul(w3, _by_group(cols, G, nb * P), out=_by_group(part, G))
         block = layout.from_positions(part, nb)
         if b is None:
             y[n0:n0 + nb] = block
@@ -276,7 +307,8 @@ def _backward_on_cudnn(gy, saved, gw_out):
 def _padded_columns_backward(gy, saved):
     """im2col's gradients of the convolution cuDNN ran (the padded input, the symmetric padding), ``gw`` and
     ``gb`` in the master weights' type."""
-    symmetric = ConvGeometry(saved.geometry.stride, saved.padding, saved.geometry.dilation)
+    symmetric = ConvGeometry(saved.geometry.stride, saved.padding, saved.geometry.dilation,
+                             groups=saved.geometry.groups)
     gxpad, gw, gb = _columns_backward(gy, saved.x, saved.wio, saved.has_bias, symmetric, saved.need_input_grad, None)
     master = saved.w.dtype
     return gxpad, gw.astype(master, copy=False), None if gb is None else gb.astype(master, copy=False)
@@ -294,41 +326,40 @@ def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
     xp = backend.array_module(gy)
     N, C = x.shape[:2]
     K, kernel = w.shape[0], w.shape[2:]
-    taps = prod(kernel)
-    w2 = w.reshape(K, C * taps)
+    G = geometry.groups
+    w3 = _by_group(w, G)                                                # (G, K/G, C/G * taps)
     gb = gy.sum(axis=(0,) + tuple(range(2, gy.ndim))) if has_bias else None
     direct = gw_out is not None and gw_out.flags.c_contiguous
-    gw2 = gw_out.reshape(K, C * taps) if direct else None
+    gw3 = _by_group(gw_out, G) if direct else None
     if geometry.is_pointwise(kernel):
-        gw2, gx = _pointwise_backward(gy, x, w2, gw2, need_input_grad)
-        return gx, _into(gw2.reshape(w.shape), gw_out, direct), gb
+        gw3, gx = _pointwise_backward(gy, x, w3, gw3, need_input_grad)
+        return gx, _into(gw3.reshape(w.shape), gw_out, direct), gb
     layout = _Layout(x.shape, kernel, geometry, x.itemsize)
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     positions = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
-    gw_block = scratch(xp, "conv.gw", (K, C * taps), x.dtype) if N > Nb else None
+    gw_block = scratch(xp, "conv.gw", w3.shape, x.dtype) if N > Nb else None
     gx = xp.empty_like(x) if need_input_grad else None
     for n0 in range(0, N, Nb):
         nb = min(N, n0 + Nb) - n0
-        cols = layout.im2col(layout.padded_block(x[n0:n0 + nb]), columns[..., :nb, :]).reshape(C * taps, nb * P)
-        g = layout.to_positions(gy[n0:n0 + nb], positions[:, :nb * P])      # (K, Nb*P)
+        cols = _by_group(layout.im2col(layout.padded_block(x[n0:n0 + nb]), columns[..., :nb, :]), G, nb * P)
+        g = _by_group(layout.to_positions(gy[n0:n0 + nb], positions[:, :nb * P]), G)    # (G, K/G, Nb*P)
         if n0 == 0:
-            gw2 = xp.matmul(g, cols.T, out=gw2)
+            gw3 = xp.matmul(g, cols.swapaxes(1, 2), out=gw3)
         else:
-            gw2 += xp.matmul(g, cols.T, out=gw_block)
+            gw3 += xp.matmul(g, cols.swapaxes(1, 2), out=gw_block)
         if need_input_grad:
-            _input_block(layout, w2, g, cols, gx[n0:n0 + nb])
-    if need_input_grad:
-        assert gx.shape == x.shape
-    return gx, _into(gw2.reshape(w.shape), gw_out, direct), gb
+            _input_block(layout, w3, g, cols, gx[n0:n0 + nb])
+    return gx, _into(gw3.reshape(w.shape), gw_out, direct), gb
 
 
-def _input_block(layout, w2, g, cols, gx):
-    """A block's input gradient ``gx`` (nb, C, S...) from its output gradient as positions ``g`` (K, nb*P): the
-    columns' gradient (written over ``cols``), added back into the padded block by col2im, its interior kept."""
+def _input_block(layout, w3, g, cols, gx):
+    """A block's input gradient ``gx`` (nb, C, S...) from its output gradient as positions ``g`` (G, K/G, nb*P),
+    the weight as its groups ``w3``: the columns' gradient (written over ``cols``, (G, C/G * taps, nb*P)), added
+    back into the padded block by col2im, its interior kept."""
     xp = backend.array_module(g)
     nb = gx.shape[0]
-    xp.matmul(w2.T, g, out=cols)
+    xp.matmul(w3.swapaxes(1, 2), g, out=cols)
     gpad = layout.zeros(xp, nb, gx.dtype, "conv.gpad")
     layout.col2im(cols.reshape((layout.C,) + layout.kernel + (nb, layout.P)), gpad)
     gx[...] = layout.interior(gpad)
@@ -345,10 +376,11 @@ def conv_input_gradient(gy, w, x_shape, geometry):
             return gx
     N, C = x_shape[:2]
     K, kernel = w.shape[0], w.shape[2:]
-    w2 = w.reshape(K, C * prod(kernel))
+    G = geometry.groups
+    w3 = _by_group(w, G)
     gx = xp.empty(tuple(x_shape), dtype=gy.dtype)
     if geometry.is_pointwise(kernel):
-        xp.matmul(w2.T, gy.reshape(N, K, -1), out=gx.reshape(N, C, -1))
+        xp.matmul(w3.swapaxes(1, 2), gy.reshape(N, G, K // G, -1), out=gx.reshape(N, G, C // G, -1))
         return gx
     layout = _Layout(x_shape, kernel, geometry, gy.itemsize)
     Nb, P = layout.block, layout.P
@@ -357,7 +389,7 @@ def conv_input_gradient(gy, w, x_shape, geometry):
     for n0 in range(0, N, Nb):
         nb = min(N, n0 + Nb) - n0
         g = layout.to_positions(gy[n0:n0 + nb], positions[:, :nb * P])
-        _input_block(layout, w2, g, columns[:, :nb * P], gx[n0:n0 + nb])
+        _input_block(layout, w3, _by_group(g, G), _by_group(columns[:, :nb * P], G, nb * P), gx[n0:n0 + nb])
     return gx
 
 
@@ -371,26 +403,28 @@ def _into(gw, gw_out, direct):
     return gw_out
 
 
-def _pointwise_backward(gy, x, w2, gw2, need_input_grad):
-    """1x1 convolution: ``gw = sum_n gy[n] @ x[n].T`` over sample blocks (bounded copies), ``gx = w.T @ gy``."""
+def _pointwise_backward(gy, x, w3, gw3, need_input_grad):
+    """1x1 convolution, the weight as its groups ``w3`` (G, K/G, C/G): ``gw = sum_n gy[n] @ x[n].T`` per group
+    over sample blocks (bounded copies), ``gx = w.T @ gy``."""
     xp = backend.array_module(gy)
     N, C = x.shape[:2]
-    K = w2.shape[0]
+    G, K = w3.shape[0], w3.shape[0] * w3.shape[1]
     HW = prod(x.shape[2:])                                              # positions per sample
     gy_nkp, x_ncp = gy.reshape(N, K, HW), x.reshape(N, C, HW)
     Nb = max(1, min(N, COLUMN_BYTES // max((K + C) * HW * x.itemsize, 1)))
-    if gw2 is None:
-        gw2 = xp.empty((K, C), dtype=x.dtype)
-    part = scratch(xp, "conv.gw", (K, C), x.dtype) if N > Nb else None
+    if gw3 is None:
+        gw3 = xp.empty(w3.shape, dtype=x.dtype)
+    part = scratch(xp, "conv.gw", w3.shape, x.dtype) if N > Nb else None
     for n0 in range(0, N, Nb):
         nb = min(N, n0 + Nb) - n0
         g = scratch(xp, "conv.product", (K, nb, HW), x.dtype)
         g[...] = gy_nkp[n0:n0 + nb].transpose(1, 0, 2)                   # (K, Nb, HW)
         xs = scratch(xp, "conv.columns", (C, nb, HW), x.dtype)
         xs[...] = x_ncp[n0:n0 + nb].transpose(1, 0, 2)                   # (C, Nb, HW)
-        if n0 == 0:
-            xp.matmul(g.reshape(K, -1), xs.reshape(C, -1).T, out=gw2)
-        else:
-            gw2 += xp.matmul(g.reshape(K, -1), xs.reshape(C, -1).T, out=part)
-    gx = xp.matmul(w2.T, gy_nkp).reshape(x.shape) if need_input_grad else None   # (N, C, HW)
-    return gw2, gx
+        product = xp.matmul(_by_group(g, G), _by_group(xs, G, nb * HW).swapaxes(1, 2), out=gw3 if n0 == 0 else part)
+        if n0:
+            gw3 += product
+    gx = None
+    if need_input_grad:                                                 # (N, G, C/G, HW)
+        gx = xp.matmul(w3.swapaxes(1, 2), gy.reshape(N, G, K // G, HW)).reshape(x.shape)
+    return gw3, gx

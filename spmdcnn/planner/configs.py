@@ -1,12 +1,13 @@
 """The configurations the planner considers for a layer.
 
 For every device count that divides the job's devices, every way of writing it as a product of degrees over the
-dimensions the op may split (``tiling.config.dims_of``), each degree at most the output's extent along it. The
+dimensions the op may split (``tiling.config.dims_of``), each degree at most the output's extent along it, a grouped
+convolution's channels split in whole groups (``tiling.config.keeps_groups``). The
 tiles go to the contiguous devices ``0 .. count-1``: a layer on fewer devices than the job runs on the first ones.
 relu and dropout are not searched: they take their input's configuration (docs/formats.md#plan-files).
 """
 
-from ..tiling.config import ParallelConfig, device_range, dims_of, names_of, output_shape
+from ..tiling.config import ParallelConfig, device_range, dims_of, keeps_groups, names_of, output_shape
 from ..tiling.plan import inherits
 
 
@@ -33,7 +34,8 @@ def configurations(layer, batch, devices):
             degrees = [1] * len(shape)
             for axis, degree in zip(allowed, split):
                 degrees[axis] = degree
-            if all(degree <= extent for degree, extent in zip(degrees, shape)):
+            if all(degree <= extent for degree, extent in zip(degrees, shape)) and \
+                    (len(shape) < 2 or keeps_groups(layer, degrees[1])):
                 result.append(ParallelConfig(tuple(degrees), on))
     return result
 

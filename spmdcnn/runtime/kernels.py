@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend
-from ..graph.optable import group_channels
+from ..graph.optable import group_channels, tile_groups
 from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
                    layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
@@ -164,9 +164,10 @@ def _weighted(function, backward, geometry_of=None):
 
 
 def _conv_geometry(kernel):
+    """The tile's window and groups: a tile of a grouped convolution holds whole groups (``tiling/config.py``)."""
     geometry = kernel.layer.window
     return conv.ConvGeometry(kernel.tile.stride(geometry.stride), kernel.tile.padding, geometry.dilation,
-                             rank=len(geometry.kernel))
+                             rank=len(geometry.kernel), groups=tile_groups(kernel.layer, kernel.tile.box[1]))
 
 
 def _transpose_geometry(kernel):

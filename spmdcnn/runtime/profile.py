@@ -124,6 +124,8 @@ def _layer(shape):
         attrs["bias"] = any(n == "bias" for n, _ in shape.params)
     if "affine" in keys:
         attrs["affine"] = bool(shape.params)
+    if spec.grouped:                    # a grouped convolution: the tile's groups, its input's channels over the
+        attrs["groups"] = shape.inputs[0][1] // dict(shape.params)["weight"][1]     # weight's per group
     if "group_channels" in attrs:       # a group normalisation: the layer's groups where the tile's channels
         per = gcd(attrs.pop("group_channels"), shape.inputs[0][1])     # hold whole ones (the work is the same)
         if "groups" in keys:

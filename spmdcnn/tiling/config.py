@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass
 from itertools import product
 
+from ..graph.optable import output_grain
 from ..io.samples import AXES, axis_names
 from .boxes import part
 
@@ -31,6 +32,13 @@ def dims_of(layer):
     if layer.spec.splits is not None:
         return tuple(name for name in names if name in layer.spec.splits)
     return names
+
+
+def keeps_groups(layer, degree):
+    """Whether splitting ``layer``'s output channels ``degree`` ways keeps its groups whole (a grouped convolution's
+    parts must: the op table's ``grouped``; any split does for other ops): every part's bounds fall on a group's."""
+    grain = output_grain(layer)
+    return grain == 1 or all(part(layer.out_shape[0], degree, i)[0] % grain == 0 for i in range(1, degree))
 
 
 def output_shape(layer, batch):

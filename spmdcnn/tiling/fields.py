@@ -14,15 +14,19 @@ its outputs interpolate between (``ops/upsample.py: source_range``). A group (or
 its own box (the tiles sharing a group add their statistics: ``tiling/statistics.py``). ``mul`` reads the output's box
 of each input but along an input's axes of size 1, where it reads that one element (a gate (C, 1, 1): its samples'
 and channels' gates, whatever the tile's positions).
-Convolutions read all input channels, pooling the output's channels; linear and flatten read every feature of
-their samples; the cross-entropy every class at its samples' positions (its output has one channel); element-wise ops and add read the output's own box; concat reads, from each input, the part of
-the output's channel range that input supplies (possibly nothing).
+Convolutions read all input channels (with groups, those of the groups the tile's output channels fall in: a
+split over ``c`` keeps groups whole, ``tiling/config.py``), pooling the output's channels; linear and flatten read
+every feature of their samples; the cross-entropy every class at its samples' positions (its output has one
+channel); element-wise ops and add read the output's own box; concat reads, from each input, the part of the
+output's channel range that input supplies (possibly nothing).
 """
 
 from dataclasses import dataclass
 
 from ..graph.optable import (READS_BROADCAST, READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_INTERPOLATED,
-                              READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW)
+                              READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW,
+                              layer_groups)
+from ..ops.conv import group_inputs
 from ..ops.upsample import source_range
 from ..ops.window import ntuple
 
@@ -129,7 +133,7 @@ def needs(layer, out_box, in_shapes):
     global shapes (batch first)."""
     reads, n = layer.spec.reads, out_box[0]
     if reads == READS_WINDOW:
-        return [_window_need(layer, out_box, in_shapes[0], (0, in_shapes[0][1]))]
+        return [_window_need(layer, out_box, in_shapes[0], _group_inputs(layer, out_box, in_shapes[0][1]))]
     if reads == READS_CHANNEL_WINDOW:
         return [_window_need(layer, out_box, in_shapes[0], out_box[1])]
     if reads == READS_TRANSPOSED:
@@ -153,6 +157,15 @@ def needs(layer, out_box, in_shapes):
         return [Need((n,) + tuple((0, 1) if extent == 1 else span for extent, span in zip(shape[1:], out_box[1:])))
                 for shape in in_shapes]
     return [Need(tuple(out_box)) for _ in in_shapes]        # element-wise, batchnorm, add
+
+
+def _group_inputs(layer, out_box, channels):
+    """The input channels an output tile of a convolution reads: all ``channels``, or with groups, those of the
+    groups its output channels fall in."""
+    groups = layer_groups(layer)
+    if groups == 1:
+        return 0, channels
+    return group_inputs(*out_box[1], layer.out_shape[0], channels, groups)
 
 
 def _concat_range(c0, c1, offset, count):

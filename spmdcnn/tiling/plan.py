@@ -12,7 +12,8 @@ Omitted degrees are 1; devices default to ``0 .. product-1``. relu and dropout l
 input's configuration; other layers not listed take ``default``, or run whole on device 0 when there is none.
 Named strategies: ``data`` (every layer over n on all devices), ``model`` (every layer over c, flatten and the
 loss over n), ``owt`` (data for the image layers, model for linear layers). A named strategy splits a dimension
-shorter than the device count over as many devices as it has elements. Every problem is reported with the
+shorter than the device count over as many devices as it has elements (a grouped convolution's channels over as
+many as keep its groups whole). Every problem is reported with the
 layer it concerns, before anything runs.
 """
 
@@ -20,7 +21,8 @@ import hashlib
 import json
 
 from ..io.yamlfile import FormatError, check_keys as _check_keys, load_yaml_text, read_yaml
-from .config import SPATIAL, ParallelConfig, dims_of, names_of, output_shape
+from ..graph.optable import output_grain
+from .config import SPATIAL, ParallelConfig, dims_of, keeps_groups, names_of, output_shape
 
 FORMAT = "spmdcnn-plan/1"
 NAMED = ("data", "model", "owt")
@@ -87,6 +89,11 @@ def _config(layer, spec, batch, devices, where):
             what = {"n": "the batch", "c": "its output channels" if len(shape) > 2 else "its output features",
                     "d": "its output depth", "h": "its output height", "w": "its output width"}[name]
             raise PlanError(f"{where}: degree {name}={degree} exceeds {what} ({extent})")
+        if name == "c" and not keeps_groups(layer, degree):
+            fits = [d for d in range(2, extent + 1) if keeps_groups(layer, d)][:6]
+            raise PlanError(f"{where}: degree c={degree} cuts its {layer.attrs['groups']} groups of "
+                            f"{output_grain(layer)} channels (a grouped convolution's tiles hold whole groups; "
+                            f"c may be {', '.join(map(str, fits))}{', ...' if len(fits) == 6 else ''})")
         degrees.append(degree)
     count = 1
     for degree in degrees:
@@ -166,6 +173,8 @@ def _split(layer, batch, devices, dim):
     shape = output_shape(layer, batch)
     axis = names_of(len(shape)).index(dim) if dim in dims_of(layer) else 0
     degree = min(devices, shape[axis])
+    while axis == 1 and not keeps_groups(layer, degree):    # a grouped convolution: the most that keep groups whole
+        degree -= 1
     degrees = tuple(degree if i == axis else 1 for i in range(len(shape)))
     return ParallelConfig(degrees, tuple(range(degree)))
 

@@ -328,6 +328,12 @@ def test_scale_needs_a_factor(tmp_path):
     ("{name: gn, op: groupnorm, groups: 3, affine: 1}", ["'affine' must be true or false"]),
     ("{name: inorm, op: instancenorm, eps: 0}", ["'eps' must be a positive number"]),
     ("{name: inorm, op: instancenorm, groups: 3}", ["unknown key 'groups' for op 'instancenorm'"]),
+    ("{name: g, op: conv2d, out_channels: 4, kernel: 3, groups: 2}",
+     ["layer 'g'", "'groups' 2 must divide its 3 input channels (as in PyTorch)"]),
+    ("{name: g, op: conv2d, out_channels: 4, kernel: 3, groups: 3}", ["'groups' 3 must divide its 4 out_channels"]),
+    ("{name: g, op: conv2d, out_channels: 3, kernel: 3, groups: 0}", ["'groups' must be a positive integer"]),
+    ("{name: up, op: conv_transpose2d, out_channels: 3, kernel: 2, groups: 3}",
+     ["unknown key 'groups' for op 'conv_transpose2d'"]),
 ])
 def test_bad_decoder_layers_name_the_layer_and_the_rule(tmp_path, layer, fragments):
     layers = f"  - {layer}\n  - {{name: flat, op: flatten}}\n  - {{name: fc, op: linear, out_features: 3}}\n" \

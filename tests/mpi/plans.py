@@ -4,17 +4,23 @@ import numpy as np
 
 from decoder_models import answers  # noqa: F401  (the tests take it from here)
 
-from spmdcnn.tiling.config import dims_of, names_of, output_shape
+from spmdcnn.tiling.config import dims_of, keeps_groups, names_of, output_shape
 from spmdcnn.tiling.plan import from_mapping
 
 
-def _degrees(rng, dims, shape, budget):
-    """Random degrees over ``dims`` (each at most its extent) whose product is at most ``budget``."""
+def _allowed(layer, name, degree):
+    """Whether ``layer`` may split ``name`` ``degree`` ways (a grouped convolution's channels in whole groups)."""
+    return name != "c" or keeps_groups(layer, degree)
+
+
+def _degrees(rng, layer, shape, budget):
+    """Random degrees over the layer's dimensions (each at most its extent, a grouped convolution's channels in
+    whole groups) whose product is at most ``budget``."""
     degrees = {}
-    for name in rng.permutation(list(dims)).tolist():
+    for name in rng.permutation(list(dims_of(layer))).tolist():
         extent = shape[names_of(len(shape)).index(name)]
-        limit = min(extent, budget)
-        degree = int(rng.integers(1, limit + 1)) if limit > 1 else 1
+        choices = [d for d in range(1, min(extent, budget) + 1) if _allowed(layer, name, d)]
+        degree = int(rng.choice(choices))
         if degree > 1:
             degrees[name] = degree
             budget //= degree
@@ -29,7 +35,7 @@ def random_plan(graph, batch, devices, seed, listed=0.85):
     for layer in graph.layers:
         if layer.spec.inherits and rng.random() > listed:
             continue
-        degrees = _degrees(rng, dims_of(layer), output_shape(layer, batch), devices)
+        degrees = _degrees(rng, layer, output_shape(layer, batch), devices)
         count = int(np.prod(list(degrees.values()), dtype=np.int64)) if degrees else 1
         layers[layer.name] = {**degrees, "devices": rng.permutation(devices)[:count].tolist()}
     return from_mapping({"format": "spmdcnn-plan/1", "devices": devices, "layers": layers}, graph, batch, devices,
@@ -41,7 +47,8 @@ def uniform_plan(graph, batch, devices, spec):
     layers = {}
     for layer in graph.layers:
         shape = output_shape(layer, batch)
-        degrees = {d: min(k, shape[names_of(len(shape)).index(d)]) for d, k in spec.items() if d in dims_of(layer)}
+        degrees = {d: max(k for k in range(1, min(k, shape[names_of(len(shape)).index(d)]) + 1)
+                          if _allowed(layer, d, k)) for d, k in spec.items() if d in dims_of(layer)}
         count = int(np.prod(list(degrees.values()), dtype=np.int64)) if degrees else 1
         if count > devices:
             degrees, count = {}, 1

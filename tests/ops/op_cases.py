@@ -72,3 +72,16 @@ TRANSPOSE_CASES = {
     "volume_rect": ((1, 2, 4, 3, 3), (2, 2, 2, 3, 1), [1, 2, 3], [0, 1, 0], [0, 1, 2], [2, 1, 1], True),
     "sequence_k5_s3_p2_op2": ((2, 3, 7), (3, 2, 5), 3, 2, 2, 1, True),
 }
+
+# grouped convolutions (N, C, S...), (K, C/groups, k...): stride, padding, dilation, bias, groups
+GROUPED_CASES = {
+    "depthwise_3x3": ((2, 4, 6, 7), (4, 1, 3, 3), 1, 1, 1, True, 4),
+    "depthwise_x2_strided": ((2, 3, 7, 9), (6, 1, 3, 3), 2, 1, 1, False, 3),
+    "grouped_pointwise": ((2, 4, 5, 5), (6, 2, 1, 1), 1, 0, 1, True, 2),
+    "grouped_strided_1x1": ((2, 4, 5, 6), (4, 2, 1, 1), 2, 0, 1, True, 2),
+    "grouped_dilated_per_side": ((2, 6, 8, 9), (6, 2, 3, 2), 1, [[2, 0], [1, 1]], [2, 1], True, 3),
+    "grouped_strided_rect": ((3, 4, 8, 11), (8, 1, 3, 2), [2, 3], [1, 0], 1, False, 4),
+    "volume_depthwise": ((2, 3, 5, 6, 4), (3, 1, 3, 3, 3), 1, 1, 1, True, 3),
+    "volume_grouped_strided": ((2, 4, 7, 5, 6), (4, 2, 3, 3, 3), 2, 1, 1, False, 2),
+    "sequence_grouped": ((3, 4, 11), (8, 2, 3), 2, 1, 1, True, 2),
+}

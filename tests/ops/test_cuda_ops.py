@@ -8,7 +8,7 @@ import os
 import numpy as np
 import pytest
 
-from op_cases import CONV_CASES, POOL_CASES, TRANSPOSE_CASES
+from op_cases import CONV_CASES, GROUPED_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
 from spmdcnn.ops import (activations, batchnorm, conv, conv_transpose, dice, dropout, groupnorm, layer_scale, linear,
@@ -56,6 +56,28 @@ def test_conv2d_on_cudnn(case, dtype):
     gx2, gw2, gb2 = conv.conv_backward(cp.asarray(gy.astype(dtype)), saved2, gw_out=gw_out)
     assert gw2 is gw_out
     for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("gw", gw2, gw)) + ((("gb", gb2, gb),) if bias else ()):
+        _close(a, e, dtype, f"{case} {what}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", sorted(GROUPED_CASES))
+def test_grouped_conv_on_the_gpu(case, dtype):
+    """Grouped and depthwise convolutions on CuPy (cuDNN reads the groups from the weight's channels; im2col's
+    per-group products where no engine runs a case) against NumPy, and the input gradient alone."""
+    x_shape, w_shape, stride, padding, dilation, bias, groups = GROUPED_CASES[case]
+    rng = _rng(7)
+    x, w = rng.standard_normal(x_shape), rng.standard_normal(w_shape)
+    b = rng.standard_normal(w_shape[0]) if bias else None
+    geometry = conv.ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2, groups=groups)
+    y, saved = conv.conv_forward(x, w, b, geometry)
+    gy = rng.standard_normal(y.shape)
+    gx, gw, gb = conv.conv_backward(gy, saved)
+    on = [None if a is None else cp.asarray(a.astype(dtype)) for a in (x, w, b)]
+    y2, saved2 = conv.conv_forward(*on, geometry)
+    gx2, gw2, gb2 = conv.conv_backward(cp.asarray(gy.astype(dtype)), saved2, gw_out=cp.empty(w_shape, dtype=dtype))
+    gi2 = conv.conv_input_gradient(cp.asarray(gy.astype(dtype)), on[1], x_shape, geometry)
+    for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("gw", gw2, gw), ("input gradient", gi2, gx)) + \
+            ((("gb", gb2, gb),) if bias else ()):
         _close(a, e, dtype, f"{case} {what}")
 
 

@@ -92,6 +92,16 @@ def test_configurations_respect_the_op_and_the_extents():
     assert all(c.devices == tuple(range(c.size)) for c in fc)
 
 
+def test_a_grouped_convolutions_configurations_keep_its_groups_whole():
+    graph = parse_model({"name": "grouped", "input": [4, 6, 6], "layers": [
+        {"name": "g", "op": "conv2d", "out_channels": 6, "kernel": 3, "groups": 2},             # groups of 3
+        {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 2},
+        {"name": "loss", "op": "softmax_cross_entropy"}]})
+    channels = {c.degrees[1] for c in configurations(graph.by_name["g"], 8, 8)}
+    assert channels == {1, 2}
+    make_plan(graph, 8, cost_model(graph, 8))       # the search takes them as any other
+
+
 def test_one_device_gives_the_trivial_plan():
     graph = model("small_inception")
     result = make_plan(graph, 1, cost_model(graph, 4))

@@ -64,6 +64,12 @@ def test_model_plan_caps_a_degree_at_the_extent():
     assert plan["fc"].tile_of(3, plan.shape("fc")) is None
 
 
+def test_model_plan_splits_a_grouped_convolution_in_whole_groups():
+    graph = handmade([{"name": "grouped", "op": "conv2d", "out_channels": 6, "kernel": 3, "groups": 3}])
+    plan = load_plan("model", graph, BATCH, 4)
+    assert plan["grouped"] == ParallelConfig((1, 3, 1, 1), (0, 1, 2))      # 4 would cut a group of 2
+
+
 def test_data_plan_caps_the_batch_degree():
     plan = load_plan("data", model("tiny_cnn"), 2, 4)
     assert plan["conv1"] == ParallelConfig((2, 1, 1, 1), (0, 1))

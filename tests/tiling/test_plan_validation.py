@@ -279,3 +279,30 @@ def test_load_plan_file_errors_name_the_file(tmp_path):
     assert str(path) in str(info.value) and "conv1" in str(info.value)
     with pytest.raises(FormatError, match="not found"):
         load_plan(str(tmp_path / "missing.yaml"), model("tiny_cnn"), BATCH, 4)
+
+
+GROUPED = [{"name": "dw", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1, "groups": 3},   # pairs
+           {"name": "pw", "op": "conv2d", "out_channels": 4, "kernel": 1}]
+
+
+@pytest.mark.parametrize("degree,fits", [(1, True), (2, False), (3, True), (4, False), (6, False)])
+def test_a_grouped_convolution_splits_its_channels_in_whole_groups(degree, fits):
+    graph = handmade(GROUPED, input_shape=(3, 6, 6))
+    data = {"format": "spmdcnn-plan/1", "devices": 8, "layers": {"dw": {"c": degree}}}
+    if fits:
+        assert from_mapping(data, graph, BATCH, 8, SOURCE)["dw"].degrees == (1, degree, 1, 1)
+        return
+    with pytest.raises(PlanError) as info:
+        from_mapping(data, graph, BATCH, 8, SOURCE)
+    message = str(info.value)
+    for fragment in (SOURCE, "layer 'dw'", f"degree c={degree} cuts its 3 groups of 2 channels",
+                     "tiles hold whole groups", "c may be 3"):
+        assert fragment in message, message
+
+
+def test_a_depthwise_convolution_splits_its_channels_any_way():
+    graph = handmade([{"name": "dw", "op": "conv2d", "out_channels": 6, "kernel": 3, "groups": 6}],
+                     input_shape=(6, 6, 6))
+    for degree in range(1, 7):
+        data = {"format": "spmdcnn-plan/1", "devices": 8, "layers": {"dw": {"c": degree}}}
+        assert from_mapping(data, graph, BATCH, 8, SOURCE)["dw"].degrees[1] == degree
