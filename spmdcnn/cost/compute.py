@@ -46,7 +46,8 @@ def _conv_work(shape, out, ins, itemsize):
     n, k = shape.output[:2]
     positions = prod(shape.output[2:])
     c = shape.inputs[0][1]
-    gemm = 2 * n * k * c * taps * positions
+    per_group = dict(shape.params)["weight"][1]     # input channels each output reads: C / groups
+    gemm = 2 * n * k * per_group * taps * positions
     passes = 3 if shape.input_grad else 2
     cols = n * c * taps * positions            # im2col (and col2im in backward)
     return 2 + passes, gemm * passes, itemsize * (cols * passes + 3 * (ins + out) + 2 * _shard(shape))
