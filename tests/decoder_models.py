@@ -1,5 +1,5 @@
 """Small decoders for the tests: every transposed convolution, upsampling and group or instance normalisation case a
-tile split can meet, in 1, 2 and 3 spatial axes, with grouped and depthwise convolutions, today's activations (silu, gelu, hard swish and sigmoid,
+tile split can meet, in 1, 2 and 3 spatial axes, with grouped and depthwise convolutions, ceil-mode pooling, today's activations (silu, gelu, hard swish and sigmoid,
 sigmoid, relu6), layer norm over channels, a layer scale, stochastic depth and a squeeze-and-excitation gate
 between them, and segmenters ending in a loss per pixel or voxel (shared by the
 plan equivalence, profiler and PyTorch tests), and random answers for any model."""
@@ -50,7 +50,10 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "r6", "op": "relu6", "inputs": ["up2"]},
     {"name": "f_up2", "op": "flatten", "inputs": ["r6"]}, {"name": "l_up2", "op": "linear", "out_features": 3},
     {"name": "f_odd", "op": "flatten", "inputs": ["hsig"]}, {"name": "l_odd", "op": "linear", "out_features": 3},
-    {"name": "sum", "op": "add", "inputs": ["l_up2", "l_odd", "l_ups", "l_bil"]},
+    {"name": "cmax", "op": "maxpool2d", "kernel": 3, "stride": 2, "ceil_mode": True, "inputs": ["c1"]},   # 4x5
+    {"name": "cavg", "op": "avgpool2d", "kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True},      # 3x3
+    {"name": "f_pool", "op": "flatten"}, {"name": "l_pool", "op": "linear", "out_features": 3},
+    {"name": "sum", "op": "add", "inputs": ["l_up2", "l_odd", "l_ups", "l_bil", "l_pool"]},
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
@@ -66,7 +69,9 @@ DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [
     {"name": "f_up", "op": "flatten", "inputs": ["inorm"]}, {"name": "l_up", "op": "linear", "out_features": 2},
     {"name": "f_up3", "op": "flatten", "inputs": ["up3"]}, {"name": "l_up3", "op": "linear", "out_features": 2},
     {"name": "f_tri", "op": "flatten", "inputs": ["sd"]}, {"name": "l_tri", "op": "linear", "out_features": 2},
-    {"name": "sum", "op": "add", "inputs": ["l_up", "l_up3", "l_tri"]},
+    {"name": "cpool", "op": "avgpool3d", "kernel": 2, "ceil_mode": True, "inputs": ["dw"]},     # 2x3x2 -> 1x2x1
+    {"name": "f_pool", "op": "flatten"}, {"name": "l_pool", "op": "linear", "out_features": 2},
+    {"name": "sum", "op": "add", "inputs": ["l_up", "l_up3", "l_tri", "l_pool"]},
     {"name": "loss", "op": "mse_loss"}]}
 
 DECODER_SEQUENCE = {"name": "decoder_sequence", "input": [3, 13], "layers": [

@@ -21,6 +21,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from spmdcnn.graph.optable import window
+
 RECORDED_OPS = ("conv", "linear", "batchnorm")        # families
 
 
@@ -86,6 +88,11 @@ class TorchNet(torch.nn.Module):
             scale = a["scale"] if isinstance(a["scale"], list) else [a["scale"]] * rank
             return F.interpolate(x, scale_factor=[float(s) for s in scale], mode=mode,
                                  align_corners=a["align_corners"] if mode != "nearest" else None)
+        if family in ("maxpool", "avgpool") and a.get("ceil_mode") and decision is None:
+            g = window(a, rank)         # PyTorch's own ceil mode, over the padding as written (symmetric)
+            assert all(before == after for before, after in g.padding), "PyTorch pads both sides alike"
+            pool = getattr(F, f"{'max' if family == 'maxpool' else 'avg'}_pool{rank}d")
+            return pool(x, g.kernel, g.stride, padding=[before for before, _ in g.padding], ceil_mode=True)
         if family == "maxpool":
             g = layer.window
             x = padded(x, g.padding, -float("inf"))

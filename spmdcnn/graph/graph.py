@@ -41,7 +41,7 @@ class Layer:
     @cached_property
     def window(self):
         """A window op's :class:`~spmdcnn.graph.optable.Window` (one value per spatial axis, padding per side)."""
-        return window(self.attrs, self.spatial_rank)
+        return window(self.attrs, self.spatial_rank, self.in_shapes[0][1:])
 
     def param_axis(self, kind):
         """The axis of parameter or buffer ``kind`` that holds the output channels, which a tile of some channels

@@ -30,8 +30,8 @@ KEYS = {
              "groups": 1, "bias": True},
     "conv_transpose": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0,
                        "output_padding": 0, "dilation": 1, "bias": True},
-    "maxpool": dict(_WINDOW),
-    "avgpool": dict(_WINDOW),
+    "maxpool": {**_WINDOW, "ceil_mode": False},
+    "avgpool": {**_WINDOW, "ceil_mode": False},
     "global_avgpool": {},
     "upsample": {"scale": _NO_DEFAULT, "mode": "nearest", "align_corners": False},
     "relu": {},
@@ -178,7 +178,7 @@ def normalise(op, given, where, rank=2):
         attrs["padding"] = _padding(attrs["padding"], where, rank, same=OPS[op].family == "conv")
         if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
             raise LayerError(f"{where}: padding 'same' needs stride 1 (as in PyTorch), got stride {attrs['stride']}")
-    for key in ("bias", "align_corners", "affine", "include_background", "batch"):
+    for key in ("bias", "align_corners", "affine", "include_background", "batch", "ceil_mode"):
         if key in attrs and not isinstance(attrs[key], bool):
             raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
     if "scale" in attrs and OPS[op].family == "upsample":
@@ -250,6 +250,7 @@ def _window_out(shape, attrs, where, what):
                                  for (before, after), k in zip(geometry.padding, geometry.kernel)):
         raise LayerError(f"{where}: padding {attrs['padding']} must be at most half the kernel {attrs['kernel']} "
                          "(as in PyTorch)")
+    geometry = window(attrs, len(shape) - 1, shape[1:])        # ceil mode's extra padding after
     out = output_extents(shape[1:], geometry.kernel, geometry.stride, geometry.padding, geometry.dilation)
     if min(out) <= 0:
         raise LayerError(f"{where}: {what} of kernel {attrs['kernel']} over input {'x'.join(map(str, shape[1:]))} "

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ..io.samples import AXES, described
-from ..ops.window import ntuple, sides
+from ..ops.window import ceil_extra, ntuple, sides
 
 # what an output tile reads of its inputs (tiling/fields.py)
 READS_WINDOW = "window"                 # a window over the spatial axes, the input channels of the output's groups
@@ -157,15 +157,21 @@ def same_padding(kernel, dilation):
     return tuple((d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for k, d in zip(kernel, dilation))
 
 
-def window(attrs, rank):
+def window(attrs, rank, spatial=None):
     """The :class:`Window` of a convolution's or pooling's attributes over ``rank`` spatial axes: a stride left out
     (``None``) is the kernel's size, as PyTorch's pooling has it, a dilation left out is 1 (pooling has none),
-    and padding ``same`` is :func:`same_padding`."""
+    and padding ``same`` is :func:`same_padding`. Pooling's ``ceil_mode`` over an input of ``spatial`` extents is
+    floor mode with the positions its last windows reach past the padded end added to the padding after
+    (``ops/window.ceil_extra``; they count for nothing: -inf for max pooling, left out of average pooling's
+    divisors); without ``spatial``, the padding as written."""
     kernel = ntuple(attrs["kernel"], rank, "kernel")
     stride = kernel if attrs.get("stride") is None else ntuple(attrs["stride"], rank, "stride")
     dilation = ntuple(attrs.get("dilation", 1), rank, "dilation")
     padding = attrs.get("padding", 0)
     padding = same_padding(kernel, dilation) if padding == "same" else sides(padding, rank)
+    if attrs.get("ceil_mode") and spatial is not None:
+        padding = tuple((before, after + ceil_extra(size, k, s, before, after, d)) for size, k, s, (before, after), d
+                        in zip(spatial, kernel, stride, padding, dilation))
     return Window(kernel, stride, padding, dilation)
 
 

@@ -3,7 +3,10 @@ implementation for every spatial rank: (N, C, S...) with ``S`` the spatial exten
 
 Floor mode; max pooling pads with -inf (padding never wins) and picks the first maximum of a window in row-major
 order on ties, as PyTorch's CPU kernel does; average pooling counts the padding, so every window divides by
-prod(kernel) (with floor mode no window leaves the padded input).
+prod(kernel) (with floor mode no window leaves the padded input). Ceil mode is floor mode over more padding after
+(``graph/optable.window``): the positions a last window reaches past the padded input count for nothing, so those
+windows divide by the positions they hold inside it (PyTorch's ``ceil_mode=True``, ``count_include_pad=True``):
+``PoolGeometry.counts`` gives them, and average pooling rescales those outputs.
 """
 
 from math import prod
@@ -20,13 +23,25 @@ class PoolGeometry:
     """Kernel, stride (default: the kernel) and per-side padding of a pooling window, one value per spatial axis
     (``rank`` of them: given, or the length of the first one given as a sequence, else 2)."""
 
-    __slots__ = ("kernel", "stride", "padding")
+    __slots__ = ("kernel", "stride", "padding", "counts")
 
-    def __init__(self, kernel, stride=None, padding=0, rank=None):
+    def __init__(self, kernel, stride=None, padding=0, rank=None, counts=None):
         rank = rank or rank_of(kernel, stride, padding)
         self.kernel = ntuple(kernel, rank, "kernel")
         self.stride = self.kernel if stride is None else ntuple(stride, rank, "stride")
         self.padding = sides(padding, rank)
+        self.counts = counts    # per axis, the positions each output's window holds inside the input (None: all)
+
+    def rescaled(self, y, xp):
+        """``y`` (divided by the kernel's positions) divided by its windows' own counts instead, in place."""
+        if self.counts is None:
+            return y
+        rank = len(self.kernel)
+        for axis, (counts, k) in enumerate(zip(self.counts, self.kernel)):
+            shape = [1] * (2 + rank)
+            shape[2 + axis] = len(counts)
+            y *= xp.asarray([k / c for c in counts], dtype=y.dtype).reshape(shape)
+        return y
 
     @property
     def positions(self):
@@ -107,28 +122,37 @@ def maxpool_backward(gy, saved):
 
 def avgpool_forward(x, geometry):
     """``y = sum over the (zero-padded) window / prod(kernel)``."""
-    if backend.on_device(x):
-        return cuda.avgpool_forward(x, geometry)
     xp = backend.array_module(x)
+    if backend.on_device(x):
+        y, saved = cuda.avgpool_forward(x, geometry)
+        return geometry.rescaled(y, xp), saved
     out = geometry.output_shape(x.shape[2:])
     xpad = pad_spatial(x, geometry.padding)
     y = xp.zeros(x.shape[:2] + out, dtype=x.dtype)
     for _, slices in geometry.windows(out):
         y += xpad[(slice(None), slice(None)) + slices]
     y *= 1.0 / geometry.positions
-    return y, PoolSaved(x.shape, geometry)
+    return geometry.rescaled(y, xp), PoolSaved(x.shape, geometry)
 
 
 def avgpool_backward(gy, saved):
-    if backend.on_device(gy):
-        return cuda.avgpool_backward(gy, saved)
     x_shape, geometry = saved.x_shape, saved.geometry
     xp = backend.array_module(gy)
+    if geometry.counts is not None:
+        gy = geometry.rescaled(gy.copy(), xp)
+    if backend.on_device(gy):
+        return cuda.avgpool_backward(gy, saved)
     gxpad = _padded_zeros(xp, x_shape, geometry, gy.dtype)
     share = gy * (1.0 / geometry.positions)
     for _, slices in geometry.windows(gy.shape[2:]):
         gxpad[(slice(None), slice(None)) + slices] += share
     return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
+
+
+def window_counts(o0, o1, kernel, stride, limit):
+    """The positions each window of outputs ``[o0, o1)`` along one axis holds before ``limit`` (the padded input's
+    extent; a ceil-mode window may reach past it), in the padded input's coordinates."""
+    return tuple(min(o * stride + kernel, limit) - o * stride for o in range(o0, o1))
 
 
 def global_avgpool_forward(x):

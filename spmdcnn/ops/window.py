@@ -49,6 +49,17 @@ def output_extent(size, kernel, stride, pad_before, pad_after, dilation=1):
     return (size + pad_before + pad_after - dilation * (kernel - 1) - 1) // stride + 1
 
 
+def ceil_extra(size, kernel, stride, pad_before, pad_after, dilation=1):
+    """Positions past the padded end that ceil mode's last window reaches along one axis (PyTorch's
+    ``ceil_mode=True``: one more window where the floor leaves part of the input unread, but never one that would
+    start in the padding after the input), 0 where it adds none."""
+    span = size + pad_before + pad_after - dilation * (kernel - 1) - 1
+    count = -(-span // stride) + 1
+    if (count - 1) * stride >= size + pad_before:
+        count -= 1
+    return max(0, (count - 1) * stride + dilation * (kernel - 1) + 1 - (size + pad_before + pad_after))
+
+
 def output_extents(spatial, kernel, stride, padding, dilation=None):
     """:func:`output_extent` along every spatial axis (``padding`` per side)."""
     dilation = dilation or (1,) * len(spatial)

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend
-from ..graph.optable import group_channels, tile_groups
+from ..graph.optable import group_channels, tile_groups, window
 from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
                    layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
@@ -105,10 +105,22 @@ class TileKernel:
         return f"TileKernel({self.layer.name!r}, {self.layer.op}, input_grad={self.input_grad})"
 
 
+def _ceil_counts(layer, tile):
+    """Per spatial axis, the positions inside the padded input of each of the tile's windows, where ceil mode's last
+    windows reach past it (``ops/pool.py``); None where every window is whole."""
+    written = window(layer.attrs, layer.spatial_rank)
+    if written.padding == layer.window.padding:
+        return None
+    return tuple(pool.window_counts(o0, o1, k, s, size + before + after) for (o0, o1), k, s, (before, after), size
+                 in zip(tile.box[2:], written.kernel, written.stride, written.padding, layer.in_shapes[0][1:]))
+
+
 def _pool(function, backward):
     def bind(kernel):
         geometry = kernel.layer.window
-        geometry = pool.PoolGeometry(geometry.kernel, kernel.tile.stride(geometry.stride), kernel.tile.padding)
+        counts = _ceil_counts(kernel.layer, kernel.tile) if kernel.layer.attrs.get("ceil_mode") else None
+        geometry = pool.PoolGeometry(geometry.kernel, kernel.tile.stride(geometry.stride), kernel.tile.padding,
+                                     counts=counts)
         return (lambda xs, run: function(xs[0], geometry)), (lambda gy, saved: [backward(gy, saved)])
     return bind
 

@@ -332,6 +332,7 @@ def test_scale_needs_a_factor(tmp_path):
      ["layer 'g'", "'groups' 2 must divide its 3 input channels (as in PyTorch)"]),
     ("{name: g, op: conv2d, out_channels: 4, kernel: 3, groups: 3}", ["'groups' 3 must divide its 4 out_channels"]),
     ("{name: g, op: conv2d, out_channels: 3, kernel: 3, groups: 0}", ["'groups' must be a positive integer"]),
+    ("{name: p, op: maxpool2d, kernel: 3, ceil_mode: yes please}", ["'ceil_mode' must be true or false"]),
     ("{name: up, op: conv_transpose2d, out_channels: 3, kernel: 2, groups: 3}",
      ["unknown key 'groups' for op 'conv_transpose2d'"]),
 ])

@@ -170,6 +170,23 @@ def test_pooling_kernels(case, kind, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("kind", ["max", "avg"])
+def test_ceil_mode_pooling_on_the_gpu(kind, dtype):
+    """Ceil mode: the pooling kernels over the extra padding, average pooling's last windows rescaled by CuPy."""
+    geometry = pool.PoolGeometry((3, 3), (2, 2), ((1, 2), (0, 1)), counts=((3, 3, 2), (3, 3, 3, 2)))
+    x = _rng(5).standard_normal((2, 3, 4, 8))
+    forward, backward = (pool.maxpool_forward, pool.maxpool_backward) if kind == "max" else \
+        (pool.avgpool_forward, pool.avgpool_backward)
+    y, saved = forward(x, geometry)
+    gy = _rng(6).standard_normal(y.shape)
+    gx = backward(gy, saved)
+    y2, saved2 = forward(cp.asarray(x.astype(dtype)), geometry)
+    gx2 = backward(cp.asarray(gy.astype(dtype)), saved2)
+    _close(y2, y, dtype, "y")
+    _close(gx2, gx, dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("training", [True, False])
 def test_batchnorm_kernels(training, dtype):
     rng = _rng(4)
