@@ -2,13 +2,14 @@
 
 from dataclasses import dataclass, field
 from functools import cached_property
+from math import prod
 
 from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
 from .optable import ANSWERS_TARGETS, OPS, needs_gradient, window
 from .blocks import DATA, expand_layers
 
-_MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names"}
+_MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names", "torch_shapes"}
 
 
 @dataclass
@@ -82,9 +83,11 @@ class Layer:
 class Graph:
     """A validated model. ``layers`` is in execution order (producers before consumers)."""
 
-    def __init__(self, name, input_shape, layers, source="<model>", text="", torch_names=None):
+    def __init__(self, name, input_shape, layers, source="<model>", text="", torch_names=None, torch_shapes=None):
         self.name = name
-        self.torch_names = dict(torch_names or {})     # layer name -> its module's name in PyTorch (torchvision)
+        self.torch_names = dict(torch_names or {})     # layer name -> its module's name in PyTorch (torchvision), or
+        #                                                  {tensor: its PyTorch key} (a bare nn.Parameter's)
+        self.torch_shapes = dict(torch_shapes or {})   # tensor name -> its shape in PyTorch, where it differs
         self.input_shape = tuple(input_shape)
         self.layers = layers
         self.source = source
@@ -248,24 +251,65 @@ def parse_model(data, source="<model>", text=""):
     if unused:
         raise FormatError(f"{source}: layer '{unused[0]}': its output is used by no layer "
                           "(every layer must lead to the loss)")
-    return Graph(data["name"], input_shape, layers, source, text, _torch_names(data.get("torch_names"), layers, source))
+    return Graph(data["name"], input_shape, layers, source, text, _torch_names(data.get("torch_names"), layers, source),
+                 _torch_shapes(data.get("torch_shapes"), layers, source))
 
 
 def _torch_names(names, layers, source):
     """``torch_names``: the PyTorch module name of layers whose names differ there (torchvision's ``features.0``
-    for AlexNet's ``conv1``), used by ``spmdcnn checkpoint export --torch`` and ``import``."""
+    for AlexNet's ``conv1``), or for a layer whose tensors are not ``<module>.<tensor>`` there, each tensor's
+    PyTorch key (ConvNeXt's layer scale, a bare parameter: ``{weight: features.1.0.layer_scale}``); used by
+    ``spmdcnn checkpoint export --torch`` and ``import``."""
     if names is None:
         return {}
-    if not isinstance(names, dict) or not all(isinstance(k, str) and isinstance(v, str) and v for k, v in names.items()):
-        raise FormatError(f"{source}: 'torch_names' must map layer names to PyTorch module names (strings)")
-    weighted = {layer.name for layer in layers if layer.params or layer.buffers}
-    unknown = sorted(set(names) - weighted)
+
+    def key_map(value):
+        return isinstance(value, dict) and value and all(isinstance(k, str) and isinstance(v, str) and v
+                                                         for k, v in value.items())
+    if not isinstance(names, dict) or not all(isinstance(k, str) and (isinstance(v, str) and v or key_map(v))
+                                              for k, v in names.items()):
+        raise FormatError(f"{source}: 'torch_names' must map layer names to PyTorch module names (strings), or to "
+                          "{tensor: PyTorch key}")
+    by_name = {layer.name: layer for layer in layers if layer.params or layer.buffers}
+    unknown = sorted(set(names) - set(by_name))
     if unknown:
         raise FormatError(f"{source}: torch_names: '{unknown[0]}' is not a layer with parameters")
-    targets = list(names.values()) + sorted(weighted - set(names))
-    if len(set(targets)) != len(targets):
+    keys = []
+    for name, layer in by_name.items():
+        value = names.get(name, name)
+        tensors = list(layer.params) + list(layer.buffers)
+        if isinstance(value, dict):
+            strange = sorted(set(value) - set(tensors))
+            if strange:
+                raise FormatError(f"{source}: torch_names: layer '{name}' has no tensor '{strange[0]}' (it has "
+                                  f"{', '.join(tensors)})")
+            keys += [value.get(tensor, f"{name}.{tensor}") for tensor in tensors]
+        else:
+            keys += [f"{value}.{tensor}" for tensor in tensors]
+    if len(set(keys)) != len(keys):
         raise FormatError(f"{source}: torch_names: two layers would share a PyTorch name")
     return names
+
+
+def _torch_shapes(shapes, layers, source):
+    """``torch_shapes``: ``{tensor: shape}`` of tensors PyTorch holds in another shape of as many elements (a
+    linear layer's ``(out, in)`` weight over channels, run here as a 1x1 convolution's ``(out, in, 1, 1)``)."""
+    if shapes is None:
+        return {}
+    ours = {f"{layer.name}.{tensor}": shape for layer in layers
+            for tensor, shape in {**layer.params, **layer.buffers}.items()}
+    if not isinstance(shapes, dict):
+        raise FormatError(f"{source}: 'torch_shapes' must map tensor names (layer.tensor) to shapes")
+    result = {}
+    for name, shape in shapes.items():
+        if name not in ours:
+            raise FormatError(f"{source}: torch_shapes: '{name}' is not a tensor of the model")
+        if not isinstance(shape, list) or not all(isinstance(v, int) and not isinstance(v, bool) and v > 0
+                                                  for v in shape) or prod(shape) != prod(ours[name]):
+            raise FormatError(f"{source}: torch_shapes: '{name}' must be a list of positive sizes holding its "
+                              f"{prod(ours[name])} elements ({'x'.join(map(str, ours[name]))} here), got {shape!r}")
+        result[name] = tuple(shape)
+    return result
 
 
 def load_model(path):

@@ -2,7 +2,8 @@
 
 A checkpoint's parameters and batch-norm statistics become a PyTorch state dict (``torch.save`` of a dict of
 tensors): ``<module>.<tensor>``, where the module is the layer's name or the one the model's ``torch_names`` gives
-it (torchvision's ``features.0`` for AlexNet's ``conv1``), and each batch-norm layer gains the
+it (torchvision's ``features.0`` for AlexNet's ``conv1``; or the tensor's own key, a bare parameter's), in the
+shape the model's ``torch_shapes`` gives where PyTorch's differs (a linear layer run as a 1x1 convolution), and each batch-norm layer gains the
 ``num_batches_tracked`` PyTorch keeps (the checkpoint's step). The arrays' layouts are PyTorch's already (conv
 weights ``(out, in, kh, kw)``, linear ``(out, in)``, flattening in (C, H, W) order), so ResNet-50 and Inception-v3
 (torchvision's names), AlexNet and VGG-16 (``torch_names``) load into torchvision's models with
@@ -31,17 +32,22 @@ def _torch():
 def torch_name(graph, name):
     """The PyTorch key of spmdcnn tensor ``name`` (``<layer>.<tensor>``)."""
     layer, tensor = name.rsplit(".", 1)
-    return f"{graph.torch_names.get(layer, layer)}.{tensor}"
+    mapped = graph.torch_names.get(layer, layer)
+    if isinstance(mapped, dict):            # a key per tensor (a bare parameter's)
+        return mapped.get(tensor, name)
+    return f"{mapped}.{tensor}"
 
 
 def state_dict(graph, params, buffers, step=0):
-    """``{PyTorch key: array}`` of a model's tensors, in the order of its layers."""
+    """``{PyTorch key: array}`` of a model's tensors, in the order of its layers, in PyTorch's shapes (the
+    model's ``torch_shapes``)."""
     tensors = {**params, **buffers}
     out = {}
     for layer in graph.layers:
         for tensor in list(layer.params) + list(layer.buffers):
             name = f"{layer.name}.{tensor}"
-            out[torch_name(graph, name)] = np.asarray(tensors[name])
+            value = np.asarray(tensors[name])
+            out[torch_name(graph, name)] = value.reshape(graph.torch_shapes.get(name, value.shape))
         if layer.spec.normalization:
             out[torch_name(graph, f"{layer.name}.{_TRACKED}")] = np.array(step, dtype=np.int64)
     return out
@@ -71,7 +77,17 @@ def import_torch(path, graph, output, drop=()):
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise CheckpointError(f"{path}: expected a state dict (names to tensors), got {type(loaded).__name__}")
     loaded = {key: value for key, value in loaded.items() if not key.startswith(tuple(drop))}
-    expected = {**graph.param_shapes(), **graph.buffer_shapes()}
+    arrays = checkpoint_arrays(loaded, graph, path)
+    write_checkpoint(output, graph, arrays)
+    return len(arrays)
+
+
+def checkpoint_arrays(loaded, graph, where):
+    """``{spmdcnn tensor: float array}`` of the state dict ``loaded`` (PyTorch keys to tensors) for ``graph``, in
+    its shapes; refuses a tensor missing, extra (but batch norm's ``num_batches_tracked``) or of another shape."""
+    torch = _torch()
+    ours = {**graph.param_shapes(), **graph.buffer_shapes()}
+    expected = {name: graph.torch_shapes.get(name, shape) for name, shape in ours.items()}    # PyTorch's
     wanted = {torch_name(graph, name): name for name in expected}
     tracked = {torch_name(graph, f"{layer.name}.{_TRACKED}") for layer in graph.layers
                if layer.spec.normalization}
@@ -83,15 +99,20 @@ def import_torch(path, graph, output, drop=()):
                   ([f"unexpected {', '.join(extra[:3])}{' ...' if len(extra) > 3 else ''}"] if extra else []) + \
                   ([f"{wrong[0]} has shape {tuple(loaded[wrong[0]].shape)}, the model needs "
                     f"{tuple(expected[wanted[wrong[0]]])}"] if wrong else [])
-        raise CheckpointError(f"{path}: the state dict does not fit model '{graph.name}' ({graph.source}): "
+        raise CheckpointError(f"{where}: the state dict does not fit model '{graph.name}' ({graph.source}): "
                               + "; ".join(details))
     arrays = {}
     for key, name in wanted.items():
         tensor = loaded[key].detach().cpu()
         if not tensor.is_floating_point():
-            raise CheckpointError(f"{path}: {key} holds {tensor.dtype}, not floating-point weights")
-        arrays[name] = tensor.to(torch.float64 if tensor.dtype == torch.float64 else torch.float32).numpy()
+            raise CheckpointError(f"{where}: {key} holds {tensor.dtype}, not floating-point weights")
+        array = tensor.to(torch.float64 if tensor.dtype == torch.float64 else torch.float32).numpy()
+        arrays[name] = array.reshape(ours[name])
+    return arrays
+
+
+def write_checkpoint(output, graph, arrays):
+    """A checkpoint at step 0 of ``graph`` holding ``arrays`` (:func:`checkpoint_arrays`), for a job's ``init:``."""
     buffer_names = set(graph.buffer_shapes())
     save_checkpoint(output, model_text=graph.text, params={k: v for k, v in arrays.items() if k not in buffer_names},
                     buffers={k: v for k, v in arrays.items() if k in buffer_names}, step=0, epoch=0)
-    return len(arrays)
