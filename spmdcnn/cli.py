@@ -18,6 +18,7 @@ examples (from the repository's folder; docs/ describes every file format):
   mpiexec -n 4 spmdcnn train jobs/quickstart.yaml --set plan=owt --set resume=false
   spmdcnn train jobs/quickstart.yaml --set epochs=5 --set optimizer.lr=0.1 --set resume=false
   spmdcnn model models/alexnet.yaml --batch 128
+  spmdcnn model import torchvision:convnext_tiny -o convnext_tiny.yaml --weights convnext_tiny.h5
   spmdcnn bench models/alexnet.yaml --batch 32 --steps 5
   mpiexec -n 2 spmdcnn bench models/alexnet.yaml --batch 32 --plan owt
   spmdcnn checkpoint info ckpt/quickstart.h5
@@ -86,6 +87,17 @@ def cmd_model(args):
         print(f"{r['name']:<{width}}  {op:<22} {_format_shape(r['output_shape']):>18} {r['params']:>12,} "
               f"{_format_count(r['flops']):>10}")
     print(f"{'total':<{width}}  {'':<22} {'':>18} {graph.num_params:>12,} {_format_count(graph.flops(args.batch)):>10}")
+    return 0
+
+
+def cmd_model_import(args):
+    from .io.torchmodel import import_model
+    shape = args.input
+    if shape is not None and (not 2 <= len(shape) <= 4 or any(v <= 0 for v in shape)):
+        raise ValueError(f"--input takes C W, C H W or C D H W (positive sizes), got {' '.join(map(str, shape))}")
+    graph = import_model(args.source, args.output, shape, args.weights, args.name)
+    print(f"wrote {args.output}: model '{graph.name}', {len(graph.layers)} layers, {graph.num_params:,} parameters "
+          f"(input {_format_shape(graph.input_shape)})" + (f"; its weights in {args.weights}" if args.weights else ""))
     return 0
 
 
@@ -251,14 +263,40 @@ def build_parser():
     common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
                         help="show Python tracebacks for errors")
 
-    p = sub.add_parser("model", parents=[common], help="describe a model: layers, output shapes, parameters, FLOPs",
+    p = sub.add_parser("model", parents=[common], help="describe a model: layers, output shapes, parameters, FLOPs; "
+                                                       "model import: a PyTorch network as a model",
                        description="Print a model's layers with output shape, parameter count and forward FLOPs, "
-                                   "and the totals. Block instances are shown as one row unless --expand.")
+                                   "and the totals. Block instances are shown as one row unless --expand. "
+                                   "'spmdcnn model import SOURCE -o MODEL.yaml' writes a PyTorch network as a model "
+                                   "(spmdcnn model import --help).")
     p.add_argument("model", help="model YAML file (models/*.yaml)")
     p.add_argument("--batch", type=int, default=1, help="batch size for shapes and FLOPs (default 1)")
     p.add_argument("--json", action="store_true", help="print JSON (with total_params and total_flops)")
     p.add_argument("--expand", action="store_true", help="show every layer instead of one row per block")
     p.set_defaults(run=cmd_model)
+
+    # "spmdcnn model import ...": main() routes it here (unlisted: it shows as part of "model")
+    p = sub.add_parser("model-import", parents=[common], prog="spmdcnn model import",
+                       formatter_class=argparse.RawDescriptionHelpFormatter,
+                       description="Write a PyTorch network as a model YAML: torchvision's (torchvision:NAME) or one a\n"
+                                   "Python file builds (FILE.py:CALLABLE, a function or class returning a\n"
+                                   "torch.nn.Module). The module is traced by torch.fx and each module and function\n"
+                                   "mapped to an spmdcnn op; layers keep PyTorch's module names, so checkpoint\n"
+                                   "import/export move its state dicts as they are. A loss (softmax_cross_entropy)\n"
+                                   "follows its logits. Needs PyTorch (and torchvision for its models).\n"
+                                   "See docs/formats.md#importing-a-pytorch-model.",
+                       epilog="examples:\n"
+                              "  spmdcnn model import torchvision:efficientnet_b0 -o models/efficientnet_b0.yaml\n"
+                              "  spmdcnn model import mynet.py:build --input 1 64 64 -o mynet.yaml --weights mynet.h5")
+    p.add_argument("source", help="torchvision:NAME or FILE.py:CALLABLE")
+    p.add_argument("-o", "--output", required=True, metavar="MODEL.yaml", help="model YAML to write")
+    p.add_argument("--weights", metavar="CKPT.h5", help="also write the module's weights as a checkpoint (a job's "
+                                                         "init:)")
+    p.add_argument("--input", type=int, nargs="+", metavar="N", help="one sample's shape, C H W (C D H W for "
+                                                                     "volumes, C W for sequences; torchvision's "
+                                                                     "models: 3 224 224)")
+    p.add_argument("--name", help="the model's name (default: the torchvision model's, or the callable's)")
+    p.set_defaults(run=cmd_model_import)
 
     p = sub.add_parser("train", parents=[common], help="train a model as a job YAML describes",
                        description="Run a training job (jobs/*.yaml) on one process, or on MPI ranks under its plan "
@@ -308,11 +346,14 @@ def build_parser():
     return parser
 
 
-SERIAL = ("model", "plan", "simulate", "plot", "checkpoint", "data")   # commands that need no other rank
+SERIAL = ("model", "model-import", "plan", "simulate", "plot", "checkpoint", "data")   # commands that need no other rank
 
 
 def main(argv=None):
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:2] == ["model", "import"]:
+        argv = ["model-import"] + argv[2:]
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

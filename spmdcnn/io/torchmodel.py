@@ -45,7 +45,7 @@ def _torch():
     return torch
 
 
-def _torchvision():
+def load_torchvision():
     """torchvision, imported for its models. Where its compiled operators do not load against the installed
     PyTorch (a CPU-only torch beside a torchvision built for CUDA), its import stops at registering them; the
     models need none of them, so they are declared empty and the import retried."""
@@ -73,7 +73,7 @@ def load_module(source):
     torch = _torch()
     kind, _, rest = source.partition(":")
     if kind == "torchvision" and rest:
-        torchvision = _torchvision()
+        torchvision = load_torchvision()
         names = torchvision.models.list_models(module=torchvision.models)
         if rest not in names:
             raise ImportFailure(f"{source}: torchvision has no classification model '{rest}' (it has "
@@ -99,24 +99,36 @@ def load_module(source):
 
 
 def trace(module, source, input_shape):
-    """The module traced by torch.fx, with each node's output shape (``node.meta['tensor_meta']``) for a batch of
-    two inputs of ``input_shape``."""
+    """The module traced by torch.fx, with each node's output shape (``node.meta['shape']``) for a batch of two
+    inputs of ``input_shape``."""
     torch = _torch()
-    from torch.fx.passes.shape_prop import ShapeProp
     try:
         graph = torch.fx.symbolic_trace(module)
     except Exception as error:
         raise ImportFailure(f"{source}: torch.fx cannot trace its forward: {type(error).__name__}: "
                             f"{str(error).splitlines()[0]} (spmdcnn imports networks whose forward does not branch "
                             "on tensor values; make such a choice a constructor argument)") from None
+    class Shapes(torch.fx.Interpreter):
+        """Runs the traced network, keeping each node's output shape (``node.meta['shape']``, None for what is
+        not a tensor) and naming the node where the input does not fit."""
+
+        def run_node(self, node):
+            try:
+                result = super().run_node(node)
+            except Exception as error:
+                where = node.target if node.op == "call_module" else node.name
+                raise ImportFailure(f"{source}: the network cannot take an input of "
+                                    f"{'x'.join(map(str, input_shape))}: at '{where}': {type(error).__name__}: "
+                                    f"{str(error).splitlines()[0]}") from None
+            node.meta["shape"] = tuple(result.shape) if isinstance(result, torch.Tensor) else None
+            return result
     training = module.training
     graph.eval()
     try:
         with torch.no_grad():
-            ShapeProp(graph).propagate(torch.zeros((2,) + tuple(input_shape)))
-    except Exception as error:
-        raise ImportFailure(f"{source}: the network cannot take an input of {'x'.join(map(str, input_shape))}: "
-                            f"{type(error).__name__}: {str(error).splitlines()[0]}") from None
+            shapes = Shapes(graph)
+            shapes.extra_traceback = False          # the message names the node already
+            shapes.run(torch.zeros((2,) + tuple(input_shape)))
     finally:
         graph.train(training)
     return graph
@@ -186,10 +198,10 @@ class Converter:
         raise ImportFailure(f"{self.source}: {self.where(node)}: {why}")
 
     def shape(self, node):
-        meta = node.meta.get("tensor_meta")
-        if meta is None or not hasattr(meta, "shape"):
+        shape = node.meta.get("shape")
+        if shape is None:
             self.refuse(node, "gives no single tensor (spmdcnn layers give one)")
-        return tuple(meta.shape)
+        return shape
 
     def value(self, node, arg):
         if not hasattr(arg, "op") or arg not in self.values:
@@ -525,9 +537,10 @@ def _mul(converter, node):
 def _layer_scale(converter, node, param, value):
     tensor = converter.graph.get_parameter(param)
     shape = converter.shape(node)
-    channels = shape[-1] if value.last else shape[1]
-    if tensor.numel() != channels or any(size != 1 for size in
-                                         (tensor.shape[1:] if not value.last else tensor.shape[:-1])):
+    axis = len(shape) - 1 if value.last else 1
+    aligned = (1,) * (len(shape) - tensor.dim()) + tuple(tensor.shape)     # as it broadcasts against the value
+    channels = shape[axis]
+    if tensor.dim() > len(shape) or aligned[axis] != channels or tensor.numel() != channels:
         converter.refuse(node, f"multiplies by parameter '{param}' of shape {tuple(tensor.shape)}; spmdcnn takes a "
                                f"factor per channel ({channels}) as a layer_scale")
     values = tensor.detach().reshape(-1)
@@ -654,7 +667,8 @@ def _flow(value):
 
 def model_text(name, input_shape, layers, torch_names, torch_shapes, source, count):
     """The model YAML: one layer a line, in the network's order."""
-    lines = [f"# {name}: imported from {source} by spmdcnn model import ({count:,} parameters).",
+    lines = [f"# {name} ({count:,} parameters), written by: spmdcnn model import {source} "
+             f"--input {' '.join(map(str, input_shape))}",
              "# Layers carry PyTorch's module names, so checkpoint import/export move its state dicts as they are.",
              f"name: {name}", f"input: {_flow(list(input_shape))}", "layers:"]
     lines += [f"  - {_flow(layer)}" for layer in layers]

@@ -13,6 +13,12 @@ TORCHVISION_PARAMS = {
     "vgg16": 138_357_544,
     "inception_v3": 23_834_568,
     "resnet50": 25_557_032,
+    # written by spmdcnn model import (tests/io/test_torchmodel.py checks they are its output today)
+    "efficientnet_b0": 5_288_548,
+    "convnext_tiny": 28_589_128,
+    "resnext50_32x4d": 25_028_904,
+    "regnet_y_400mf": 4_344_144,
+    "mobilenet_v3_large": 5_483_032,
 }
 
 

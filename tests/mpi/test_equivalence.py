@@ -81,11 +81,20 @@ INLINE = {model["name"]: model for model in (STRIDED, STRIDED_VOLUME, SEQUENCE, 
                                              DECODER_SEQUENCE, SEGMENTER, SEGMENTER_VOLUME)}
 
 
+IMPORTED = ["efficientnet_b0", "convnext_tiny", "resnext50_32x4d", "regnet_y_400mf", "mobilenet_v3_large"]
+SMALL_INPUT = [3, 32, 32]      # the imported models at a size their strides take down to 1x1
+
+
 def _graph(name):
     from spmdcnn.graph.graph import parse_model
+    from spmdcnn.io.yamlfile import read_yaml
     if name in INLINE:
         return parse_model(INLINE[name])
-    return load_model(os.path.join(MODELS, f"{name}.yaml"))
+    path = os.path.join(MODELS, f"{name}.yaml")
+    if name in IMPORTED:
+        data, text = read_yaml(path, "model file")
+        return parse_model({**data, "input": SMALL_INPUT}, path, text)
+    return load_model(path)
 
 
 def _batches(graph, dtype):
@@ -130,21 +139,24 @@ def _reference(name, dtype):
 FLOOR = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-2}
 
 
-def _compare(what, actual, expected, rtol):
+def _compare(what, actual, expected, rtol, floor=None):
     """A problem message when ``actual`` differs from ``expected`` by more than ``rtol`` of its largest value
-    (or of FLOOR when that is larger)."""
+    (or of ``floor``, FLOOR by default, when that is larger)."""
     expected, actual = np.asarray(expected), to_numpy(actual)
     if actual.shape != expected.shape:
         return [f"{what}: shape {actual.shape} != {expected.shape}"]
     scale = float(np.max(np.abs(expected))) if expected.size else 0.0
     error = float(np.max(np.abs(actual - expected))) if expected.size else 0.0
-    if error > rtol * max(scale, FLOOR[actual.dtype]):
+    if error > rtol * max(scale, FLOOR[actual.dtype] if floor is None else floor):
         return [f"{what}: max error {error:.3g} > {rtol:g} x {scale:.3g}"]
     return []
 
 
-def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
-    """Problems found running ``plan`` on ``xp`` in ``dtype`` against one NumPy process in ``dtype``."""
+def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np, later=None, floor=None):
+    """Problems found running ``plan`` on ``xp`` in ``dtype`` against one NumPy process in ``dtype``: the first
+    step's loss, outputs and gradients within ``rtol``, what the later steps give within ``later`` (``rtol``);
+    ``floor``: the scale below which a parameter gradient is rounding noise around an exact zero (FLOOR)."""
+    later = rtol if later is None else later
     graph = plan.graph
     ref_losses, ref_outputs, ref_out_grads, ref_grads, ref_exec, ref_opt = _reference(name, dtype)
     losses, outputs, out_grads, grads, executor, optimizer = _run(graph, dtype, plan, world, xp)
@@ -153,7 +165,7 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
             executor.tally.classes, ref_exec.tally.classes)):
         problems.append(f"{plan.source}: the evaluation's counts {executor.tally} != {ref_exec.tally}")
     for step, (a, b) in enumerate(zip(losses, ref_losses)):
-        if abs(a - b) > rtol * abs(b):
+        if abs(a - b) > (rtol if step == 0 else later) * abs(b):
             what = f"step {step}" if step < STEPS else "evaluation"
             problems.append(f"{plan.source}: loss of {what}: {a!r} != {b!r}")
     for layer in graph.layers:
@@ -168,14 +180,15 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np):
                                  ref_out_grads[layer.name][box], rtol)
     for tensor, index in executor.shards.items():
         if tensor in executor.params:
-            problems += _compare(f"{plan.source}: gradient of {tensor}", grads[tensor], ref_grads[tensor][index], rtol)
+            problems += _compare(f"{plan.source}: gradient of {tensor}", grads[tensor], ref_grads[tensor][index], rtol,
+                                 floor)
             problems += _compare(f"{plan.source}: {tensor} after {STEPS} steps", executor.params[tensor],
-                                 ref_exec.params[tensor][index], rtol)
+                                 ref_exec.params[tensor][index], later)
             problems += _compare(f"{plan.source}: momentum of {tensor}", optimizer.velocity[tensor],
-                                 ref_opt.velocity[tensor][index], rtol)
+                                 ref_opt.velocity[tensor][index], later)
         else:
             problems += _compare(f"{plan.source}: {tensor} after {STEPS} steps", executor.buffers[tensor],
-                                 ref_exec.buffers[tensor][index], rtol)
+                                 ref_exec.buffers[tensor][index], later)
     held = sum(executor.site(layer).box is not None for layer in graph.layers)
     return problems, held
 
@@ -193,6 +206,21 @@ def test_random_plans_float64(world, name):
         found, _ = check_plan(world, name, random_plan(graph, BATCH, world.size, seed=1000 * world.size + seed))
         problems += found
     agree(world, problems)
+
+
+@pytest.mark.parametrize("name", IMPORTED)
+def test_imported_models_under_a_random_plan(world, name):
+    """torchvision's modern CNNs as spmdcnn model import wrote them (grouped and depthwise convolutions, squeeze
+    and excitation, layer norm over channels, layer scale, stochastic depth): one random plan, three steps. The
+    first step (loss, every output and gradient) agrees to 1e-10 as every model's does; through 50 to 130 layers
+    of batch norm over 5 samples at random weights and a learning rate of 0.05, the updates amplify its rounding
+    (step 2's loss differs by about 1e-10, RegNet's momentum by up to 1e-6 of its scale), so what the later
+    steps give is held to 1e-4. A batch
+    norm's bias whose gradient is zero in exact arithmetic (a residual sum feeding another batch norm) shows
+    rounding noise of a few 1e-15 in both: gradients are floored at 1e-4."""
+    found, _ = check_plan(world, name, random_plan(_graph(name), BATCH, world.size, seed=31 * world.size),
+                          later=1e-4, floor=1e-4)
+    agree(world, found)
 
 
 @pytest.mark.parametrize("name", ["tiny_cnn", "small_inception", "small_resnet", "tiny_volume"])

@@ -1,0 +1,121 @@
+"""``spmdcnn model import``: torchvision's modern CNNs and a network written here evaluate, through the imported model
+and its imported weights, to PyTorch's loss (float64, evaluation mode); the shipped models are the importer's output
+and move torchvision's state dicts both ways strictly; what cannot be imported is refused in one message, with
+nothing written."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from spmdcnn.cli import main
+from spmdcnn.graph import load_model
+from spmdcnn.io.checkpoint import load_checkpoint
+from spmdcnn.io.torchmodel import ImportFailure, import_model, load_module
+from spmdcnn.io.torchstate import export_torch, import_torch
+from spmdcnn.runtime.executor import Executor
+from torch_networks import ZOO
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+NETWORKS = os.path.join(HERE, "torch_networks.py")
+MODELS = os.path.join(HERE, "..", "..", "models")
+TORCHVISION_PARAMS = {"efficientnet_b0": 5_288_548, "convnext_tiny": 28_589_128, "resnext50_32x4d": 25_028_904,
+                      "regnet_y_400mf": 4_344_144, "mobilenet_v3_large": 5_483_032}
+
+
+def evaluate(graph, checkpoint, images, labels):
+    """spmdcnn's loss of ``graph`` with the checkpoint's weights, one process, float64, evaluation mode."""
+    executor = Executor(graph, np, np.float64, seed=0)
+    ckpt = load_checkpoint(checkpoint)
+    for name, value in {**ckpt.params, **ckpt.buffers}.items():
+        (executor.params if name in ckpt.params else executor.buffers)[name][...] = value
+    loss, *_ = executor.forward(images, labels, training=False)
+    return loss
+
+
+def reference(source, images, labels):
+    module, _ = load_module(source)
+    module = module.double().eval()
+    with torch.no_grad():
+        logits = module(torch.from_numpy(images))
+        return torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)).item()
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_a_torchvision_model_evaluates_to_its_loss(tmp_path, name):
+    source = f"{NETWORKS}:{name}"           # torchvision's model with random weights and statistics
+    graph = import_model(source, tmp_path / "model.yaml", (3, 64, 64), weights=tmp_path / "weights.h5")
+    assert graph.num_params == TORCHVISION_PARAMS[name]
+    rng = np.random.default_rng(1)
+    images, labels = rng.standard_normal((2, 3, 64, 64)), rng.integers(0, 1000, 2)
+    expected = reference(source, images, labels)
+    assert evaluate(graph, tmp_path / "weights.h5", images, labels) == pytest.approx(expected, rel=1e-10)
+
+
+def test_a_plain_network_imports_and_matches(tmp_path, capsys):
+    source = f"{NETWORKS}:plain"
+    code = main(["model", "import", source, "--input", "2", "10", "10", "-o", str(tmp_path / "plain.yaml"),
+                 "--weights", str(tmp_path / "plain.h5")])
+    assert code == 0
+    assert "wrote" in capsys.readouterr().out
+    graph = load_model(tmp_path / "plain.yaml")
+    ops = {layer.op for layer in graph.layers}
+    assert {"layernorm", "layer_scale", "mul", "concat", "gelu", "silu", "sigmoid", "global_avgpool"} <= ops
+    assert graph.by_name["expand"].op == "conv2d" and graph.torch_shapes["expand.weight"] == (16, 8)
+    assert graph.by_name["pool"].attrs["ceil_mode"] and graph.by_name["depthwise"].attrs["groups"] == 8
+    rng = np.random.default_rng(2)
+    images, labels = rng.standard_normal((3, 2, 10, 10)), rng.integers(0, 5, 3)
+    assert evaluate(graph, tmp_path / "plain.h5", images, labels) == pytest.approx(
+        reference(source, images, labels), rel=1e-10)
+
+
+@pytest.mark.parametrize("name", ZOO)
+def test_the_shipped_models_are_the_importers_and_move_torchvision_weights_both_ways(tmp_path, name):
+    written = tmp_path / f"{name}.yaml"
+    import_model(f"torchvision:{name}", written)
+    shipped = os.path.join(MODELS, f"{name}.yaml")
+    with open(shipped) as file:
+        assert written.read_text() == file.read(), f"models/{name}.yaml is not what the importer writes today"
+    graph = load_model(shipped)
+    assert graph.num_params == TORCHVISION_PARAMS[name]
+    module, _ = load_module(f"{NETWORKS}:{name}")
+    torch.save(module.state_dict(), tmp_path / "state.pt")
+    import_torch(tmp_path / "state.pt", graph, tmp_path / "ckpt.h5")
+    export_torch(tmp_path / "ckpt.h5", tmp_path / "back.pt", graph)
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    fresh, _ = load_module(f"torchvision:{name}")
+    fresh.load_state_dict(back, strict=True)
+    for key, value in module.state_dict().items():
+        if value.is_floating_point():
+            assert torch.equal(fresh.state_dict()[key], value), key
+
+
+@pytest.mark.parametrize("callable_, shape, fragments", [
+    ("recurrent", ["2", "10"], ["module 'lstm' (LSTM): maps to no spmdcnn op", "spmdcnn imports the modules",
+                                "Conv2d"]),
+    ("branching", ["2", "10", "10"], ["torch.fx cannot trace its forward", "control flow",
+                                      "make such a choice a constructor argument"]),
+    ("plain", ["2", "6", "6"], ["the network cannot take an input of 2x6x6", "at 'head.2'"]),
+    ("absent", ["2", "6", "6"], ["has no function or class 'absent'"]),
+])
+def test_what_cannot_be_imported_is_one_message_and_nothing_is_written(tmp_path, capsys, callable_, shape,
+                                                                      fragments):
+    output, weights = tmp_path / "model.yaml", tmp_path / "weights.h5"
+    code = main(["model", "import", f"{NETWORKS}:{callable_}", "--input", *shape, "-o", str(output),
+                 "--weights", str(weights)])
+    err = capsys.readouterr().err
+    assert code == 2 and err.startswith("spmdcnn: error:") and err.count("\n") == 1, err
+    for fragment in fragments:
+        assert fragment in err, err
+    assert not output.exists() and not weights.exists()
+
+
+def test_sources_it_does_not_know(tmp_path):
+    with pytest.raises(ImportFailure, match="torchvision has no classification model 'resnet0'"):
+        import_model("torchvision:resnet0", tmp_path / "m.yaml")
+    with pytest.raises(ImportFailure, match="expected torchvision:NAME or FILE.py:CALLABLE"):
+        import_model("resnet50", tmp_path / "m.yaml")
+    with pytest.raises(ImportFailure, match="give the input's shape with --input"):
+        import_model(f"{NETWORKS}:plain", tmp_path / "m.yaml")
+    assert not (tmp_path / "m.yaml").exists()

@@ -1,0 +1,103 @@
+"""PyTorch networks for ``spmdcnn model import``'s tests (a FILE.py:CALLABLE source): torchvision's models with
+random weights and batch-norm statistics (so that their outputs, not their initial near-uniform logits, are
+compared), a plain network written here, and networks the importer must refuse."""
+
+import functools
+
+import torch
+from torch import nn
+
+from spmdcnn.io.torchmodel import load_torchvision
+
+ZOO = ["efficientnet_b0", "convnext_tiny", "resnext50_32x4d", "regnet_y_400mf", "mobilenet_v3_large"]
+
+
+def randomized(name, seed=0):
+    """torchvision's ``name`` with every parameter and buffer drawn at random (running variances positive)."""
+    module = load_torchvision().models.get_model(name)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, tensor in module.state_dict().items():
+            if not tensor.is_floating_point():
+                continue
+            values = torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype)
+            if key.endswith("running_var"):
+                tensor.copy_(0.5 + values)
+            elif key.endswith("layer_scale"):
+                tensor.copy_(0.5 + values)
+            else:
+                fan_in = max(tensor[0].numel(), 1) if tensor.dim() > 1 else 4
+                tensor.copy_((values - 0.5) * (2.0 / fan_in ** 0.5))
+    return module
+
+
+for _name in ZOO:
+    globals()[_name] = functools.partial(randomized, _name)
+
+
+class Plain(nn.Module):
+    """Not torchvision's: a stem, a ConvNeXt-style channels-last stretch, a squeeze-and-excitation gate, a concat,
+    functional activations, a ceil-mode pooling and a classifier."""
+
+    def __init__(self, classes=5):
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(inplace=True))
+        self.depthwise = nn.Conv2d(8, 8, 5, padding=2, groups=8)
+        self.norm = nn.LayerNorm(8, eps=1e-6)
+        self.expand = nn.Linear(8, 16)
+        self.project = nn.Linear(16, 8)
+        self.gamma = nn.Parameter(torch.full((8,), 0.5))
+        self.squeeze = nn.AdaptiveAvgPool2d(1)
+        self.excite = nn.Conv2d(8, 8, 1)
+        self.side = nn.Conv2d(8, 4, 1, groups=4)
+        self.pool = nn.MaxPool2d(3, 2, ceil_mode=True)
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.0), nn.Linear(12 * 5 * 5, classes))
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = self.depthwise(x).permute(0, 2, 3, 1)
+        y = self.gamma * self.project(nn.functional.gelu(self.expand(self.norm(y))))     # channels last
+        x = x + y.permute(0, 3, 1, 2)
+        x = x * torch.sigmoid(self.excite(self.squeeze(x)))
+        x = torch.cat([x, nn.functional.silu(self.side(x))], dim=1)
+        return self.head(self.pool(x))
+
+
+def plain():
+    torch.manual_seed(3)
+    module = Plain()
+    with torch.no_grad():
+        module.stem[1].running_mean.uniform_(-0.5, 0.5)
+        module.stem[1].running_var.uniform_(0.5, 1.5)
+    return module
+
+
+class Recurrent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lstm = nn.LSTM(10, 4, batch_first=True)
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(self.lstm(x)[0][:, -1])
+
+
+def recurrent():
+    return Recurrent()
+
+
+class Branching(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 3, 3)
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        x = self.conv(x)
+        if x.sum() > 0:                 # a choice on the data: torch.fx cannot trace it
+            x = x.relu()
+        return self.fc(x.mean((2, 3)))
+
+
+def branching():
+    return Branching()
