@@ -349,12 +349,15 @@ def build_parser():
 SERIAL = ("model", "model-import", "plan", "simulate", "plot", "checkpoint", "data")   # commands that need no other rank
 
 
+def routed(argv):
+    """The command line as the parser takes it: ``model import ...`` is the sub-command ``model-import``."""
+    argv = list(argv)
+    return ["model-import"] + argv[2:] if argv[:2] == ["model", "import"] else argv
+
+
 def main(argv=None):
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:2] == ["model", "import"]:
-        argv = ["model-import"] + argv[2:]
-    args = parser.parse_args(argv)
+    args = parser.parse_args(routed(sys.argv[1:] if argv is None else argv))
     if args.command is None:
         parser.print_help()
         return 2

@@ -406,10 +406,10 @@ def _examples():
 
 
 def test_every_help_example_parses():
-    from spmdcnn.cli import build_parser
+    from spmdcnn.cli import build_parser, routed
     for words in _examples():
         words = words[words.index("spmdcnn") + 1:]
-        build_parser().parse_args(words)            # exits on a bad option
+        build_parser().parse_args(routed(words))    # exits on a bad option
 
 
 def test_the_help_examples_that_train_after_the_quick_start_really_train():

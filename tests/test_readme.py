@@ -51,8 +51,8 @@ def _commands(parser, prefix=()):
     import argparse
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
-            for name, sub in action.choices.items():
-                yield from _commands(sub, prefix + (name,))
+            for name, sub in action.choices.items():      # the words a user types (model-import: model import)
+                yield from _commands(sub, tuple(sub.prog.split()[1:]))
             return
     yield prefix, parser
 
