@@ -10,14 +10,20 @@
 
 (``Phi`` and ``phi``: the standard normal's distribution and density; at the kinks the gradients are PyTorch's.)
 The op table's ``keeps`` says what each keeps, so the executor knows which may write over their input
-(``inplace``). NumPy has no ``erf``: exact GELU takes W. J. Cody's rational Chebyshev approximation (Math. Comp.
-23, 1969; netlib SPECFUN ``calerf``), accurate to float64's precision; CuPy's ``cupyx.scipy.special.erf`` on a
-GPU. Each runs on NumPy and CuPy arrays alike; bfloat16 computes in float32.
+(``inplace``). NumPy has no ``erf``: exact GELU takes, in float64, W. J. Cody's rational Chebyshev approximation
+(Math. Comp. 23, 1969; netlib SPECFUN ``calerf``), accurate to float64's precision; in float32 (and bfloat16, which
+computes in float32) the rational approximation on [-4, 4] that Eigen and XLA use for float32 (an odd degree-13
+numerator over an even degree-8 denominator; within 4.5e-7 of erf, a few float32 ulp, and exactly +-1 beyond),
+about a fifth of Cody's work and without its three masked intervals; CuPy's ``cupyx.scipy.special.erf`` on a GPU.
+On the host, exact GELU runs over cache-sized chunks split between threads (``ops/parallel.py``), so that its
+dozen passes stay in cache: one process's ConvNeXt-T step at batch 8 spent 5.4 of its 9.3 s in GELU before.
+Each runs on NumPy and CuPy arrays alike.
 """
 
 import math
 
 from .. import backend
+from .parallel import parallel_for
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -39,12 +45,23 @@ _Q = (2.56852019228982242e00, 1.87295284992346047e00, 5.27905102951428412e-1, 6.
 _SQRPI = 5.6418958354775628695e-1      # 1 / sqrt(pi)
 
 
+# Eigen's and XLA's float32 erf on [-4, 4]: x * p(x^2) / q(x^2)
+_ALPHA = (-2.72614225801306e-10, 2.77068142495902e-08, -2.10102402082508e-06, -5.69250639462346e-05,
+          -7.34990630326855e-04, -2.95459980854025e-03, -1.60960333262415e-02)
+_BETA = (-1.45660718464996e-05, -2.13374055278905e-04, -1.68282697438203e-03, -7.37332916720468e-03,
+         -1.42647390514189e-02)
+CHUNK = 1 << 14         # elements a host loop takes at a time: its temporaries stay in the core's cache
+
+
 def erf(x):
-    """The error function of ``x`` (NumPy: Cody's approximation; CuPy: its own)."""
+    """The error function of ``x`` (NumPy: Cody's approximation in float64, Eigen's and XLA's in float32; CuPy:
+    its own)."""
     xp = backend.array_module(x)
     if xp.__name__ != "numpy":
         from cupyx.scipy.special import erf as device_erf
         return device_erf(x)
+    if x.dtype != xp.float64:
+        return _erf32(x)
     y = xp.abs(x)
     result = xp.empty_like(x)
     small = y <= 0.46875
@@ -68,6 +85,41 @@ def erf(x):
     tail = (_SQRPI - z * (num + _P[4]) / (den + _Q[4])) / w
     result[large] = _erfc_scaled_to_erf(w, tail, x[large])
     return result
+
+
+def _erf32(x):
+    """erf of a float32 array: Eigen's and XLA's rational approximation (module docstring)."""
+    xp = backend.array_module(x)
+    x = xp.clip(x, -4.0, 4.0)
+    x2 = x * x
+    p = x2 * _ALPHA[0]
+    p += _ALPHA[1]
+    for a in _ALPHA[2:]:
+        p *= x2
+        p += a
+    q = x2 * _BETA[0]
+    q += _BETA[1]
+    for b in _BETA[2:]:
+        q *= x2
+        q += b
+    p *= x
+    p /= q
+    return p
+
+
+def _by_chunks(function, out, *arrays):
+    """``out[...] = function(*arrays)`` element by element, over cache-sized chunks of the flattened (contiguous)
+    arrays, split between threads; ``out`` is returned."""
+    flats = [array.reshape(-1) for array in arrays]
+    target = out.reshape(-1)
+    size = target.size
+
+    def run(first, last):
+        for start in range(first * CHUNK, min(size, last * CHUNK), CHUNK):
+            part = slice(start, min(size, start + CHUNK))
+            target[part] = function(*(flat[part] for flat in flats))
+    parallel_for(run, -(-size // CHUNK), size)
+    return out
 
 
 def _erfc_scaled_to_erf(y, scaled, x):
@@ -139,9 +191,31 @@ def gelu_forward(x, approximate="none", inplace=False):
     w, dtype = _work(x)
     if approximate == "tanh":
         y = 0.5 * w * (1.0 + _gelu_tanh_inner(w))
+    elif backend.on_device(w):
+        y = _gelu(w)
     else:
-        y = 0.5 * w * (1.0 + erf(w * (1.0 / math.sqrt(2.0))))
+        y = _by_chunks(_gelu, backend.array_module(w).empty(w.shape, w.dtype), w)
     return y.astype(dtype, copy=False), x
+
+
+def _gelu(w):
+    y = erf(w * (1.0 / math.sqrt(2.0)))
+    y += 1.0
+    y *= w
+    y *= 0.5
+    return y
+
+
+def _gelu_gradient(w, gy):
+    xp = backend.array_module(w)
+    gx = erf(w * (1.0 / math.sqrt(2.0)))
+    gx += 1.0
+    gx *= 0.5
+    density = w * w
+    density *= -0.5
+    gx += w * INV_SQRT_2PI * xp.exp(density, out=density)
+    gx *= gy
+    return gx
 
 
 def gelu_backward(gy, x, approximate="none"):
@@ -150,9 +224,12 @@ def gelu_backward(gy, x, approximate="none"):
     if approximate == "tanh":
         t = _gelu_tanh_inner(w)
         gx = 0.5 * (1.0 + t) + 0.5 * w * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3.0 * GELU_TANH * w * w)
+        gx *= gy
+    elif backend.on_device(w):
+        gx = _gelu_gradient(w, gy)
     else:
-        gx = 0.5 * (1.0 + erf(w * (1.0 / math.sqrt(2.0)))) + w * INV_SQRT_2PI * xp.exp(-0.5 * w * w)
-    gx *= gy
+        gy = xp.ascontiguousarray(gy).astype(w.dtype, copy=False)
+        gx = _by_chunks(_gelu_gradient, xp.empty(w.shape, w.dtype), xp.ascontiguousarray(w), gy)
     return gx.astype(dtype, copy=False)
 
 

@@ -1,6 +1,7 @@
 """Grouped and depthwise convolutions (PyTorch's ``groups``) against PyTorch, in float64 and within float32's
-rounding bound: every path (pointwise, strided kernel 1, shifted rows, strided columns), 1 to 3 spatial axes, in
-sample blocks, and a tile of some of the output channels (whole groups) reading only its groups' input channels."""
+rounding bound: every path (pointwise, strided kernel 1, shifted rows, strided columns, the host's depthwise taps),
+1 to 3 spatial axes, in sample and channel blocks, and a tile of some of the output channels (whole groups) reading
+only its groups' input channels."""
 
 import numpy as np
 import pytest
@@ -69,6 +70,15 @@ def test_grouped_convolution_in_sample_blocks(monkeypatch, case):
     """A column buffer of one sample: the blocks' weight gradients add up per group."""
     monkeypatch.setattr(conv, "COLUMN_BYTES", 1)
     check(case, np.float64, seed=2, batch=5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["depthwise_3x3", "depthwise_x2_strided", "volume_depthwise"])
+def test_depthwise_convolution_in_channel_blocks(monkeypatch, case, dtype):
+    """The host's depthwise path over blocks of one channel (each a thread's part where that pays) and of all."""
+    for block in (1, 1 << 20):
+        monkeypatch.setattr(conv, "DEPTHWISE_BLOCK", block)
+        check(case, dtype, seed=5, batch=3)
 
 
 @pytest.mark.parametrize("case", ["depthwise_x2_strided", "grouped_dilated_per_side", "volume_depthwise",

@@ -929,14 +929,31 @@ def test_activations(name, inplace, dtype):
         np.testing.assert_array_equal(given, x)            # not written over
 
 
-def test_erf_is_float64_accurate():
-    """Cody's rational approximation against math.erf over all three of its intervals and both signs."""
+def test_erf_is_accurate_to_its_type():
+    """float64: Cody's rational approximation against math.erf over all three of its intervals and both signs, to
+    2 ulp; float32: Eigen's and XLA's approximation within 4.5e-7 (a few float32 ulp; 1 beyond 4)."""
     import math
     from spmdcnn.ops.activations import erf
     x = np.concatenate([np.linspace(-7, 7, 20001), [0.0, 0.46875, -0.46875, 4.0, -4.0, 1e-300, 30.0]])
     expected = np.array([math.erf(v) for v in x])
     np.testing.assert_allclose(erf(x), expected, rtol=1e-15, atol=1e-300)      # 2 ulp
-    np.testing.assert_allclose(erf(x.astype(np.float32)), expected, rtol=2e-7, atol=1e-7)
+    single = x.astype(np.float32)
+    got = erf(single)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, [math.erf(float(v)) for v in single], rtol=0, atol=4.5e-7)
+
+
+def test_exact_gelu_in_chunks_equals_it_whole(monkeypatch):
+    """The host's GELU over cache-sized chunks (and threads) gives what one pass over the whole array gives."""
+    from spmdcnn.ops import activations
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 5, 7, 11))
+    gy = rng.standard_normal(x.shape)
+    whole = activations._gelu(x.copy()), activations._gelu_gradient(x.copy(), gy)
+    monkeypatch.setattr(activations, "CHUNK", 37)              # chunks that do not divide the array
+    y, saved = activations.gelu_forward(x)
+    np.testing.assert_array_equal(y, whole[0])
+    np.testing.assert_array_equal(activations.gelu_backward(gy, saved), whole[1])
 
 
 # ------------------------------------------------------------------------------------- layer scale, stochastic depth
