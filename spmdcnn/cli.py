@@ -91,7 +91,7 @@ def cmd_model(args):
 
 
 def cmd_model_import(args):
-    from .io.torchmodel import import_model
+    from .graph.torchimport import import_model
     shape = args.input
     if shape is not None and (not 2 <= len(shape) <= 4 or any(v <= 0 for v in shape)):
         raise ValueError(f"--input takes C W, C H W or C D H W (positive sizes), got {' '.join(map(str, shape))}")
@@ -251,31 +251,9 @@ def device_arguments(p, tf32=True, backend_help=None, transport_help=None):
     p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="spmdcnn", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
-        description="Train convolutional networks with layer-wise parallelism on MPI ranks.")
-    parser.add_argument("--version", action="version", version=f"spmdcnn {__version__}")
-    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    # --debug is accepted after the subcommand too; SUPPRESS keeps a subcommand from resetting it to False
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
-                        help="show Python tracebacks for errors")
-
-    p = sub.add_parser("model", parents=[common], help="describe a model: layers, output shapes, parameters, FLOPs; "
-                                                       "model import: a PyTorch network as a model",
-                       description="Print a model's layers with output shape, parameter count and forward FLOPs, "
-                                   "and the totals. Block instances are shown as one row unless --expand. "
-                                   "'spmdcnn model import SOURCE -o MODEL.yaml' writes a PyTorch network as a model "
-                                   "(spmdcnn model import --help).")
-    p.add_argument("model", help="model YAML file (models/*.yaml)")
-    p.add_argument("--batch", type=int, default=1, help="batch size for shapes and FLOPs (default 1)")
-    p.add_argument("--json", action="store_true", help="print JSON (with total_params and total_flops)")
-    p.add_argument("--expand", action="store_true", help="show every layer instead of one row per block")
-    p.set_defaults(run=cmd_model)
-
-    # "spmdcnn model import ...": main() routes it here (unlisted: it shows as part of "model")
+def _add_model_import(sub, common):
+    """``spmdcnn model import ...``: main() routes it to the sub-command ``model-import`` (unlisted: it shows as
+    part of ``model``)."""
     p = sub.add_parser("model-import", parents=[common], prog="spmdcnn model import",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Write a PyTorch network as a model YAML: torchvision's (torchvision:NAME) or one a\n"
@@ -340,6 +318,32 @@ def build_parser():
                    "sync_exposed_s, bytes_transferred, peak_memory_bytes, data_wait_s, ...)")
     p.set_defaults(run=cmd_bench)
 
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="spmdcnn", formatter_class=argparse.RawDescriptionHelpFormatter, epilog=EXAMPLES,
+        description="Train convolutional networks with layer-wise parallelism on MPI ranks.")
+    parser.add_argument("--version", action="version", version=f"spmdcnn {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show Python tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # --debug is accepted after the subcommand too; SUPPRESS keeps a subcommand from resetting it to False
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", default=argparse.SUPPRESS,
+                        help="show Python tracebacks for errors")
+
+    p = sub.add_parser("model", parents=[common], help="describe a model: layers, output shapes, parameters, FLOPs; "
+                                                       "model import: a PyTorch network as a model",
+                       description="Print a model's layers with output shape, parameter count and forward FLOPs, "
+                                   "and the totals. Block instances are shown as one row unless --expand. "
+                                   "'spmdcnn model import SOURCE -o MODEL.yaml' writes a PyTorch network as a model "
+                                   "(spmdcnn model import --help).")
+    p.add_argument("model", help="model YAML file (models/*.yaml)")
+    p.add_argument("--batch", type=int, default=1, help="batch size for shapes and FLOPs (default 1)")
+    p.add_argument("--json", action="store_true", help="print JSON (with total_params and total_flops)")
+    p.add_argument("--expand", action="store_true", help="show every layer instead of one row per block")
+    p.set_defaults(run=cmd_model)
+
+    _add_model_import(sub, common)
     _add_measuring_commands(sub, common)
     add_plan_commands(sub, common)
     add_file_commands(sub, common)

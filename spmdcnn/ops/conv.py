@@ -25,11 +25,8 @@ Paths:
   of computing discarded positions (``Wp - oW`` per row of an image), so this path is taken when those are at most
   ``SHIFTED_WASTE`` of the kept ones;
 - strided (and narrow stride-1 maps): classic im2col with strided window views;
-- depthwise (groups equal to the input's channels, on the host): no columns; each output channel is its input
-  channel's windows times one weight each, added tap by tap over blocks of channels whose padded planes fit in
-  cache (``DEPTHWISE_BLOCK``), the blocks split between threads. Each tap is a pass over the block, in cache:
-  through im2col the same layer made ``prod(k)`` copies of its input and a stack of one-row products (ConvNeXt's
-  7x7 over 96x56x56 at batch 8 took 295 ms forward and backward through columns, PyTorch 38 ms).
+- depthwise (groups equal to the input's channels, on the host): no columns, tap by tap over cached blocks of
+  channels (``ops/depthwise.py``).
 
 CuPy arrays go to cuDNN (``ops/cuda/conv.py``) and take these paths only where cuDNN cannot run a case. What
 forward keeps for backward is a :class:`~spmdcnn.ops.saved.ConvSaved`.
@@ -37,12 +34,11 @@ forward keeps for backward is a :class:`~spmdcnn.ops.saved.ConvSaved`.
 
 from math import prod
 
-import numpy as np
-
 from .. import backend
 from .saved import ConvSaved
 from .cuda import conv as cudnn
-from .parallel import over_samples, parallel_for
+from . import depthwise
+from .parallel import over_samples
 from .scratch import scratch
 from .window import (interior, is_padded, kernel_positions, ntuple, output_extents, padded_extents, rank_of, sides,
                      window_slice)
@@ -52,8 +48,6 @@ COLUMN_BYTES = 48 << 20
 # (13x13 maps with a 3x3 kernel: 15 %) the extra GEMM work costs as much as strided copies do (measured on
 # AlexNet's layers).
 SHIFTED_WASTE = 0.10
-# Elements of the padded planes a depthwise block holds (with its output's and a temporary's): 256 KiB of float32
-DEPTHWISE_BLOCK = 1 << 16
 
 
 def group_inputs(k0, k1, out_channels, in_channels, groups):
@@ -256,104 +250,12 @@ def _by_group(array, groups, positions=None):
     return array.reshape(groups, array.shape[0] // groups, -1)
 
 
-def _depthwise(x, geometry):
-    """Whether the convolution is depthwise on the host (each output channel reads one input channel)."""
-    return geometry.groups > 1 and geometry.groups == x.shape[1] and not backend.on_device(x)
-
-
-class _Taps:
-    """A depthwise convolution's pieces for one input size: the padded plane, where the input lies in it, and the
-    window each kernel position reads (strided by the stride, spaced by the dilation)."""
-
-    def __init__(self, x_shape, kernel, geometry, out):
-        self.padded = padded_extents(x_shape[2:], geometry.padding)
-        self.inner = (slice(None),) + tuple(slice(before, before + size) for (before, _), size
-                                            in zip(geometry.padding, x_shape[2:]))
-        self.windows = [(slice(None),) + tuple(window_slice(i * d, o, s) for i, d, o, s
-                                               in zip(p, geometry.dilation, out, geometry.stride))
-                        for p in kernel_positions(kernel)]
-        self.block = max(1, DEPTHWISE_BLOCK // prod(self.padded))
-        self.blocks = -(-x_shape[1] // self.block)
-
-    def channels(self, first, last, count):
-        """The channel ranges of blocks ``[first, last)`` of ``count`` channels."""
-        return [(c, min(count, c + self.block)) for c in range(first * self.block, min(count, last * self.block),
-                                                               self.block)]
-
-
-def _depthwise_forward(x, w, b, geometry, out):
-    """y[n, c*m + j] = sum over taps of w[c*m + j, 0, tap] * window_tap(x[n, c]) (+ b): module docstring."""
-    N, C = x.shape[:2]
-    m = w.shape[0] // C                                                 # outputs per input channel
-    taps = _Taps(x.shape, w.shape[2:], geometry, out)
-    weights = w.reshape(C, m, len(taps.windows))
-    y = np.empty((N, C * m) + tuple(out), dtype=x.dtype)
-    per_channel = y.reshape((N, C, m) + tuple(out))
-    column = (slice(None),) + (None,) * len(out)
-
-    def run(first, last):
-        for c0, c1 in taps.channels(first, last, C):
-            plane = np.zeros((c1 - c0,) + taps.padded, dtype=x.dtype)
-            product = np.empty((c1 - c0,) + tuple(out), dtype=x.dtype)
-            for n in range(N):
-                plane[taps.inner] = x[n, c0:c1]
-                for j in range(m):
-                    into = per_channel[n, c0:c1, j]
-                    for t, window in enumerate(taps.windows):
-                        if t == 0:
-                            np.multiply(plane[window], weights[c0:c1, j, t][column], out=into)
-                        else:
-                            np.multiply(plane[window], weights[c0:c1, j, t][column], out=product)
-                            into += product
-    parallel_for(run, taps.blocks, y.size * len(taps.windows))
-    if b is not None:
-        y += b.reshape(_bias_shape(C * m, geometry.rank))
-    return y
-
-
-def _depthwise_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
-    """Gradients of :func:`_depthwise_forward`: ``gw`` tap by tap as the sums of gy times the tap's window, ``gx``
-    each tap's weight times gy added into the tap's window of a padded plane."""
-    N, C = x.shape[:2]
-    m = w.shape[0] // C
-    out = gy.shape[2:]
-    taps = _Taps(x.shape, w.shape[2:], geometry, out)
-    weights = w.reshape(C, m, len(taps.windows))
-    gw = gw_out if gw_out is not None and gw_out.flags.c_contiguous else np.empty_like(w)
-    sums = gw.reshape(C, m, len(taps.windows))
-    gx = np.empty_like(x) if need_input_grad else None
-    per_channel = gy.reshape((N, C, m) + tuple(out))
-    column = (slice(None),) + (None,) * len(out)
-
-    def run(first, last):
-        for c0, c1 in taps.channels(first, last, C):
-            plane = np.zeros((c1 - c0,) + taps.padded, dtype=x.dtype)
-            gplane = np.zeros_like(plane) if need_input_grad else None
-            product = np.empty((c1 - c0,) + tuple(out), dtype=x.dtype)
-            totals = np.zeros((c1 - c0, m, len(taps.windows)), dtype=x.dtype)
-            for n in range(N):
-                plane[taps.inner] = x[n, c0:c1]
-                if need_input_grad:
-                    gplane[...] = 0
-                for j in range(m):
-                    g = per_channel[n, c0:c1, j]
-                    for t, window in enumerate(taps.windows):
-                        np.multiply(g, plane[window], out=product)
-                        totals[:, j, t] += product.reshape(c1 - c0, -1).sum(axis=1)
-                        if need_input_grad:
-                            np.multiply(g, weights[c0:c1, j, t][column], out=product)
-                            gplane[window] += product
-                if need_input_grad:
-                    gx[n, c0:c1] = gplane[taps.inner]
-            sums[c0:c1] = totals
-    parallel_for(run, taps.blocks, gy.size * len(taps.windows) * (2 + need_input_grad))
-    gb = gy.sum(axis=(0,) + tuple(range(2, gy.ndim))) if has_bias else None
-    return gx, _into(gw, gw_out, gw is gw_out), gb
-
-
 def _columns_forward(x, w, b, geometry, out):
-    if _depthwise(x, geometry):
-        return _depthwise_forward(x, w, b, geometry, out)
+    if depthwise.applies(x, geometry):
+        y = depthwise.forward(x, w, geometry, out)
+        if b is not None:
+            y += b.reshape(_bias_shape(w.shape[0], geometry.rank))
+        return y
     xp = backend.array_module(x)
     N, C = x.shape[:2]
     K, kernel = w.shape[0], w.shape[2:]
@@ -429,8 +331,11 @@ def _cropped(gxpad, saved):
 
 
 def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
-    if _depthwise(x, geometry):
-        return _depthwise_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out)
+    if depthwise.applies(x, geometry):
+        direct = gw_out is not None and gw_out.flags.c_contiguous
+        gx, gw = depthwise.backward(gy, x, w, geometry, need_input_grad, gw_out if direct else None)
+        gb = gy.sum(axis=(0,) + tuple(range(2, gy.ndim))) if has_bias else None
+        return gx, _into(gw, gw_out, direct), gb
     xp = backend.array_module(gy)
     N, C = x.shape[:2]
     K, kernel = w.shape[0], w.shape[2:]

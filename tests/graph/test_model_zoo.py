@@ -13,7 +13,7 @@ TORCHVISION_PARAMS = {
     "vgg16": 138_357_544,
     "inception_v3": 23_834_568,
     "resnet50": 25_557_032,
-    # written by spmdcnn model import (tests/io/test_torchmodel.py checks they are its output today)
+    # written by spmdcnn model import (tests/graph/test_torchimport.py checks they are its output today)
     "efficientnet_b0": 5_288_548,
     "convnext_tiny": 28_589_128,
     "resnext50_32x4d": 25_028_904,

@@ -8,7 +8,7 @@ import pytest
 
 from float32_bounds import conv_lengths
 from op_cases import GROUPED_CASES
-from spmdcnn.ops import conv
+from spmdcnn.ops import conv, depthwise
 from spmdcnn.ops.conv import ConvGeometry, conv_backward, conv_forward, conv_input_gradient, group_inputs
 from test_ops_vs_torch import DTYPES, assert_expected, blas_reference, random, torch_op, torch_pad
 
@@ -77,7 +77,7 @@ def test_grouped_convolution_in_sample_blocks(monkeypatch, case):
 def test_depthwise_convolution_in_channel_blocks(monkeypatch, case, dtype):
     """The host's depthwise path over blocks of one channel (each a thread's part where that pays) and of all."""
     for block in (1, 1 << 20):
-        monkeypatch.setattr(conv, "DEPTHWISE_BLOCK", block)
+        monkeypatch.setattr(depthwise, "BLOCK", block)
         check(case, dtype, seed=5, batch=3)
 
 

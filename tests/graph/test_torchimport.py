@@ -12,7 +12,7 @@ import torch
 from spmdcnn.cli import main
 from spmdcnn.graph import load_model
 from spmdcnn.io.checkpoint import load_checkpoint
-from spmdcnn.io.torchmodel import ImportFailure, import_model, load_module
+from spmdcnn.graph.torchimport import ImportFailure, import_model, load_module
 from spmdcnn.io.torchstate import export_torch, import_torch
 from spmdcnn.runtime.executor import Executor
 from torch_networks import ZOO

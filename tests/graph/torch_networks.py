@@ -7,7 +7,7 @@ import functools
 import torch
 from torch import nn
 
-from spmdcnn.io.torchmodel import load_torchvision
+from spmdcnn.graph.torchimport import load_torchvision
 
 ZOO = ["efficientnet_b0", "convnext_tiny", "resnext50_32x4d", "regnet_y_400mf", "mobilenet_v3_large"]
 

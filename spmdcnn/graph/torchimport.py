@@ -1,0 +1,183 @@
+"""``spmdcnn model import``: a PyTorch network as a model YAML (and its weights as a checkpoint), through torch.fx.
+
+The source is ``torchvision:NAME`` (a classification model of torchvision's zoo) or ``FILE.py:CALLABLE`` (a function or
+class whose call returns a ``torch.nn.Module``). The module is traced (``torch.fx.symbolic_trace``: its forward
+with symbolic inputs, so a forward that branches on a tensor's values cannot be imported), its shapes propagated
+from an input of the given size, and every node mapped to one spmdcnn layer (``_MODULES`` and ``_FUNCTIONS`` below)
+or to none (``nn.Identity``, a permute):
+
+- layers keep PyTorch's names: a module's layer is named by the module's path (``features.1.0.block.0``), so its
+  tensors are PyTorch's keys (``features.1.0.block.0.weight``); a function's layer takes the node's name (``add_3``);
+- channels-last stretches (ConvNeXt's block: permute to (N, H, W, C), ``LayerNorm``, ``Linear``, GELU, ``Linear``,
+  permute back; its ``LayerNorm2d``: permute, ``layer_norm``, permute) become channel ops: ``layernorm`` over the
+  channels, 1x1 convolutions for the linear layers (their ``(out, in)`` weights in the model's ``torch_shapes``);
+- a parameter multiplied into a tensor (ConvNeXt's ``layer_scale``) becomes a ``layer_scale`` layer whose weight
+  is that parameter (``torch_names`` gives its key, ``torch_shapes`` its shape);
+- the network's output (logits) is followed by a ``softmax_cross_entropy`` loss.
+
+Anything else stops the import with one message naming the node (its module path), its type and what spmdcnn has
+instead; nothing is written then. PyTorch is needed only here (and torchvision for its models).
+"""
+
+import importlib.util
+import math
+import re
+import sys
+from pathlib import Path
+
+import yaml
+
+from .torchops import Converter, ImportFailure
+
+
+def _torch():
+    try:
+        import torch
+        import torch.fx  # noqa: F401
+    except ImportError:
+        raise ImportFailure("importing a PyTorch model needs PyTorch: pip install torch (and torchvision for "
+                            "torchvision's models)") from None
+    return torch
+
+
+def load_torchvision():
+    """torchvision, imported for its models. Where its compiled operators do not load against the installed
+    PyTorch (a CPU-only torch beside a torchvision built for CUDA), its import stops at registering them; the
+    models need none of them, so they are declared empty and the import retried."""
+    torch = _torch()
+    declared = None
+    for _ in range(32):
+        try:
+            import torchvision
+            return torchvision
+        except ImportError:
+            raise ImportFailure("torchvision:NAME needs torchvision: pip install torchvision") from None
+        except RuntimeError as error:
+            missing = re.search(r"operator torchvision::(\w+) does not exist", str(error))
+            if missing is None:
+                raise
+            declared = declared or torch.library.Library("torchvision", "DEF")
+            declared.define(f"{missing.group(1)}(Tensor x) -> Tensor")
+            for name in [name for name in sys.modules if name == "torchvision" or name.startswith("torchvision.")]:
+                del sys.modules[name]
+    raise ImportFailure("torchvision does not import with this PyTorch")
+
+
+def load_module(source):
+    """``(module, name)`` of ``torchvision:NAME`` or ``FILE.py:CALLABLE``."""
+    torch = _torch()
+    kind, _, rest = source.partition(":")
+    if kind == "torchvision" and rest:
+        torchvision = load_torchvision()
+        names = torchvision.models.list_models(module=torchvision.models)
+        if rest not in names:
+            raise ImportFailure(f"{source}: torchvision has no classification model '{rest}' (it has "
+                                f"{', '.join(sorted(names))})")
+        return torchvision.models.get_model(rest), rest
+    path, _, attribute = source.rpartition(":")
+    if not path.endswith(".py") or not attribute:
+        raise ImportFailure(f"{source}: expected torchvision:NAME or FILE.py:CALLABLE")
+    if not Path(path).is_file():
+        raise ImportFailure(f"{path}: file not found")
+    spec = importlib.util.spec_from_file_location(f"spmdcnn_import_{Path(path).stem}", path)
+    code = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(code)
+    except Exception as error:
+        raise ImportFailure(f"{path}: running it failed: {type(error).__name__}: {error}") from None
+    if not callable(getattr(code, attribute, None)):
+        raise ImportFailure(f"{path}: has no function or class '{attribute}'")
+    module = getattr(code, attribute)()
+    if not isinstance(module, torch.nn.Module):
+        raise ImportFailure(f"{source}: returned {type(module).__name__}, not a torch.nn.Module")
+    return module, Path(path).stem if attribute[0].isupper() else attribute
+
+
+def trace(module, source, input_shape):
+    """The module traced by torch.fx, with each node's output shape (``node.meta['shape']``) for a batch of two
+    inputs of ``input_shape``."""
+    torch = _torch()
+    try:
+        graph = torch.fx.symbolic_trace(module)
+    except Exception as error:
+        raise ImportFailure(f"{source}: torch.fx cannot trace its forward: {type(error).__name__}: "
+                            f"{str(error).splitlines()[0]} (spmdcnn imports networks whose forward does not branch "
+                            "on tensor values; make such a choice a constructor argument)") from None
+    class Shapes(torch.fx.Interpreter):
+        """Runs the traced network, keeping each node's output shape (``node.meta['shape']``, None for what is
+        not a tensor) and naming the node where the input does not fit."""
+
+        def run_node(self, node):
+            try:
+                result = super().run_node(node)
+            except Exception as error:
+                where = node.target if node.op == "call_module" else node.name
+                raise ImportFailure(f"{source}: the network cannot take an input of "
+                                    f"{'x'.join(map(str, input_shape))}: at '{where}': {type(error).__name__}: "
+                                    f"{str(error).splitlines()[0]}") from None
+            node.meta["shape"] = tuple(result.shape) if isinstance(result, torch.Tensor) else None
+            return result
+    training = module.training
+    graph.eval()
+    try:
+        with torch.no_grad():
+            shapes = Shapes(graph)
+            shapes.extra_traceback = False          # the message names the node already
+            shapes.run(torch.zeros((2,) + tuple(input_shape)))
+    finally:
+        graph.train(training)
+    return graph
+
+
+# -- the YAML -----------------------------------------------------------------------------------------------------
+
+def _flow(value):
+    text = yaml.safe_dump(value, default_flow_style=True, width=math.inf, sort_keys=False)
+    return text[:-len("...\n")].strip() if text.endswith("...\n") else text.strip()
+
+
+def model_text(name, input_shape, layers, torch_names, torch_shapes, source, count):
+    """The model YAML: one layer a line, in the network's order."""
+    lines = [f"# {name} ({count:,} parameters), written by: spmdcnn model import {source} "
+             f"--input {' '.join(map(str, input_shape))}",
+             "# Layers carry PyTorch's module names, so checkpoint import/export move its state dicts as they are.",
+             f"name: {name}", f"input: {_flow(list(input_shape))}", "layers:"]
+    lines += [f"  - {_flow(layer)}" for layer in layers]
+    if torch_names:
+        lines.append("torch_names:")
+        lines += [f"  {_flow(key)}: {_flow(value)}" for key, value in torch_names.items()]
+    if torch_shapes:
+        lines.append("torch_shapes:")
+        lines += [f"  {_flow(key)}: {_flow(value)}" for key, value in torch_shapes.items()]
+    return "\n".join(lines) + "\n"
+
+
+def import_model(source, output, input_shape=None, weights=None, name=None):
+    """Write the model YAML of ``source`` at ``output`` (and with ``weights``, the module's weights as a checkpoint
+    there); returns the parsed :class:`~spmdcnn.graph.graph.Graph`. Nothing is written when anything fails."""
+    from ..io.yamlfile import load_yaml_text
+    from .graph import parse_model
+    module, stem = load_module(source)
+    if input_shape is None:
+        if not source.startswith("torchvision:"):
+            raise ImportFailure(f"{source}: give the input's shape with --input C H W (or C D H W, C W)")
+        input_shape = (3, 299, 299) if stem == "inception_v3" else (3, 224, 224)
+    traced = trace(module, source, input_shape)
+    converter = Converter(traced, source)
+    layers = converter.run()
+    model_name = name or stem
+    count = sum(p.numel() for p in module.parameters())
+    text = model_text(model_name, input_shape, layers, converter.torch_names, converter.torch_shapes, source, count)
+    graph = parse_model(load_yaml_text(text, str(output)), str(output), text)
+    if graph.num_params != count:
+        raise ImportFailure(f"{source}: the model has {graph.num_params:,} parameters, the module {count:,}: "
+                            "some of its parameters are used in ways spmdcnn does not import")
+    arrays = None
+    if weights is not None:
+        from ..io.torchstate import checkpoint_arrays, write_checkpoint
+        arrays = checkpoint_arrays(dict(module.state_dict()), graph, f"{source}'s weights")
+    Path(output).parent.mkdir(parents=True, exist_ok=True)
+    Path(output).write_text(text)
+    if arrays is not None:
+        write_checkpoint(weights, graph, arrays)
+    return graph

@@ -1,0 +1,158 @@
+"""torch.fx nodes to spmdcnn layers, for ``spmdcnn model import`` (``graph/torchimport.py``): one handler per
+PyTorch module type (``graph/torchmodules.py``) and per function or tensor method (``graph/torchfunctions.py``),
+each appending the layer
+entry its node becomes, or passing the value on (``nn.Identity``, a permute of the channels to the last axis and
+back), or refusing the node in one message naming it and what spmdcnn takes instead.
+
+A value remembers whether its channels are last (after a permute): ConvNeXt's channels-last stretches become
+channel ops (``layernorm`` over the channels, 1x1 convolutions for its linear layers, whose ``(out, in)`` weights
+go in ``torch_shapes``); a parameter multiplied into a value (ConvNeXt's ``layer_scale``) becomes a ``layer_scale``
+layer whose weight's PyTorch key goes in ``torch_names``. Layers are named by the module's path, or for a function
+by its calling module's path and its own name (``features.2.0.add``), so tensors keep PyTorch's keys.
+"""
+
+import re
+
+from ..io.yamlfile import FormatError
+from .torchfunctions import FUNCTION_NAMES, FUNCTIONS
+from .torchmodules import MODULES
+
+
+class ImportFailure(FormatError):
+    """A network that cannot be imported: one message naming the module or function and why."""
+
+
+class _Value:
+    """What a traced node stands for: an spmdcnn layer's output (``name``; ``last``: its channels are the last axis,
+    after a permute), or a parameter (``param``: its qualified name)."""
+
+    def __init__(self, name=None, last=False, param=None):
+        self.name, self.last, self.param = name, last, param
+
+
+class Converter:
+    """Maps one traced network to layer entries (module docstring)."""
+
+    def __init__(self, graph, source):
+        self.graph, self.source = graph, source
+        self.modules = dict(graph.named_modules())
+        self.layers, self.values, self.names = [], {}, set()
+        self.torch_names, self.torch_shapes = {}, {}
+        self.used_modules = set()
+
+    # -- names and layers --------------------------------------------------------------------------------------
+
+    def fresh(self, base):
+        """``base``, or ``base_1``, ``base_2``... where a layer has it already (a module called twice)."""
+        name, count = base, 0
+        while name in self.names or name == "data" or name == "loss":
+            count += 1
+            name = f"{base}_{count}"
+        self.names.add(name)
+        return name
+
+    def add(self, node, entry, inputs, name=None, last=False):
+        """Append layer ``entry`` (op and attributes) named ``name`` (or the node's) reading ``inputs`` (values);
+        the node then stands for it."""
+        name = self.fresh(name or self._node_name(node))
+        layer = {"name": name, **entry}
+        names = [value.name for value in inputs]
+        previous = self.layers[-1]["name"] if self.layers else "data"
+        if names != [previous]:
+            layer["inputs"] = names
+        self.layers.append(layer)
+        self.values[node] = _Value(name, last)
+        return name
+
+    def _node_name(self, node):
+        """A module's path; for a function, the path of the module whose forward calls it and the function's name
+        (``features.2.0.add``), or the node's name at the top level."""
+        if node.op == "call_module":
+            return node.target
+        base = re.sub(r"_\d+$", "", node.name)
+        stack = node.meta.get("nn_module_stack") or {}
+        path = next(reversed(stack.values()))[0] if stack else ""
+        if path.rsplit(".", 1)[-1] == base:         # a module that calls its function of the same name
+            return path
+        return f"{path}.{base}" if path else base
+
+    def where(self, node):
+        if node.op == "call_module":
+            return f"module '{node.target}' ({type(self.modules[node.target]).__name__})"
+        target = getattr(node.target, "__name__", str(node.target))
+        return f"{node.op.replace('_', ' ')} '{target}' (node '{node.name}')"
+
+    def refuse(self, node, why):
+        raise ImportFailure(f"{self.source}: {self.where(node)}: {why}")
+
+    def shape(self, node):
+        shape = node.meta.get("shape")
+        if shape is None:
+            self.refuse(node, "gives no single tensor (spmdcnn layers give one)")
+        return shape
+
+    def value(self, node, arg):
+        if not hasattr(arg, "op") or arg not in self.values:
+            self.refuse(node, f"takes {arg!r}, which is not a tensor spmdcnn computes")
+        return self.values[arg]
+
+    def tensors(self, node, args):
+        values = [self.value(node, arg) for arg in args]
+        if any(value.param for value in values):
+            self.refuse(node, "reads a parameter directly; spmdcnn takes a parameter only as a layer scale")
+        return values
+
+    # -- the walk ------------------------------------------------------------------------------------------------
+
+    def run(self):
+        output = None
+        for node in self.graph.graph.nodes:
+            if node.op == "placeholder":
+                if self.values:
+                    self.refuse(node, "is a second input; spmdcnn models take one")
+                self.values[node] = _Value("data")
+            elif node.op == "get_attr":
+                self.values[node] = _Value(param=node.target)
+            elif node.op == "call_module":
+                self._module(node)
+            elif node.op in ("call_function", "call_method"):
+                self._function(node)
+            elif node.op == "output":
+                output = node
+        result = output.args[0]
+        if not hasattr(result, "op"):
+            self.refuse(output, "the network returns more than one tensor (a classifier returns its logits)")
+        value = self.value(output, result)
+        if value.last or len(self.shape(result)) != 2:
+            self.refuse(output, f"the network returns shape {self.shape(result)}; spmdcnn imports classifiers "
+                                "returning logits (N, classes), followed by a cross-entropy loss")
+        loss = {"name": "loss", "op": "softmax_cross_entropy"}
+        if value.name != self.layers[-1]["name"]:
+            loss["inputs"] = [value.name]
+        self.layers.append(loss)
+        return self.layers
+
+    def _module(self, node):
+        module = self.modules[node.target]
+        kind = type(module).__name__
+        handler = MODULES.get(kind)
+        if handler is None:
+            self.refuse(node, f"maps to no spmdcnn op; spmdcnn imports the modules {', '.join(sorted(MODULES))} "
+                              "and the functions " + ", ".join(sorted(FUNCTION_NAMES)))
+        if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
+            if node.target in self.used_modules:
+                self.refuse(node, "is called twice; spmdcnn layers do not share parameters")
+            self.used_modules.add(node.target)
+        handler(self, node, module, self.tensors(node, node.args[:1]))
+
+    def _function(self, node):
+        target = node.target
+        name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
+        handler = FUNCTIONS.get(name)
+        if handler is None:
+            self.refuse(node, "maps to no spmdcnn op; spmdcnn imports the functions "
+                              + ", ".join(sorted(FUNCTION_NAMES)))
+        handler(self, node)
+
+    def alias(self, node, value, last=None):
+        self.values[node] = _Value(value.name, value.last if last is None else last)
