@@ -33,7 +33,7 @@ uses (``planner/memory.py``); ``benchmarks/memory_model.py`` measures it against
 from itertools import product
 from math import ceil, prod
 
-from ..graph.optable import ANSWERS_LABELS, KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_OUTPUT
+from ..graph.optable import ANSWERS_LABELS, KEEPS_INDICES, KEEPS_INPUT, KEEPS_MASK, KEEPS_OUTPUT, tile_groups
 from ..ops.conv import ConvGeometry, workspace_elements
 from ..ops.conv_transpose import full_extents
 from ..ops.window import is_padded, padded_extents
@@ -106,7 +106,8 @@ def _transient(layer, box, batch, itemsize, im2col=True):
         if layer.spec.family == "conv":
             if im2col:
                 geometry = layer.window
-                tile = ConvGeometry(need.stride(geometry.stride), need.pads, geometry.dilation, rank=len(x_shape) - 2)
+                tile = ConvGeometry(need.stride(geometry.stride), need.pads, geometry.dilation, rank=len(x_shape) - 2,
+                                    groups=tile_groups(layer, box[1]))
                 elements += workspace_elements(x_shape, geometry.kernel, layer.attrs["out_channels"], tile, itemsize)
         elif layer.spec.family == "conv_transpose":
             # the full extent its input fills (computed, then cropped), and the convolution it is the adjoint of

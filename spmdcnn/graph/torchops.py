@@ -1,8 +1,8 @@
 """torch.fx nodes to spmdcnn layers, for ``spmdcnn model import`` (``graph/torchimport.py``): one handler per
 PyTorch module type (``graph/torchmodules.py``) and per function or tensor method (``graph/torchfunctions.py``),
-each appending the layer
-entry its node becomes, or passing the value on (``nn.Identity``, a permute of the channels to the last axis and
-back), or refusing the node in one message naming it and what spmdcnn takes instead.
+each appending the layer entry its node becomes, or passing the value on (``nn.Identity``, a permute of the
+channels to the last axis and back), or refusing the node in one message naming it and what spmdcnn takes
+instead.
 
 A value remembers whether its channels are last (after a permute): ConvNeXt's channels-last stretches become
 channel ops (``layernorm`` over the channels, 1x1 convolutions for its linear layers, whose ``(out, in)`` weights

@@ -192,9 +192,11 @@ class _Layout:
 def workspace_elements(x_shape, kernel, out_channels, geometry, itemsize):
     """Elements of the scratch arrays the im2col path holds while it convolves an input of ``x_shape`` (the memory
     model's workspace, ``cost/memory.py``): a block's columns, their product with the weight and the padded block;
-    none for a pointwise convolution or an empty input."""
+    none for a pointwise convolution or an empty input; a depthwise one's channel blocks (``ops/depthwise.py``)."""
     if geometry.is_pointwise(kernel) or min(x_shape) == 0:
         return 0
+    if geometry.groups > 1 and geometry.groups == x_shape[1]:         # no columns: blocks of channels
+        return depthwise.workspace_elements(x_shape, kernel, geometry)
     layout = _Layout(x_shape, kernel, geometry, itemsize)
     C, positions = x_shape[1], layout.block * layout.P
     return (C * prod(kernel) + out_channels) * positions + layout.block * C * (prod(layout.padded) + layout.tail)

@@ -15,7 +15,7 @@ from math import prod
 import numpy as np
 
 from .. import backend
-from .parallel import parallel_for
+from .parallel import num_threads, parallel_for
 from .window import kernel_positions, padded_extents, window_slice
 
 # Elements of the padded planes a block holds (with its output's and a temporary's): 256 KiB of float32
@@ -45,6 +45,15 @@ class _Taps:
         """The channel ranges of blocks ``[first, last)`` of ``count`` channels."""
         return [(c, min(count, c + self.block)) for c in range(first * self.block, min(count, last * self.block),
                                                                self.block)]
+
+
+def workspace_elements(x_shape, kernel, geometry):
+    """Elements of the blocks the threads hold while a depthwise convolution of an input of ``x_shape`` runs (the
+    memory model's workspace): a padded plane, its gradient's and a product per block, a block per thread."""
+    out = geometry.output_shape(x_shape[2:], kernel)
+    taps = _Taps(x_shape, kernel, geometry, out)
+    per_block = min(taps.block, x_shape[1]) * (2 * prod(taps.padded) + prod(out))
+    return per_block * min(num_threads(), taps.blocks)
 
 
 def forward(x, w, geometry, out):
