@@ -27,6 +27,7 @@ from pathlib import Path
 
 import yaml
 
+from .torchblocks import blocked
 from .torchops import Converter, ImportFailure
 
 
@@ -136,12 +137,24 @@ def _flow(value):
     return text[:-len("...\n")].strip() if text.endswith("...\n") else text.strip()
 
 
-def model_text(name, input_shape, layers, torch_names, torch_shapes, source, count):
-    """The model YAML: one layer a line, in the network's order."""
+def model_text(name, input_shape, layers, torch_names, torch_shapes, source, count, blocks=None):
+    """The model YAML: its blocks (``graph/torchblocks.py``), then one layer or block instance a line, in the
+    network's order."""
     lines = [f"# {name} ({count:,} parameters), written by: spmdcnn model import {source} "
              f"--input {' '.join(map(str, input_shape))}",
              "# Layers carry PyTorch's module names, so checkpoint import/export move its state dicts as they are.",
-             f"name: {name}", f"input: {_flow(list(input_shape))}", "layers:"]
+             f"name: {name}", f"input: {_flow(list(input_shape))}"]
+    if blocks:
+        lines.append("blocks:")
+        for block, body in blocks.items():
+            lines.append(f"  {block}:")
+            if "args" in body:
+                lines.append(f"    args: {_flow(body['args'])}")
+            if "inputs" in body:
+                lines.append(f"    inputs: {_flow(body['inputs'])}")
+            lines.append("    layers:")
+            lines += [f"      - {_flow(layer)}" for layer in body["layers"]]
+    lines.append("layers:")
     lines += [f"  - {_flow(layer)}" for layer in layers]
     if torch_names:
         lines.append("torch_names:")
@@ -150,6 +163,19 @@ def model_text(name, input_shape, layers, torch_names, torch_shapes, source, cou
         lines.append("torch_shapes:")
         lines += [f"  {_flow(key)}: {_flow(value)}" for key, value in torch_shapes.items()]
     return "\n".join(lines) + "\n"
+
+
+def _module_kinds(module):
+    """``{path: type name}`` of the module's submodules that have children, but plain containers."""
+    torch = _torch()
+    containers = (torch.nn.Sequential, torch.nn.ModuleList, torch.nn.ModuleDict)
+    return {path: type(child).__name__ for path, child in module.named_modules()
+            if path and type(child) not in containers and any(True for _ in child.children())}
+
+
+def _layers(graph):
+    """What a graph computes, layer by layer: to check that blocks wrote the flat model."""
+    return [(layer.name, layer.op, repr(sorted(layer.attrs.items())), tuple(layer.inputs)) for layer in graph.layers]
 
 
 def import_model(source, output, input_shape=None, weights=None, name=None):
@@ -167,8 +193,13 @@ def import_model(source, output, input_shape=None, weights=None, name=None):
     layers = converter.run()
     model_name = name or stem
     count = sum(p.numel() for p in module.parameters())
-    text = model_text(model_name, input_shape, layers, converter.torch_names, converter.torch_shapes, source, count)
+    names = converter.torch_names, converter.torch_shapes
+    flat = model_text(model_name, input_shape, layers, *names, source, count)
+    blocks, entries = blocked(layers, _module_kinds(module))
+    text = model_text(model_name, input_shape, entries, *names, source, count, blocks)
     graph = parse_model(load_yaml_text(text, str(output)), str(output), text)
+    if _layers(graph) != _layers(parse_model(load_yaml_text(flat, str(output)), str(output), flat)):
+        raise ImportFailure(f"{source}: internal error: the model written with blocks is not the network")
     if graph.num_params != count:
         raise ImportFailure(f"{source}: the model has {graph.num_params:,} parameters, the module {count:,}: "
                             "some of its parameters are used in ways spmdcnn does not import")

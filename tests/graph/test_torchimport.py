@@ -83,6 +83,7 @@ def test_the_shipped_models_are_the_importers_and_move_torchvision_weights_both_
     shipped = os.path.join(MODELS, f"{name}.yaml")
     with open(shipped) as file:
         assert written.read_text() == file.read(), f"models/{name}.yaml is not what the importer writes today"
+    assert "\nblocks:\n" in written.read_text(), "its repeated modules are written once, as blocks"
     graph = load_model(shipped)
     assert graph.num_params == TORCHVISION_PARAMS[name]
     module, _ = load_module(f"{NETWORKS}:{name}")
