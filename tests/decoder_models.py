@@ -53,7 +53,10 @@ DECODER = {"name": "decoder", "input": [3, 9, 10], "layers": [
     {"name": "cmax", "op": "maxpool2d", "kernel": 3, "stride": 2, "ceil_mode": True, "inputs": ["c1"]},   # 4x5
     {"name": "cavg", "op": "avgpool2d", "kernel": 3, "stride": 2, "padding": 1, "ceil_mode": True},      # 3x3
     {"name": "f_pool", "op": "flatten"}, {"name": "l_pool", "op": "linear", "out_features": 3},
-    {"name": "sum", "op": "add", "inputs": ["l_up2", "l_odd", "l_ups", "l_bil", "l_pool"]},
+    {"name": "gup", "op": "conv_transpose2d", "out_channels": 4, "kernel": 2, "stride": 2, "groups": 2,
+     "inputs": ["pw"]},                                                    # grouped transposed: c is not split
+    {"name": "f_gup", "op": "flatten"}, {"name": "l_gup", "op": "linear", "out_features": 3},
+    {"name": "sum", "op": "add", "inputs": ["l_up2", "l_odd", "l_ups", "l_bil", "l_pool", "l_gup"]},
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 
 DECODER_VOLUME = {"name": "decoder_volume", "input": [2, 5, 6, 4], "layers": [

@@ -76,7 +76,7 @@ class TorchNet(torch.nn.Module):
         if family == "conv_transpose":      # the full extent the input fills, cropped (or extended) per side
             g = layer.window
             full = getattr(F, f"conv_transpose{rank}d")(x, self.param(f"{name}.weight"), None, stride=g.stride,
-                                                         dilation=g.dilation)
+                                                         dilation=g.dilation, groups=a["groups"])
             extra = a["output_padding"] if isinstance(a["output_padding"], list) else [a["output_padding"]] * rank
             sides = [v for (before, after), o in reversed(list(zip(g.padding, extra))) for v in (-before, o - after)]
             y = F.pad(full, sides)

@@ -60,7 +60,7 @@ def _conv_transpose_work(shape, out, ins, itemsize):
     n, k = shape.output[:2]
     positions = prod(shape.inputs[0][2:])
     c = shape.inputs[0][1]
-    gemm = 2 * n * k * c * taps * positions
+    gemm = 2 * n * dict(shape.params)["weight"][1] * c * taps * positions     # output channels per group
     passes = 3 if shape.input_grad else 2
     cols = n * k * taps * positions            # col2im forward, im2col for both of backward's products
     return 2 + passes, gemm * passes, itemsize * (cols * passes + 3 * (ins + out) + 2 * out + 2 * _shard(shape))

@@ -55,8 +55,8 @@ class SyncModel:
         if not layer.params and not layer.buffers:
             return [NO_SYNC] * len(configs)
         batchnorm, channels = layer.spec.reduced_in_layer, layer.out_shape[0]
-        # elements per output channel, along each parameter's channel axis (Layer.param_axis)
-        per_row = sum(prod(shape) // shape[layer.param_axis(name)] for name, shape in layer.params.items())
+        # elements per output channel (a grouped transposed convolution's weight holds C_in x k per group's channel)
+        per_row = sum(prod(shape) // channels for name, shape in layer.params.items())
         known = self._syncs.get((batchnorm, channels, per_row))
         if known is None:
             known = self._syncs[batchnorm, channels, per_row] = {}

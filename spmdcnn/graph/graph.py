@@ -6,7 +6,7 @@ from math import prod
 
 from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
-from .optable import ANSWERS_TARGETS, OPS, needs_gradient, window
+from .optable import ANSWERS_TARGETS, OPS, layer_groups, needs_gradient, window
 from .blocks import DATA, expand_layers
 
 _MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names", "torch_shapes"}
@@ -50,11 +50,21 @@ class Layer:
         convolution's weight, PyTorch's ``(C_in, C_out, k...)``)."""
         return self.spec.param_axis(kind)
 
+    def shard_rows(self, kind, channels):
+        """The rows along parameter or buffer ``kind``'s channel axis that a tile holding output ``channels``
+        ``(c0, c1)`` holds: those channels, or the whole axis where it holds the channels of one group (a grouped
+        transposed convolution's weight, ``(C_in, C_out / groups, k...)``: its channels are never split)."""
+        shape, axis = self.params.get(kind, self.buffers.get(kind)), self.param_axis(kind)
+        if axis and layer_groups(self) > 1:
+            return 0, shape[axis]
+        return tuple(channels)
+
     def shard_shape(self, kind, channels):
         """The shape of the part of parameter or buffer ``kind`` a tile holding output ``channels`` ``(c0, c1)``
         holds."""
         shape = list(self.params.get(kind, self.buffers.get(kind)))
-        shape[self.param_axis(kind)] = channels[1] - channels[0]
+        r0, r1 = self.shard_rows(kind, channels)
+        shape[self.param_axis(kind)] = r1 - r0
         return tuple(shape)
 
     @property

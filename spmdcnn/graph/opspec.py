@@ -29,7 +29,7 @@ KEYS = {
     "conv": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0, "dilation": 1,
              "groups": 1, "bias": True},
     "conv_transpose": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0,
-                       "output_padding": 0, "dilation": 1, "bias": True},
+                       "output_padding": 0, "dilation": 1, "groups": 1, "bias": True},
     "maxpool": {**_WINDOW, "ceil_mode": False},
     "avgpool": {**_WINDOW, "ceil_mode": False},
     "global_avgpool": {},
@@ -258,12 +258,19 @@ def _window_out(shape, attrs, where, what):
     return out, geometry
 
 
-def _conv(op, attrs, in_shapes, where):
-    shape = _spatial(in_shapes[0], op, where)
-    K, C, groups = attrs["out_channels"], shape[0], attrs.get("groups", 1)
+def _groups(attrs, C, K, where):
+    """A convolution's ``groups`` (1 where it has none), refused unless it divides both channel counts."""
+    groups = attrs.get("groups", 1)
     for count, what in ((C, "input channels"), (K, "out_channels")):
         if count % groups:
             raise LayerError(f"{where}: 'groups' {groups} must divide its {count} {what} (as in PyTorch)")
+    return groups
+
+
+def _conv(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    K, C = attrs["out_channels"], shape[0]
+    groups = _groups(attrs, C, K, where)
     out, geometry = _window_out(shape, attrs, where, "convolution")
     params = {"weight": (K, C // groups) + geometry.kernel}
     flops = 2 * K * (C // groups) * prod(geometry.kernel) * prod(out)
@@ -285,8 +292,9 @@ def _conv_transpose(op, attrs, in_shapes, where):
         raise LayerError(f"{where}: transposed convolution of kernel {attrs['kernel']} with padding "
                          f"{attrs['padding']} over input {'x'.join(map(str, shape[1:]))} gives an empty output "
                          f"{'x'.join(map(str, out))}")
-    params = {"weight": (C, K) + geometry.kernel}          # PyTorch's layout: (C_in, C_out, k...)
-    flops = 2 * K * C * prod(geometry.kernel) * prod(shape[1:])
+    groups = _groups(attrs, C, K, where)
+    params = {"weight": (C, K // groups) + geometry.kernel}     # PyTorch's layout: (C_in, C_out / groups, k...)
+    flops = 2 * (K // groups) * C * prod(geometry.kernel) * prod(shape[1:])
     if attrs["bias"]:
         params["bias"] = (K,)
         flops += K * prod(out)

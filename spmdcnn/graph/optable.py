@@ -102,8 +102,9 @@ def _ranked(family, *args, **kwargs):
 
 OPS = {spec.name: spec for spec in (
     *_ranked("conv", READS_WINDOW, KEEPS_INPUT, grouped=True),
-    # its weight is PyTorch's (C_in, C_out, k...): a tile of some output channels holds those along axis 1
-    *_ranked("conv_transpose", READS_TRANSPOSED, KEEPS_INPUT, param_axes=(("weight", 1),)),
+    # its weight is PyTorch's (C_in, C_out / groups, k...): a tile of some output channels holds those along axis 1
+    # (with groups, a tile's weight would be its groups' rows of axis 0 instead: its channels are not split)
+    *_ranked("conv_transpose", READS_TRANSPOSED, KEEPS_INPUT, param_axes=(("weight", 1),), grouped=True),
     *_ranked("maxpool", READS_CHANNEL_WINDOW, KEEPS_INDICES),
     *_ranked("avgpool", READS_CHANNEL_WINDOW),
     OpSpec("global_avgpool", READS_PLANE),

@@ -38,8 +38,6 @@ def _conv(converter, node, module, inputs):
     if _pair_list(module.dilation) != 1:
         entry["dilation"] = _pair_list(module.dilation)
     if module.groups != 1:
-        if transposed:
-            converter.refuse(node, "is a grouped transposed convolution; spmdcnn groups ordinary convolutions only")
         entry["groups"] = module.groups
     if module.bias is None:
         entry["bias"] = False

@@ -13,7 +13,8 @@ of an output split over an axis reads the inputs that reach its part of the outp
 Forward is the input gradient of the convolution of the full extent with the same weight, ``(C_in, C_out, k...)``
 read as a convolution's ``(K, C, k...)`` (PyTorch's layout, so weights move as they are); backward is that
 convolution's forward (the input's gradient) and its weight gradient, over the output gradient set into the full
-extent (zero outside the crop). Shapes: x (N, C_in, S...), w (C_in, C_out, k...), y (N, C_out, O...).
+extent (zero outside the crop). Shapes: x (N, C_in, S...), w (C_in, C_out/groups, k...), y (N, C_out, O...); with
+``groups`` (PyTorch's) the convolution it is the adjoint of is grouped alike (``ops/conv.py``).
 
 It runs wherever the convolution's pieces run: NumPy, and CuPy (cuDNN for the backward's convolution, CuPy's
 products for the forward's columns). With activations of a lower precision than the weights (bfloat16 under
@@ -36,6 +37,7 @@ class TransposeGeometry(NamedTuple):
     stride: tuple
     dilation: tuple
     crop: tuple
+    groups: int = 1         # PyTorch's: C_in and C_out in as many groups, each output reading its group's inputs
 
     @property
     def rank(self):
@@ -47,7 +49,7 @@ class TransposeGeometry(NamedTuple):
 
     def inner(self):
         """The convolution whose input gradient this is (no padding: the crop does its work)."""
-        return ConvGeometry(self.stride, 0, self.dilation, rank=self.rank)
+        return ConvGeometry(self.stride, 0, self.dilation, rank=self.rank, groups=self.groups)
 
 
 def full_extents(spatial, kernel, stride, dilation):
@@ -56,12 +58,12 @@ def full_extents(spatial, kernel, stride, dilation):
                  for size, k, s, d in zip(spatial, kernel, stride, dilation))
 
 
-def whole(spatial, kernel, stride, padding, output_padding, dilation):
+def whole(spatial, kernel, stride, padding, output_padding, dilation, groups=1):
     """The :class:`TransposeGeometry` of the whole tensor: its crop keeps ``[before, F - after + output_padding)``
     of the full extent ``F`` along each axis (``padding`` a ``(before, after)`` pair per axis; no checks)."""
     full = full_extents(spatial, kernel, stride, dilation)
     return TransposeGeometry(tuple(stride), tuple(dilation), tuple(
-        (before, f - after + o) for f, (before, after), o in zip(full, padding, output_padding)))
+        (before, f - after + o) for f, (before, after), o in zip(full, padding, output_padding)), groups)
 
 
 def output_padding_error(output_padding, stride, dilation):
@@ -74,7 +76,7 @@ def output_padding_error(output_padding, stride, dilation):
     return None
 
 
-def geometry(spatial, kernel, stride=1, padding=0, output_padding=0, dilation=1, rank=None):
+def geometry(spatial, kernel, stride=1, padding=0, output_padding=0, dilation=1, rank=None, groups=1):
     """PyTorch's transposed convolution of inputs of ``spatial`` extents as a :class:`TransposeGeometry`
     (``padding``: one value for all axes, one per axis, or a ``(before, after)`` pair per axis, which PyTorch has
     not: the positions left off the full extent's start and end)."""
@@ -85,7 +87,7 @@ def geometry(spatial, kernel, stride=1, padding=0, output_padding=0, dilation=1,
     error = output_padding_error(output_padding, stride, dilation)
     if error:
         raise ValueError(f"conv_transpose: {error}")
-    return whole(spatial, kernel, stride, padding, output_padding, dilation)
+    return whole(spatial, kernel, stride, padding, output_padding, dilation, groups)
 
 
 def transposed_extents(spatial, kernel, stride, padding, output_padding, dilation):
@@ -125,7 +127,7 @@ def conv_transpose_forward(x, w, b, geometry, need_input_grad=True):
         raise ValueError(f"conv_transpose: input has {x.shape[1]} channels, weight expects {w.shape[0]}")
     xp = backend.array_module(x)
     dtype, x = x.dtype, x.astype(w.dtype, copy=False)
-    N, kernel, K = x.shape[0], w.shape[2:], w.shape[1]
+    N, kernel, K = x.shape[0], w.shape[2:], w.shape[1] * geometry.groups
     out = tuple(stop - start for start, stop in geometry.crop)
     full = geometry.full_extents(x.shape[2:], kernel)
     filled = conv_input_gradient(x, w, (N, K) + full, geometry.inner()) if prod(full) and prod(out) else None
@@ -147,7 +149,7 @@ def conv_transpose_backward(gy, saved, gw_out=None):
     x, w, geometry = saved.x, saved.w, saved.geometry
     xp = backend.array_module(gy)
     gy = gy.astype(w.dtype, copy=False)
-    N, K, kernel = x.shape[0], w.shape[1], w.shape[2:]
+    N, K, kernel = x.shape[0], w.shape[1] * geometry.groups, w.shape[2:]
     gb = gy.sum(axis=(0,) + tuple(range(2, gy.ndim))) if saved.has_bias else None
     full = geometry.full_extents(x.shape[2:], kernel)
     if not prod(full):

@@ -27,7 +27,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend
-from ..graph.optable import group_channels, tile_groups, window
+from ..graph.optable import group_channels, layer_groups, tile_groups, window
 from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
                    layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pool, relu, scale, tanh, upsample)
 from ..ops.window import ntuple
@@ -189,10 +189,11 @@ def _transpose_geometry(kernel):
     geometry = layer.window
     if tile.need is None:
         return conv_transpose.whole(layer.in_shapes[0][1:], geometry.kernel, geometry.stride, geometry.padding,
-                                    ntuple(layer.attrs["output_padding"], len(geometry.kernel)), geometry.dilation)
+                                    ntuple(layer.attrs["output_padding"], len(geometry.kernel)), geometry.dilation,
+                                    layer_groups(layer))
     crop = tuple((o0 - (i0 * s - before), o1 - (i0 * s - before)) for (o0, o1), (i0, _), s, (before, _)
                  in zip(tile.box[2:], tile.need.box[2:], geometry.stride, geometry.padding))
-    return conv_transpose.TransposeGeometry(geometry.stride, geometry.dilation, crop)
+    return conv_transpose.TransposeGeometry(geometry.stride, geometry.dilation, crop, layer_groups(layer))
 
 
 def _upsample(kernel):

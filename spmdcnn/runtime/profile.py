@@ -124,8 +124,9 @@ def _layer(shape):
         attrs["bias"] = any(n == "bias" for n, _ in shape.params)
     if "affine" in keys:
         attrs["affine"] = bool(shape.params)
-    if spec.grouped:                    # a grouped convolution: the tile's groups, its input's channels over the
-        attrs["groups"] = shape.inputs[0][1] // dict(shape.params)["weight"][1]     # weight's per group
+    if spec.grouped:                    # the tile's groups: its channels (input's, or a transposed convolution's
+        weight = dict(shape.params)["weight"]           # output's) over the weight's per group
+        attrs["groups"] = (shape.inputs[0][1] if spec.param_axis("weight") == 0 else shape.output[1]) // weight[1]
     if "group_channels" in attrs:       # a group normalisation: the layer's groups where the tile's channels
         per = gcd(attrs.pop("group_channels"), shape.inputs[0][1])     # hold whole ones (the work is the same)
         if "groups" in keys:

@@ -191,7 +191,7 @@ class Program:
             for kind in list(layer.params) + list(layer.buffers):
                 reduced = self.summed_in_layer(layer) or kind in layer.buffers
                 entries.append(((site.group, reduced, order), layer, kind, layer.shard_shape(kind, site.channels),
-                                site.channels))
+                                layer.shard_rows(kind, site.channels)))
         entries.sort(key=lambda entry: entry[0])
         shapes = {param: {f"{layer.name}.{kind}": shape for _, layer, kind, shape, _ in entries
                           if (kind in layer.params) == param} for param in (True, False)}

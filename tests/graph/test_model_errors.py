@@ -333,8 +333,8 @@ def test_scale_needs_a_factor(tmp_path):
     ("{name: g, op: conv2d, out_channels: 4, kernel: 3, groups: 3}", ["'groups' 3 must divide its 4 out_channels"]),
     ("{name: g, op: conv2d, out_channels: 3, kernel: 3, groups: 0}", ["'groups' must be a positive integer"]),
     ("{name: p, op: maxpool2d, kernel: 3, ceil_mode: yes please}", ["'ceil_mode' must be true or false"]),
-    ("{name: up, op: conv_transpose2d, out_channels: 3, kernel: 2, groups: 3}",
-     ["unknown key 'groups' for op 'conv_transpose2d'"]),
+    ("{name: up, op: conv_transpose2d, out_channels: 4, kernel: 2, groups: 3}",
+     ["layer 'up'", "'groups' 3 must divide its 4 out_channels (as in PyTorch)"]),
 ])
 def test_bad_decoder_layers_name_the_layer_and_the_rule(tmp_path, layer, fragments):
     layers = f"  - {layer}\n  - {{name: flat, op: flatten}}\n  - {{name: fc, op: linear, out_features: 3}}\n" \

@@ -70,6 +70,7 @@ def test_a_plain_network_imports_and_matches(tmp_path, capsys):
     assert {"layernorm", "layer_scale", "mul", "concat", "gelu", "silu", "sigmoid", "global_avgpool"} <= ops
     assert graph.by_name["expand"].op == "conv2d" and graph.torch_shapes["expand.weight"] == (16, 8)
     assert graph.by_name["pool"].attrs["ceil_mode"] and graph.by_name["depthwise"].attrs["groups"] == 8
+    assert graph.by_name["up"].attrs["groups"] == 4
     rng = np.random.default_rng(2)
     images, labels = rng.standard_normal((3, 2, 10, 10)), rng.integers(0, 5, 3)
     assert evaluate(graph, tmp_path / "plain.h5", images, labels) == pytest.approx(

@@ -37,7 +37,7 @@ for _name in ZOO:
 
 class Plain(nn.Module):
     """Not torchvision's: a stem, a ConvNeXt-style channels-last stretch, a squeeze-and-excitation gate, a concat,
-    functional activations, a ceil-mode pooling and a classifier."""
+    functional activations, a grouped transposed convolution, a ceil-mode pooling and a classifier."""
 
     def __init__(self, classes=5):
         super().__init__()
@@ -50,8 +50,9 @@ class Plain(nn.Module):
         self.squeeze = nn.AdaptiveAvgPool2d(1)
         self.excite = nn.Conv2d(8, 8, 1)
         self.side = nn.Conv2d(8, 4, 1, groups=4)
+        self.up = nn.ConvTranspose2d(12, 12, 2, stride=2, groups=4)
         self.pool = nn.MaxPool2d(3, 2, ceil_mode=True)
-        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.0), nn.Linear(12 * 5 * 5, classes))
+        self.head = nn.Sequential(nn.Flatten(), nn.Dropout(0.0), nn.Linear(12 * 10 * 10, classes))
 
     def forward(self, x):
         x = self.stem(x)
@@ -60,7 +61,7 @@ class Plain(nn.Module):
         x = x + y.permute(0, 3, 1, 2)
         x = x * torch.sigmoid(self.excite(self.squeeze(x)))
         x = torch.cat([x, nn.functional.silu(self.side(x))], dim=1)
-        return self.head(self.pool(x))
+        return self.head(self.pool(self.up(x)))
 
 
 def plain():

@@ -82,6 +82,23 @@ def test_grouped_conv_on_the_gpu(case, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_grouped_conv_transpose_on_the_gpu(dtype):
+    """A grouped transposed convolution on CuPy (cuDNN's data gradient reads the groups from the weight) against
+    NumPy."""
+    rng = _rng(8)
+    x, w, b = rng.standard_normal((2, 4, 5, 6)), rng.standard_normal((4, 3, 3, 3)), rng.standard_normal(6)
+    geometry = conv_transpose.geometry(x.shape[2:], w.shape[2:], 2, 1, 1, rank=2, groups=2)
+    y, saved = conv_transpose.conv_transpose_forward(x, w, b, geometry)
+    gy = rng.standard_normal(y.shape)
+    gx, gw, gb = conv_transpose.conv_transpose_backward(gy, saved)
+    on = [cp.asarray(a.astype(dtype)) for a in (x, w, b)]
+    y2, saved2 = conv_transpose.conv_transpose_forward(*on, geometry)
+    gx2, gw2, gb2 = conv_transpose.conv_transpose_backward(cp.asarray(gy.astype(dtype)), saved2)
+    for what, a, e in (("y", y2, y), ("gx", gx2, gx), ("gw", gw2, gw), ("gb", gb2, gb)):
+        _close(a, e, dtype, f"grouped transposed {what}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", sorted(TRANSPOSE_CASES))
 def test_conv_transpose_on_the_gpu(case, dtype):
     """The transposed convolution on CuPy (its backward's convolution on cuDNN) against NumPy, the whole tensor

@@ -122,3 +122,26 @@ def test_a_weight_that_does_not_fit_the_groups_is_refused():
         conv_forward(x, np.zeros((4, 4, 3, 3)), None, ConvGeometry(groups=2))
     with pytest.raises(ValueError, match="5 output channels do not fall evenly in 2 groups"):
         conv_forward(x, np.zeros((5, 2, 3, 3)), None, ConvGeometry(groups=2))
+
+
+@pytest.mark.parametrize("c_in, c_out, groups, kernel, stride, padding, output_padding, rank", [
+    (4, 6, 2, 3, 2, 1, 1, 2), (6, 6, 6, 2, 2, 0, 0, 2), (4, 8, 4, 3, 1, 1, 0, 3), (6, 3, 3, 5, 3, 2, 2, 1)])
+def test_grouped_transposed_convolution_against_pytorch(c_in, c_out, groups, kernel, stride, padding,
+                                                        output_padding, rank):
+    """PyTorch's ConvTranspose with groups: the adjoint of the grouped convolution, weight (C_in, C_out/groups, k...)."""
+    import torch
+    from spmdcnn.ops import conv_transpose
+    rng = np.random.default_rng(9)
+    x, w = rng.standard_normal((2, c_in) + (5,) * rank), rng.standard_normal((c_in, c_out // groups) + (kernel,) * rank)
+    b = rng.standard_normal(c_out)
+    geometry = conv_transpose.geometry(x.shape[2:], w.shape[2:], stride, padding, output_padding, rank=rank,
+                                       groups=groups)
+    y, saved = conv_transpose.conv_transpose_forward(x, w, b, geometry)
+    tensors = [torch.tensor(a, requires_grad=True) for a in (x, w, b)]
+    ty = getattr(torch.nn.functional, f"conv_transpose{rank}d")(*tensors, stride=stride, padding=padding,
+                                                                output_padding=output_padding, groups=groups)
+    gy = rng.standard_normal(tuple(ty.shape))
+    ty.backward(torch.from_numpy(gy))
+    np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
+    for ours, theirs in zip(conv_transpose.conv_transpose_backward(gy, saved), tensors):
+        np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-12, atol=1e-12)

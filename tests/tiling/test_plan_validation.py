@@ -300,6 +300,17 @@ def test_a_grouped_convolution_splits_its_channels_in_whole_groups(degree, fits)
         assert fragment in message, message
 
 
+def test_a_grouped_transposed_convolution_keeps_its_channels_whole():
+    graph = handmade([{"name": "up", "op": "conv_transpose2d", "out_channels": 4, "kernel": 2, "stride": 2,
+                       "groups": 2}], input_shape=(6, 4, 4))
+    assert graph.by_name["up"].params["weight"] == (6, 2, 2, 2)
+    data = {"format": "spmdcnn-plan/1", "devices": 8, "layers": {"up": {"c": 2}}}
+    with pytest.raises(PlanError, match="a grouped transposed convolution's channels are not split"):
+        from_mapping(data, graph, BATCH, 8, SOURCE)
+    data["layers"]["up"] = {"n": 2, "h": 2}
+    assert from_mapping(data, graph, BATCH, 8, SOURCE)["up"].degrees == (2, 1, 2, 1)
+
+
 def test_a_depthwise_convolution_splits_its_channels_any_way():
     graph = handmade([{"name": "dw", "op": "conv2d", "out_channels": 6, "kernel": 3, "groups": 6}],
                      input_shape=(6, 6, 6))
