@@ -145,3 +145,40 @@ def test_grouped_transposed_convolution_against_pytorch(c_in, c_out, groups, ker
     np.testing.assert_allclose(y, ty.detach().numpy(), rtol=1e-12, atol=1e-12)
     for ours, theirs in zip(conv_transpose.conv_transpose_backward(gy, saved), tensors):
         np.testing.assert_allclose(ours, theirs.grad.numpy(), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", [
+    {"name": "g", "op": "conv2d", "out_channels": 12, "kernel": 3, "padding": 1, "groups": 3},         # 4 a group
+    {"name": "g", "op": "conv2d", "out_channels": 12, "kernel": 3, "stride": 2, "groups": 6},          # 2 a group
+    {"name": "g", "op": "conv2d", "out_channels": 12, "kernel": 5, "padding": 2, "groups": 6, "bias": False},
+])
+def test_every_split_of_c_the_planner_may_choose(layer):
+    """For every configuration of a grouped convolution's channels the planner considers (its degrees keep groups
+    whole), each tile's convolution over what tiling/fields.py says it reads, with its groups as the runtime binds
+    them, gives the whole convolution's channels."""
+    from spmdcnn.graph.graph import parse_model
+    from spmdcnn.graph.optable import tile_groups
+    from spmdcnn.planner.configs import configurations
+    from spmdcnn.tiling.fields import needs
+    graph = parse_model({"name": "m", "input": [6, 7, 7], "layers": [
+        layer, {"name": "f", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 2},
+        {"name": "loss", "op": "softmax_cross_entropy"}]})
+    conv_layer = graph.by_name["g"]
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 6, 7, 7))
+    w = rng.standard_normal((12,) + conv_layer.params["weight"][1:])
+    geometry = conv_layer.window
+    whole, _ = conv_forward(x, w, None, ConvGeometry(geometry.stride, geometry.padding, geometry.dilation,
+                                                     groups=layer["groups"]))
+    degrees = sorted({config.degrees[1] for config in configurations(conv_layer, 2, 12)})
+    assert len(degrees) >= 2 and 1 in degrees       # groups of 4: c in 1 or 3; groups of 2: 1, 2, 3 or 6
+    for degree in degrees:
+        for index in range(degree):
+            k0, k1 = index * 12 // degree, (index + 1) * 12 // degree
+            box = ((0, 2), (k0, k1), (0, whole.shape[2]), (0, whole.shape[3]))
+            need = needs(conv_layer, box, [(2, 6, 7, 7)])[0]
+            (c0, c1) = need.box[1]
+            tile = ConvGeometry(geometry.stride, geometry.padding, geometry.dilation,
+                                groups=tile_groups(conv_layer, (k0, k1)))
+            y, _ = conv_forward(x[:, c0:c1], w[k0:k1], None, tile)
+            np.testing.assert_allclose(y, whole[:, k0:k1], rtol=1e-12, atol=1e-12, err_msg=f"c={degree} #{index}")
