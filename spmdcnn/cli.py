@@ -256,8 +256,8 @@ def _add_model_import(sub, common):
     part of ``model``)."""
     p = sub.add_parser("model-import", parents=[common], prog="spmdcnn model import",
                        formatter_class=argparse.RawDescriptionHelpFormatter,
-                       description="Write a PyTorch network as a model YAML: torchvision's (torchvision:NAME) or one a\n"
-                                   "Python file builds (FILE.py:CALLABLE, a function or class returning a\n"
+                       description="Write a PyTorch network as a model YAML: torchvision's (torchvision:NAME) or\n"
+                                   "one a Python file builds (FILE.py:CALLABLE, a function or class returning a\n"
                                    "torch.nn.Module). The module is traced by torch.fx and each module and function\n"
                                    "mapped to an spmdcnn op; layers keep PyTorch's module names, so checkpoint\n"
                                    "import/export move its state dicts as they are. A loss (softmax_cross_entropy)\n"
@@ -350,13 +350,18 @@ def build_parser():
     return parser
 
 
-SERIAL = ("model", "model-import", "plan", "simulate", "plot", "checkpoint", "data")   # commands that need no other rank
+# commands that need no other rank
+SERIAL = ("model", "model-import", "plan", "simulate", "plot", "checkpoint", "data")
 
 
 def routed(argv):
-    """The command line as the parser takes it: ``model import ...`` is the sub-command ``model-import``."""
+    """The command line as the parser takes it: ``model import ...`` (after any options) is the sub-command
+    ``model-import``."""
     argv = list(argv)
-    return ["model-import"] + argv[2:] if argv[:2] == ["model", "import"] else argv
+    first = next((i for i, word in enumerate(argv) if not word.startswith("-")), len(argv))
+    if argv[first:first + 2] == ["model", "import"]:
+        return argv[:first] + ["model-import"] + argv[first + 2:]
+    return argv
 
 
 def main(argv=None):

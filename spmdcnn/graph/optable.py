@@ -177,8 +177,11 @@ def window(attrs, rank, spatial=None):
 
 
 def group_channels(layer):
-    """Channels per group of a group or instance normalisation (the op table's ``STATISTICS_GROUPS``)."""
-    return layer.in_shapes[0][0] // layer.attrs["groups"] if "groups" in layer.attrs else 1
+    """Channels per group of a group or instance normalisation (the op table's ``STATISTICS_GROUPS``; 1 for any
+    other op, a convolution's ``groups`` included: :func:`layer_groups`)."""
+    if layer.spec.statistics != STATISTICS_GROUPS or "groups" not in layer.attrs:
+        return 1
+    return layer.in_shapes[0][0] // layer.attrs["groups"]
 
 
 def layer_groups(layer):

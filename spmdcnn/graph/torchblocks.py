@@ -118,7 +118,12 @@ def blocked(layers, module_kinds):
                     continue
                 values = tuple(repr(member.template[index][key]) for member in members)
                 if any(value != values[0] for value in values):
-                    arg = columns.setdefault(values, _argument(layer["name"], key))
+                    arg = columns.get(values)
+                    if arg is None:     # a name of its own, though "a.b"/"c" and "a_b"/"c" spell alike
+                        arg = _argument(layer["name"], key)
+                        while arg in args:
+                            arg += "_"
+                        columns[values] = arg
                     layer[key] = f"${arg}"
                     if arg not in args:
                         args[arg] = None

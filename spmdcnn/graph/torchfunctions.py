@@ -37,7 +37,11 @@ def _mul(converter, node):
 
 
 def _layer_scale(converter, node, param, value):
-    tensor = converter.graph.get_parameter(param)
+    try:
+        tensor = converter.graph.get_parameter(param)
+    except AttributeError:
+        converter.refuse(node, f"multiplies by '{param}', which is not a parameter (a buffer or a constant); "
+                               "spmdcnn learns a layer scale's factors")
     shape = converter.shape(node)
     axis = len(shape) - 1 if value.last else 1
     aligned = (1,) * (len(shape) - tensor.dim()) + tuple(tensor.shape)     # as it broadcasts against the value
@@ -114,6 +118,9 @@ def _activation(op, **keys):
 def _stochastic_depth(converter, node):
     (value,) = converter.tensors(node, node.args[:1])
     p, mode = _argument(node, 1, "p"), _argument(node, 2, "mode")
+    if not _argument(node, 3, "training", True):        # PyTorch's identity then
+        converter.alias(node, value)
+        return
     if mode != "row":
         converter.refuse(node, f"drops in mode '{mode}'; spmdcnn's stochastic_depth drops whole samples (mode row)")
     converter.add(node, {"op": "stochastic_depth", "p": p}, [value], last=value.last)
@@ -121,6 +128,8 @@ def _stochastic_depth(converter, node):
 
 def _adaptive_avg_pool_function(converter, node):
     (value,) = converter.tensors(node, node.args[:1])
+    if value.last or len(converter.shape(node.args[0])) not in (3, 4, 5):
+        converter.refuse(node, "pools a value whose channels are not second; spmdcnn pools (N, C, spatial...)")
     out = converter.shape(node)[2:]
     if not all(size == 1 for size in out):
         converter.refuse(node, "pools to more than one position; use nn.AdaptiveAvgPool (a module)")
@@ -138,6 +147,9 @@ def _cat(converter, node):
 
 def _dropout_function(converter, node):
     (value,) = converter.tensors(node, node.args[:1])
+    if not _argument(node, 2, "training", True):        # PyTorch's identity then
+        converter.alias(node, value)
+        return
     converter.add(node, {"op": "dropout", "p": _argument(node, 1, "p", 0.5)}, [value], last=value.last)
 
 
@@ -153,6 +165,8 @@ FUNCTIONS = {
     "silu": _activation("silu"), "gelu": _activation("gelu", approximate=(1, "none")),
     "hardswish": _activation("hardswish"), "hardsigmoid": _activation("hardsigmoid"),
     "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"),
+    "leaky_relu": _activation("leaky_relu", negative_slope=(1, 0.01)),
+    "leaky_relu_": _activation("leaky_relu", negative_slope=(1, 0.01)),
     "stochastic_depth": _stochastic_depth, "adaptive_avg_pool2d": _adaptive_avg_pool_function,
     "adaptive_avg_pool1d": _adaptive_avg_pool_function, "adaptive_avg_pool3d": _adaptive_avg_pool_function,
     "cat": _cat, "dropout": _dropout_function, "contiguous": _contiguous,

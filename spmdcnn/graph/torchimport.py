@@ -41,12 +41,15 @@ def _torch():
     return torch
 
 
+_DECLARED = None        # the library declaring torchvision's operators where its own do not load
+
+
 def load_torchvision():
     """torchvision, imported for its models. Where its compiled operators do not load against the installed
     PyTorch (a CPU-only torch beside a torchvision built for CUDA), its import stops at registering them; the
     models need none of them, so they are declared empty and the import retried."""
+    global _DECLARED
     torch = _torch()
-    declared = None
     for _ in range(32):
         try:
             import torchvision
@@ -57,8 +60,8 @@ def load_torchvision():
             missing = re.search(r"operator torchvision::(\w+) does not exist", str(error))
             if missing is None:
                 raise
-            declared = declared or torch.library.Library("torchvision", "DEF")
-            declared.define(f"{missing.group(1)}(Tensor x) -> Tensor")
+            _DECLARED = _DECLARED or torch.library.Library("torchvision", "DEF")      # kept: the ops live with it
+            _DECLARED.define(f"{missing.group(1)}(Tensor x) -> Tensor")
             for name in [name for name in sys.modules if name == "torchvision" or name.startswith("torchvision.")]:
                 del sys.modules[name]
     raise ImportFailure("torchvision does not import with this PyTorch")
@@ -88,10 +91,13 @@ def load_module(source):
         raise ImportFailure(f"{path}: running it failed: {type(error).__name__}: {error}") from None
     if not callable(getattr(code, attribute, None)):
         raise ImportFailure(f"{path}: has no function or class '{attribute}'")
-    module = getattr(code, attribute)()
+    try:
+        module = getattr(code, attribute)()
+    except Exception as error:
+        raise ImportFailure(f"{source}: calling {attribute}() failed: {type(error).__name__}: {error}") from None
     if not isinstance(module, torch.nn.Module):
         raise ImportFailure(f"{source}: returned {type(module).__name__}, not a torch.nn.Module")
-    return module, Path(path).stem if attribute[0].isupper() else attribute
+    return module, attribute
 
 
 def trace(module, source, input_shape):
@@ -200,6 +206,12 @@ def import_model(source, output, input_shape=None, weights=None, name=None):
     graph = parse_model(load_yaml_text(text, str(output)), str(output), text)
     if _layers(graph) != _layers(parse_model(load_yaml_text(flat, str(output)), str(output), flat)):
         raise ImportFailure(f"{source}: internal error: the model written with blocks is not the network")
+    for layer in graph.layers:          # every layer gives the shape PyTorch gave: nothing mapped differently
+        expected = converter.shapes.get(layer.name)
+        if expected is not None and tuple(layer.out_shape) != expected:
+            ours, theirs = ("x".join(map(str, shape)) for shape in (layer.out_shape, expected))
+            raise ImportFailure(f"{source}: layer '{layer.name}' ({layer.op}) gives {ours} where PyTorch gives "
+                                f"{theirs}: it computes something spmdcnn's {layer.op} does not")
     if graph.num_params != count:
         raise ImportFailure(f"{source}: the model has {graph.num_params:,} parameters, the module {count:,}: "
                             "some of its parameters are used in ways spmdcnn does not import")

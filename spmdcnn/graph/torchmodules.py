@@ -142,7 +142,7 @@ def _pool(kind):
         rank = _spatial_rank(converter, node, value)
         if kind == "max" and (_pair_list(module.dilation) != 1 or module.return_indices):
             converter.refuse(node, "dilates its window or returns indices; spmdcnn's maxpool does neither")
-        if kind == "avg" and (not module.count_include_pad or module.divisor_override is not None):
+        if kind == "avg" and (not module.count_include_pad or getattr(module, "divisor_override", None) is not None):
             converter.refuse(node, "leaves the padding out of its divisor (or overrides it); spmdcnn's avgpool "
                                    "counts the padding, as PyTorch's default does")
         entry = {"op": f"{kind}pool{rank}d", "kernel": _pair_list(module.kernel_size)}
@@ -169,7 +169,7 @@ def _adaptive_avgpool(converter, node, module, inputs):
 
 
 def _flatten_module(converter, node, module, inputs):
-    if module.start_dim != 1 or module.end_dim != -1:
+    if module.start_dim != 1 or module.end_dim not in (-1, len(converter.shape(node.args[0])) - 1):
         converter.refuse(node, "flattens other axes than all but the batch; spmdcnn's flatten keeps the batch axis "
                                "alone")
     flatten_value(converter, node, inputs[0])

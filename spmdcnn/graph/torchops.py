@@ -39,6 +39,7 @@ class Converter:
         self.layers, self.values, self.names = [], {}, set()
         self.torch_names, self.torch_shapes = {}, {}
         self.used_modules = set()
+        self.shapes = {}                # layer name -> PyTorch's output shape for one sample, channels first
 
     # -- names and layers --------------------------------------------------------------------------------------
 
@@ -62,6 +63,12 @@ class Converter:
             layer["inputs"] = names
         self.layers.append(layer)
         self.values[node] = _Value(name, last)
+        shape = node.meta.get("shape")
+        if shape is not None:           # one sample's, channels first: what the model must infer
+            self.shapes[name] = (shape[-1],) + tuple(shape[1:-1]) if last else tuple(shape[1:])
+        if node.op == "call_module" and name != node.target and \
+                any(True for _ in self.modules[node.target].parameters()):
+            self.torch_names[name] = node.target        # renamed (a module named data or loss): its keys stay
         return name
 
     def _node_name(self, node):
@@ -143,6 +150,9 @@ class Converter:
             if node.target in self.used_modules:
                 self.refuse(node, "is called twice; spmdcnn layers do not share parameters")
             self.used_modules.add(node.target)
+        if len(node.args) != 1 or node.kwargs:
+            self.refuse(node, "is called with more than its input (an output size, a mask, a state): spmdcnn's "
+                              "layers take their input alone")
         handler(self, node, module, self.tensors(node, node.args[:1]))
 
     def _function(self, node):

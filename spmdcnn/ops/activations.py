@@ -60,8 +60,10 @@ def erf(x):
     if xp.__name__ != "numpy":
         from cupyx.scipy.special import erf as device_erf
         return device_erf(x)
-    if x.dtype != xp.float64:
+    if x.dtype == xp.float32:
         return _erf32(x)
+    if x.dtype != xp.float64:               # float16, bfloat16: in float32, rounded back
+        return _erf32(x.astype(xp.float32)).astype(x.dtype)
     y = xp.abs(x)
     result = xp.empty_like(x)
     small = y <= 0.46875

@@ -365,6 +365,7 @@ def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
             gw3 += xp.matmul(g, cols.swapaxes(1, 2), out=gw_block)
         if need_input_grad:
             _input_block(layout, w3, g, cols, gx[n0:n0 + nb])
+    assert gx is None or gx.shape == x.shape
     return gx, _into(gw3.reshape(w.shape), gw_out, direct), gb
 
 

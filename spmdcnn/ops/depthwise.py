@@ -18,7 +18,7 @@ from .. import backend
 from .parallel import num_threads, parallel_for
 from .window import kernel_positions, padded_extents, window_slice
 
-# Elements of the padded planes a block holds (with its output's and a temporary's): 256 KiB of float32
+# Elements of a block's padded planes (256 KiB of float32; its output's and a product's come on top)
 BLOCK = 1 << 16
 
 

@@ -91,11 +91,12 @@ def _config(layer, spec, batch, devices, where):
             raise PlanError(f"{where}: degree {name}={degree} exceeds {what} ({extent})")
         if name == "c" and not keeps_groups(layer, degree):
             fits = [d for d in range(2, extent + 1) if keeps_groups(layer, d)][:6]
-            rule = (f"c may be {', '.join(map(str, fits))}{', ...' if len(fits) == 6 else ''}" if fits else
-                    "a grouped transposed convolution's channels are not split")
+            if not fits:
+                raise PlanError(f"{where}: degree c={degree}: a grouped transposed convolution's channels are not "
+                                "split (c must be 1)")
             raise PlanError(f"{where}: degree c={degree} cuts its {layer.attrs['groups']} groups of "
                             f"{output_grain(layer)} channels (a grouped convolution's tiles hold whole groups; "
-                            f"{rule})")
+                            f"c may be {', '.join(map(str, fits))}{', ...' if len(fits) == 6 else ''})")
         degrees.append(degree)
     count = 1
     for degree in degrees:

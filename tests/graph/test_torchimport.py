@@ -77,6 +77,25 @@ def test_a_plain_network_imports_and_matches(tmp_path, capsys):
         reference(source, images, labels), rel=1e-10)
 
 
+def test_a_sequence_network_imports_and_matches(tmp_path):
+    source = f"{NETWORKS}:sequence"
+    graph = import_model(source, tmp_path / "sequence.yaml", (2, 12), weights=tmp_path / "sequence.h5")
+    assert graph.name == "sequence"
+    assert [layer.op for layer in graph.layers] == ["conv1d", "batchnorm1d", "leaky_relu", "avgpool1d", "flatten",
+                                                    "linear", "softmax_cross_entropy"]     # dropout(training=False)
+    assert graph.by_name["leaky_relu"].attrs["negative_slope"] == 0.2
+    rng = np.random.default_rng(6)
+    images, labels = rng.standard_normal((3, 2, 12)), rng.integers(0, 3, 3)
+    assert evaluate(graph, tmp_path / "sequence.h5", images, labels) == pytest.approx(
+        reference(source, images, labels), rel=1e-10)
+
+
+def test_the_command_line_routes_model_import_after_options():
+    from spmdcnn.cli import routed
+    assert routed(["--debug", "model", "import", "x.py:f"]) == ["--debug", "model-import", "x.py:f"]
+    assert routed(["model", "models/alexnet.yaml"]) == ["model", "models/alexnet.yaml"]
+
+
 @pytest.mark.parametrize("name", ZOO)
 def test_the_shipped_models_are_the_importers_and_move_torchvision_weights_both_ways(tmp_path, name):
     written = tmp_path / f"{name}.yaml"
@@ -106,6 +125,8 @@ def test_the_shipped_models_are_the_importers_and_move_torchvision_weights_both_
                                       "make such a choice a constructor argument"]),
     ("plain", ["2", "6", "6"], ["the network cannot take an input of 2x6x6", "at 'head.2'"]),
     ("absent", ["2", "6", "6"], ["has no function or class 'absent'"]),
+    ("sized", ["2", "3", "3"], ["module 'up' (ConvTranspose2d): is called with more than its input"]),
+    ("pooled_last", ["4", "4", "3"], ["call function 'adaptive_avg_pool2d'", "channels are not second"]),
 ])
 def test_what_cannot_be_imported_is_one_message_and_nothing_is_written(tmp_path, capsys, callable_, shape,
                                                                       fragments):

@@ -102,3 +102,57 @@ class Branching(nn.Module):
 
 def branching():
     return Branching()
+
+
+class Sequence(nn.Module):
+    """One spatial axis: average pooling (which has no divisor_override in 1D), functional leaky ReLU, a dropout
+    and a stochastic depth that evaluation turns off (training=False), a flatten written with its end axis."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(2, 4, 3, padding=1)
+        self.norm = nn.BatchNorm1d(4)
+        self.pool = nn.AvgPool1d(2)
+        self.flat = nn.Flatten(1, 2)
+        self.fc = nn.Linear(4 * 6, 3)
+
+    def forward(self, x):
+        x = nn.functional.leaky_relu(self.norm(self.conv(x)), 0.2)
+        x = nn.functional.dropout(self.pool(x), 0.3, False)
+        return self.fc(self.flat(x))
+
+
+def sequence():
+    torch.manual_seed(5)
+    return Sequence()
+
+
+class Sized(nn.Module):
+    """A transposed convolution told its output size: not an spmdcnn layer's input alone."""
+
+    def __init__(self):
+        super().__init__()
+        self.up = nn.ConvTranspose2d(2, 2, 3, stride=2)
+        self.fc = nn.Linear(2 * 8 * 8, 2)
+
+    def forward(self, x):
+        return self.fc(self.up(x, output_size=[8, 8]).flatten(1))
+
+
+def sized():
+    return Sized()
+
+
+class PooledLast(nn.Module):
+    """A global pool of a channels-last value: it would average over the wrong axes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        return self.fc(nn.functional.adaptive_avg_pool2d(x.permute(0, 2, 3, 1), 1).flatten(1))
+
+
+def pooled_last():
+    return PooledLast()
