@@ -6,7 +6,7 @@ from math import prod
 
 from ..io.yamlfile import FormatError, check_keys, read_yaml
 from . import opspec
-from .optable import ANSWERS_TARGETS, OPS, layer_groups, needs_gradient, window
+from .optable import ANSWERS_TARGETS, OPS, channels_whole, needs_gradient, window
 from .blocks import DATA, expand_layers
 
 _MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names", "torch_shapes"}
@@ -55,7 +55,7 @@ class Layer:
         ``(c0, c1)`` holds: those channels, or the whole axis where it holds the channels of one group (a grouped
         transposed convolution's weight, ``(C_in, C_out / groups, k...)``: its channels are never split)."""
         shape, axis = self.params.get(kind, self.buffers.get(kind)), self.param_axis(kind)
-        if axis and layer_groups(self) > 1:
+        if axis and channels_whole(self):
             return 0, shape[axis]
         return tuple(channels)
 

@@ -196,6 +196,13 @@ def output_grain(layer):
     return layer.out_shape[0] // groups if groups > 1 else 1
 
 
+def channels_whole(layer):
+    """Whether ``layer``'s output channels are never split: a grouped op whose weight holds them on another axis
+    than the first (a grouped transposed convolution's ``(C_in, C_out / groups, k...)``: a tile's groups would be
+    rows of axis 0, a shard no parameter layout has)."""
+    return layer_groups(layer) > 1 and any(layer.spec.param_axis(name) != 0 for name in layer.params)
+
+
 def tile_groups(layer, channels):
     """The groups a tile of output ``channels`` ``(k0, k1)`` holds (whole ones), 1 where the op has none."""
     return (channels[1] - channels[0]) // output_grain(layer) if layer_groups(layer) > 1 else 1

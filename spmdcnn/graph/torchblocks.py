@@ -22,7 +22,7 @@ def _snake(name):
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name).lower()
 
 
-def _argument(local, key):
+def _argument_name(local, key):
     return re.sub(r"\W", "_", f"{local}_{key}")
 
 
@@ -120,7 +120,7 @@ def blocked(layers, module_kinds):
                 if any(value != values[0] for value in values):
                     arg = columns.get(values)
                     if arg is None:     # a name of its own, though "a.b"/"c" and "a_b"/"c" spell alike
-                        arg = _argument(layer["name"], key)
+                        arg = _argument_name(layer["name"], key)
                         while arg in args:
                             arg += "_"
                         columns[values] = arg

@@ -23,7 +23,7 @@ class PoolGeometry:
     """Kernel, stride (default: the kernel) and per-side padding of a pooling window, one value per spatial axis
     (``rank`` of them: given, or the length of the first one given as a sequence, else 2)."""
 
-    __slots__ = ("kernel", "stride", "padding", "counts")
+    __slots__ = ("kernel", "stride", "padding", "counts", "_factors")
 
     def __init__(self, kernel, stride=None, padding=0, rank=None, counts=None):
         rank = rank or rank_of(kernel, stride, padding)
@@ -31,16 +31,22 @@ class PoolGeometry:
         self.stride = self.kernel if stride is None else ntuple(stride, rank, "stride")
         self.padding = sides(padding, rank)
         self.counts = counts    # per axis, the positions each output's window holds inside the input (None: all)
+        self._factors = {}      # (array module, dtype) -> the per-axis factors, made once for every step
 
     def rescaled(self, y, xp):
         """``y`` (divided by the kernel's positions) divided by its windows' own counts instead, in place."""
         if self.counts is None:
             return y
-        rank = len(self.kernel)
-        for axis, (counts, k) in enumerate(zip(self.counts, self.kernel)):
-            shape = [1] * (2 + rank)
-            shape[2 + axis] = len(counts)
-            y *= xp.asarray([k / c for c in counts], dtype=y.dtype).reshape(shape)
+        key = (xp.__name__, y.dtype)
+        if key not in self._factors:
+            rank, factors = len(self.kernel), []
+            for axis, (counts, k) in enumerate(zip(self.counts, self.kernel)):
+                shape = [1] * (2 + rank)
+                shape[2 + axis] = len(counts)
+                factors.append(xp.asarray([k / c for c in counts], dtype=y.dtype).reshape(shape))
+            self._factors[key] = factors
+        for factor in self._factors[key]:
+            y *= factor
         return y
 
     @property

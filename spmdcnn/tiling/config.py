@@ -11,7 +11,7 @@ import functools
 from dataclasses import dataclass
 from itertools import product
 
-from ..graph.optable import layer_groups, output_grain
+from ..graph.optable import channels_whole, output_grain
 from ..io.samples import AXES, axis_names
 from .boxes import part
 
@@ -37,9 +37,8 @@ def dims_of(layer):
 def keeps_groups(layer, degree):
     """Whether splitting ``layer``'s output channels ``degree`` ways keeps its groups whole (a grouped convolution's
     parts must: the op table's ``grouped``; any split does for other ops): every part's bounds fall on a group's.
-    A grouped op whose weight holds its output channels on another axis than the first (a grouped transposed
-    convolution: a tile's groups are rows of axis 0 there, a shard no parameter layout has) splits none."""
-    if layer_groups(layer) > 1 and any(layer.spec.param_axis(name) != 0 for name in layer.params):
+    A grouped transposed convolution splits none (``graph/optable.channels_whole``)."""
+    if channels_whole(layer):
         return degree == 1
     grain = output_grain(layer)
     return grain == 1 or all(part(layer.out_shape[0], degree, i)[0] % grain == 0 for i in range(1, degree))

@@ -37,6 +37,16 @@ def _trained(world, job, lines=None):
     return trainer.plan, trainer.run()["losses"]
 
 
+def _plan_file(world, cache, name, plan):
+    """``plan`` written by rank 0 under ``cache``; its path on every rank."""
+    path = None
+    if world.rank == 0:
+        path = os.path.join(cache, name)
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(plan.text)
+    return world.bcast(path)
+
+
 def _trial_job(data, plan="auto", trials=TRIALS, steps=12):
     job = _job(data, plan)
     job["steps"], job["trials"] = steps, dict(trials)
@@ -56,12 +66,7 @@ def test_the_trials_choose_among_the_models_best_and_the_run_equals_that_plan_al
             problems.append(f"data parallelism not timed: {timed}")
         if "plan auto: chose " not in text:
             problems.append("no choice logged")
-    path = None
-    if world.rank == 0:
-        path = os.path.join(cache, "chosen.yaml")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(plan.text)
-    path = world.bcast(path)
+    path = _plan_file(world, cache, "chosen.yaml", plan)
     _, alone = _trained(world, _trial_job(data, path, {"plans": 0}))
     if losses != alone:
         problems.append(f"trials changed the run: {losses} against {alone}")
@@ -103,12 +108,7 @@ def test_two_plans_too_close_to_tell_apart_run_off_and_the_run_equals_the_winner
         problems.append(f"no run-off of the first two: {timed}")
     if world.rank == 0 and not any("a run-off of the two" in line for line in lines):
         problems.append("the run-off not said:\n" + "\n".join(lines))
-    path = None
-    if world.rank == 0:
-        path = os.path.join(cache, "settled.yaml")
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(plan.text)
-    path = world.bcast(path)
+    path = _plan_file(world, cache, "settled.yaml", plan)
     _, alone = _trained(world, _trial_job(data, path, {"plans": 0}, steps=20))
     if losses != alone:
         problems.append(f"the run-off changed the run: {losses} against {alone}")
