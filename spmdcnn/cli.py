@@ -114,7 +114,7 @@ def cmd_train(args):
 def cmd_bench(args):
     from .comm import World
     from .runtime.bench import bench, describe_blas
-    world = World.create()
+    world = World.create().watch(args.watchdog)
     result = bench(args.model, args.batch, args.steps, args.warmup, args.dtype, args.backend, args.seed, args.plan,
                    world, args.machine, not args.json, tf32=args.tf32, transport=args.transport,
                    share_gpus=args.share_gpus, data=args.data, augment=args.augment, workers=args.workers,
@@ -138,11 +138,13 @@ def cmd_bench(args):
               f"(mean; the slowest rank)")
     ranks = f"{result['ranks']} rank{'s' * (result['ranks'] != 1)}"
     if result["ranks"] > 1 or result["bytes_transferred"]:
+        served = result["sync"]["mode"] == "parameter-server"
+        summed = "pushed and pulled through parameter servers" if served else "in allreduces"
         print(f"  {ranks}, {result['plan']}: per step and rank (mean) compute "
               f"{result['compute_s'] * 1e3:.1f} ms, transfer {result['transfer_s'] * 1e3:.1f} ms, sync "
               f"{result['sync_s'] * 1e3:.1f} ms ({result['sync_exposed_s'] * 1e3:.1f} ms of it exposed); moved "
               f"{_format_bytes(result['bytes_transferred'])} between layers "
-              f"and {_format_bytes(result['bytes_synced'])} in allreduces per step (all ranks)")
+              f"and {_format_bytes(result['bytes_synced'])} {summed} per step (all ranks)")
     if args.trace:
         print(f"  wrote the last timed iteration of {ranks} to {args.trace} (spmdcnn plot --trace {args.trace} "
               "draws it)")
@@ -155,7 +157,7 @@ def cmd_profile(args):
     from .cost.compute import Profile
     from .graph import load_model
     from .runtime.profile import default_path, device_name, profile
-    world = World.create()
+    world = World.create().watch(args.watchdog)
     node_ranks = world.node_ranks()
 
     def load():
@@ -185,7 +187,7 @@ def cmd_calibrate(args):
     from .cost.calibrate import calibrate, check_name, host_name, prepare_output, summary, to_json, write_machine
     from . import backend
     from .comm import choose_transport
-    world = World.create()
+    world = World.create().watch(args.watchdog)
     node_ranks = world.node_ranks()
     args.name = args.name or world.bcast(host_name() if world.rank == 0 else None)
 
@@ -249,6 +251,19 @@ def device_arguments(p, tf32=True, backend_help=None, transport_help=None):
         p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
                        help=transport_help)
     p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
+    p.add_argument("--watchdog", default="auto", type=watchdog_setting, metavar="auto|off|WARN[,ABORT]",
+                   help="on several ranks: seconds without progress before naming the ranks that hold the job up, "
+                        "and after that before ending it (default auto: 60 s or more, then 540 s or more; "
+                        "docs/architecture.md#when-a-rank-stalls)")
+
+
+def watchdog_setting(text):
+    """The :class:`~spmdcnn.comm.watchdog.Settings` of ``--watchdog`` (argparse reports a bad one)."""
+    from .comm.watchdog import Settings
+    try:
+        return Settings.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
 
 
 def _add_model_import(sub, common):

@@ -109,7 +109,8 @@ def print_prediction(title, prediction, plan, cost=None):
               f"{format_bytes(r.bytes_synced):>10}")
     s = prediction.summary()
     timeline = prediction.timeline
-    sums = "sums through parameter servers" if timeline is not None and timeline.served else "allreduces"
+    sums = ("pushes and pulls through parameter servers" if timeline is not None and timeline.served
+            else "allreduces")
     runtime = ""
     if s["runtime_s"] > 0:
         runtime = f" + the runtime's own work {_ms(s['runtime_s'])}"
@@ -229,8 +230,9 @@ def cmd_plan_trials(args):
     from .runtime.autoplan import choose, propose
     from .runtime.trials import TrialSettings
     from .sizes import parse_size
+    from .comm.watchdog import Settings
     from .tiling.plan import parse_plan_text
-    world = World.create()
+    world = World.create().watch(Settings())
     say = print if world.rank == 0 else (lambda line: None)
     if args.trials < 2:
         raise ValueError(f"--trials {args.trials}: time 2 or more plans (without --trials the model chooses)")

@@ -80,6 +80,20 @@ def test_data_parallelism_moves_what_figure_8_counts():
         assert parameters / 2 ** 30 == pytest.approx(paper_data.TRANSFERRED_GIB[name]["data"][-1], rel=0.005)
 
 
+def test_every_byte_count_of_a_server_machine_counts_the_push_and_the_pull():
+    """Under ``sync: parameter-server`` a plan's ``bytes_synced`` is the gradients pushed and the sums pulled, as
+    Figure 8 counts them (2 x parameters x GPUs for data parallelism: 7.8 GB for the paper's AlexNet on 16 GPUs),
+    for any plan of a network without batch norm."""
+    for name in ("alexnet", "vgg16"):
+        graph = PAPER.graph(name)
+        cost = settings.calibrated_cost(PAPER, graph, 16, 1.0)
+        for plan in (named(strategy, graph, 512, 16) for strategy in ("data", "owt", "model")):
+            _, _, parameters = settings.bytes_as_the_paper_counts(cost, plan)
+            assert cost.simulate(plan).summary()["bytes_synced"] == pytest.approx(parameters, rel=1e-12), plan.source
+            if plan.source == "plan data":
+                assert parameters == 2 * 16 * graph.num_params * 4
+
+
 def test_table_5s_plan_is_the_papers():
     graph = PAPER.graph("vgg16")
     plan = settings.table5_plan(graph, 4)

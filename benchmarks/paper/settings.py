@@ -43,6 +43,7 @@ class PushAndPull:
     """A parameter server's push and pull as one sum on the communication lane (:class:`ServersOverlapped`)."""
 
     server: ParameterServer
+    ways = ParameterServer.ways     # bytes moved: the push and the pull
 
     def allreduce(self, size, nbytes):
         """Seconds of the push and the pull of ``nbytes`` over the ``size`` devices of the group."""

@@ -164,6 +164,7 @@ def measure_link(world, kind, partner, sizes, repeats, warmup, max_batch, xp=np)
     mine = []
     for size in sizes:
         batch = max(1, min(max_batch, BATCH_BYTES // size))
+        world.board.at("calibrate", f"{kind} links, {size:,} bytes")      # where this rank is, for the watchdog
         mine.append(_exchange_seconds(world, partner[world.rank], send[:size], receive[:size], repeats, warmup,
                                       batch))
     everyone = [times for times in world.allgather(mine) if times[0] is not None]
@@ -299,6 +300,7 @@ def measure_allreduces(world, quick=False, xp=np):
     for level, groups in allreduce_groups(where.node_of, topology.levels[0] if topology.levels else None).items():
         seconds = []
         for ranks in groups:
+            world.board.at("calibrate", f"allreduces over {len(ranks)} ranks ({level})")
             member = world.rank in ranks
             sub = world.comm.Split(0 if member else mpi().UNDEFINED, key=world.rank)
             if member:

@@ -11,6 +11,7 @@ from ..backend import array_module
 from .errors import CollectiveError
 from .server import Pull, push
 from .transport import HostTransport, mpi
+from .watchdog import Board, Watchdog
 
 _HOST = HostTransport()         # the parameter server's transfers: MPI on host memory, whatever the job's transport
 
@@ -137,6 +138,8 @@ class World:
         self.subcomms = {}          # sorted ranks -> sub-communicator (None where this rank is not a member)
         self.lanecomms = {}         # sorted ranks -> its twin for gradient buckets (members only)
         self.transport = HostTransport()     # replaced by the job's choice (comm.transport.choose)
+        self.board = Board()        # where this rank is, for the watchdog (:mod:`.watchdog`)
+        self.watchdog = None
 
     @classmethod
     def create(cls):
@@ -153,6 +156,26 @@ class World:
 
     def reset(self):
         self.counters = Counters()
+
+    def watch(self, settings):
+        """Start the stall watchdog (:mod:`.watchdog`; ``settings``: a :class:`~.watchdog.Settings`); collective.
+        Nothing to watch on one rank."""
+        if self.size > 1 and settings.on and self.watchdog is None:
+            self.watchdog = Watchdog(self, settings).start()
+        return self
+
+    def watch_comm(self):
+        """The watchdogs' own communicator (collective the first time; one for every watchdog of this world, so
+        that a run after a run makes none)."""
+        if getattr(self, "_watch_comm", None) is None:
+            self._watch_comm = self.comm.Dup()
+        return self._watch_comm
+
+    def unwatch(self):
+        """Stop this rank's watchdog (each rank alone)."""
+        if self.watchdog is not None:
+            self.watchdog.stop()
+            self.watchdog = None
 
     def local_rank(self):
         """This rank's index among the ranks on its node (collective the first time): a shared-memory split of
@@ -206,13 +229,15 @@ class World:
         start = time.perf_counter()
         host = _HOST.send_buffer(array)             # the array itself when it is a contiguous host one
         steps = push(host, comm, nodes, _HOST, index)
-        return Served(self.counters, Pull(host, comm, steps, mpi(), index), start, array.nbytes,
+        # bytes: the push and the pull, each the array's (as the cost model counts a server's sum)
+        return Served(self.counters, Pull(host, comm, steps, mpi(), index), start, 2 * array.nbytes,
                       None if host is array else array)
 
     def allgather_array(self, array, comm):
         """The ``array`` of every rank of ``comm``, stacked in rank order: ``(size,) + array.shape``, on the host
         (small arrays: batchnorm's statistics; a device array is copied down and the result copied up)."""
         host = np.ascontiguousarray(array.get() if not isinstance(array, np.ndarray) else array)
+        self.board.note("batch-norm statistics")
         out = np.empty((comm.Get_size(),) + host.shape, dtype=host.dtype)
         start = time.perf_counter()
         comm.Allgather(host, out)

@@ -146,8 +146,10 @@ def calibrate(world, name="local", quick=False, xp=np):
     each rank's GPU). ``quick``: fewer sizes, shapes and repetitions (seconds, for tests)."""
     check_name(name)
     start = time.perf_counter()
+    world.board.stage("calibrate", slow=True)        # where this rank is, for the watchdog
     where, links = measure_links(world, quick, xp)
     allreduces = measure_allreduces(world, quick, xp)
+    world.board.at("calibrate", "the device's rates")
     rates = world.allgather(device_rates(quick, world.barrier, xp))    # every rank at once: training's contention
     device = Device(rates[0]["name"],
                     *(statistics.fmean(r[key] for r in rates) for key in ("flops", "memory_bandwidth", "overhead")),

@@ -84,6 +84,7 @@ class Regimes:
 
     small: Link
     large: Link
+    ways = 1        # bytes a member counts per byte of gradients: its contribution to the sum
 
     def allreduce(self, size, nbytes):
         """Seconds of summing ``nbytes`` over ``size`` devices: the faster of the two algorithms."""
@@ -94,8 +95,7 @@ class Regimes:
         return min(doubling, ring)
 
     def allgather(self, size, nbytes):
-        """Seconds of gathering ``nbytes`` from each of ``size`` devices on all of them (recursive doubling or a
-        ring, the faster)."""
+        """Seconds of gathering ``nbytes`` from each of ``size`` devices on all of them (doubling or ring)."""
         if size < 2:
             return 0.0
         doubling = math.ceil(math.log2(size)) * self.small.latency + (size - 1) * nbytes / self.small.bandwidth
@@ -113,11 +113,11 @@ class ParameterServer:
     spans): the paper's simulator's ``t_s = W (g - 1) / B_intra + W (n - 1) / B_inter``. The push is on the
     critical path (backward goes on once the server has the sum); the pull goes the other way over the same links
     while backward goes on, and takes as long."""
-
     within: int
     across: int
     intra: Link
     inter: Link
+    ways = 2        # bytes a member moves per byte of gradients: its push and its pull
 
     def allreduce(self, size, nbytes):
         """Seconds of one way of ``nbytes`` between the ``size`` devices of the group and their server."""

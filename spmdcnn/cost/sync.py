@@ -21,7 +21,8 @@ STAT_BYTES = 8      # batchnorm's statistics are float64 whatever the activation
 @dataclass(frozen=True)
 class Sync:
     seconds: float
-    bytes: float        # bytes all devices contribute to the allreduces (as the runtime counts them)
+    bytes: float        # bytes all devices contribute to the allreduces, or push and pull through servers (as the
+                        # runtime counts them)
     points: int = 0     # allreduces a device waits in (each a point where the ranks synchronize)
     forward: float = 0.0    # the part of ``seconds`` spent in forward (batchnorm's gather)
     gradient: float = 0.0   # the part of ``seconds`` that sums parameter gradients (ghost batch norm's)
@@ -82,8 +83,9 @@ class SyncModel:
                 forward = max(forward, gather)
                 contributed = 5 * rows * STAT_BYTES
             else:
-                contributed = rows * per_row * max(itemsize, 4)     # float32 master gradients under bfloat16
-                time = summer.allreduce(size, contributed)
+                gradients = rows * per_row * max(itemsize, 4)       # float32 master gradients under bfloat16
+                time = summer.allreduce(size, gradients)
+                contributed = gradients * summer.ways                # a server's: pushed and pulled
             seconds = max(seconds, time)
             nbytes += count * size * contributed
         points = (2 if batchnorm else 1) if nbytes else 0
@@ -121,8 +123,9 @@ class SyncModel:
             if not site.whole:
                 replicas = next(g for g in config.replicas().values() if device in g)
                 params = 2 * rows * max(self.itemsize, 4)      # float32 master gradients under bfloat16
-                gradient = max(gradient, self.machine.gradient_sum(replicas).allreduce(len(replicas), params))
-                nbytes += params + 2 * rows * STAT_BYTES      # gamma and beta's gradients; running statistics
+                summer = self.machine.gradient_sum(replicas)
+                gradient = max(gradient, summer.allreduce(len(replicas), params))
+                nbytes += params * summer.ways + 2 * rows * STAT_BYTES      # gamma's and beta's; running statistics
         found = self._syncs[key] = Sync(seconds + gradient, float(nbytes), points, forward, gradient)
         return found
 

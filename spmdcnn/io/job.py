@@ -89,6 +89,7 @@ SCHEMA = {
     "eval": {
         "every": ((int, type(None)), None),  # steps between evaluations of data.val (and always at the end)
     },
+    "watchdog": ((bool, dict), True),        # true, false, or {warn: S, abort: S} (comm/watchdog.py)
 }
 _CHOICES = {
     ("data", "kind"): ("hdf5", "synthetic"),
@@ -298,6 +299,7 @@ def parse_job(values, source="<job>", overrides=()):
     check(job["log"]["progress"] in ("auto", True, False), "log.progress",
           f"'log.progress' must be auto, true or false, got {job['log']['progress']!r}")
     _check_batchnorm(job, where)
+    _check_watchdog(job["watchdog"], where)
     check(job["sync"]["bucket_mb"] > 0, "sync.bucket_mb",
           f"'sync.bucket_mb' must be a positive number (MiB), got {job['sync']['bucket_mb']}")
     _check_plan(job["plan"], where)
@@ -340,6 +342,24 @@ def _check_batchnorm(job, where):
     if job["batch_size"] % group:
         raise FormatError(f"{where(('batchnorm', 'group'))}: 'batchnorm.group' ({group}) must divide "
                           f"'batch_size' ({job['batch_size']}): the groups are consecutive samples of the batch")
+
+
+def _check_watchdog(spec, where):
+    """``watchdog``: true, false, or ``{warn: S, abort: S}`` with S a positive number of seconds, auto or null
+    (``abort: false``: warn only)."""
+    if isinstance(spec, bool):
+        return
+    for key, value in spec.items():
+        path = ("watchdog", key)
+        if key not in ("warn", "abort"):
+            raise FormatError(f"{where(path)}: unknown key 'watchdog.{key}'{_nearest(str(key), ('warn', 'abort'))} "
+                              "(allowed here: abort, warn)")
+        value = _number(value) if isinstance(value, str) and value != "auto" else value
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (value in (None, "auto") or (number and value > 0) or (key == "abort" and value is False)):
+            allowed = "a positive number of seconds" + (", auto or false (warn only)" if key == "abort" else " or auto")
+            raise FormatError(f"{where(path)}: 'watchdog.{key}' must be {allowed}, got {value!r}")
+        spec[key] = float(value) if number else value
 
 
 def _check_plan(plan, where):

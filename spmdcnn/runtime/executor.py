@@ -198,8 +198,10 @@ class Executor:
         loss_table = np.zeros(self.graph.loss_table(batch.size))
         per_class = self.graph.classes_scored and not training      # IoU and Dice: evaluation's alone
         table = np.zeros((3, self.graph.num_classes if per_class else 0))
+        board = self.world.board        # where this rank is, for the stall watchdog (comm/watchdog.py)
         for site in self.program.sites.values():
             layer = site.layer
+            board.at("forward", layer.name, "its input exchange" if site.exchange is not None else None)
             started = perf_counter()
             inputs = self._gather_inputs(site, outputs, batch)
             if self.trace is not None and site.exchange is not None:
@@ -218,6 +220,7 @@ class Executor:
                 if classes is not None:
                     table = backend.to_numpy(classes)
                 xs.append(answers)
+            board.note("computing")
             started = perf_counter()
             y, saved = site.kernel.forward(xs, run)
             if self.trace is not None:
@@ -233,6 +236,7 @@ class Executor:
             if layer.name in keep:
                 kept[layer.name] = y
         extra = () if also is None else also.tolist()
+        board.at("loss")
         loss, counted, correct, *summed = self.world.sum_scalars(loss, counted, correct, *table.ravel().tolist(),
                                                                  *loss_table.ravel().tolist(), *extra)
         if also is not None:
@@ -266,6 +270,7 @@ class Executor:
         flat = self.grads.flat
         overlapping = self.sync.overlapping
         pending, kept, inflight = {}, {}, []
+        board = self.world.board
         if program.sites[graph.loss.name].box is not None:
             pending[graph.loss.name] = self._gloss
         for site in reversed(program.sites.values()):
@@ -275,6 +280,7 @@ class Executor:
                 continue
             slots = site.grad_slots
             gxs = {}
+            board.at("backward", layer.name, "computing" if site.kernel is not None else None)
             if site.kernel is not None:
                 gy = pending.pop(layer.name)
                 if layer.name in keep:
@@ -283,12 +289,14 @@ class Executor:
                 gxs = dict(enumerate(site.kernel.backward(gy, saved)))
                 if self.trace is not None:
                     self.trace.span(layer.name, "backward", started)
-                if overlapping:     # a server's push is done when it returns (critical), its pull in flight
+                if overlapping and layer.name in program.ready:
+                    board.note("starting its gradient sums")    # a server's push is done when it returns
                     inflight += [(b, b.start_sum(flat[b.start:b.stop])) for b in program.ready.get(layer.name, ())]
             for _, sum_ in inflight:
                 sum_.test()             # lets MPI progress them between layers
             if not slots:
                 continue
+            board.note("its gradient exchange")
             started = perf_counter()
             back = site.exchange.adjoint({s: gxs[s] for s in slots if s in gxs}, site.input_tiles, slots)
             if self.trace is not None:
@@ -301,10 +309,12 @@ class Executor:
             inflight = [(b, b.start_sum(flat[b.start:b.stop])) for b in program.buckets]
         if update is not None and self.trace is not None:
             update = self.trace.timed(update, "update")
+        board.at("gradients")
         if update is not None:
             for start, stop in program.local:
                 update(start, stop)
-        for bucket, sum_ in inflight:
+        for number, (bucket, sum_) in enumerate(inflight, 1):
+            board.note(f"bucket {number} of {len(inflight)}")
             sum_.wait()
             if update is not None:
                 update(bucket.start, bucket.stop)

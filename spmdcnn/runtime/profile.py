@@ -193,6 +193,7 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
     on standard output (:class:`~spmdcnn.progress.Progress`). ``reads``: a :class:`JobReads` (``plan: auto``'s
     job): the data-parallel calibration then reads the job's batches as its run will, and the profile's entry for
     this model says so (another job's reads measure it again)."""
+    world.board.stage("profile", slow=True, name="tile shapes")     # where this rank is, for the watchdog
     count = _measure_tiles(profile_store, *shapes_to_profile(graph, batch, devices), world, xp, dtype, repeats, log,
                            progress)
     key = reference_key(graph, batch, devices, world.size)
@@ -202,6 +203,7 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
         whole = {layer.name: [ParallelConfig((1,) * len(output_shape(layer, sample)), (0,))] for layer in graph.layers}
         count += _measure_tiles(profile_store, *shapes_to_profile(graph, sample, 1, whole), world, xp, dtype,
                                 repeats, None)
+        world.board.stage("profile", slow=True, name="the reference iteration")
         measured = max(world.allgather(reference_iteration(graph, sample, xp, dtype, world)))
         isolated = sum(ComputeModel(Device(), profile_store).layer_seconds(layer, whole[layer.name][0], sample)
                        for layer in graph.layers) / profile_store.factor
@@ -209,6 +211,7 @@ def profile(graph, batch, devices, world, profile_store, xp=np, dtype=np.float32
                                                   "drift": 0.0}
         if reads is not None:
             reference["reads"] = reads.describe()
+        world.board.stage("profile", slow=True, name="data-parallel steps")
         found = _synchronize(graph, sample * world.size, world, xp, dtype, machine, profile_store, reference, reads)
         if log:
             log(reference_text(reference, sample, batch, devices, world.size, profile_store.restricted(key).factor,
@@ -466,6 +469,7 @@ def _measure_tiles(profile_store, shapes, updates, world, xp, dtype, repeats, lo
         rounds = -(-len(jobs) // world.size)
         for count, i in enumerate(range(world.rank, rounds * world.size, world.size), 1):
             if world.size > 1:
+                world.board.at("profile", f"tile shapes, round {count} of {rounds}")
                 world.barrier()         # each round starts together: as many on every rank
             if i >= len(jobs):
                 continue

@@ -3,7 +3,6 @@
 
 import json
 import os
-import sys
 import time
 from functools import cached_property
 
@@ -11,6 +10,7 @@ import numpy as np
 
 from .. import backend, cores_per_rank
 from ..comm import World, choose_transport
+from ..comm.watchdog import Settings as WatchdogSettings
 from ..comm.transport import check as check_transport
 from ..cost.buckets import SyncOptions
 from ..cost.machine import load_machine
@@ -22,7 +22,6 @@ from ..io.dataset import DataError, held_out_problems, open_checked
 from ..io.synthetic import SYNTHETIC_SAMPLES, SyntheticData
 from ..io.prefetch import AUTO_MIN_READ_S, Loader
 from ..io.workers import CLOSE_GRACE_S
-from ..progress import Progress, is_terminal
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
 from .profile import JobReads
@@ -31,10 +30,12 @@ from .evaluate import evaluate, evaluation_loader
 from .executor import Executor
 from .optimizer import SGD
 from .paths import check_inputs, check_outputs, data_to_make, prepare_outputs
-from .resume import check_resumable, state_for, trim_metrics
+from .metrics import STRAGGLER, Interval, open_metrics, stragglers, training_progress
+from .resume import check_resumable, state_for
 from .schedule import learning_rate
 from .shards import gather_global, restore, share_checkpoint
 from .signals import Signals
+
 
 
 def make_data(job, graph, scan_masks=True):
@@ -109,6 +110,7 @@ class Trainer:
         self.bar = self.rank == 0 and log is None         # a progress bar while training (log.progress)
         try:
             self.world.agree(self._check)             # the whole job, before anything is written
+            self.world.watch(WatchdogSettings.of(job["watchdog"]))     # a stalled rank named, the job ended
             self.world.agree(lambda: prepare_outputs(job, self.log, self.graph) if self.rank == 0 else None)
             ckpt = self.world.agree(self._open)
             self.complete = self.world.bcast(self._complete(ckpt))
@@ -235,8 +237,9 @@ class Trainer:
                  f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
         history, evaluated, stopped, failed = [], None, None, True
         written = self.start_step or None       # a resumed run starts from a checkpoint of this step
-        interval = _Interval()
+        interval = Interval(self._waits())
         step = self.start_step
+        self.world.board.typical = self.step_predicted_s
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
         every, eval_every = job["log"]["every"], job["eval"]["every"]
 
@@ -249,7 +252,7 @@ class Trainer:
                 self.log = self.progress.write
         try:
             if self.rank == 0:
-                metrics = _open_metrics(job["log"]["metrics"], self.start_step)
+                metrics = open_metrics(job["log"]["metrics"], self.start_step)
             self.loader = self._loader(step)
             while step < self.total_steps:
                 self.optimizer.lr = learning_rate(job["optimizer"], step, self.total_steps)
@@ -267,7 +270,7 @@ class Trainer:
                     elapsed = time.perf_counter() - interval.start
                     evaluated = self._evaluate() if evaluate_now else None
                     self._report(step, loss, interval, elapsed, evaluated, metrics)
-                    interval = _Interval()
+                    interval = Interval(self._waits())
                 if signalled:
                     stopped = None if end else signalled
                     if end:
@@ -341,8 +344,15 @@ class Trainer:
         """The step the plan's prediction gives with reading its batch (where a step reads its own), or None."""
         return self.plan.predicted_s + self.read_s if self.plan.predicted_s else None
 
+    def _waits(self):
+        """Seconds this rank has spent waiting for the others so far: in exchanges and in sums."""
+        counters = self.world.counters
+        return counters.transfer_s + counters.sync_exposed_s
+
     def _close(self, failed=True):
-        """Close the data (after an error, the workers are killed without finishing their reads)."""
+        """Close the data (after an error, the workers are killed without finishing their reads) and stop the
+        watchdog."""
+        self.world.unwatch()
         for loader in (self.loader, self.val_loader):
             if loader is not None:
                 loader.close(grace=0 if failed else CLOSE_GRACE_S)
@@ -353,6 +363,7 @@ class Trainer:
 
     def _evaluate(self):
         """The evaluation of ``data.val``; its workers are started at the first and kept for the next ones."""
+        self.world.board.stage("evaluation", slow=True)
         if self.val_loader is None:
             spec = self.job["data"]
             self.val_loader = evaluation_loader(self.executor, self.val, self.batch, self.read_dtype,
@@ -364,6 +375,7 @@ class Trainer:
         """``(loss, score, seconds waited for the batch, flags)`` of one training step; the ``signals``' flags
         (:meth:`_Signals.flags`, when given) as they were before the loss was summed, summed over the ranks."""
         executor = self.executor
+        self.world.board.stage("data", step, slow=step == self.start_step)     # a first step compiles, fills caches
         batch, waited = self.loader.next(step)
         flags = signals.flags() if signals is not None else None
         loss, correct, _ = executor.forward(batch, step=step, also=flags)
@@ -375,8 +387,10 @@ class Trainer:
 
     def _report(self, step, loss, interval, elapsed, evaluated, metrics):
         count = len(interval.losses)
-        # the slowest rank's wait for its batches (the others wait for it at the next exchange)
-        waited = max(self.world.allgather(interval.waited)) if self.world.size > 1 else interval.waited
+        # each rank's wait for its batches and its work (the time it did not wait for the others)
+        work = elapsed - (self._waits() - interval.waits)
+        ranks = self.world.allgather((interval.waited, work)) if self.world.size > 1 else [(interval.waited, work)]
+        waited = max(w for w, _ in ranks)       # the slowest rank's (the others wait for it at the next exchange)
         metric, short = self._metric
         record = {"step": step, "epoch": (step - 1) // self.steps_per_epoch, "loss": loss,
                   "loss_avg": float(np.mean(interval.losses)) if count else loss,
@@ -384,7 +398,8 @@ class Trainer:
                   "images_per_s": count * self.batch / elapsed if count else None, "lr": self.optimizer.lr,
                   "step_s": elapsed / count if count else None,
                   "data_wait_s": waited / count if count else None,
-                  "predicted_step_s": self.step_predicted_s, "predicted_plan_s": self.plan.predicted_s}
+                  "predicted_step_s": self.step_predicted_s, "predicted_plan_s": self.plan.predicted_s,
+                  **stragglers([w for _, w in ranks], count)}
         line = (f"step {step:>6}/{self.total_steps}  epoch {record['epoch']}  loss {loss:.4f}  "
                 f"(avg {record['loss_avg']:.4f})  {short} {record[metric]:.3f}  "
                 f"{record['images_per_s']:.1f} images/s  {record['step_s'] * 1e3:.1f} ms/step")
@@ -392,6 +407,9 @@ class Trainer:
             line += f" (predicted {record['predicted_step_s'] * 1e3:.1f})"
         if count:
             line += f"  data wait {record['data_wait_s'] * 1e3:.1f} ms/step"
+        if record["slowest_rank"] is not None and record["work_slowest_s"] > (1 + STRAGGLER) * record["work_others_s"]:
+            line += (f"  slowest rank {record['slowest_rank']}: {record['work_slowest_s'] * 1e3:.1f} ms of work/step, "
+                     f"the others {record['work_others_s'] * 1e3:.1f}")
         if evaluated is not None:
             record["val_loss"], record[f"val_{metric}"] = evaluated[:2]
             if getattr(evaluated, "mean_iou", None) is not None:
@@ -400,6 +418,7 @@ class Trainer:
                 record["val_mae_constant"] = self.constant_mae
             line += f"  {self._held_out(evaluated)}"
         self.log(line)
+        self.world.board.typical = record["step_s"] or self.world.board.typical
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()
@@ -435,41 +454,10 @@ class Trainer:
 
     def _checkpoint(self, step):
         state = state_for(self.job, self.data, step, step // self.steps_per_epoch)
-        write_checkpoint(self.job["checkpoint"]["path"], self.executor, self.optimizer, state, self.plan.text,
-                         self.job["checkpoint"]["keep"])
-
-
-def training_progress(setting, total, start, stream=None):
-    """The bar of a training run on rank 0 (``log.progress``: ``auto`` draws it when standard output is a
-    terminal, ``true`` always, ``false`` never), or None. In a batch log the log lines say how far it is."""
-    stream = stream or sys.stdout
-    if setting == "auto":
-        setting = is_terminal(stream)
-    return Progress(total, "train", unit="steps", stream=stream, setting=True, initial=start) if setting else None
-
-
-class _Interval:
-    """Losses and right answers since the last log line."""
-
-    def __init__(self):
-        self.start, self.losses, self.correct, self.counted, self.waited = time.perf_counter(), [], 0, 0.0, 0.0
-
-    def add(self, loss, correct, waited=0.0, counted=0.0):
-        """``counted``: what the loss averaged over (labelled samples or positions, target values)."""
-        self.losses.append(loss)
-        self.correct += correct
-        self.counted += counted
-        self.waited += waited
-
-
-def _open_metrics(path, start_step):
-    """The metrics file: new for a new run; on resume, kept up to ``start_step`` and appended to."""
-    if not path:
-        return None
-    if start_step and os.path.exists(path):
-        trim_metrics(path, start_step)
-        return open(path, "a", encoding="utf-8")
-    return open(path, "w", encoding="utf-8")
+        path = self.job["checkpoint"]["path"]
+        self.world.board.stage("checkpoint", slow=True, name=path)
+        write_checkpoint(path, self.executor, self.optimizer, state, self.plan.text, self.job["checkpoint"]["keep"])
+        self.world.board.saved = f"{path} (step {step})"
 
 
 def train(job, log=None, world=None):

@@ -147,6 +147,7 @@ def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0
         for index in order:
             if index in errors:
                 continue
+            world.board.stage("trial", slow=True, name=proposed[index][0])      # for the watchdog
             taken = _timed(proposed[index][1], graph, batch, world, xp, dtype, warmup, count, seed, sync, batchnorm,
                            source, read_dtype)
             if isinstance(taken, str):

@@ -39,6 +39,24 @@ def test_bad_trials_are_named(tmp_path, trials, fragment):
     expect_error(write(tmp_path, MINIMAL + f"trials: {trials}\n"), fragment)
 
 
+@pytest.mark.parametrize("watchdog,fragment", [
+    ("{warn: 0}", "'watchdog.warn' must be a positive number of seconds or auto, got 0"),
+    ("{warn: false}", "'watchdog.warn' must be a positive number of seconds or auto"),
+    ("{abort: -5}", "'watchdog.abort' must be a positive number of seconds, auto or false (warn only)"),
+    ("{wran: 5}", "unknown key 'watchdog.wran' (did you mean 'warn'?)"), ("3", "'watchdog' must be")])
+def test_bad_watchdogs_are_named(tmp_path, watchdog, fragment):
+    expect_error(write(tmp_path, MINIMAL + f"watchdog: {watchdog}\n"), fragment)
+
+
+@pytest.mark.parametrize("text,value", [
+    ("false", False), ("true", True), ("{warn: 30}", {"warn": 30.0}), ("{warn: auto, abort: false}",
+                                                                     {"warn": "auto", "abort": False}),
+    ("{warn: 1e2, abort: 600}", {"warn": 100.0, "abort": 600.0})])
+def test_watchdog_values(tmp_path, text, value):
+    assert load_job(write(tmp_path, MINIMAL + f"watchdog: {text}\n"))["watchdog"] == value
+    assert load_job(write(tmp_path, MINIMAL), [f"watchdog={text}"])["watchdog"] == value
+
+
 def test_defaults_are_filled_in(tmp_path):
     job = load_job(write(tmp_path, MINIMAL))
     assert job == {
@@ -52,7 +70,7 @@ def test_defaults_are_filled_in(tmp_path):
         "plan": "auto", "memory": None, "machine": None, "backend": "auto", "dtype": "float32", "init": None,
         "trials": {"plans": 4, "steps": 6, "warmup": 2, "share": 0.1}, "transport": "auto", "share_gpus": False, "tf32": False,
         "checkpoint": {"path": None, "every": None, "keep": 1}, "resume": "auto", "seed": 0,
-        "log": {"every": 10, "metrics": None, "progress": "auto"}, "eval": {"every": None},
+        "log": {"every": 10, "metrics": None, "progress": "auto"}, "eval": {"every": None}, "watchdog": True,
     }
 
 
