@@ -1,4 +1,4 @@
-"""What a training run reports as it goes (docs/formats.md#metrics): its progress bar, the metrics file, the
+"""What a training run reports as it goes (docs/formats.md#metrics-files): its progress bar, the metrics file, the
 losses and waits of each log interval, and the ranks' spread of work per step (the straggler report)."""
 
 import os
