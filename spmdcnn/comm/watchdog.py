@@ -129,14 +129,6 @@ class Settings:
                  else factor * max(ABORT_FLOOR_S, ABORT_STEPS * steps))
         return warn, abort
 
-    def describe(self):
-        if not self.on:
-            return "off"
-        warn = f"{self.warn:g} s" if self.warn is not None else "auto"
-        if self.abort is False:
-            return f"warn after {warn}, never abort"
-        return f"warn after {warn}, abort {f'{self.abort:g} s' if self.abort is not None else 'auto'} later"
-
 
 class Watchdog:
     """The thread of one rank (:mod:`module docs <spmdcnn.comm.watchdog>`); :meth:`start` is collective."""
@@ -173,6 +165,7 @@ class Watchdog:
             self.stopping.set()
             self.thread.join()
             self.thread = None
+            atexit.unregister(self.stop)
 
     def _run(self):
         while not self.stopping.wait(self.beat):

@@ -37,7 +37,6 @@ from .shards import gather_global, restore, share_checkpoint
 from .signals import Signals
 
 
-
 def make_data(job, graph, scan_masks=True):
     """The training data; ``scan_masks``: whether to read every mask to check its values (one rank does)."""
     spec = job["data"]
@@ -268,8 +267,9 @@ class Trainer:
                                 and (end or (eval_every and step % eval_every == 0)))
                 if step % every == 0 or end or evaluate_now or signalled:
                     elapsed = time.perf_counter() - interval.start
+                    work = elapsed - (self._waits() - interval.waits)      # the time it did not wait for others
                     evaluated = self._evaluate() if evaluate_now else None
-                    self._report(step, loss, interval, elapsed, evaluated, metrics)
+                    self._report(step, loss, interval, elapsed, work, evaluated, metrics)
                     interval = Interval(self._waits())
                 if signalled:
                     stopped = None if end else signalled
@@ -385,10 +385,9 @@ class Trainer:
         executor.backward(update=self.optimizer.updater(executor.params.flat, executor.grads.flat))
         return loss, correct, waited, flags
 
-    def _report(self, step, loss, interval, elapsed, evaluated, metrics):
+    def _report(self, step, loss, interval, elapsed, work, evaluated, metrics):
         count = len(interval.losses)
         # each rank's wait for its batches and its work (the time it did not wait for the others)
-        work = elapsed - (self._waits() - interval.waits)
         ranks = self.world.allgather((interval.waited, work)) if self.world.size > 1 else [(interval.waited, work)]
         waited = max(w for w, _ in ranks)       # the slowest rank's (the others wait for it at the next exchange)
         metric, short = self._metric

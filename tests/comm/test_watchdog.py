@@ -1,5 +1,5 @@
 """The stall watchdog's parts that need no ranks: the board's places, the settings and thresholds, and the message
-that names the ranks holding a job up (tests/test_watchdog.py stops real ranks under mpiexec)."""
+that names the ranks holding a job up (tests/test_stalls.py stops real ranks under mpiexec)."""
 
 import io
 import time

@@ -29,8 +29,9 @@ def _stop_here(board):
     if (rank == RANK and not _stopped and kind == KIND and (NOTE == "-" or (note or "").startswith(NOTE))
             and (STEP == "-" or (step is not None and step >= int(STEP)))):
         _stopped.append(True)
-        print(f"stall_one_rank: rank {rank} stops at {board.where[2:6]}", file=sys.stderr, flush=True)
         time.sleep(SETTLE_S)        # hangs there long enough for its watchdog to send where it is, then stops
+        print(f"stall_one_rank: rank {rank} stops at {board.where[2:6]} at {time.time():.3f}", file=sys.stderr,
+              flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -56,7 +57,8 @@ def write_group(group, arrays):
         group.file.flush()
         time.sleep(SETTLE_S)
         _stopped.append(True)
-        print("stall_one_rank: stops halfway through writing a checkpoint", file=sys.stderr, flush=True)
+        print(f"stall_one_rank: stops halfway through writing a checkpoint at {time.time():.3f}", file=sys.stderr,
+              flush=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
