@@ -116,8 +116,10 @@ def test_a_rank_stopped_halfway_through_a_checkpoint_leaves_the_last_one_whole(t
     result, stopped = _stalled(2, (0, "writing", 2, "-"), "train", job, "--set", "plan=owt")
     _check_ended(result, stopped, 0, "writing the checkpoint")
     assert f"The last checkpoint, {tmp_path / 'half.h5'} (step 5), is untouched." in result.stderr
-    assert any(name.endswith(".tmp") for name in os.listdir(tmp_path))     # the half-written file, aside
-    assert _resumable(tmp_path, "half") == 5
+    aside = any(name.endswith(".tmp") for name in os.listdir(tmp_path))      # the half-written file
+    # MPICH kills the stopped rank; Open MPI's launcher may wake it first (SIGCONT, SIGTERM, then SIGKILL), and it
+    # may then finish the file: either way the checkpoint at the path is whole
+    assert (_resumable(tmp_path, "half"), aside) in ((5, True), (10, False))
 
 
 def test_a_rank_waiting_on_a_stopped_data_worker_is_named(tmp_path):
