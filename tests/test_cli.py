@@ -463,6 +463,25 @@ def test_bench_names_the_blas_without_threadpoolctl_and_says_where_it_wrote_the_
     assert f"wrote the last timed iteration of 1 rank to {trace} (spmdcnn plot --trace {trace} draws it)" in out
 
 
+def test_a_run_says_what_blas_each_rank_runs(monkeypatch):
+    """Training's start-up line: the BLAS once when every rank runs the same, else each with its ranks; a GPU rank's
+    host BLAS is not said."""
+    from types import SimpleNamespace
+
+    from spmdcnn.runtime import bench
+    found = {0: "openblas 0.3.31 SkylakeX x1", 1: "openblas 0.3.31 SkylakeX x1", 2: "mkl 2025 x2"}
+
+    def world(ranks, host=None):
+        return SimpleNamespace(allgather=lambda mine: [found[r] if host is None or r in host else None
+                                                       for r in range(ranks)])
+    assert bench.blas_of_ranks(world(2)) == "openblas 0.3.31 SkylakeX x1 on every rank"
+    assert bench.blas_of_ranks(world(3)) == "openblas 0.3.31 SkylakeX x1 on ranks 0, 1; mkl 2025 x2 on rank 2"
+    assert bench.blas_of_ranks(world(2, host={1})) == "openblas 0.3.31 SkylakeX x1 on rank 1"
+    assert bench.blas_of_ranks(world(2, host=set())) == ""
+    one = SimpleNamespace(allgather=lambda mine: [mine])
+    assert bench.blas_of_ranks(one) == bench.describe_blas(bench.blas_info())
+
+
 def test_a_missing_file_suggests_the_one_meant_and_a_shipped_machine_goes_by_its_name(capsys):
     code, _, err = call(capsys, "model", "models/alexnet.yml")
     assert code == 2 and "models/alexnet.yml: model file not found (did you mean models/alexnet.yaml?)" in err

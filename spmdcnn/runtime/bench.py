@@ -60,6 +60,20 @@ def describe_blas(found):
     return ", ".join(words)
 
 
+def blas_of_ranks(world, host=True):
+    """What BLAS each rank of ``world`` runs (library, version, kernel, threads), in words, each once with its ranks;
+    ``host``: whether this rank computes on the host (a GPU rank's host BLAS is not said). Collective."""
+    everyone = world.allgather(describe_blas(blas_info()) if host else None)
+    ranks = {}
+    for rank, text in enumerate(everyone):
+        if text is not None:
+            ranks.setdefault(text, []).append(rank)
+    if len(ranks) == 1 and len(everyone) > 1 and None not in everyone:
+        return f"{next(iter(ranks))} on every rank"
+    return "; ".join(text + (f" on rank{'s' * (len(where) > 1)} {', '.join(map(str, where))}"
+                             if len(everyone) > 1 else "") for text, where in ranks.items())
+
+
 class _Fed:
     """``bench --data``'s batches: called with the executor (:func:`~spmdcnn.runtime.profile.training_step`'s
     ``feed``), it starts a loader of this rank's reads and gives the function of the step index that takes them,

@@ -24,6 +24,7 @@ from ..io.prefetch import AUTO_MIN_READ_S, Loader
 from ..io.workers import CLOSE_GRACE_S
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
+from .bench import blas_of_ranks
 from .profile import JobReads
 from .trials import TrialSettings
 from .evaluate import evaluate, evaluation_loader
@@ -234,6 +235,9 @@ class Trainer:
         self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
                  f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
                  f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
+        blas = blas_of_ranks(self.world, host=self.xp is np)     # what the host computes with (collective)
+        if blas:
+            self.log(f"BLAS: {blas}")
         history, evaluated, stopped, failed = [], None, None, True
         written = self.start_step or None       # a resumed run starts from a checkpoint of this step
         interval = Interval(self._waits())
