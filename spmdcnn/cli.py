@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from . import __version__
-from .cli_files import add_file_commands, ahead_arg, augment_arg, count_arg
+from .cli_files import add_file_commands, ahead_arg, augment_arg, count_arg, watchdog_setting
 from .cli_plans import add_plan_commands, batchnorm_option, sync_arguments, sync_options
 from .sizes import format_bytes as _format_bytes
 
@@ -255,15 +255,6 @@ def device_arguments(p, tf32=True, backend_help=None, transport_help=None):
                    help="on several ranks: seconds without progress before naming the ranks that hold the job up, "
                         "and after that before ending it (default auto: 60 s or more, then 540 s or more; "
                         "docs/architecture.md#when-a-rank-stalls)")
-
-
-def watchdog_setting(text):
-    """The :class:`~spmdcnn.comm.watchdog.Settings` of ``--watchdog`` (argparse reports a bad one)."""
-    from .comm.watchdog import Settings
-    try:
-        return Settings.parse(text)
-    except ValueError as error:
-        raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
 
 
 def _add_model_import(sub, common):

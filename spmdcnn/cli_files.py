@@ -1,9 +1,19 @@
 """The ``spmdcnn checkpoint`` and ``spmdcnn data`` commands: checkpoints and datasets, in and out."""
 
+import argparse
 import json
 import os
 
 from .io.samples import axes_text, kind
+
+
+def watchdog_setting(text):
+    """The :class:`~spmdcnn.comm.watchdog.Settings` of ``--watchdog`` (argparse reports a bad one)."""
+    from .comm.watchdog import Settings
+    try:
+        return Settings.parse(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
 
 
 def cmd_checkpoint(args):

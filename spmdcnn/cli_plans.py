@@ -7,7 +7,7 @@ profile of this machine that a job of that many ranks here would use), or the an
 import json
 import os
 
-from .cli_files import positive_float
+from .cli_files import positive_float, watchdog_setting
 from .planner.idle import idle_note
 from .sizes import format_against, format_bytes
 
@@ -230,9 +230,8 @@ def cmd_plan_trials(args):
     from .runtime.autoplan import choose, propose
     from .runtime.trials import TrialSettings
     from .sizes import parse_size
-    from .comm.watchdog import Settings
     from .tiling.plan import parse_plan_text
-    world = World.create().watch(Settings())
+    world = World.create().watch(args.watchdog)
     say = print if world.rank == 0 else (lambda line: None)
     if args.trials < 2:
         raise ValueError(f"--trials {args.trials}: time 2 or more plans (without --trials the model chooses)")
@@ -253,6 +252,7 @@ def cmd_plan_trials(args):
         best = make_plan(graph, args.devices, cost, "optimal", memory=limit, tie=tie, tie_source=tie_source)
         return propose(best, cost, settings, limit, say)
     say(source)
+    world.board.stage("plan", slow=True, name="the search on rank 0")      # the others wait: for the watchdog
     proposed = [(label, parse_plan_text(text, graph, args.batch, args.devices, "plan --trials"), seconds)
                 for label, text, seconds in world.bcast(world.agree(search))]
     store = cost.compute.profile
@@ -261,6 +261,7 @@ def cmd_plan_trials(args):
     label, plan, predicted, chosen_by = choose(
         proposed, graph, args.batch, world, xp, dtype, settings, store if store is not None else _NoCache(),
         getattr(store, "path", None), say, cost.sync, batchnorm_option(args))
+    world.unwatch()             # the last collective: rank 0 goes on alone
     if world.rank != 0:
         return 0
     prediction = cost.simulate(plan)
@@ -463,6 +464,10 @@ def add_plan_commands(sub, common):
                    help="under mpiexec -n DEVICES: time the model's K best plans (data parallelism among them) for "
                         "a few steps each on these ranks, keep the fastest measured, and print predicted against "
                         "measured for each (docs/architecture.md#trials)")
+    p.add_argument("--watchdog", default="auto", type=watchdog_setting, metavar="auto|off|WARN[,ABORT]",
+                   help="with --trials on several ranks: seconds without progress before naming the ranks that hold "
+                        "the job up, and after that before ending it (default auto: 60 s or more, then 540 s or "
+                        "more; docs/architecture.md#when-a-rank-stalls)")
     cost_options(p)
     p.set_defaults(run=cmd_plan)
 

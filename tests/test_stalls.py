@@ -92,7 +92,7 @@ def test_a_stopped_rank_is_named_and_the_job_ends_with_its_checkpoint(tmp_path, 
     result, stopped = _stalled(ranks, where, "train", job, "--set", "plan=owt")
     line = _check_ended(result, stopped, where[0], words)
     assert (f"rank {where[0]} has not reached the point the other ranks wait at" in line
-            or f"rank {where[0]} went silent at the point the other ranks wait at" in line), line
+            or f"rank {where[0]} has gone silent at the point the other ranks wait at" in line), line
     assert f"not heard from: rank {where[0]} (stopped" in line, line
     _resumable(tmp_path, "stall", ranks, resume)
 
@@ -169,3 +169,17 @@ def test_a_slow_rank_below_the_threshold_completes_and_is_reported(tmp_path):
     assert "slowest rank 1:" in result.stdout, result.stdout
     records = [json.loads(line) for line in open(tmp_path / "slow.jsonl", encoding="utf-8")]
     assert all(r["slowest_rank"] == 1 and r["work_slowest_s"] > r["work_others_s"] + 0.4 for r in records[1:])
+
+
+def test_a_healthy_run_on_more_ranks_than_cores_never_hears_from_the_watchdog(tmp_path):
+    """The quick start on 4 ranks sharing 2 cores, plan auto (profile, search on rank 0, trials, training,
+    evaluations, checkpoints) with thresholds of 2 s: not a word from the watchdog."""
+    data = tmp_path / "digits"
+    overrides = [f"data.path={data / 'train.h5'}", f"data.val={data / 'val.h5'}", f"checkpoint.path={tmp_path / 'q.h5'}",
+                 "epochs=3", "checkpoint.every=22", "watchdog={warn: 2, abort: 2}"]
+    result = subprocess.run([MPIEXEC, "-n", "4", *spmdcnn("train", "jobs/quickstart.yaml",
+                                                          *[x for o in overrides for x in ("--set", o)])],
+                            cwd=ROOT, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")}, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert "4 ranks; plan auto (" in result.stdout and "watchdog" not in result.stdout + result.stderr

@@ -89,17 +89,20 @@ def memory_example(factor, devices=16):
     between the lightest plan and the unlimited optimum (spmdcnn/cost/memory.py), as Markdown."""
     from spmdcnn.cost.memory import plan_memory
     from spmdcnn.planner import Problem
+    from spmdcnn.planner import memory as planned_memory
     graph = MODERN.graph("vgg16")
     cost = settings.calibrated_cost(MODERN, graph, devices, factor)
     free = make_plan(graph, devices, cost, "optimal")
-    lightest = sum(m.min() for m in Problem(graph, devices, cost).memory(4))
-    used = plan_memory(graph, free.plan)
+    problem = Problem(graph, devices, cost)
+    lightest = planned_memory.lightest(problem.memory(cost.itemsize), problem.transients(cost.itemsize))
+    used = plan_memory(graph, free.plan, cost.itemsize, cost.machine.device.im2col)
     limit = (lightest + used) / 2
     limited = make_plan(graph, devices, cost, "optimal", memory=limit)
     gib = 2 ** 30
     lines = [f"VGG-16 on {devices} devices, batch {PER_DEVICE * devices}: the optimum keeps {used / gib:.2f} GiB on "
              f"its busiest device (the lightest plan {lightest / gib:.2f} GiB); with a limit of {limit / gib:.2f} "
-             f"GiB the search finds a plan of {plan_memory(graph, limited.plan) / gib:.2f} GiB at "
+             f"GiB the search finds a plan of "
+             f"{plan_memory(graph, limited.plan, cost.itemsize, cost.machine.device.im2col) / gib:.2f} GiB at "
              f"{PER_DEVICE * devices / limited.prediction.iteration_s:.0f} images/s, against "
              f"{PER_DEVICE * devices / free.prediction.iteration_s:.0f} unlimited. The layers that change:", "",
              "| layer | unlimited | within the limit |", "|---|---|---|"]

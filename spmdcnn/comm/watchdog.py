@@ -18,6 +18,7 @@ threads run while the main thread waits inside one.
 """
 
 import atexit
+import math
 import socket
 import sys
 import threading
@@ -31,7 +32,6 @@ WARN_FLOOR_S = 60.0         # the automatic warn: at least this, and 20 steps
 ABORT_FLOOR_S = 540.0       # the automatic abort, after the warning: at least this (60 + 540: NCCL's 10 minutes)
 WARN_STEPS, ABORT_STEPS = 20, 100
 SLOW = 5                    # the automatic thresholds of a slow phase (a first step, a checkpoint, a profile)
-MONITORS = 2                # ranks 0 and 1 judge; rank 1 speaks when rank 0 is silent
 _TAG = 7301
 
 WORDS = {"setup": "setting up", "data": "reading its batch", "forward": "forward", "loss": "summing the loss",
@@ -113,7 +113,7 @@ class Settings:
                 raise ValueError
             warn = float(parts[0])
             abort = None if len(parts) == 1 else False if parts[1] == "never" else float(parts[1])
-            if warn <= 0 or (abort is not None and abort is not False and abort <= 0):
+            if not _seconds(warn) or (abort is not None and abort is not False and not _seconds(abort)):
                 raise ValueError
         except ValueError:
             raise ValueError(f"--watchdog {text}: give auto, off, WARN or WARN,ABORT (positive seconds; ABORT may "
@@ -131,29 +131,32 @@ class Settings:
 
 
 class Watchdog:
-    """The thread of one rank (:mod:`module docs <spmdcnn.comm.watchdog>`); :meth:`start` is collective."""
+    """The thread of one rank (:mod:`module docs <spmdcnn.comm.watchdog>`); :meth:`start` is collective.
+    ``run``: this watch's number on its world (the same on every rank): a message of an earlier watch is ignored."""
 
-    def __init__(self, world, settings, stream=None):
-        self.world, self.settings, self.board = world, settings, world.board
+    def __init__(self, world, settings, run=0, stream=None):
+        self.world, self.settings, self.board, self.run = world, settings, world.board, run
         self.stream = stream or sys.stderr
         self.stopping = threading.Event()
-        self.thread = None
+        self.thread = self.comm = None
+        self.size, self.rank = world.size, world.rank
+        self.hosts, self.monitors, self.heard_all = [], [], True
+        warn, _ = settings.thresholds(None, False)
+        self.beat = min(1.0, warn / 4)
+        self.heard = {}             # rank -> (its board's where, its typical step, when heard, its age then)
+        self.moved = self.seen = self.warned = None
+        self.sends = {}
 
     def start(self):
         """Begin watching (collective: every rank of the world calls it)."""
-        comm = self.world.comm
         self.comm = self.world.watch_comm()
-        self.hosts = comm.allgather(socket.gethostname())
-        self.size, self.rank = comm.Get_size(), comm.Get_rank()
+        self.hosts = self.world.comm.allgather(socket.gethostname())
         self.heard_all = mpi().Query_thread() >= mpi().THREAD_MULTIPLE
-        self.monitors = [rank for rank in range(min(MONITORS, self.size))] if self.heard_all else [self.rank]
-        warn, _ = self.settings.thresholds(None, False)
-        self.beat = min(1.0, warn / 4)
+        self.monitors = monitors(self.hosts) if self.heard_all else [self.rank]
         started = time.monotonic()
-        # rank -> (its board's where, its typical step, when heard, how long it had been there then)
-        self.heard = {rank: (self.board.where, None, started, 0.0) for rank in range(self.size)}
-        self.moved, self.seen, self.warned = started, None, None
-        self.sends = {}
+        ranks = range(self.size) if self.heard_all else [self.rank]
+        self.heard = {rank: (self.board.where, None, started, 0.0) for rank in ranks}
+        self.moved = started
         self.thread = threading.Thread(target=self._run, daemon=True, name="spmdcnn-watchdog")
         self.thread.start()
         atexit.register(self.stop)         # before mpi4py's MPI_Finalize, which atexit runs after it
@@ -182,8 +185,8 @@ class Watchdog:
     def _send(self):
         """This rank's board to each monitor (not again while the last one is on its way)."""
         where, now = self.board.where, time.monotonic()
-        message = (where, self.board.typical, now - where[6])    # its age: the ranks' clocks may differ
-        self.heard[self.rank] = (where, self.board.typical, now, now - where[6])
+        message = (self.run, where, self.board.typical, now - where[6])    # its age: the ranks' clocks may differ
+        self.heard[self.rank] = message[1:3] + (now, now - where[6])
         for monitor in self.monitors:
             if monitor == self.rank:
                 continue
@@ -194,27 +197,30 @@ class Watchdog:
     def _receive(self):
         status = mpi().Status()
         while self.comm.Iprobe(source=mpi().ANY_SOURCE, tag=_TAG, status=status):
-            where, typical, age = self.comm.recv(source=status.Get_source(), tag=_TAG)
-            self.heard[status.Get_source()] = (where, typical, time.monotonic(), age)
+            run, where, typical, age = self.comm.recv(source=status.Get_source(), tag=_TAG)
+            if run == self.run:
+                self.heard[status.Get_source()] = (where, typical, time.monotonic(), age)
 
     def _judge(self, now):
         places = tuple(heard[0] for heard in self.heard.values())
         if places != self.seen:
-            if self.warned is not None:
-                self._say(f"the job moved on after {now - self.moved:.0f} s without progress")
+            if self.warned is not None and self._speaks(now):
+                self._say(f"spmdcnn: watchdog: the job moved on after {now - self.moved:.0f} s without progress")
             self.seen, self.moved, self.warned = places, now, None
             return
         typical = max((heard[1] for heard in self.heard.values() if heard[1]), default=None)
         slow = any(where[7] for where in places)
         warn, abort = self.settings.thresholds(typical, slow)
         stalled = now - self.moved
-        if stalled < warn or not self._speaks(now):
+        if stalled < warn:
             return
         if self.warned is None:
             self.warned = now
-            self._say(self.report(now) + (f" The job ends in {abort:.0f} s unless it moves on (watchdog.abort)."
-                                          if abort is not None else " (watchdog.abort: false: it waits on)."))
-        elif abort is not None and now - self.warned >= abort:
+            if self._speaks(now):
+                self._say(self.report(now) + (f" The job ends in {abort:.0f} s unless it moves on "
+                                              "(watchdog.abort)." if abort is not None
+                                              else " (watchdog.abort: false: it waits on)."))
+        elif abort is not None and now - self.warned >= abort and (self._speaks(now) or not self.heard_all):
             saved = f" The last checkpoint, {self.board.saved}, is untouched." if self.board.saved else ""
             self._say(self.report(now) + f" Ending the job (watchdog.abort: {abort:.0f} s after the warning)."
                       + saved)
@@ -222,7 +228,10 @@ class Watchdog:
             mpi().COMM_WORLD.Abort(STATUS)
 
     def _speaks(self, now):
-        """Whether this monitor says it: the first monitor heard from lately (rank 1 when rank 0 is silent)."""
+        """Whether this monitor speaks: the first monitor heard from lately (the second when the first is
+        silent); without MPI_THREAD_MULTIPLE, rank 0 warns (and every rank ends the job when it has waited)."""
+        if not self.heard_all:
+            return self.rank == 0
         first = next((rank for rank in self.monitors if rank == self.rank or not self._silent(rank, now)), None)
         return first == self.rank
 
@@ -230,42 +239,61 @@ class Watchdog:
         return now - self.heard[rank][2] > max(3 * self.beat, 2.0)
 
     def report(self, now):
-        """The line naming the ranks that hold the job up, where each of them is and since when: the ranks behind
-        the furthest point any rank reached, or else those not heard from lately (stopped where the others wait);
-        and the ranks not heard from."""
-        furthest = max(heard[0][:2] for heard in self.heard.values())
-        behind = [rank for rank, heard in self.heard.items() if heard[0][:2] < furthest]
+        """The line naming the ranks that hold the job up, where each of them is and since when: the ranks at the
+        earliest point any rank is at, when some rank is further on, or else those not heard from lately (stopped
+        where the others wait); where the others wait; and the ranks not heard from."""
         silent = [rank for rank in self.heard if rank != self.rank and self._silent(rank, now)]
-        culprits = behind or silent
+        earliest = min(heard[0][:2] for heard in self.heard.values())
+        behind = [rank for rank, heard in self.heard.items() if heard[0][:2] == earliest]
+        culprits = behind if len(behind) < len(self.heard) else silent
         others = [rank for rank in self.heard if rank not in culprits]
-        if behind:
-            parts = [f"{_ranks(behind)} {'has' if len(behind) == 1 else 'have'} not reached the point the other "
-                     f"ranks wait at ({self._group(others, now)})"]
-        elif silent and others:
-            parts = [f"{_ranks(silent)} went silent at the point the other ranks wait at "
-                     f"({self._group(others, now)})"]
+        if not self.heard_all:
+            parts = [f"this rank, {self._places([self.rank], now)} (MPI gives no MPI_THREAD_MULTIPLE: it cannot "
+                     "hear the others)"]
+        elif culprits and others:
+            verb = "has" if len(culprits) == 1 else "have"
+            how = "not reached the point" if culprits is behind else "gone silent at the point"
+            parts = [f"{_ranks(culprits)} {verb} {how} the other ranks wait at ({self._places(others, now)})",
+                     self._places(culprits, now, alone=True)]
         else:
-            parts = [f"every rank is at the same point ({self._group(list(self.heard), now)})"]
-        parts += [self._group([rank], now, host=True) for rank in culprits[:8]]
-        if len(culprits) > 8:
-            parts.append(f"and {len(culprits) - 8} more")
+            parts = [f"every rank is at the same point ({self._places(list(self.heard), now)})"]
         if silent:
             parts.append(f"not heard from: {_ranks(silent)} (stopped, its node lost, or stuck in a call that "
                          "holds Python's lock, such as a hung file read)")
-        if not self.heard_all:
-            parts.append("MPI gives no MPI_THREAD_MULTIPLE: this rank cannot hear the others")
         return f"spmdcnn: watchdog: no progress for {now - self.moved:.0f} s: " + "; ".join(parts) + "."
 
-    def _group(self, ranks, now, host=False):
-        """``rank 3 (node): where`` for one rank, or the ranks and where the first of them is."""
-        where, _, heard_at, age = self.heard[ranks[0]]
-        on = f" on {self.hosts[ranks[0]]}" if host and len(set(self.hosts)) > 1 else ""
-        last = (f" (last heard from {now - heard_at:.0f} s ago)"
-                if len(ranks) == 1 and self._silent(ranks[0], now) else "")
-        return f"{_ranks(ranks)}{on}: {describe(where, age + now - heard_at)}{last}"
+    def _places(self, ranks, now, alone=False):
+        """``rank 3: where`` for each place of ``ranks``, the ranks at one place together (``alone``: each rank
+        on its own, with its node and when it was last heard from when it is silent); at most 8 places."""
+        places = {}
+        for rank in sorted(ranks):
+            where = self.heard[rank][0]
+            places.setdefault(rank if alone else where[:6], []).append(rank)
+        texts = []
+        for group in list(places.values())[:8]:
+            where, _, heard_at, age = self.heard[group[0]]
+            on = f" on {self.hosts[group[0]]}" if alone and len(set(self.hosts)) > 1 else ""
+            last = f" (last heard from {now - heard_at:.0f} s ago)" if alone and self._silent(group[0], now) else ""
+            texts.append(f"{_ranks(group)}{on}: {describe(where, age + now - heard_at)}{last}")
+        more = len(places) - 8
+        return "; ".join(texts) + (f"; and {more} more place{'s' * (more > 1)}" if more > 0 else "")
 
     def _say(self, line):
         print(line, file=self.stream, flush=True)
+
+
+def monitors(hosts):
+    """The ranks that judge: rank 0, and the lowest rank on another node than rank 0's (rank 1 on one node), so
+    that a lost node does not take both."""
+    if len(hosts) < 2:
+        return [0]
+    other = next((rank for rank, host in enumerate(hosts) if host != hosts[0]), 1)
+    return [0, other]
+
+
+def _seconds(value):
+    """Whether ``value`` is a number of seconds a threshold may be: finite and positive."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
 
 
 def _ranks(ranks):

@@ -41,7 +41,7 @@ class Counters:
     transfer_s: float = 0.0        # redistribution between layers (forward and backward), including waiting
     sync_exposed_s: float = 0.0    # the part of sync_s this rank spent waiting (not hidden behind backward)
     bytes_transferred: int = 0     # bytes this rank sent to other ranks in redistributions
-    bytes_synced: int = 0          # bytes this rank contributed to allreduces
+    bytes_synced: int = 0          # bytes this rank contributed to allreduces, or pushed and pulled through servers
     intervals: list = field(default_factory=list, repr=False)     # (start, end, what) of the recent allreduces
     settled_s: float = 0.0         # the union of the allreduces compacted out of ``intervals``
 
@@ -160,8 +160,11 @@ class World:
     def watch(self, settings):
         """Start the stall watchdog (:mod:`.watchdog`; ``settings``: a :class:`~.watchdog.Settings`); collective.
         Nothing to watch on one rank."""
+        if self.size > 1:
+            settings = self.bcast(settings)     # rank 0's: the ranks watch alike even when their jobs differ
         if self.size > 1 and settings.on and self.watchdog is None:
-            self.watchdog = Watchdog(self, settings).start()
+            self._watches = getattr(self, "_watches", 0) + 1
+            self.watchdog = Watchdog(self, settings, self._watches).start()
         return self
 
     def watch_comm(self):

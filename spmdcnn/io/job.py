@@ -7,6 +7,7 @@ the nearest known one.
 
 import copy
 import difflib
+import math
 import os
 
 import yaml
@@ -355,7 +356,7 @@ def _check_watchdog(spec, where):
             raise FormatError(f"{where(path)}: unknown key 'watchdog.{key}'{_nearest(str(key), ('warn', 'abort'))} "
                               "(allowed here: abort, warn)")
         value = _number(value) if isinstance(value, str) and value != "auto" else value
-        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not (value in (None, "auto") or (number and value > 0) or (key == "abort" and value is False)):
             allowed = "a positive number of seconds" + (", auto or false (warn only)" if key == "abort" else " or auto")
             raise FormatError(f"{where(path)}: 'watchdog.{key}' must be {allowed}, got {value!r}")

@@ -76,6 +76,7 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
             used_text, limit_text = format_against(used, limit)
             log(f"plan auto: {used_text} per device under the memory model (memory: {limit_text})")
         return propose(best, cost, settings, limit, log)
+    world.board.stage("plan", slow=True, name="the search on rank 0")      # the others wait: for the watchdog
     proposed = [(label, parse_plan_text(text, graph, batch, world.size, "plan auto"), seconds)
                 for label, text, seconds in world.bcast(world.agree(search))]
     label, plan, predicted, chosen_by = choose(proposed, graph, batch, world, xp, dtype, settings, store, path, log,

@@ -107,7 +107,11 @@ class Trainer:
         self.log = say if self.rank == 0 else (lambda line: None)
         self.data = self.val = self.loader = self.val_loader = None
         self.progress, self.read_s = None, 0.0
+        self.reported = False       # whether a log line has measured the steps
         self.bar = self.rank == 0 and log is None         # a progress bar while training (log.progress)
+        board = self.world.board                    # where this rank is, for the watchdog (comm/watchdog.py)
+        board.stage("setup", slow=True)
+        board.typical = board.saved = None
         try:
             self.world.agree(self._check)             # the whole job, before anything is written
             self.world.watch(WatchdogSettings.of(job["watchdog"]))     # a stalled rank named, the job ended
@@ -223,26 +227,20 @@ class Trainer:
             self.log(f"initial weights from {path}")
             return 0
         self.log(f"resumed from {path} at step {step}")
+        self.world.board.saved = f"{path} (step {step})"
         return step
 
     def run(self):
         """Train from ``start_step`` to the end; returns ``{"steps", "losses", "val"}`` (losses of this run's
         steps; the last evaluation's ``(loss, accuracy)`` of ``data.val``, or ``(loss, mean absolute error)`` for a
         regression loss, or None)."""
-        job, graph = self.job, self.graph
+        job = self.job
         metrics = None
-        where = "one process" if self.world.size == 1 else f"{self.world.size} ranks"
-        self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
-                 f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
-                 f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
-        blas = blas_of_ranks(self.world, host=self.xp is np)     # what the host computes with (collective)
-        if blas:
-            self.log(f"BLAS: {blas}")
+        self._announce()
         history, evaluated, stopped, failed = [], None, None, True
         written = self.start_step or None       # a resumed run starts from a checkpoint of this step
         interval = Interval(self._waits())
         step = self.start_step
-        self.world.board.typical = self.step_predicted_s
         ckpt_path, ckpt_every = job["checkpoint"]["path"], job["checkpoint"]["every"]
         every, eval_every = job["log"]["every"], job["eval"]["every"]
 
@@ -256,6 +254,7 @@ class Trainer:
         try:
             if self.rank == 0:
                 metrics = open_metrics(job["log"]["metrics"], self.start_step)
+            self.world.board.stage("data", step, slow=True, name="starting its readers")
             self.loader = self._loader(step)
             while step < self.total_steps:
                 self.optimizer.lr = learning_rate(job["optimizer"], step, self.total_steps)
@@ -287,15 +286,7 @@ class Trainer:
             if self.val is not None and evaluated is None and step == self.total_steps and not signals.got:
                 evaluated = self._evaluate()        # a run resumed at its end, or of no steps
                 self.log(f"step {step:>6}/{self.total_steps}  {self._held_out(evaluated)}")
-            final = ckpt_path and written != step
-            if final:
-                self._checkpoint(step)
-            if stopped:
-                self.log(f"{Signals.WORDS[stopped]}: stopped after step {step} of {self.total_steps}"
-                         + (f"; checkpoint written to {ckpt_path}: the next run resumes from step {step}"
-                            if ckpt_path else "; no checkpoint.path: the next run starts over"))
-            elif final:
-                self.log(f"checkpoint written to {ckpt_path} (step {step})")
+            self._finish(step, written, stopped)
             failed = False
         finally:
             signals.restore()
@@ -306,6 +297,31 @@ class Trainer:
                 metrics.close()
             self._close(failed)
         return {"steps": step, "losses": history, "val": evaluated, "stopped": stopped}
+
+    def _announce(self):
+        """The run's first lines: the model, batch, steps, backend and plan; the BLAS each rank computes with."""
+        graph = self.graph
+        where = "one process" if self.world.size == 1 else f"{self.world.size} ranks"
+        self.log(f"model {graph.name}: {len(graph.layers)} layers, {graph.num_params:,} parameters; "
+                 f"batch {self.batch}, {self.total_steps} steps ({self.steps_per_epoch} per epoch); "
+                 f"backend {self.xp.__name__}, {self.dtype.name}; {where}; {self.plan.source}")
+        blas = blas_of_ranks(self.world, host=self.xp is np)     # collective
+        if blas:
+            self.log(f"BLAS: {blas}")
+        self.world.board.typical = self.step_predicted_s       # until the first log line measures it
+
+    def _finish(self, step, written, stopped):
+        """The last checkpoint (unless ``written`` at ``step`` already) and what the run's end says."""
+        ckpt_path = self.job["checkpoint"]["path"]
+        final = ckpt_path and written != step
+        if final:
+            self._checkpoint(step)
+        if stopped:
+            self.log(f"{Signals.WORDS[stopped]}: stopped after step {step} of {self.total_steps}"
+                     + (f"; checkpoint written to {ckpt_path}: the next run resumes from step {step}"
+                        if ckpt_path else "; no checkpoint.path: the next run starts over"))
+        elif final:
+            self.log(f"checkpoint written to {ckpt_path} (step {step})")
 
     def _lost(self, step, written, ckpt_path):
         """What stopping at once at ``step`` loses (the last checkpoint of this run or the one it resumed from at
@@ -356,6 +372,7 @@ class Trainer:
     def _close(self, failed=True):
         """Close the data (after an error, the workers are killed without finishing their reads) and stop the
         watchdog."""
+        self.world.board.stage("done")
         self.world.unwatch()
         for loader in (self.loader, self.val_loader):
             if loader is not None:
@@ -378,8 +395,9 @@ class Trainer:
     def _step(self, step, signals=None):
         """``(loss, score, seconds waited for the batch, flags)`` of one training step; the ``signals``' flags
         (:meth:`_Signals.flags`, when given) as they were before the loss was summed, summed over the ranks."""
-        executor = self.executor
-        self.world.board.stage("data", step, slow=step == self.start_step)     # a first step compiles, fills caches
+        executor, board = self.executor, self.world.board
+        board.stage("data", step, slow=step == self.start_step)     # a first step compiles, fills caches
+        started = time.perf_counter()
         batch, waited = self.loader.next(step)
         flags = signals.flags() if signals is not None else None
         loss, correct, _ = executor.forward(batch, step=step, also=flags)
@@ -387,6 +405,8 @@ class Trainer:
             executor.program.finish_deferred()      # no collective left running when every rank stops
             raise NonFiniteLoss(f"step {step + 1}: the loss is {loss}; lower optimizer.lr?")
         executor.backward(update=self.optimizer.updater(executor.params.flat, executor.grads.flat))
+        if not self.reported:           # the watchdog's step until a log line measures it: the longest so far
+            board.typical = max(board.typical or 0.0, time.perf_counter() - started)
         return loss, correct, waited, flags
 
     def _report(self, step, loss, interval, elapsed, work, evaluated, metrics):
@@ -422,6 +442,7 @@ class Trainer:
             line += f"  {self._held_out(evaluated)}"
         self.log(line)
         self.world.board.typical = record["step_s"] or self.world.board.typical
+        self.reported = True
         if metrics:
             metrics.write(json.dumps(record) + "\n")
             metrics.flush()

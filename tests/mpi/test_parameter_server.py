@@ -59,7 +59,7 @@ def test_training_through_servers_equals_one_process(world, layout, name):
 
 
 def test_the_ranks_count_what_the_model_charges(world):
-    """Bytes summed per iteration are the model's (each member's contribution, as for an allreduce), the ranks
+    """Bytes summed per iteration are the model's (each member's gradients pushed and the sum pulled), the ranks
     wait for no more than the servers' sums took, and the model's pulls are the runtime's buckets: one per layer
     and replica group, of the same bytes, in the same order."""
     graph = load_model(os.path.join(MODELS, "small_resnet.yaml"))
