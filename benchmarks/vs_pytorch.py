@@ -34,13 +34,19 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--torch-malloc", choices=["system", "spmdcnn"], default="system",
+                        help="PyTorch's malloc: the C library's defaults, as PyTorch users run it (default), or "
+                             "spmdcnn's settings (freed memory kept for the next arrays)")
     args = parser.parse_args()
     env = {k: v for k, v in os.environ.items() if k not in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE")}
     common = [args.model, "--batch", str(args.batch), "--steps", str(args.steps), "--warmup", str(args.warmup)]
     ours, theirs = [], []
     for round_ in range(args.rounds):
         ours.append(run([sys.executable, "-m", "spmdcnn.cli", "bench", *common, "--json"], env))
-        theirs.append(run([sys.executable, os.path.join(HERE, "torch_bench.py"), *common], env))
+        # PyTorch with the C library's malloc as its users have it (torch_bench.py imports spmdcnn for the graph),
+        # or with --torch-malloc spmdcnn as spmdcnn sets it (spmdcnn/__init__.py)
+        theirs.append(run([sys.executable, os.path.join(HERE, "torch_bench.py"), *common],
+                          {**env, "SPMDCNN_MALLOC": args.torch_malloc}))
         print(f"round {round_ + 1}: spmdcnn {ours[-1]['images_per_s']:.2f} images/s, "
               f"pytorch {theirs[-1]['images_per_s']:.2f} images/s", file=sys.stderr)
     summary = {
