@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -140,3 +142,22 @@ def test_tf32_is_set_for_cupy_only_and_read_by_the_convolutions(monkeypatch):
     assert backend.tf32_allowed() and conv.tf32_allowed() and compute_types == [(np.float32, "tf32")]
     backend.set_precision(device)
     assert not backend.tf32_allowed() and compute_types[-1] == (np.float32, "fp32")
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux)")
+def test_freed_arrays_are_kept_for_the_next_ones_unless_the_user_says_otherwise():
+    """After ``import spmdcnn`` a large array freed and allocated again takes the same memory: no page faults the
+    second time (a training step allocates and frees the same arrays every step). ``SPMDCNN_MALLOC=system`` leaves
+    the C library's malloc as it is: each new large array faults its pages in again."""
+    script = ("import resource, spmdcnn, numpy as np\n"
+              "np._core.multiarray._set_madvise_hugepage(False)\n"      # pages of 4 KiB, as counted below
+              "def faults():\n"
+              "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+              "a = np.ones(16 << 20, dtype=np.float32); del a\n"     # 64 MiB, above any mmap threshold
+              "before = faults()\n"
+              "a = np.ones(16 << 20, dtype=np.float32); del a\n"
+              "print(faults() - before)\n")
+    kept, system = (int(subprocess.run([sys.executable, "-c", script], env={**os.environ, **extra},
+                                       capture_output=True, text=True, check=True, timeout=120).stdout)
+                    for extra in ({}, {"SPMDCNN_MALLOC": "system"}))
+    assert kept < 1000 and system > 10000, (kept, system)       # 64 MiB is 16,384 pages of 4 KiB
