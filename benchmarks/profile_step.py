@@ -12,7 +12,8 @@ import argparse
 import collections
 import time
 
-import spmdcnn  # noqa: F401  (first: it tunes OpenBLAS before NumPy loads it)
+import spmdcnn  # (first: it tunes OpenBLAS before NumPy loads it)
+spmdcnn.keep_freed_memory()     # as the spmdcnn command does (SPMDCNN_MALLOC=system: malloc as it is)
 import numpy as np
 
 from spmdcnn.graph import load_model

@@ -19,6 +19,9 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 from torch_reference import TorchNet  # noqa: E402
 
+import spmdcnn  # noqa: E402
+if os.environ.get("SPMDCNN_MALLOC") == "spmdcnn":
+    spmdcnn.keep_freed_memory()     # vs_pytorch.py --torch-malloc spmdcnn: freed memory kept, as spmdcnn's command
 from spmdcnn.graph import load_model  # noqa: E402
 from spmdcnn.io.synthetic import SyntheticData  # noqa: E402
 from spmdcnn.runtime.executor import Executor  # noqa: E402

@@ -52,7 +52,6 @@ def spmdcnn(model, batch, ranks, steps, warmup, plan, group, env):
 
 def ddp(model, batch, ranks, steps, warmup, env):
     command = [sys.executable, __file__, "--ddp-worker", model, str(batch), str(ranks), str(steps), str(warmup)]
-    env = {**env, "SPMDCNN_MALLOC": "system"}     # PyTorch's processes with malloc as its users have it
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False, timeout=7200)
     if done.returncode != 0:
         sys.exit(f"{' '.join(command)} failed:\n{done.stderr}")

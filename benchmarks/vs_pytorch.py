@@ -43,8 +43,8 @@ def main():
     ours, theirs = [], []
     for round_ in range(args.rounds):
         ours.append(run([sys.executable, "-m", "spmdcnn.cli", "bench", *common, "--json"], env))
-        # PyTorch with the C library's malloc as its users have it (torch_bench.py imports spmdcnn for the graph),
-        # or with --torch-malloc spmdcnn as spmdcnn sets it (spmdcnn/__init__.py)
+        # PyTorch with the C library's malloc as its users have it, or with --torch-malloc spmdcnn as the spmdcnn
+        # command sets it (spmdcnn.keep_freed_memory)
         theirs.append(run([sys.executable, os.path.join(HERE, "torch_bench.py"), *common],
                           {**env, "SPMDCNN_MALLOC": args.torch_malloc}))
         print(f"round {round_ + 1}: spmdcnn {ours[-1]['images_per_s']:.2f} images/s, "

@@ -13,16 +13,18 @@ __version__ = "0.2.0"
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
 
-def _keep_freed_memory():
+def keep_freed_memory():
     """Keep the memory NumPy frees for the next arrays instead of handing it back to the system (glibc's malloc,
-    Linux). A training step allocates and frees the same large arrays (activations, gradients, the columns of a
-    convolution) every step; by default glibc maps each array above its mmap threshold (at most 32 MiB) anew and
-    unmaps it when freed, and trims the heap's free top, so every step faults every page of them in again, the
-    kernel zeroing each (ResNet-50 at batch 16: 79,000 page faults a step, 0.4 s of a 2.5 s step on this
-    project's VM; 2,093 against 2,506 ms per step without them, the same peak memory). With ``mmap`` off for
-    allocations and trimming off, freed blocks go back to malloc's own free lists and the next step's arrays take
-    them. A process's resident memory then stays at its peak until it ends, as a training job's does anyway.
-    Where the user set any ``MALLOC_`` variable, or ``SPMDCNN_MALLOC=system``, malloc is left as it is."""
+    Linux); the ``spmdcnn`` command calls it first. A training step allocates and frees the same large arrays
+    (activations, gradients, the columns of a convolution) every step; by default glibc maps each array above its
+    mmap threshold (at most 32 MiB) anew and unmaps it when freed, and trims the heap's free top, so every step
+    faults every page of them in again, the kernel zeroing each (ResNet-50 at batch 16: 79,000 page faults a step
+    on this project's VM; 2,110-2,228 against 2,434-2,548 ms per step without them, the same peak memory). With
+    ``mmap`` off for allocations and trimming off, freed blocks go back to malloc's own free lists and the next
+    step's arrays take them; the process's resident memory stays at its peak until it ends, as a training job's
+    does anyway. Not at import: a long-lived process that builds many models (a test run, a notebook) would keep
+    the largest its fragmented heap ever grew. Where the user set any ``MALLOC_`` variable, or
+    ``SPMDCNN_MALLOC=system``, malloc is left as it is."""
     if not sys.platform.startswith("linux") or os.environ.get("SPMDCNN_MALLOC") == "system" or any(
             name.startswith("MALLOC_") for name in os.environ):
         return
@@ -33,9 +35,6 @@ def _keep_freed_memory():
     m_trim_threshold, m_mmap_max = -1, -4           # glibc's malloc.h
     mallopt(m_mmap_max, 0)
     mallopt(m_trim_threshold, -1)                   # -1: never trim
-
-
-_keep_freed_memory()
 
 # how many ranks of this job share the node, as MPICH, Open MPI, MVAPICH and Slurm announce it
 _LOCAL_SIZE_VARIABLES = ("MPI_LOCALNRANKS", "OMPI_COMM_WORLD_LOCAL_SIZE", "MV2_COMM_WORLD_LOCAL_SIZE",

@@ -430,5 +430,13 @@ def _fail(message, error, status=2, alone=False):
     return fail(message, error, status)
 
 
+def command():
+    """The ``spmdcnn`` command: :func:`main` in a process of its own, whose freed memory is kept for the next
+    arrays (:func:`spmdcnn.keep_freed_memory`)."""
+    from . import keep_freed_memory
+    keep_freed_memory()
+    return main()
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

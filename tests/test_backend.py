@@ -145,11 +145,13 @@ def test_tf32_is_set_for_cupy_only_and_read_by_the_convolutions(monkeypatch):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc (Linux)")
-def test_freed_arrays_are_kept_for_the_next_ones_unless_the_user_says_otherwise():
-    """After ``import spmdcnn`` a large array freed and allocated again takes the same memory: no page faults the
-    second time (a training step allocates and frees the same arrays every step). ``SPMDCNN_MALLOC=system`` leaves
-    the C library's malloc as it is: each new large array faults its pages in again."""
+def test_freed_arrays_are_kept_for_the_next_ones_unless_the_user_says_otherwise(monkeypatch):
+    """In the ``spmdcnn`` command's process (:func:`spmdcnn.keep_freed_memory`) a large array freed and allocated
+    again takes the same memory: no page faults the second time (a training step allocates and frees the same
+    arrays every step). ``SPMDCNN_MALLOC=system`` leaves the C library's malloc as it is: each new large array
+    faults its pages in again. ``import spmdcnn`` alone leaves it too (a test run or a notebook lives on)."""
     script = ("import resource, spmdcnn, numpy as np\n"
+              "spmdcnn.keep_freed_memory()\n"                        # as the spmdcnn command does first
               "np._core.multiarray._set_madvise_hugepage(False)\n"      # pages of 4 KiB, as counted below
               "def faults():\n"
               "    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
@@ -161,3 +163,12 @@ def test_freed_arrays_are_kept_for_the_next_ones_unless_the_user_says_otherwise(
                                        capture_output=True, text=True, check=True, timeout=120).stdout)
                     for extra in ({}, {"SPMDCNN_MALLOC": "system"}))
     assert kept < 1000 and system > 10000, (kept, system)       # 64 MiB is 16,384 pages of 4 KiB
+    imported = int(subprocess.run([sys.executable, "-c", script.replace("spmdcnn.keep_freed_memory()\n", "")],
+                                  capture_output=True, text=True, check=True, timeout=120).stdout)
+    assert imported > 10000, imported
+    import spmdcnn
+    from spmdcnn import cli
+    called = []
+    monkeypatch.setattr(spmdcnn, "keep_freed_memory", lambda: called.append(True))
+    monkeypatch.setattr(cli, "main", lambda: 0)
+    assert cli.command() == 0 and called == [True]          # the console script's entry point

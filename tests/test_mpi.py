@@ -57,6 +57,16 @@ def write_job(tmp_path, name, **overrides):
     return path
 
 
+def small_images(tmp_path):
+    """An HDF5 dataset of 60 random 3x20x20 images of 10 classes (cropped to small_resnet's 16x16 by a job)."""
+    data = str(tmp_path / "data.h5")
+    rng = np.random.default_rng(0)
+    with h5py.File(data, "w") as f:
+        f["images"] = rng.integers(0, 256, (60, 3, 20, 20), dtype=np.uint8)
+        f["labels"] = rng.integers(0, 10, 60)
+    return data
+
+
 def write_plan(tmp_path, name, devices, seed, model="small_resnet"):
     sys.path.insert(0, os.path.join(ROOT, "tests", "mpi"))
     from plans import random_plan
@@ -137,11 +147,7 @@ def test_a_failing_rank_ends_the_job_with_its_message(tmp_path, exception):
 
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc (Linux)")
 def test_a_data_worker_killed_mid_run_ends_every_rank_with_its_message(tmp_path):
-    data = str(tmp_path / "data.h5")
-    rng = np.random.default_rng(0)
-    with h5py.File(data, "w") as f:
-        f["images"] = rng.integers(0, 256, (60, 3, 20, 20), dtype=np.uint8)
-        f["labels"] = rng.integers(0, 10, 60)
+    data = small_images(tmp_path)
     job = write_job(tmp_path, "worker", steps=100000, data={"kind": "hdf5", "path": data, "workers": 1,
                                                              "augment": {"crop": [16, 16], "flip": True}},
                     log={"every": 1, "progress": False}, checkpoint={"path": None})

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from processes import data_workers, process_table
-from test_mpi import ENV, MPIEXEC, ROOT, spmdcnn, write_job
+from test_mpi import ENV, MPIEXEC, ROOT, small_images, spmdcnn, write_job
 
 WARN, ABORT = 3, 3
 WITHIN = WARN + ABORT + 10      # seconds from the stop to the job's end: the thresholds, a beat, the launcher's kill
@@ -122,14 +122,9 @@ def test_a_rank_stopped_halfway_through_a_checkpoint_leaves_the_last_one_whole(t
     assert (_resumable(tmp_path, "half"), aside) in ((5, True), (10, False))
 
 
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc (Linux)")
 def test_a_rank_waiting_on_a_stopped_data_worker_is_named(tmp_path):
-    import h5py
-    import numpy as np
-    data = str(tmp_path / "data.h5")
-    rng = np.random.default_rng(0)
-    with h5py.File(data, "w") as f:
-        f["images"] = rng.integers(0, 256, (60, 3, 20, 20), dtype=np.uint8)
-        f["labels"] = rng.integers(0, 10, 60)
+    data = small_images(tmp_path)
     job = _job(tmp_path, "worker", data={"kind": "hdf5", "path": data, "workers": 1, "augment": {"crop": [16, 16]}})
     process = subprocess.Popen([MPIEXEC, "-n", "2", *spmdcnn("train", job, "--set", "plan=owt")], cwd=ROOT, env=ENV,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -3,12 +3,13 @@ it up and where, and ends, instead of spinning in MPI until its allocation runs 
 
 Each rank's main thread writes where it is on its :class:`Board` (a tuple assigned at once: the step, a count of
 the points every rank passes in the same order, what it is doing and since when): a few hundred assignments a
-step. A thread of each rank sends its board to the two monitors, ranks 0 and 1, every ``beat`` seconds (a small
-message on a communicator of its own; a send the monitor has not taken yet is not repeated). A monitor's thread
-takes those messages and judges: the job moves while some rank's board changes. When none has for ``warn``
-seconds, the first monitor still heard from prints one line naming the ranks that have not reached the point the
-others wait at, where each of them is and for how long, and which ranks it has not heard from (a stopped rank,
-a lost node, or a rank stuck in a call that holds Python's lock); ``abort`` seconds later it prints the line again
+step. A thread of each rank sends its board to the two monitors (:func:`monitors`: rank 0 and the lowest rank
+on another node) every ``beat`` seconds (a small message on a communicator of its own, numbered by its watch; a
+send the monitor has not taken yet is not repeated). A monitor's thread takes those messages and judges: the job
+moves while some rank's board changes. When none has for ``warn`` seconds, the first monitor still heard from
+prints one line naming the ranks that have not reached the point the others wait at, where each of them is and
+for how long, and which ranks it has not heard from (a stopped rank, a lost node, or a rank stuck in a call that
+holds Python's lock); ``abort`` seconds later it prints the line again
 and calls ``MPI_Abort`` (exit status :data:`STATUS`), which ends every rank of the job, the stopped ones
 included. A checkpoint is only ever replaced by a complete new file, so the last one is untouched.
 
@@ -35,9 +36,9 @@ SLOW = 5                    # the automatic thresholds of a slow phase (a first 
 _TAG = 7301
 
 WORDS = {"setup": "setting up", "data": "reading its batch", "forward": "forward", "loss": "summing the loss",
-         "backward": "backward", "gradients": "summing gradients", "update": "updating the parameters",
-         "evaluation": "evaluating", "checkpoint": "writing the checkpoint", "profile": "profiling",
-         "plan": "planning", "calibrate": "calibrating", "trial": "timing a candidate plan", "done": "finished"}
+         "backward": "backward", "gradients": "summing gradients", "evaluation": "evaluating",
+         "checkpoint": "writing the checkpoint", "profile": "profiling", "plan": "planning",
+         "calibrate": "calibrating", "trial": "timing a candidate plan", "done": "finished"}
 
 
 class Board:
