@@ -7,7 +7,7 @@ import sys
 import traceback
 
 from . import __version__
-from .cli_files import add_file_commands, ahead_arg, augment_arg, count_arg, watchdog_setting
+from .cli_files import add_file_commands, ahead_arg, augment_arg, count_arg, watchdog_argument
 from .cli_plans import add_plan_commands, batchnorm_option, sync_arguments, sync_options
 from .sizes import format_bytes as _format_bytes
 
@@ -251,10 +251,7 @@ def device_arguments(p, tf32=True, backend_help=None, transport_help=None):
         p.add_argument("--transport", default="auto", choices=["auto", "host", "cuda-mpi", "nccl"],
                        help=transport_help)
     p.add_argument("--share-gpus", action="store_true", help="let more ranks than GPUs share a node's GPUs")
-    p.add_argument("--watchdog", default="auto", type=watchdog_setting, metavar="auto|off|WARN[,ABORT]",
-                   help="on several ranks: seconds without progress before naming the ranks that hold the job up, "
-                        "and after that before ending it (default auto: 60 s or more, then 540 s or more; "
-                        "docs/architecture.md#when-a-rank-stalls)")
+    watchdog_argument(p)
 
 
 def _add_model_import(sub, common):

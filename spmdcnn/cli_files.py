@@ -16,6 +16,14 @@ def watchdog_setting(text):
         raise argparse.ArgumentTypeError(str(error).split(": ", 1)[1]) from None
 
 
+
+def watchdog_argument(p, when="on several ranks"):
+    """``--watchdog`` (:func:`watchdog_setting`), for the commands that run collectives on ranks."""
+    p.add_argument("--watchdog", default="auto", type=watchdog_setting, metavar="auto|off|WARN[,ABORT]",
+                   help=f"{when}: seconds without progress before naming the ranks that hold the job up, and after "
+                        "that before ending it (default auto: 60 s or more, then 540 s or more; "
+                        "docs/architecture.md#when-a-rank-stalls)")
+
 def cmd_checkpoint(args):
     from .io.checkpoint import describe, load_checkpoint
     if args.action in ("export", "import"):

@@ -7,7 +7,7 @@ profile of this machine that a job of that many ranks here would use), or the an
 import json
 import os
 
-from .cli_files import positive_float, watchdog_setting
+from .cli_files import positive_float, watchdog_argument
 from .planner.idle import idle_note
 from .sizes import format_against, format_bytes
 
@@ -464,10 +464,7 @@ def add_plan_commands(sub, common):
                    help="under mpiexec -n DEVICES: time the model's K best plans (data parallelism among them) for "
                         "a few steps each on these ranks, keep the fastest measured, and print predicted against "
                         "measured for each (docs/architecture.md#trials)")
-    p.add_argument("--watchdog", default="auto", type=watchdog_setting, metavar="auto|off|WARN[,ABORT]",
-                   help="with --trials on several ranks: seconds without progress before naming the ranks that hold "
-                        "the job up, and after that before ending it (default auto: 60 s or more, then 540 s or "
-                        "more; docs/architecture.md#when-a-rank-stalls)")
+    watchdog_argument(p, "with --trials on several ranks")
     cost_options(p)
     p.set_defaults(run=cmd_plan)
 

@@ -140,6 +140,7 @@ class World:
         self.transport = HostTransport()     # replaced by the job's choice (comm.transport.choose)
         self.board = Board()        # where this rank is, for the watchdog (:mod:`.watchdog`)
         self.watchdog = None
+        self._watches, self._watch_comm = 0, None   # watches so far; their communicator (:meth:`watch_comm`)
 
     @classmethod
     def create(cls):
@@ -163,14 +164,14 @@ class World:
         if self.size > 1:
             settings = self.bcast(settings)     # rank 0's: the ranks watch alike even when their jobs differ
         if self.size > 1 and settings.on and self.watchdog is None:
-            self._watches = getattr(self, "_watches", 0) + 1
+            self._watches += 1
             self.watchdog = Watchdog(self, settings, self._watches).start()
         return self
 
     def watch_comm(self):
         """The watchdogs' own communicator (collective the first time; one for every watchdog of this world, so
         that a run after a run makes none)."""
-        if getattr(self, "_watch_comm", None) is None:
+        if self._watch_comm is None:
             self._watch_comm = self.comm.Dup()
         return self._watch_comm
 

@@ -291,7 +291,7 @@ class Executor:
                     self.trace.span(layer.name, "backward", started)
                 if overlapping and layer.name in program.ready:
                     board.note("starting its gradient sums")    # a server's push is done when it returns
-                    inflight += [(b, b.start_sum(flat[b.start:b.stop])) for b in program.ready.get(layer.name, ())]
+                    inflight += [(b, b.start_sum(flat[b.start:b.stop])) for b in program.ready[layer.name]]
             for _, sum_ in inflight:
                 sum_.test()             # lets MPI progress them between layers
             if not slots:
