@@ -23,7 +23,7 @@ Each runs on NumPy and CuPy arrays alike.
 import math
 
 from .. import backend
-from .parallel import parallel_for
+from .parallel import over_chunks
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 INV_SQRT_2PI = 1.0 / math.sqrt(2.0 * math.pi)
@@ -114,13 +114,10 @@ def _by_chunks(function, out, *arrays):
     arrays, split between threads; ``out`` is returned."""
     flats = [array.reshape(-1) for array in arrays]
     target = out.reshape(-1)
-    size = target.size
 
-    def run(first, last):
-        for start in range(first * CHUNK, min(size, last * CHUNK), CHUNK):
-            part = slice(start, min(size, start + CHUNK))
-            target[part] = function(*(flat[part] for flat in flats))
-    parallel_for(run, -(-size // CHUNK), size)
+    def run(part):
+        target[part] = function(*(flat[part] for flat in flats))
+    over_chunks(run, target.size, CHUNK)
     return out
 
 

@@ -20,9 +20,8 @@ from .. import backend
 from .cuda import kernels as cuda
 from .parallel import over_samples
 from .saved import BatchNormSaved, GhostSaved
-from .scratch import scratch
 
-ROW_ELEMENTS = 1 << 16          # elements a NumPy call of the host's per-sample passes touches at least
+ROW_ELEMENTS = 1 << 18          # elements of each operand a NumPy call of the host's passes touches (a block)
 
 
 def _identity(partial):
@@ -38,36 +37,60 @@ def _sums(xp, a):
     return (a @ xp.ones(a.shape[2], dtype=a.dtype)).sum(axis=0, dtype=xp.float64)
 
 
-def _rows(x3):
-    """Samples per NumPy call in the host's passes: enough for a call to touch :data:`ROW_ELEMENTS` (a call on one
-    small sample spends more in Python than in the loop, and two threads then wait on each other for the GIL),
-    few enough that the centred block stays in cache. Fixed by the shape alone, so the sums are grouped alike
-    however the samples are shared out between threads."""
-    return max(1, min(x3.shape[0], ROW_ELEMENTS // max(x3.shape[1] * x3.shape[2], 1)))
+class _Blocks:
+    """The host's passes over a (N, C, HW) array in blocks of about :data:`ROW_ELEMENTS`: a few whole samples
+    where a sample is smaller (a call on one small sample spends more in Python than in the loop, and two threads
+    then wait on each other for the GIL), else some channels of one sample, so that every operand's block stays in
+    the core's cache through the few calls a pass makes on it. Fixed by the shape alone, so that the sums are
+    grouped alike however the blocks are shared out between threads. ``rows``: the blocks of samples (a block of
+    channels is in the row of its sample)."""
 
+    def __init__(self, shape):
+        N, C, HW = shape
+        if C * HW <= ROW_ELEMENTS:
+            per = max(1, min(N, ROW_ELEMENTS // max(C * HW, 1)))
+            self.list = [(n // per, slice(n, min(N, n + per)), slice(None)) for n in range(0, N, per)]
+        else:
+            per = max(1, ROW_ELEMENTS // max(HW, 1))
+            self.list = [(n, slice(n, n + 1), slice(c, min(C, c + per))) for n in range(N) for c in range(0, C, per)]
+        self.rows = self.list[-1][0] + 1 if self.list else 0
+        self.elements = N * C * HW
 
-def _over_rows(xp, x3, body):
-    """``body(block, n0, n1)`` for each block of :func:`_rows` samples, the blocks shared out between threads."""
-    N, rows = x3.shape[0], _rows(x3)
-
-    def run(b0, b1):
-        for b in range(b0, b1):
-            body(b, b * rows, min(N, (b + 1) * rows))
-    over_samples(xp, run, -(-N // rows), x3.size)
+    def run(self, xp, body):
+        """``body(row, samples, channels)`` for every block, the blocks shared out between threads."""
+        def run(b0, b1):
+            for row, n, c in self.list[b0:b1]:
+                body(row, n, c)
+        over_samples(xp, run, len(self.list), self.elements)
 
 
 def _centred_dots(xp, a, x, mean):
     """Per-channel ``sum(a * (x - mean))`` over (N, HW), two-pass accurate, without a full-size temporary."""
-    N, C, HW = x.shape
-    partial = xp.empty((-(-N // _rows(x)), C), dtype=xp.float64)
+    blocks = _Blocks(x.shape)
+    partial = xp.zeros((blocks.rows, x.shape[1]), dtype=xp.float64)
     shift = _per_channel(mean.astype(x.dtype))
 
-    def run(b, n0, n1):
-        centred = scratch(xp, "batchnorm.centred", (n1 - n0, C, HW), x.dtype)    # a few samples: stay in cache
-        xp.subtract(x[n0:n1], shift, out=centred)
-        partial[b] = xp.einsum("ncp,ncp->c", a[n0:n1], centred)
-    _over_rows(xp, x, run)
+    def run(row, n, c):
+        centred = xp.subtract(x[n, c], shift[:, c])      # a block: it stays in cache
+        partial[row, c] = xp.einsum("ncp,ncp->c", a[n, c], centred)
+    blocks.run(xp, run)
     return partial.sum(axis=0)
+
+
+def _gradient_sums(xp, gy, x, mean):
+    """Backward's per-channel ``sum(gy)`` and ``sum(gy * (x - mean))`` as (2, C) float64, in one pass over both."""
+    blocks = _Blocks(x.shape)
+    partial = xp.zeros((2, blocks.rows, x.shape[1]), dtype=xp.float64)
+    shift = _per_channel(mean.astype(x.dtype))
+    ones = xp.ones(x.shape[2], dtype=x.dtype)
+
+    def run(row, n, c):
+        g = gy[n, c]
+        partial[0, row, c] = (g @ ones).sum(axis=0, dtype=xp.float64)
+        centred = xp.subtract(x[n, c], shift[:, c])
+        partial[1, row, c] = xp.einsum("ncp,ncp->c", g, centred)
+    blocks.run(xp, run)
+    return partial.sum(axis=1)
 
 
 def combine_moments(stats):
@@ -118,11 +141,18 @@ def batchnorm_forward(x, gamma, beta, running_mean, running_var, eps=1e-5, momen
 
 
 def _affine(xp, x3, scale, shift, device):
-    """``x * scale + shift`` per channel."""
+    """``x * scale + shift`` per channel (on the host block by block, :class:`_Blocks`: the product is still in
+    cache when the shift is added)."""
     if device:
         return cuda.bn_affine(x3, scale, shift)
-    y = x3 * _per_channel(scale.astype(x3.dtype, copy=False))
-    y += _per_channel(shift.astype(x3.dtype, copy=False))
+    scale, shift = (_per_channel(v.astype(x3.dtype, copy=False)) for v in (scale, shift))
+    y = xp.empty_like(x3)
+
+    def run(_, n, c):
+        block = y[n, c]
+        xp.multiply(x3[n, c], scale[:, c], out=block)
+        block += shift[:, c]
+    _Blocks(x3.shape).run(xp, run)
     return y
 
 
@@ -142,7 +172,7 @@ def batchnorm_backward(gy, saved):
     if device:
         partial = xp.stack([cuda.bn_sums(gy3), cuda.bn_centred_dot(gy3, x3, mean)])
     else:
-        partial = xp.stack([_sums(xp, gy3), _centred_dots(xp, gy3, x3, mean)])
+        partial = _gradient_sums(xp, gy3, x3, mean)
     gbeta, dot = reduce(partial)                 # one reduction for both
     ggamma = dot * inv_std
     k1 = gamma * inv_std
@@ -156,22 +186,21 @@ def batchnorm_backward(gy, saved):
 
 
 def _backward(xp, gy3, x3, mean, k1, k2, k3):
-    """``gy * k1 - (x - mean) * k2 - k3`` per channel, a few samples at a time (the centred block stays in
+    """``gy * k1 - (x - mean) * k2 - k3`` per channel, block by block (:class:`_Blocks`: the centred block stays in
     cache)."""
     dtype = gy3.dtype
     k1, k2, k3 = (_per_channel(k.astype(dtype)) for k in (k1, k2, k3))
     shift = _per_channel(mean.astype(dtype))
     gx = xp.empty_like(gy3)
 
-    def run(_, n0, n1):
-        centred = scratch(xp, "batchnorm.centred", (n1 - n0,) + x3.shape[1:], dtype)
-        block = gx[n0:n1]
-        xp.multiply(gy3[n0:n1], k1, out=block)
-        xp.subtract(x3[n0:n1], shift, out=centred)   # (x - mean) first: no cancellation when |mean| >> std
-        centred *= k2
+    def run(_, n, c):
+        block = gx[n, c]
+        xp.multiply(gy3[n, c], k1[:, c], out=block)
+        centred = xp.subtract(x3[n, c], shift[:, c])   # (x - mean) first: no cancellation when |mean| >> std
+        centred *= k2[:, c]
         block -= centred
-        block -= k3
-    _over_rows(xp, x3, run)
+        block -= k3[:, c]
+    _Blocks(x3.shape).run(xp, run)
     return gx
 
 
@@ -219,8 +248,10 @@ def ghost_batchnorm_backward(gy, saved, reduce=None):
     for g, (s0, s1) in enumerate(spans):
         if s1 > s0:
             a, b = gy3[s0:s1], x3[s0:s1]
-            partial[0, g] = cuda.bn_sums(a) if device else _sums(xp, a)
-            partial[1, g] = cuda.bn_centred_dot(a, b, mean[g]) if device else _centred_dots(xp, a, b, mean[g])
+            if device:
+                partial[0, g], partial[1, g] = cuda.bn_sums(a), cuda.bn_centred_dot(a, b, mean[g])
+            else:
+                partial[:, g] = _gradient_sums(xp, a, b, mean[g])
     own_gbeta, own_ggamma = partial[0].sum(axis=0), (partial[1] * inv_std).sum(axis=0)
     gbeta, dot = reduce(partial) if reduce is not None else partial
     ggamma = dot * inv_std

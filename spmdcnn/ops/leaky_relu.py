@@ -1,9 +1,14 @@
 """Leaky rectified linear unit, as ``torch.nn.functional.leaky_relu``: ``y = x`` where ``x > 0``, else
 ``negative_slope * x``; ``gx = gy`` where ``x > 0``, else ``negative_slope * gy`` (PyTorch's gradient at 0 is the
-slope's). Forward keeps the one-byte mask ``x > 0``."""
+slope's). Forward keeps the one-byte mask ``x > 0``.
+
+On the host, ``y = max(x, slope * x)`` for a slope up to 1 (``min`` above it: either picks ``x`` for ``x > 0`` and
+``slope * x`` otherwise), each direction one pass over cache-sized chunks split between threads."""
 
 from .. import backend
 from .cuda import kernels as cuda
+from .parallel import over_chunks
+from .relu import masked
 
 
 def leaky_relu_forward(x, negative_slope=0.01, inplace=False):
@@ -11,16 +16,22 @@ def leaky_relu_forward(x, negative_slope=0.01, inplace=False):
     if backend.on_device(x):
         return cuda.leaky_relu_forward(x, negative_slope, inplace)
     xp = backend.array_module(x)
-    positive = x > 0
-    y = x if inplace else x.copy()
-    xp.multiply(y, x.dtype.type(negative_slope), out=y, where=~positive)
+    x = xp.ascontiguousarray(x)
+    y = x if inplace else xp.empty_like(x)
+    positive = xp.empty(x.shape, dtype=bool)
+    xs, ys, ps = x.reshape(-1), y.reshape(-1), positive.reshape(-1)
+    slope = x.dtype.type(negative_slope)
+    pick = xp.maximum if negative_slope <= 1 else xp.minimum
+
+    def run(part):
+        chunk = xs[part]
+        xp.greater(chunk, 0, out=ps[part])
+        pick(chunk, chunk * slope, out=ys[part])
+    over_chunks(run, x.size)
     return y, positive
 
 
 def leaky_relu_backward(gy, positive, negative_slope=0.01):
     if backend.on_device(gy):
         return cuda.leaky_relu_backward(gy, positive, negative_slope)
-    xp = backend.array_module(gy)
-    gx = gy.copy()
-    xp.multiply(gx, gy.dtype.type(negative_slope), out=gx, where=~positive)
-    return gx
+    return masked(gy, positive, negative_slope)

@@ -63,6 +63,23 @@ def parallel_for(body, count, elements):
         future.result()
 
 
+CHUNK = 1 << 16         # elements of each operand a chunked pass takes at a time: 256 KiB of float32, in the core's L2
+
+
+def over_chunks(body, size, chunk=None):
+    """``body(part)`` for consecutive slices ``part`` of ``range(size)``, ``chunk`` elements each (default
+    :data:`CHUNK`), split between
+    threads as :func:`parallel_for` splits loops: element-wise passes over flattened (contiguous) arrays whose
+    several NumPy calls then meet each chunk in cache, so that a kernel of a few calls reads and writes memory once.
+    """
+    chunk = chunk or CHUNK
+
+    def run(first, last):
+        for start in range(first * chunk, min(size, last * chunk), chunk):
+            body(slice(start, min(size, start + chunk)))
+    parallel_for(run, -(-size // chunk), size)
+
+
 def over_samples(xp, body, count, elements):
     """``body(start, stop)`` over ``count`` samples that touch ``elements`` array elements in all: split between
     threads on the host (NumPy) where that pays (:func:`parallel_for`), one call on a GPU, whose kernels are

@@ -13,7 +13,7 @@ from math import prod
 
 from .. import backend
 from .cuda import kernels as cuda
-from .parallel import over_samples
+from .parallel import CHUNK, parallel_for
 from .saved import PoolSaved
 from .window import (interior, kernel_positions, ntuple, output_extents, pad_spatial, padded_extents, rank_of, sides,
                      window_slice)
@@ -57,11 +57,29 @@ class PoolGeometry:
     def output_shape(self, spatial):
         return output_extents(spatial, self.kernel, self.stride, self.padding)
 
-    def windows(self, out):
+    def windows(self, out, first=0):
         """``(index, slices)`` for every kernel position, in row-major order: the spatial slices of the padded
-        input it reads for the output extents ``out``."""
+        input it reads for the output extents ``out``, whose first axis starts at output ``first``."""
         for index, p in enumerate(kernel_positions(self.kernel)):
-            yield index, tuple(window_slice(i, o, s) for i, o, s in zip(p, out, self.stride))
+            start = (p[0] + first * self.stride[0],) + p[1:]
+            yield index, tuple(window_slice(i, o, s) for i, o, s in zip(start, out, self.stride))
+
+    def pieces(self, rows, out, disjoint_inputs=False):
+        """The host's blocks of a pooling's work over ``rows`` (samples x channels) with output extents ``out``:
+        ``(r0, r1, o0, o1)``, rows ``[r0, r1)`` and outputs ``[o0, o1)`` along the first spatial axis, about a
+        million window reads (16 :data:`~spmdcnn.ops.parallel.CHUNK`) each: enough blocks for every thread even
+        for one sample of a volume, few enough that NumPy's calls (5 per kernel position) stay long. Measured on a
+        2x2x2 pooling of 32 x 128^3, forward: 38-46 ms, against 106 ms in blocks of 64 Ki reads, 82 ms in blocks of
+        16 Mi and 162 ms on one thread. With ``disjoint_inputs`` a block splits the first
+        axis only where its windows do not overlap along it (kernel at most the stride), so that blocks read (and
+        backward writes) disjoint inputs."""
+        target = max(1, 16 * CHUNK // self.positions)
+        plane, per_row = prod(out[1:]), prod(out)
+        if per_row >= target and (not disjoint_inputs or self.kernel[0] <= self.stride[0]):
+            step = max(1, target // plane)
+            return [(r, r + 1, o, min(out[0], o + step)) for r in range(rows) for o in range(0, out[0], step)]
+        step = max(1, target // per_row)
+        return [(r, min(rows, r + step), 0, out[0]) for r in range(0, rows, step)]
 
     def __repr__(self):
         return f"PoolGeometry(kernel={self.kernel}, stride={self.stride}, padding={self.padding})"
@@ -71,33 +89,39 @@ def maxpool_forward(x, geometry):
     """``y[n, c, i, j] = max`` over the window; saves the winning kernel position of each output.
 
     The winner is tracked with modular uint8 arithmetic, ``idx += better * (index - idx)``, which is several
-    times faster than masked assignment and keeps the first maximum on ties.
+    times faster than masked assignment and keeps the first maximum on ties. On the host the work runs in blocks
+    of rows and output planes (:meth:`PoolGeometry.pieces`) split between threads.
     """
     if backend.on_device(x):
         return cuda.maxpool_forward(x, geometry)
     xp = backend.array_module(x)
     N, C = x.shape[:2]
     out = geometry.output_shape(x.shape[2:])
-    xpad = pad_spatial(x, geometry.padding, value=-xp.inf)
+    xpad = xp.ascontiguousarray(pad_spatial(x, geometry.padding, value=-xp.inf))
+    rows = xpad.reshape((N * C,) + xpad.shape[2:])
     index_type = xp.uint8 if geometry.positions <= 256 else xp.uint32
     y = xp.empty((N, C) + out, dtype=x.dtype)
-    argmax = xp.zeros((N, C) + out, dtype=index_type)
+    argmax = xp.empty((N, C) + out, dtype=index_type)
+    ys, winners = y.reshape((N * C,) + out), argmax.reshape((N * C,) + out)
+    pieces = geometry.pieces(N * C, out)
 
-    def run(n0, n1):
-        best, winner = y[n0:n1], argmax[n0:n1]
-        better = xp.empty(best.shape, dtype=bool)
-        step = xp.empty(best.shape, dtype=index_type)
-        for index, slices in geometry.windows(out):
-            window = xpad[(slice(n0, n1), slice(None)) + slices]
-            if index == 0:
-                best[...] = window
-                continue
-            xp.greater(window, best, out=better)
-            xp.maximum(best, window, out=best)
-            xp.subtract(index_type(index), winner, out=step)
-            step *= better
-            winner += step
-    over_samples(xp, run, N, y.size * geometry.positions)
+    def run(first, last):
+        for r0, r1, o0, o1 in pieces[first:last]:
+            best, winner = ys[r0:r1, o0:o1], winners[r0:r1, o0:o1]
+            better = xp.empty(best.shape, dtype=bool)
+            step = xp.empty(best.shape, dtype=index_type)
+            winner[...] = 0
+            for index, slices in geometry.windows(best.shape[1:], o0):
+                window = rows[(slice(r0, r1),) + slices]
+                if index == 0:
+                    best[...] = window
+                    continue
+                xp.greater(window, best, out=better)
+                xp.maximum(best, window, out=best)
+                xp.subtract(index_type(index), winner, out=step)
+                step *= better
+                winner += step
+    parallel_for(run, len(pieces), y.size * geometry.positions)
     return y, PoolSaved(x.shape, geometry, argmax)
 
 
@@ -106,23 +130,34 @@ def _padded_zeros(xp, x_shape, geometry, dtype):
 
 
 def maxpool_backward(gy, saved):
-    """Route each output gradient to the input element that won its window."""
+    """Route each output gradient to the input element that won its window: on the host block by block
+    (:meth:`PoolGeometry.pieces`, blocks that write disjoint inputs), each zeroing its inputs and adding its
+    outputs' shares while they are in cache."""
     if backend.on_device(gy):
         return cuda.maxpool_backward(gy, saved)
     x_shape, argmax, geometry = saved.x_shape, saved.argmax, saved.geometry
     xp = backend.array_module(gy)
-    N = x_shape[0]
-    gxpad = _padded_zeros(xp, x_shape, geometry, gy.dtype)
+    N, C = x_shape[:2]
     out = gy.shape[2:]
+    padded = padded_extents(x_shape[2:], geometry.padding)
+    gxpad = xp.empty((N, C) + padded, dtype=gy.dtype)
+    rows = gxpad.reshape((N * C,) + padded)
+    gys = xp.ascontiguousarray(gy).reshape((N * C,) + out)
+    winners = argmax.reshape((N * C,) + out)
+    pieces = geometry.pieces(N * C, out, disjoint_inputs=True)
 
-    def run(n0, n1):
-        share = xp.empty((n1 - n0,) + gy.shape[1:], dtype=gy.dtype)
-        hit = xp.empty(share.shape, dtype=bool)
-        for index, slices in geometry.windows(out):
-            xp.equal(argmax[n0:n1], index, out=hit)
-            xp.multiply(gy[n0:n1], hit, out=share)
-            gxpad[(slice(n0, n1), slice(None)) + slices] += share
-    over_samples(xp, run, N, gy.size * geometry.positions)
+    def run(first, last):
+        for r0, r1, o0, o1 in pieces[first:last]:
+            # the input planes these outputs' windows read (whole rows unless the first axis is split)
+            end = padded[0] if o1 == out[0] else o1 * geometry.stride[0]
+            rows[r0:r1, o0 * geometry.stride[0]:end] = 0
+            share = xp.empty((r1 - r0, o1 - o0) + out[1:], dtype=gy.dtype)
+            hit = xp.empty(share.shape, dtype=bool)
+            for index, slices in geometry.windows(share.shape[1:], o0):
+                xp.equal(winners[r0:r1, o0:o1], index, out=hit)
+                xp.multiply(gys[r0:r1, o0:o1], hit, out=share)
+                rows[(slice(r0, r1),) + slices] += share
+    parallel_for(run, len(pieces), gy.size * geometry.positions)
     return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
 
 

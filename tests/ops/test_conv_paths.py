@@ -128,12 +128,13 @@ def test_loops_split_only_where_each_thread_gets_a_grain(monkeypatch):
 
 
 def test_split_loops_give_the_bits_of_one_thread(monkeypatch):
-    """Every loop shared out between threads (batch norm, pooling, im2col and col2im, the SGD update), forced to
-    split at any size, gives exactly what one thread gives."""
-    from spmdcnn.ops import batchnorm, parallel, pool
+    """Every loop shared out between threads (batch norm, pooling, im2col and col2im, the element-wise chunks,
+    the SGD update), forced to split at any size and in small blocks, gives exactly what one thread gives."""
+    from spmdcnn.ops import batchnorm, leaky_relu, parallel, pool, relu
     from spmdcnn.runtime.optimizer import SGD
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6, 3, 9, 9)).astype(np.float32)
+    volume = rng.integers(-2, 3, (2, 3, 9, 8, 7)).astype(np.float32)     # ties: the first maximum wins
     w = rng.standard_normal((4, 3, 3, 3)).astype(np.float32)
     gamma, beta = np.ones(3, np.float32), np.zeros(3, np.float32)
 
@@ -144,17 +145,26 @@ def test_split_loops_give_the_bits_of_one_thread(monkeypatch):
         gz = batchnorm.batchnorm_backward(z * z, bsaved)[0]
         p, psaved = pool.maxpool_forward(x, pool.PoolGeometry(3, 2, 1))
         gp = pool.maxpool_backward(p, psaved)
+        volumes = []
+        for geometry in (pool.PoolGeometry(2, rank=3), pool.PoolGeometry(3, 2, 1, rank=3)):   # slabs; rows only
+            v, vsaved = pool.maxpool_forward(volume, geometry)
+            volumes += [v, vsaved.argmax, pool.maxpool_backward(v * v, vsaved)]
+        r, rsaved = relu.relu_forward(x)
+        lr, lsaved = leaky_relu.leaky_relu_forward(x, 0.3)
+        activations = [r, relu.relu_backward(x, rsaved), lr, leaky_relu.leaky_relu_backward(x, lsaved, 0.3)]
         weights, grads = x.ravel().copy(), np.resize(w.ravel(), x.size)
         sgd = SGD({"w": weights.shape}, np.float32, np, lr=0.1, momentum=0.9, weight_decay=1e-4)
         for _ in range(2):
             sgd.step(weights, grads)
-        return y, gx, gw, z, gz, p, gp, weights
+        return y, gx, gw, z, gz, p, gp, weights, *volumes, *activations
 
     monkeypatch.setattr(batchnorm, "ROW_ELEMENTS", 2 * 3 * 9 * 9)      # two samples a call: three blocks
     monkeypatch.setenv("SPMDCNN_NUM_THREADS", "1")
     alone = run()
     monkeypatch.setenv("SPMDCNN_NUM_THREADS", "3")
     monkeypatch.setattr(parallel, "GRAIN", 1)
+    monkeypatch.setattr(parallel, "CHUNK", 37)              # element-wise chunks of 37, the last one shorter
+    monkeypatch.setattr(pool, "CHUNK", 4)                   # pooling blocks of one output plane or row
     monkeypatch.setattr("spmdcnn.runtime.optimizer.BLOCK", 16)
     split = run()
     for a, b in zip(alone, split):
