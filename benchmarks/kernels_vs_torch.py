@@ -167,7 +167,7 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    torch.set_num_threads(1)
+    torch.set_num_threads(int(os.environ["SPMDCNN_NUM_THREADS"]))
     graph = load_model(args.model)
     rng = np.random.default_rng(0)
     print(f"{graph.name}, batch {args.batch}, one thread; BLAS {blas_info()}; PyTorch {torch.__version__}")

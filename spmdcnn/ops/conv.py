@@ -91,54 +91,98 @@ class ConvGeometry:
 
 
 class _Layout:
-    """Where each kernel position's window lies, for one input size; shared by forward and backward."""
+    """Where each kernel position's window lies, for one input size; shared by forward and backward.
+
+    Shifted rows read the padded input as its stride's phases: along an axis of stride ``s``, phase ``r`` holds
+    the padded positions ``r, r + s, r + 2s, ...`` (``extents``: ``ceil(padded / s)`` each, the phases stored one
+    after another, each flattened with a ``tail``). Output ``o`` of kernel position ``p`` (dilated: ``p * d``) reads
+    phase ``p*d % s`` at ``o + p*d // s``: a stride-1 window, one contiguous run of the flattened phase, so a strided
+    convolution's columns are long contiguous copies as a stride-1 one's are (for stride 1 the one phase is the
+    padded input itself)."""
 
     def __init__(self, x_shape, kernel, geometry, itemsize):
         N, C = x_shape[:2]
         self.C, self.spatial, self.kernel = C, tuple(x_shape[2:]), tuple(kernel)
         self.geometry = geometry
+        stride, dilation = geometry.stride, geometry.dilation
         self.padded = padded_extents(self.spatial, geometry.padding)
         self.out = geometry.output_shape(self.spatial, kernel)
-        inner_kept, inner_all = prod(self.out[1:]), prod(self.padded[1:])
-        self.shifted = all(s == 1 for s in geometry.stride) and inner_all - inner_kept <= SHIFTED_WASTE * inner_kept
-        # positions per sample: whole padded extents past the first axis when shifted, the output grid otherwise
-        self.grid = (self.out[0],) + self.padded[1:] if self.shifted else self.out
+        self.extents = tuple(-(-size // s) for size, s in zip(self.padded, stride))      # of each phase
+        inner_kept, inner_all = prod(self.out[1:]), prod(self.extents[1:])
+        self.shifted = inner_all - inner_kept <= SHIFTED_WASTE * inner_kept
+        # positions per sample: a phase's whole extents past the first axis when shifted, the output grid otherwise
+        self.grid = (self.out[0],) + self.extents[1:] if self.shifted else self.out
         self.P = prod(self.grid)
-        flat = [prod(self.padded[a + 1:]) for a in range(len(kernel))]     # a step along each axis, flattened
-        dilation = geometry.dilation
-        # the last windows run past the plane's end by the kernel's reach along every axis but the first
-        self.tail = sum((k - 1) * d * f for k, d, f in zip(kernel[1:], dilation[1:], flat[1:])) if self.shifted \
-            else 0
-        self.offsets = [(p, sum(i * d * f for i, d, f in zip(p, dilation, flat))) for p in kernel_positions(kernel)]
+        flat = [prod(self.extents[a + 1:]) for a in range(len(kernel))]     # a step along each axis, flattened
+        # the last windows run past a phase's end by the kernel's reach along every axis but the first
+        self.tail = sum((k - 1) * d // s * f for k, d, s, f in zip(kernel[1:], dilation[1:], stride[1:], flat[1:])) \
+            if self.shifted else 0
+        phase_flat = [prod(stride[a + 1:]) for a in range(len(kernel))]
+        self.offsets = []               # (kernel position, its phase, the offset of its window in the phase)
+        for p in kernel_positions(kernel):
+            taps = [i * d for i, d in zip(p, dilation)]
+            self.offsets.append((p, sum(t % s * f for t, s, f in zip(taps, stride, phase_flat)),
+                                 sum(t // s * f for t, s, f in zip(taps, stride, flat))))
+        self.phases = prod(stride) if self.shifted else 1
+        self.phase_size = prod(self.extents) + self.tail if self.shifted else prod(self.padded)
         self.block = max(1, min(N, COLUMN_BYTES // max(C * prod(kernel) * self.P * itemsize, 1)))
 
-    def zeros(self, xp, nb, dtype, slot):
-        """A zeroed padded block: (Nb, C, prod(padded) + tail) when shifted, (Nb, C, padded...) otherwise."""
-        shape = (nb, self.C, prod(self.padded) + self.tail) if self.shifted else (nb, self.C) + self.padded
+    def zeros(self, xp, nb, dtype, slot, x=None):
+        """A zeroed padded block: (Nb, C, phases, prod(extents) + tail) when shifted, (Nb, C, padded...)
+        otherwise; with ``x`` (Nb, C, S...) written into it (:meth:`fill`). Split over samples between threads."""
+        shape = (nb, self.C, self.phases, self.phase_size) if self.shifted else (nb, self.C) + self.padded
         block = scratch(xp, slot, shape, dtype)
-        block[...] = 0
+
+        def run(n0, n1):
+            block[n0:n1] = 0
+            if x is not None:
+                self.fill(block[n0:n1], x[n0:n1])
+        over_samples(xp, run, nb, block.size)
         return block
 
-    def interior(self, block):
-        """The view of a padded block that holds the unpadded tensor."""
-        nb = block.shape[0]
-        if self.shifted:
-            block = block[:, :, :prod(self.padded)].reshape((nb, self.C) + self.padded)
-        return block[interior(self.geometry.padding, self.spatial)]
+    def _parts(self):
+        """``(phase, its slices, the input's slices)``: where each phase of a shifted block (as (Nb, C,
+        extents...)) and the unpadded input hold the same elements (every input element in exactly one)."""
+        stride, padding = self.geometry.stride, self.geometry.padding
+        for phase, r in enumerate(kernel_positions(stride)):
+            inside, source = [slice(None)] * 2, [slice(None)] * 2
+            for ra, s, (before, _), size, extent in zip(r, stride, padding, self.spatial, self.extents):
+                lo, hi = max(0, -(-(before - ra) // s)), min(extent, -(-(before + size - ra) // s))
+                inside.append(slice(lo, max(lo, hi)))
+                source.append(slice(lo * s + ra - before, max(lo, hi) * s + ra - before, s))
+            yield phase, tuple(inside), tuple(source)
+
+    def _phase(self, block, phase):
+        return block[:, :, phase, :prod(self.extents)].reshape(block.shape[:2] + self.extents)
+
+    def fill(self, block, x):
+        """Write the unpadded ``x`` into a zeroed padded ``block``."""
+        if not self.shifted:
+            block[interior(self.geometry.padding, self.spatial)] = x
+            return
+        for phase, inside, source in self._parts():
+            self._phase(block, phase)[inside] = x[source]
+
+    def unpad(self, block, out):
+        """``out[...] =`` the part of a padded ``block`` that holds the unpadded tensor (adjoint of :meth:`fill`
+        with the padding dropped)."""
+        if not self.shifted:
+            out[...] = block[interior(self.geometry.padding, self.spatial)]
+            return
+        for phase, inside, source in self._parts():
+            out[source] = self._phase(block, phase)[inside]
 
     def padded_block(self, x):
         """The block ``x`` zero-padded (in scratch memory)."""
         xp = backend.array_module(x)
         if not self.shifted and not is_padded(self.geometry.padding):
             return x
-        block = self.zeros(xp, x.shape[0], x.dtype, "conv.padded")
-        self.interior(block)[...] = x
-        return block
+        return self.zeros(xp, x.shape[0], x.dtype, "conv.padded", x)
 
-    def window(self, xpad, p, offset):
+    def window(self, xpad, p, phase, offset):
         """The input read by kernel position ``p`` for every position: (Nb, C, P) or (Nb, C, O...)."""
         if self.shifted:
-            return xpad[:, :, offset:offset + self.P]
+            return xpad[:, :, phase, offset:offset + self.P]
         g = self.geometry
         return xpad[(slice(None), slice(None)) + tuple(window_slice(i * d, o, s) for i, d, o, s
                                                        in zip(p, g.dilation, self.out, g.stride))]
@@ -152,8 +196,8 @@ class _Layout:
         view = self._columns_view(columns)
 
         def copy(n0, n1):
-            for p, offset in self.offsets:
-                window = self.window(xpad[n0:n1], p, offset)            # (Nb, C, P) or (Nb, C, O...)
+            for p, phase, offset in self.offsets:
+                window = self.window(xpad[n0:n1], p, phase, offset)     # (Nb, C, P) or (Nb, C, O...)
                 view[(slice(None),) + p + (slice(n0, n1),)] = window.swapaxes(0, 1)
         over_samples(backend.array_module(columns), copy, xpad.shape[0], columns.size)
         return columns
@@ -163,8 +207,8 @@ class _Layout:
         view = self._columns_view(columns)
 
         def add(n0, n1):
-            for p, offset in self.offsets:
-                target = self.window(gpad[n0:n1], p, offset)
+            for p, phase, offset in self.offsets:
+                target = self.window(gpad[n0:n1], p, phase, offset)
                 target += view[(slice(None),) + p + (slice(n0, n1),)].swapaxes(0, 1)
         over_samples(backend.array_module(columns), add, gpad.shape[0], columns.size)
         return gpad
@@ -199,7 +243,7 @@ def workspace_elements(x_shape, kernel, out_channels, geometry, itemsize):
         return depthwise.workspace_elements(x_shape, kernel, geometry)
     layout = _Layout(x_shape, kernel, geometry, itemsize)
     C, positions = x_shape[1], layout.block * layout.P
-    return (C * prod(kernel) + out_channels) * positions + layout.block * C * (prod(layout.padded) + layout.tail)
+    return (C * prod(kernel) + out_channels) * positions + layout.block * C * layout.phases * layout.phase_size
 
 
 def conv_forward(x, w, b, geometry, need_input_grad=True):
@@ -378,7 +422,7 @@ def _input_block(layout, w3, g, cols, gx):
     xp.matmul(w3.swapaxes(1, 2), g, out=cols)
     gpad = layout.zeros(xp, nb, gx.dtype, "conv.gpad")
     layout.col2im(cols.reshape((layout.C,) + layout.kernel + (nb, layout.P)), gpad)
-    gx[...] = layout.interior(gpad)
+    layout.unpad(gpad, gx)
 
 
 def conv_input_gradient(gy, w, x_shape, geometry):

@@ -83,18 +83,25 @@ def test_pointwise_weight_gradient_in_sample_blocks(monkeypatch):
     np.testing.assert_allclose(blocked, rgw, rtol=1e-11)
 
 
+LAYOUT_CASES = {name: c[:5] for name, c in SHARED_CASES.items() if max(c[1][2:]) > 1}
+LAYOUT_CASES.update({name: c[:5] for name, c in CASES.items() if c[5] == "direct" and max(c[1][2:]) > 1})
+
+
 @pytest.mark.parametrize("blocks", [False, True])             # one block / one sample per block
-@pytest.mark.parametrize("waste", [0.0, float("inf")])          # strided copies / shifted rows, forced
-@pytest.mark.parametrize("case", [name for name, c in SHARED_CASES.items() if c[2] == 1 and max(c[1][2:]) > 1])
-def test_stride1_layouts_both_match_pytorch(monkeypatch, case, waste, blocks):
+@pytest.mark.parametrize("waste", [0.0, float("inf")])          # strided copies / shifted rows (phases), forced
+@pytest.mark.parametrize("case", list(LAYOUT_CASES))
+def test_both_layouts_match_pytorch(monkeypatch, case, waste, blocks):
+    """Shifted rows (over the stride's phases where strided) and strided windows give PyTorch's gradients, for
+    every kernel, stride, dilation and padding, in one block or a sample per block."""
     from spmdcnn.ops import conv
     monkeypatch.setattr(conv, "SHIFTED_WASTE", waste)
     if blocks:
         monkeypatch.setattr(conv, "COLUMN_BYTES", 1)
-    x_shape, w_shape, stride, padding, dilation, _ = SHARED_CASES[case]
+    x_shape, w_shape, stride, padding, dilation = LAYOUT_CASES[case]
     geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
     layout = conv._Layout(x_shape, w_shape[2:], geometry, 8)
-    assert layout.shifted == (waste > 0 or len(x_shape) == 3)     # a sequence's shifted rows waste nothing
+    assert layout.shifted == (waste > 0 or layout.extents[1:] == layout.out[1:])      # (a sequence's always)
+    assert layout.phases == (int(np.prod(geometry.stride)) if layout.shifted else 1)
     assert layout.block == (1 if blocks else x_shape[0])
     rng = np.random.default_rng(3)
     x, w, b = rng.standard_normal(x_shape), rng.standard_normal(w_shape), rng.standard_normal(w_shape[0])
