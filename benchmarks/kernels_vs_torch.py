@@ -1,5 +1,6 @@
 """spmdcnn's convolution, transposed-convolution, upsampling and batch-norm kernels against PyTorch's on the same
-shapes, one thread each: where a network's per-process gap to PyTorch comes from, kernel by kernel.
+shapes, one thread each (``SPMDCNN_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2``: two): where a network's per-process
+gap to PyTorch comes from, kernel by kernel.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/kernels_vs_torch.py models/resnet50.yaml --batch 8
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/kernels_vs_torch.py \
@@ -10,7 +11,9 @@ upsampling and batch-norm shape of the model at the given batch: forward and bac
 (``ops/conv.py``, ``ops/conv_transpose.py``, ``ops/upsample.py``, ``ops/batchnorm.py``) and of ``torch.nn.functional`` (oneDNN's direct convolutions, or its im2col path, whichever PyTorch picks), each
 the best of ``--repeats`` after a warm-up, alternating the two; then the totals over the network's layers (each
 shape times its count), and the time the convolutions' matrix products would take at this machine's single-thread
-SGEMM rate on those shapes (``numpy.matmul`` of the im2col product, measured). One BLAS thread, one PyTorch thread.
+SGEMM rate on those shapes (``numpy.matmul`` of the im2col product, measured), and for each convolution the fraction
+of a 2048^2 SGEMM's rate (the peak) its forward and backward products reach in ours and in PyTorch's kernels. One
+BLAS thread and one PyTorch thread unless the environment gives more.
 """
 
 import argparse
@@ -20,7 +23,8 @@ import time
 os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 os.environ.setdefault("SPMDCNN_NUM_THREADS", "1")
 
-import spmdcnn  # noqa: E402,F401  (first: it tunes OpenBLAS before NumPy loads it)
+import spmdcnn  # noqa: E402  (first: it tunes OpenBLAS before NumPy loads it)
+spmdcnn.keep_freed_memory()     # freed memory kept, as the spmdcnn command does: for both frameworks in this process
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
@@ -88,7 +92,13 @@ def time_conv(x_shape, K, kernel, stride, padding, repeats, rng):
     columns = rng.standard_normal((w[0].size, y.shape[0] * int(np.prod(y.shape[2:]))), dtype=np.float32)
     w2 = w.reshape(K, -1)
     gemm = best(lambda: w2 @ columns, repeats)          # forward's product; backward has two of the same size
-    return ours, theirs, 3 * gemm
+    return ours, theirs, 3 * gemm, 3 * 2 * w2.size * columns.shape[1]
+
+
+def sgemm_rate(size=2048, repeats=5):
+    """FLOP/s of a square SGEMM at this BLAS's threads: the peak the convolutions are measured against."""
+    a = np.random.default_rng(0).standard_normal((size, size), dtype=np.float32)
+    return 2 * size ** 3 / best(lambda: a @ a, repeats)
 
 
 def _against_torch(ours_forward, ours_backward, torch_forward, inputs, gy, repeats):
@@ -167,16 +177,20 @@ def main():
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    torch.set_num_threads(int(os.environ["SPMDCNN_NUM_THREADS"]))
+    threads = int(os.environ["SPMDCNN_NUM_THREADS"])
+    torch.set_num_threads(threads)
     graph = load_model(args.model)
     rng = np.random.default_rng(0)
-    print(f"{graph.name}, batch {args.batch}, one thread; BLAS {blas_info()}; PyTorch {torch.__version__}")
-    print(f"{'count':>5}  {'kernel':<44} {'ours fwd':>9} {'bwd':>8}  {'torch fwd':>9} {'bwd':>8}  {'GEMMs':>7}  (ms)")
+    peak = sgemm_rate()
+    print(f"{graph.name}, batch {args.batch}, {threads} thread{'s' * (threads > 1)}; BLAS {blas_info()}; "
+          f"PyTorch {torch.__version__}; SGEMM 2048^2 {peak / 1e9:.0f} GFLOP/s (the peak below)")
+    print(f"{'count':>5}  {'kernel':<44} {'ours fwd':>9} {'bwd':>8}  {'torch fwd':>9} {'bwd':>8}  {'GEMMs':>7}  (ms)  "
+          f"{'peak ours':>9} {'torch':>6}")
     totals = {}
     for key, count in shapes(graph, args.batch).items():
         if key[0] == "conv":
             _, x_shape, K, kernel, stride, padding = key
-            ours, theirs, gemm = time_conv(x_shape, K, kernel, stride, padding, args.repeats, rng)
+            ours, theirs, gemm, flops = time_conv(x_shape, K, kernel, stride, padding, args.repeats, rng)
             name = f"conv {'x'.join(map(str, x_shape[1:]))} -> {K}, k{kernel[0]} s{stride[0]} p{padding[0][0]}"
         elif key[0] == "convT":
             _, x_shape, K, kernel, stride, padding, extra, dilation = key
@@ -191,8 +205,10 @@ def main():
         else:
             ours, theirs, gemm = time_batchnorm(key[1], args.repeats, rng)
             name = f"batchnorm {'x'.join(map(str, key[1][1:]))}"
+        # a convolution's forward and backward products against the SGEMM peak (fractions of it reached)
+        reached = f"  {flops / sum(ours) / peak:9.0%} {flops / sum(theirs) / peak:6.0%}" if key[0] == "conv" else ""
         print(f"{count:>5}  {name:<44} {ours[0] * 1e3:9.1f} {ours[1] * 1e3:8.1f}  {theirs[0] * 1e3:9.1f} "
-              f"{theirs[1] * 1e3:8.1f}  {gemm * 1e3:7.1f}")
+              f"{theirs[1] * 1e3:8.1f}  {gemm * 1e3:7.1f}{reached}")
         row = totals.setdefault(key[0], np.zeros(5))
         row += count * np.array([*ours, *theirs, gemm])
     print("\nover the network's layers (ms per iteration):")

@@ -112,7 +112,7 @@ class _Layout:
         self.shifted = inner_all - inner_kept <= SHIFTED_WASTE * inner_kept
         # positions per sample: a phase's whole extents past the first axis when shifted, the output grid otherwise
         self.grid = (self.out[0],) + self.extents[1:] if self.shifted else self.out
-        self.P = prod(self.grid)
+        self.plane = prod(self.grid[1:])        # positions per output plane (along the first spatial axis)
         flat = [prod(self.extents[a + 1:]) for a in range(len(kernel))]     # a step along each axis, flattened
         # the last windows run past a phase's end by the kernel's reach along every axis but the first
         self.tail = sum((k - 1) * d // s * f for k, d, s, f in zip(kernel[1:], dilation[1:], stride[1:], flat[1:])) \
@@ -125,7 +125,20 @@ class _Layout:
                                  sum(t // s * f for t, s, f in zip(taps, stride, flat))))
         self.phases = prod(stride) if self.shifted else 1
         self.phase_size = prod(self.extents) + self.tail if self.shifted else prod(self.padded)
-        self.block = max(1, min(N, COLUMN_BYTES // max(C * prod(kernel) * self.P * itemsize, 1)))
+        # a chunk: a block of whole samples whose columns take about COLUMN_BYTES, or where one sample's would
+        # take more (a volume's), ``rows`` output planes of one sample
+        plane_bytes = max(C * prod(kernel) * self.plane * itemsize, 1)
+        self.rows = min(self.out[0], max(1, COLUMN_BYTES // plane_bytes))
+        self.block = max(1, min(N, COLUMN_BYTES // (plane_bytes * self.out[0]))) if self.rows == self.out[0] else 1
+        self.P = self.rows * self.plane         # positions of a chunk, per sample
+
+    def chunks(self, N):
+        """``(n0, nb, o0, o1)``: the samples ``[n0, n0 + nb)`` and output planes ``[o0, o1)`` of each chunk, in
+        order (a sample's planes one after another)."""
+        if self.rows == self.out[0]:
+            return [(n0, min(N, n0 + self.block) - n0, 0, self.out[0]) for n0 in range(0, N, self.block)]
+        return [(n, 1, o0, min(self.out[0], o0 + self.rows)) for n in range(N) for o0 in range(0, self.out[0],
+                                                                                               self.rows)]
 
     def zeros(self, xp, nb, dtype, slot, x=None):
         """A zeroed padded block: (Nb, C, phases, prod(extents) + tail) when shifted, (Nb, C, padded...)
@@ -179,58 +192,68 @@ class _Layout:
             return x
         return self.zeros(xp, x.shape[0], x.dtype, "conv.padded", x)
 
-    def window(self, xpad, p, phase, offset):
-        """The input read by kernel position ``p`` for every position: (Nb, C, P) or (Nb, C, O...)."""
+    def window(self, xpad, p, phase, offset, o0, o1):
+        """The input read by kernel position ``p`` for the positions of output planes ``[o0, o1)``: (Nb, C,
+        positions) or (Nb, C, o1 - o0, O...)."""
         if self.shifted:
-            return xpad[:, :, phase, offset:offset + self.P]
+            start = offset + o0 * self.plane
+            return xpad[:, :, phase, start:start + (o1 - o0) * self.plane]
         g = self.geometry
-        return xpad[(slice(None), slice(None)) + tuple(window_slice(i * d, o, s) for i, d, o, s
-                                                       in zip(p, g.dilation, self.out, g.stride))]
+        first = (o0 * g.stride[0],) + (0,) * (len(self.out) - 1)
+        extents = (o1 - o0,) + self.out[1:]
+        return xpad[(slice(None), slice(None)) + tuple(window_slice(i * d + f, o, s) for i, d, f, o, s
+                                                       in zip(p, g.dilation, first, extents, g.stride))]
 
     def _columns_view(self, columns):
-        """``columns`` (C, k..., Nb, P) indexed like the windows: P stays flat for shifted rows."""
-        return columns if self.shifted else columns.reshape((self.C,) + self.kernel + (-1,) + self.out)
+        """``columns`` (C, k..., Nb, positions) indexed like the windows: flat positions for shifted rows."""
+        return columns if self.shifted else columns.reshape(columns.shape[:-1] + (-1,) + self.out[1:])
 
-    def im2col(self, xpad, columns):
-        """Fill ``columns`` (C, k..., Nb, P) with every window of the padded block."""
+    def im2col(self, xpad, columns, o0, o1):
+        """Fill ``columns`` (C, k..., Nb, positions) with every window of the padded block for output planes
+        ``[o0, o1)``."""
         view = self._columns_view(columns)
 
         def copy(n0, n1):
             for p, phase, offset in self.offsets:
-                window = self.window(xpad[n0:n1], p, phase, offset)     # (Nb, C, P) or (Nb, C, O...)
+                window = self.window(xpad[n0:n1], p, phase, offset, o0, o1)     # (Nb, C, positions...)
                 view[(slice(None),) + p + (slice(n0, n1),)] = window.swapaxes(0, 1)
         over_samples(backend.array_module(columns), copy, xpad.shape[0], columns.size)
         return columns
 
-    def col2im(self, columns, gpad):
+    def col2im(self, columns, gpad, o0, o1):
         """Adjoint of :meth:`im2col`: add every window of ``columns`` back into the padded gradient block."""
         view = self._columns_view(columns)
 
         def add(n0, n1):
             for p, phase, offset in self.offsets:
-                target = self.window(gpad[n0:n1], p, phase, offset)
+                target = self.window(gpad[n0:n1], p, phase, offset, o0, o1)
                 target += view[(slice(None),) + p + (slice(n0, n1),)].swapaxes(0, 1)
         over_samples(backend.array_module(columns), add, gpad.shape[0], columns.size)
         return gpad
 
     def to_positions(self, g, out):
-        """``g`` (Nb, K, O...) as the GEMM's (K, Nb*P): discarded positions of shifted rows are zero."""
+        """``g`` (Nb, K, planes, O...) as the GEMM's (K, Nb*positions): discarded positions of shifted rows are
+        zero."""
         nb, K = g.shape[0], g.shape[1]
-        grid = out.reshape((K, nb) + self.grid)
-        if self.shifted:        # zero what lies past the output along each axis but the first, kept before it
-            kept = [slice(None)] * 3
-            for axis in range(1, len(self.out)):
-                grid[tuple(kept) + (slice(self.out[axis], None),)] = 0
-                kept.append(slice(0, self.out[axis]))
-            grid = grid[tuple(kept)]
-        grid[...] = g.swapaxes(0, 1)                                    # (K, Nb, O...)
+        grid = out.reshape((K, nb, g.shape[2]) + self.grid[1:])
+
+        def copy(k0, k1):
+            part = grid[k0:k1]
+            if self.shifted:    # zero what lies past the output along each axis but the first, kept before it
+                kept = [slice(None)] * 3
+                for axis in range(1, len(self.out)):
+                    part[tuple(kept) + (slice(self.out[axis], None),)] = 0
+                    kept.append(slice(0, self.out[axis]))
+                part = part[tuple(kept)]
+            part[...] = g[:, k0:k1].swapaxes(0, 1)                      # (K, Nb, O...)
+        over_samples(backend.array_module(out), copy, K, out.size)     # split over the channels
         return out
 
     def from_positions(self, product, nb):
-        """The GEMM's (K, Nb*P) as (Nb, K, O...) (a view)."""
+        """The GEMM's (K, Nb*positions) as (Nb, K, planes, O...) (a view)."""
         K = product.shape[0]
-        grid = product.reshape((K, nb) + self.grid)[(slice(None), slice(None)) + tuple(slice(0, o) for o in self.out)]
-        return grid.swapaxes(0, 1)
+        grid = product.reshape((K, nb, -1) + self.grid[1:])
+        return grid[(slice(None),) * 3 + tuple(slice(0, o) for o in self.out[1:])].swapaxes(0, 1)
 
 
 def workspace_elements(x_shape, kernel, out_channels, geometry, itemsize):
@@ -317,16 +340,22 @@ def _columns_forward(x, w, b, geometry, out):
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     product = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
-    for n0 in range(0, N, Nb):
-        nb = min(N, n0 + Nb) - n0
-        cols = layout.im2col(layout.padded_block(x[n0:n0 + nb]), columns[..., :nb, :])
-        part = product[:, :nb * P]
-        xp.matmul(w3, _by_group(cols, G, nb * P), out=_by_group(part, G))
-        block = layout.from_positions(part, nb)
-        if b is None:
-            y[n0:n0 + nb] = block
-        else:
-            xp.add(block, b.reshape(_bias_shape(K, geometry.rank)), out=y[n0:n0 + nb])
+    for n0, nb, o0, o1 in layout.chunks(N):
+        if o0 == 0:
+            xpad = layout.padded_block(x[n0:n0 + nb])
+        positions = (o1 - o0) * layout.plane
+        cols = layout.im2col(xpad, columns[..., :nb, :positions], o0, o1)
+        part = product[:, :nb * positions]
+        xp.matmul(w3, _by_group(cols, G, nb * positions), out=_by_group(part, G))
+        block, target = layout.from_positions(part, nb), y[n0:n0 + nb, :, o0:o1]
+        bias = None if b is None else b.reshape(_bias_shape(K, geometry.rank))
+
+        def copy(k0, k1):                                               # split over the channels
+            if bias is None:
+                target[:, k0:k1] = block[:, k0:k1]
+            else:
+                xp.add(block[:, k0:k1], bias[:, k0:k1], out=target[:, k0:k1])
+        over_samples(xp, copy, K, block.size)
     return y
 
 
@@ -397,32 +426,37 @@ def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     positions = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
-    gw_block = scratch(xp, "conv.gw", w3.shape, x.dtype) if N > Nb else None
+    chunks = layout.chunks(N)
+    gw_block = scratch(xp, "conv.gw", w3.shape, x.dtype) if len(chunks) > 1 else None
     gx = xp.empty_like(x) if need_input_grad else None
-    for n0 in range(0, N, Nb):
-        nb = min(N, n0 + Nb) - n0
-        cols = _by_group(layout.im2col(layout.padded_block(x[n0:n0 + nb]), columns[..., :nb, :]), G, nb * P)
-        g = _by_group(layout.to_positions(gy[n0:n0 + nb], positions[:, :nb * P]), G)    # (G, K/G, Nb*P)
-        if n0 == 0:
+    for n0, nb, o0, o1 in chunks:
+        if o0 == 0:
+            xpad = layout.padded_block(x[n0:n0 + nb])
+            gpad = layout.zeros(xp, nb, x.dtype, "conv.gpad") if need_input_grad else None
+        count = nb * (o1 - o0) * layout.plane
+        cols = _by_group(layout.im2col(xpad, columns[..., :nb, :count // nb], o0, o1), G, count)
+        g = _by_group(layout.to_positions(gy[n0:n0 + nb, :, o0:o1], positions[:, :count]), G)    # (G, K/G, count)
+        if n0 == 0 and o0 == 0:
             gw3 = xp.matmul(g, cols.swapaxes(1, 2), out=gw3)
         else:
             gw3 += xp.matmul(g, cols.swapaxes(1, 2), out=gw_block)
         if need_input_grad:
-            _input_block(layout, w3, g, cols, gx[n0:n0 + nb])
+            _input_chunk(layout, w3, g, cols, gpad, gx[n0:n0 + nb], o0, o1)
     assert gx is None or gx.shape == x.shape
     return gx, _into(gw3.reshape(w.shape), gw_out, direct), gb
 
 
-def _input_block(layout, w3, g, cols, gx):
-    """A block's input gradient ``gx`` (nb, C, S...) from its output gradient as positions ``g`` (G, K/G, nb*P),
-    the weight as its groups ``w3``: the columns' gradient (written over ``cols``, (G, C/G * taps, nb*P)), added
-    back into the padded block by col2im, its interior kept."""
+def _input_chunk(layout, w3, g, cols, gpad, gx, o0, o1):
+    """A chunk's part of its samples' input gradient ``gx`` (nb, C, S...), from the output gradient of planes
+    ``[o0, o1)`` as positions ``g`` (G, K/G, nb*positions), the weight as its groups ``w3``: the columns' gradient
+    (written over ``cols``, (G, C/G * taps, nb*positions)), added back by col2im into the samples' zeroed padded
+    block ``gpad``, whose interior is ``gx`` after their last chunk."""
     xp = backend.array_module(g)
     nb = gx.shape[0]
     xp.matmul(w3.swapaxes(1, 2), g, out=cols)
-    gpad = layout.zeros(xp, nb, gx.dtype, "conv.gpad")
-    layout.col2im(cols.reshape((layout.C,) + layout.kernel + (nb, layout.P)), gpad)
-    layout.unpad(gpad, gx)
+    layout.col2im(cols.reshape((layout.C,) + layout.kernel + (nb, -1)), gpad, o0, o1)
+    if o1 == layout.out[0]:
+        layout.unpad(gpad, gx)
 
 
 def conv_input_gradient(gy, w, x_shape, geometry):
@@ -446,10 +480,13 @@ def conv_input_gradient(gy, w, x_shape, geometry):
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C * prod(kernel), Nb * P), gy.dtype)
     positions = scratch(xp, "conv.product", (K, Nb * P), gy.dtype)
-    for n0 in range(0, N, Nb):
-        nb = min(N, n0 + Nb) - n0
-        g = layout.to_positions(gy[n0:n0 + nb], positions[:, :nb * P])
-        _input_block(layout, w3, _by_group(g, G), _by_group(columns[:, :nb * P], G, nb * P), gx[n0:n0 + nb])
+    for n0, nb, o0, o1 in layout.chunks(N):
+        if o0 == 0:
+            gpad = layout.zeros(xp, nb, gy.dtype, "conv.gpad")
+        count = nb * (o1 - o0) * layout.plane
+        g = layout.to_positions(gy[n0:n0 + nb, :, o0:o1], positions[:, :count])
+        _input_chunk(layout, w3, _by_group(g, G), _by_group(columns[:, :count], G, count), gpad, gx[n0:n0 + nb],
+                     o0, o1)
     return gx
 
 

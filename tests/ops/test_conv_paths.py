@@ -87,22 +87,33 @@ LAYOUT_CASES = {name: c[:5] for name, c in SHARED_CASES.items() if max(c[1][2:])
 LAYOUT_CASES.update({name: c[:5] for name, c in CASES.items() if c[5] == "direct" and max(c[1][2:]) > 1})
 
 
-@pytest.mark.parametrize("blocks", [False, True])             # one block / one sample per block
+@pytest.mark.parametrize("chunks", ["whole", "planes", "plane"])    # one chunk / two or one output planes a chunk
 @pytest.mark.parametrize("waste", [0.0, float("inf")])          # strided copies / shifted rows (phases), forced
 @pytest.mark.parametrize("case", list(LAYOUT_CASES))
-def test_both_layouts_match_pytorch(monkeypatch, case, waste, blocks):
+def test_both_layouts_match_pytorch(monkeypatch, case, waste, chunks):
     """Shifted rows (over the stride's phases where strided) and strided windows give PyTorch's gradients, for
-    every kernel, stride, dilation and padding, in one block or a sample per block."""
+    every kernel, stride, dilation and padding, in one chunk or in chunks of one sample's output planes (the
+    columns of a sample larger than the cap)."""
     from spmdcnn.ops import conv
     monkeypatch.setattr(conv, "SHIFTED_WASTE", waste)
-    if blocks:
-        monkeypatch.setattr(conv, "COLUMN_BYTES", 1)
     x_shape, w_shape, stride, padding, dilation = LAYOUT_CASES[case]
     geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
     layout = conv._Layout(x_shape, w_shape[2:], geometry, 8)
+    if chunks != "whole":
+        plane_bytes = x_shape[1] * int(np.prod(w_shape[2:])) * layout.plane * 8
+        monkeypatch.setattr(conv, "COLUMN_BYTES", plane_bytes * (2 if chunks == "planes" else 1))
+        layout = conv._Layout(x_shape, w_shape[2:], geometry, 8)
+        rows = 2 if chunks == "planes" else 1
+        if layout.out[0] > rows:
+            assert (layout.block, layout.rows) == (1, rows)
+            assert layout.chunks(x_shape[0]) == [(n, 1, o, min(o + rows, layout.out[0])) for n in range(x_shape[0])
+                                                 for o in range(0, layout.out[0], rows)]
+        else:                   # a sample's columns fit: blocks of whole samples
+            assert layout.rows == layout.out[0] and layout.block == min(x_shape[0], rows // layout.out[0])
+    else:
+        assert layout.block == x_shape[0] and layout.chunks(x_shape[0]) == [(0, x_shape[0], 0, layout.out[0])]
     assert layout.shifted == (waste > 0 or layout.extents[1:] == layout.out[1:])      # (a sequence's always)
     assert layout.phases == (int(np.prod(geometry.stride)) if layout.shifted else 1)
-    assert layout.block == (1 if blocks else x_shape[0])
     rng = np.random.default_rng(3)
     x, w, b = rng.standard_normal(x_shape), rng.standard_normal(w_shape), rng.standard_normal(w_shape[0])
     y, saved = conv_forward(x, w, b, geometry)
@@ -111,6 +122,9 @@ def test_both_layouts_match_pytorch(monkeypatch, case, waste, blocks):
     ry, rgx, rgw, rgb = reference(x, w, b, geometry.stride, geometry.padding, geometry.dilation, gy)
     for got, expected in ((y, ry), (gx, rgx), (gw, rgw), (gb, rgb)):
         np.testing.assert_allclose(got, expected, rtol=1e-11, atol=1e-11)
+    if waste == 0.0 and chunks != "whole":          # the transposed convolution's forward: the same chunks
+        from spmdcnn.ops.conv import conv_input_gradient
+        np.testing.assert_allclose(conv_input_gradient(gy, w, x_shape, geometry), rgx, rtol=1e-11, atol=1e-11)
 
 
 def test_nested_parallel_for_runs_inline():
