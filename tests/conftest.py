@@ -9,3 +9,14 @@ MODELS = os.path.join(ROOT, "models")
 @pytest.fixture
 def model_path():
     return lambda name: os.path.join(MODELS, f"{name}.yaml")
+
+
+@pytest.fixture(params=["compiled", "numpy"])
+def host_kernels(request, monkeypatch):
+    """Runs a test with the compiled host kernels (numba, the ``numba`` extra; the test extra installs it) and with
+    NumPy's, which run wherever numba is missing."""
+    from spmdcnn.ops import compiled
+    if request.param == "compiled" and compiled.numba is None:
+        pytest.skip("numba is not installed (pip install -e '.[test]' installs it)")
+    monkeypatch.setattr(compiled, "ENABLED", request.param == "compiled")
+    return request.param

@@ -479,7 +479,8 @@ def test_a_run_says_what_blas_each_rank_runs(monkeypatch):
     assert bench.blas_of_ranks(world(2, host={1})) == "openblas 0.3.31 SkylakeX x1 on rank 1"
     assert bench.blas_of_ranks(world(2, host=set())) == ""
     one = SimpleNamespace(allgather=lambda mine: [mine])
-    assert bench.blas_of_ranks(one) == bench.describe_blas(bench.blas_info())
+    assert bench.blas_of_ranks(one) == bench.describe_host()
+    assert bench.describe_host().startswith(bench.describe_blas(bench.blas_info()) + "; compiled kernels ")
 
 
 def test_a_missing_file_suggests_the_one_meant_and_a_shipped_machine_goes_by_its_name(capsys):

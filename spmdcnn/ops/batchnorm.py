@@ -18,6 +18,7 @@ stacks those of every tile, and each combines them in the same order as Chan et 
 
 from .. import backend
 from .cuda import kernels as cuda
+from . import compiled
 from .parallel import over_samples
 from .saved import BatchNormSaved, GhostSaved
 
@@ -66,6 +67,8 @@ class _Blocks:
 
 def _centred_dots(xp, a, x, mean):
     """Per-channel ``sum(a * (x - mean))`` over (N, HW), two-pass accurate, without a full-size temporary."""
+    if compiled.available(a, x):
+        return compiled.centred_dots(a, x, mean)
     blocks = _Blocks(x.shape)
     partial = xp.zeros((blocks.rows, x.shape[1]), dtype=xp.float64)
     shift = _per_channel(mean.astype(x.dtype))
@@ -79,6 +82,8 @@ def _centred_dots(xp, a, x, mean):
 
 def _gradient_sums(xp, gy, x, mean):
     """Backward's per-channel ``sum(gy)`` and ``sum(gy * (x - mean))`` as (2, C) float64, in one pass over both."""
+    if compiled.available(gy, x):
+        return compiled.gradient_sums(gy, x, mean)
     blocks = _Blocks(x.shape)
     partial = xp.zeros((2, blocks.rows, x.shape[1]), dtype=xp.float64)
     shift = _per_channel(mean.astype(x.dtype))
@@ -145,6 +150,8 @@ def _affine(xp, x3, scale, shift, device):
     cache when the shift is added)."""
     if device:
         return cuda.bn_affine(x3, scale, shift)
+    if compiled.available(x3):
+        return compiled.affine(x3, scale, shift)
     scale, shift = (_per_channel(v.astype(x3.dtype, copy=False)) for v in (scale, shift))
     y = xp.empty_like(x3)
 
@@ -188,6 +195,8 @@ def batchnorm_backward(gy, saved):
 def _backward(xp, gy3, x3, mean, k1, k2, k3):
     """``gy * k1 - (x - mean) * k2 - k3`` per channel, block by block (:class:`_Blocks`: the centred block stays in
     cache)."""
+    if compiled.available(gy3, x3):
+        return compiled.input_gradient(gy3, x3, mean, k1, k2, k3)
     dtype = gy3.dtype
     k1, k2, k3 = (_per_channel(k.astype(dtype)) for k in (k1, k2, k3))
     shift = _per_channel(mean.astype(dtype))

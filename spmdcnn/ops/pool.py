@@ -12,6 +12,7 @@ windows divide by the positions they hold inside it (PyTorch's ``ceil_mode=True`
 from math import prod
 
 from .. import backend
+from . import compiled
 from .cuda import kernels as cuda
 from .parallel import CHUNK, parallel_for
 from .saved import PoolSaved
@@ -98,8 +99,8 @@ def maxpool_forward(x, geometry):
     N, C = x.shape[:2]
     out = geometry.output_shape(x.shape[2:])
     xpad = xp.ascontiguousarray(pad_spatial(x, geometry.padding, value=-xp.inf))
-    rows = xpad.reshape((N * C,) + xpad.shape[2:])
     index_type = xp.uint8 if geometry.positions <= 256 else xp.uint32
+    rows = xpad.reshape((N * C,) + xpad.shape[2:])
     y = xp.empty((N, C) + out, dtype=x.dtype)
     argmax = xp.empty((N, C) + out, dtype=index_type)
     ys, winners = y.reshape((N * C,) + out), argmax.reshape((N * C,) + out)
@@ -140,6 +141,9 @@ def maxpool_backward(gy, saved):
     N, C = x_shape[:2]
     out = gy.shape[2:]
     padded = padded_extents(x_shape[2:], geometry.padding)
+    if compiled.available(gy):
+        gxpad = compiled.maxpool_backward(gy, argmax, geometry, (N, C) + padded)
+        return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
     gxpad = xp.empty((N, C) + padded, dtype=gy.dtype)
     rows = gxpad.reshape((N * C,) + padded)
     gys = xp.ascontiguousarray(gy).reshape((N * C,) + out)

@@ -18,6 +18,7 @@ from ..io.workers import CLOSE_GRACE_S
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
 from ..io.trace import write_trace
+from ..ops import compiled
 from .profile import training_step
 from .trials import timed_steps
 
@@ -60,10 +61,17 @@ def describe_blas(found):
     return ", ".join(words)
 
 
+def describe_host():
+    """This process's host kernels in words: its BLAS (:func:`describe_blas`) and the compiled kernels
+    (``ops/compiled.py``: numba's version, or off)."""
+    return f"{describe_blas(blas_info())}; compiled kernels {compiled.describe()}"
+
+
 def blas_of_ranks(world, host=True):
-    """What BLAS each rank of ``world`` runs (library, version, kernel, threads), in words, each once with its ranks;
-    ``host``: whether this rank computes on the host (a GPU rank's host BLAS is not said). Collective."""
-    everyone = world.allgather(describe_blas(blas_info()) if host else None)
+    """What BLAS (library, version, kernel, threads) and compiled kernels each rank of ``world`` runs, in words, each
+    once with its ranks; ``host``: whether this rank computes on the host (a GPU rank's host kernels are not said).
+    Collective."""
+    everyone = world.allgather(describe_host() if host else None)
     ranks = {}
     for rank, text in enumerate(everyone):
         if text is not None:
@@ -182,4 +190,5 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "data_wait_s": max(r["data_wait_s"] for r in per_rank) if data else None,
             "workers": per_rank[0]["workers"] if data else None,
             "worker_peak_bytes": max((r["worker_peak_bytes"] or 0 for r in per_rank), default=0) or None,
-            "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info()}
+            "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info(),
+            "compiled": compiled.describe()}

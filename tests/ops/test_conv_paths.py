@@ -70,13 +70,13 @@ def test_a_non_contiguous_gw_out_receives_the_gradient(case):
 
 
 def test_pointwise_weight_gradient_in_sample_blocks(monkeypatch):
-    from spmdcnn.ops import conv
+    from spmdcnn.ops import im2col
     rng = np.random.default_rng(1)
     x, w = rng.standard_normal((7, 5, 4, 3)), rng.standard_normal((6, 5, 1, 1))
     y, saved = conv_forward(x, w, None, ConvGeometry())
     gy = rng.standard_normal(y.shape)
     _, whole, _ = conv_backward(gy, saved)
-    monkeypatch.setattr(conv, "COLUMN_BYTES", 2 * (5 + 6) * 12 * 8)      # two samples per block
+    monkeypatch.setattr(im2col, "COLUMN_BYTES", 2 * (5 + 6) * 12 * 8)      # two samples per block
     _, blocked, _ = conv_backward(gy, saved)
     np.testing.assert_allclose(blocked, whole, rtol=1e-12)
     _, _, rgw, _ = reference(x, w, np.zeros(6), (1, 1), ((0, 0), (0, 0)), (1, 1), gy)
@@ -94,15 +94,15 @@ def test_both_layouts_match_pytorch(monkeypatch, case, waste, chunks):
     """Shifted rows (over the stride's phases where strided) and strided windows give PyTorch's gradients, for
     every kernel, stride, dilation and padding, in one chunk or in chunks of one sample's output planes (the
     columns of a sample larger than the cap)."""
-    from spmdcnn.ops import conv
-    monkeypatch.setattr(conv, "SHIFTED_WASTE", waste)
+    from spmdcnn.ops import im2col
+    monkeypatch.setattr(im2col, "SHIFTED_WASTE", waste)
     x_shape, w_shape, stride, padding, dilation = LAYOUT_CASES[case]
     geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
-    layout = conv._Layout(x_shape, w_shape[2:], geometry, 8)
+    layout = im2col.Layout(x_shape, w_shape[2:], geometry, 8)
     if chunks != "whole":
         plane_bytes = x_shape[1] * int(np.prod(w_shape[2:])) * layout.plane * 8
-        monkeypatch.setattr(conv, "COLUMN_BYTES", plane_bytes * (2 if chunks == "planes" else 1))
-        layout = conv._Layout(x_shape, w_shape[2:], geometry, 8)
+        monkeypatch.setattr(im2col, "COLUMN_BYTES", plane_bytes * (2 if chunks == "planes" else 1))
+        layout = im2col.Layout(x_shape, w_shape[2:], geometry, 8)
         rows = 2 if chunks == "planes" else 1
         if layout.out[0] > rows:
             assert (layout.block, layout.rows) == (1, rows)
@@ -148,6 +148,7 @@ def test_loops_split_only_where_each_thread_gets_a_grain(monkeypatch):
     assert sorted(parts) == [(0, 4), (4, 8)]
 
 
+@pytest.mark.usefixtures("host_kernels")
 def test_split_loops_give_the_bits_of_one_thread(monkeypatch):
     """Every loop shared out between threads (batch norm, pooling, im2col and col2im, the element-wise chunks,
     the SGD update), forced to split at any size and in small blocks, gives exactly what one thread gives."""

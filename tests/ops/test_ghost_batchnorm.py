@@ -27,6 +27,7 @@ def per_group(x, gamma, beta, gy, G):
     return np.concatenate(ys), np.concatenate(gxs), ggamma, gbeta, np.array(means), np.array(variances)
 
 
+@pytest.mark.usefixtures("host_kernels")
 @pytest.mark.parametrize("G", [1, 2, 3, 6])
 def test_one_tile_of_the_whole_batch_is_batch_norm_per_group(G):
     rng = np.random.default_rng(4)
@@ -44,6 +45,7 @@ def test_one_tile_of_the_whole_batch_is_batch_norm_per_group(G):
     np.testing.assert_allclose(own_gbeta, gbeta, rtol=1e-12)
 
 
+@pytest.mark.usefixtures("host_kernels")
 def test_tiles_splitting_groups_combine_to_the_whole():
     """Samples 0-2 on one tile, 3-5 on another, groups of 4: group 0 = samples 0-3 spans both tiles."""
     rng = np.random.default_rng(5)

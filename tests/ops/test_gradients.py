@@ -9,7 +9,7 @@ Inputs avoid non-differentiable points: relu inputs stay away from 0, max-pool i
 import numpy as np
 import pytest
 
-from spmdcnn.ops import conv
+from spmdcnn.ops import im2col
 from spmdcnn.ops.add import add_backward, add_forward
 from spmdcnn.ops.batchnorm import batchnorm_backward, batchnorm_forward
 from spmdcnn.ops.concat import concat_backward, concat_forward
@@ -116,10 +116,10 @@ def test_conv_gradients(case):
 def test_conv_gradients_in_sample_blocks(monkeypatch, case, block):
     x_shape, w_shape, stride, padding, dilation, bias = CONV_CASES[case]
     x_shape = (5,) + x_shape[1:]   # 5 samples: blocks of 2 leave a partial last block
-    layout = conv._Layout(x_shape, w_shape[2:], ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2), 8)
+    layout = im2col.Layout(x_shape, w_shape[2:], ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2), 8)
     per_sample = x_shape[1] * int(np.prod(w_shape[2:])) * layout.P * 8    # float64
-    monkeypatch.setattr(conv, "COLUMN_BYTES", block * per_sample)
-    assert conv._Layout(x_shape, w_shape[2:], ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2), 8).block == block
+    monkeypatch.setattr(im2col, "COLUMN_BYTES", block * per_sample)
+    assert im2col.Layout(x_shape, w_shape[2:], ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2), 8).block == block
     conv_gradient_check(x_shape, w_shape, stride, padding, dilation, bias, seed=7)
 
 
@@ -239,6 +239,7 @@ def test_linear_gradients(shape, bias):
 
 # -------------------------------------------------------------------------------------------- batchnorm
 
+@pytest.mark.usefixtures("host_kernels")
 @pytest.mark.parametrize("x_shape", [(3, 4, 5, 3), (2, 3, 1, 1), (1, 2, 3, 5)])
 def test_batchnorm2d_training_gradients(x_shape):
     rng = np.random.default_rng(20)

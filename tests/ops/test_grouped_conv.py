@@ -8,7 +8,7 @@ import pytest
 
 from float32_bounds import conv_lengths
 from op_cases import GROUPED_CASES
-from spmdcnn.ops import conv, depthwise
+from spmdcnn.ops import depthwise, im2col
 from spmdcnn.ops.conv import ConvGeometry, conv_backward, conv_forward, conv_input_gradient, group_inputs
 from test_ops_vs_torch import DTYPES, assert_expected, blas_reference, random, torch_op, torch_pad
 
@@ -68,7 +68,7 @@ def test_grouped_convolution_without_input_gradient(case):
                                   "grouped_pointwise"])
 def test_grouped_convolution_in_sample_blocks(monkeypatch, case):
     """A column buffer of one sample: the blocks' weight gradients add up per group."""
-    monkeypatch.setattr(conv, "COLUMN_BYTES", 1)
+    monkeypatch.setattr(im2col, "COLUMN_BYTES", 1)
     check(case, np.float64, seed=2, batch=5)
 
 

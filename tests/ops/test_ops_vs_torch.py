@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from float32_bounds import conv_lengths, gamma, linear_lengths
-from spmdcnn.ops import conv
+from spmdcnn.ops import im2col
 from spmdcnn.ops.add import add_backward, add_forward
 from spmdcnn.ops.batchnorm import batchnorm_backward, batchnorm_forward
 from spmdcnn.ops.concat import concat_backward, concat_forward
@@ -210,10 +210,10 @@ def set_block(monkeypatch, case, block, dtype):
     x_shape, w_shape, stride, padding, dilation, _ = CONV_CASES[case]
     geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
     itemsize = np.dtype(dtype).itemsize
-    layout = conv._Layout((5,) + x_shape[1:], w_shape[2:], geometry, itemsize)
+    layout = im2col.Layout((5,) + x_shape[1:], w_shape[2:], geometry, itemsize)
     per_sample = x_shape[1] * int(np.prod(w_shape[2:])) * layout.P * itemsize
-    monkeypatch.setattr(conv, "COLUMN_BYTES", block * per_sample)
-    assert conv._Layout((5,) + x_shape[1:], w_shape[2:], geometry, itemsize).block == block
+    monkeypatch.setattr(im2col, "COLUMN_BYTES", block * per_sample)
+    assert im2col.Layout((5,) + x_shape[1:], w_shape[2:], geometry, itemsize).block == block
 
 
 BLOCK_CASES = ["stride1_3x3_pad1", "stride1_dilated_per_side", "strided_2_pad1_odd", "strided_dilated_per_side",
@@ -275,6 +275,7 @@ def check_pool(case, dtype, x, forward, backward, name, pad_value, **options):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(POOL_CASES))
+@pytest.mark.usefixtures("host_kernels")
 def test_maxpool(case, dtype):
     x = random(np.random.default_rng(6), POOL_CASES[case][0], dtype)
     check_pool(case, dtype, x, maxpool_forward, maxpool_backward, "max_pool", -np.inf)
@@ -282,6 +283,7 @@ def test_maxpool(case, dtype):
 
 @pytest.mark.parametrize("values", ["all_equal", "integers", "negative_integers"])
 @pytest.mark.parametrize("case", list(POOL_CASES))
+@pytest.mark.usefixtures("host_kernels")
 def test_maxpool_ties_go_to_first_maximum(case, values):
     """PyTorch's CPU kernel keeps the first maximum of a window in row-major order; so must spmdcnn."""
     shape = POOL_CASES[case][0]
@@ -313,6 +315,7 @@ def test_avgpool(case, dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("kind", ["max", "avg"])
 @pytest.mark.parametrize("kernel,stride,padding", [(3, 2, 1), ([3, 2], [1, 2], [1, 1]), (2, None, [1, 0])])
+@pytest.mark.usefixtures("host_kernels")
 def test_pool_symmetric_padding_like_torch_padding_argument(kernel, stride, padding, kind, dtype):
     """``padding: p`` / ``[ph, pw]`` is PyTorch's own padding argument, with no F.pad in between."""
     x = random(np.random.default_rng(9), (2, 3, 7, 8), dtype)
@@ -536,6 +539,7 @@ def bn_inputs(rng, shape, dtype):
 @pytest.mark.parametrize("shape,eps,momentum", [((4, 3, 5, 7), 1e-5, 0.1), ((2, 5, 1, 1), 1e-3, 0.3),
                                                 ((1, 2, 3, 4), 1e-5, 1.0), ((2, 3, 3, 4, 5), 1e-5, 0.1),
                                                 ((3, 2, 7), 1e-4, 0.2)])
+@pytest.mark.usefixtures("host_kernels")
 def test_batchnorm_training(shape, eps, momentum, dtype):
     rng = np.random.default_rng(18)
     x, gamma, beta, running_mean, running_var = bn_inputs(rng, shape, dtype)
@@ -559,6 +563,7 @@ def test_batchnorm_training(shape, eps, momentum, dtype):
     assert_close(gbeta, gbeta_ref, dtype, "gbeta")
 
 
+@pytest.mark.usefixtures("host_kernels")
 def test_batchnorm2d_combines_tiles_far_from_zero_as_accurately_as_one_pass_over_all():
     """Two tiles of very different means around 1e4 (unit spread): the combined variance is what a two-pass
     float64 computation over the whole batch gives, to float64 rounding (sums of squares would lose it all)."""
@@ -573,6 +578,7 @@ def test_batchnorm2d_combines_tiles_far_from_zero_as_accurately_as_one_pass_over
     np.testing.assert_allclose(m2, ((whole - whole.mean(axis=0)) ** 2).sum(axis=0), rtol=1e-9)
 
 
+@pytest.mark.usefixtures("host_kernels")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_batchnorm2d_tile_with_reduce_and_global_count(dtype):
     """A tile whose ``gather`` stacks the statistics of two identical tiles and whose ``reduce`` adds their
@@ -731,6 +737,7 @@ def test_conv2d_accepts_non_contiguous_views(case):
             assert_close(got, expected, np.float64, name)
 
 
+@pytest.mark.usefixtures("host_kernels")
 def test_pool_batchnorm_relu_accept_non_contiguous_gradients():
     rng = np.random.default_rng(24)
     x = rng.standard_normal((2, 3, 6, 7))
