@@ -16,21 +16,31 @@ release the GIL) and every row's sums come out the same whatever the split. floa
 (bfloat16, float16) take NumPy's path.
 """
 
+import importlib.metadata
+import importlib.util
 import os
+import threading
 
 import numpy as np
 
 from .parallel import parallel_for
 
-try:
-    if os.environ.get("SPMDCNN_COMPILED", "").lower() in ("off", "0", "no", "false"):
-        raise ImportError("SPMDCNN_COMPILED=off")
-    import numba
-except ImportError:
-    numba = None
-
-ENABLED = numba is not None         # tests switch it off to run NumPy's kernels
+INSTALLED = importlib.util.find_spec("numba") is not None
+SWITCHED_OFF = os.environ.get("SPMDCNN_COMPILED", "").lower() in ("off", "0", "no", "false")
+ENABLED = INSTALLED and not SWITCHED_OFF        # tests switch it off to run NumPy's kernels
 TYPES = (np.float32, np.float64)
+_loops = None
+_loading = threading.Lock()
+
+
+def _kernels():
+    """The numba loops (``ops/numba_loops.py``), imported, and their compiled code loaded, on the first call."""
+    global _loops
+    with _loading:
+        if _loops is None:
+            from . import numba_loops
+            _loops = numba_loops
+    return _loops
 
 
 def available(*arrays):
@@ -40,72 +50,11 @@ def available(*arrays):
 
 def describe():
     """``"numba 0.68.1"``, or why the host kernels are NumPy's."""
-    if numba is None:
-        return "off (SPMDCNN_COMPILED=off)" if os.environ.get("SPMDCNN_COMPILED") else "off (numba not installed)"
-    return f"numba {numba.__version__}" if ENABLED else "off"
-
-
-if numba is not None:
-    _jit = numba.njit(nogil=True, cache=True, fastmath=True)
-
-    @_jit
-    def _centred_dots(a, x, mean, out, r0, r1):
-        """``out[r] = sum(a[r] * (x[r] - mean[c]))``."""
-        C = mean.shape[0]
-        for r in range(r0, r1):
-            m, ar, xr = mean[r % C], a[r], x[r]
-            total = 0.0
-            for p in range(xr.shape[0]):
-                total += ar[p] * (xr[p] - m)
-            out[r] = total
-
-    @_jit
-    def _gradient_sums(gy, x, mean, sums, dots, r0, r1):
-        """``sums[r] = sum(gy[r])``, ``dots[r] = sum(gy[r] * (x[r] - mean[c]))`` in one pass."""
-        C = mean.shape[0]
-        for r in range(r0, r1):
-            m, g, xr = mean[r % C], gy[r], x[r]
-            total, dot = 0.0, 0.0
-            for p in range(xr.shape[0]):
-                total += g[p]
-                dot += g[p] * (xr[p] - m)
-            sums[r] = total
-            dots[r] = dot
-
-    @_jit
-    def _affine(x, scale, shift, y, r0, r1):
-        """``y[r] = x[r] * scale[c] + shift[c]``."""
-        C = scale.shape[0]
-        for r in range(r0, r1):
-            a, b, xr, yr = scale[r % C], shift[r % C], x[r], y[r]
-            for p in range(xr.shape[0]):
-                yr[p] = xr[p] * a + b
-
-    @_jit
-    def _input_gradient(gy, x, mean, k1, k2, k3, gx, r0, r1):
-        """``gx[r] = gy[r] * k1[c] - (x[r] - mean[c]) * k2[c] - k3[c]``."""
-        C = mean.shape[0]
-        for r in range(r0, r1):
-            c = r % C
-            a, b, e, m, g, xr, out = k1[c], k2[c], k3[c], mean[c], gy[r], x[r], gx[r]
-            for p in range(xr.shape[0]):
-                out[p] = g[p] * a - (xr[p] - m) * b - e
-
-
-if numba is not None:
-    @numba.njit(nogil=True, cache=True)
-    def _maxpool_backward(gy, argmax, kernel, stride, gx, r0, r1):
-        """Adds each output's gradient to its window's winner in the zeroed padded rows ``gx``."""
-        kd, kh, kw = kernel
-        sd, sh, sw = stride
-        for r in range(r0, r1):
-            for od in range(gy.shape[1]):
-                for oh in range(gy.shape[2]):
-                    for ow in range(gy.shape[3]):
-                        i = argmax[r, od, oh, ow]
-                        a, rest = divmod(i, kh * kw)
-                        b, c = divmod(rest, kw)
-                        gx[r, od * sd + a, oh * sh + b, ow * sw + c] += gy[r, od, oh, ow]
+    if not INSTALLED:
+        return "off (numba not installed)"
+    if SWITCHED_OFF:
+        return "off (SPMDCNN_COMPILED=off)"
+    return f"numba {importlib.metadata.version('numba')}" if ENABLED else "off"
 
 
 def _volumes(array, rows):
@@ -124,7 +73,7 @@ def maxpool_backward(gy, argmax, geometry, padded_shape):
     gx = np.zeros(padded_shape, dtype=gy.dtype)
     rows = _volumes(gx, N * C)
     g = _volumes(np.ascontiguousarray(gy), N * C)
-    parallel_for(lambda r0, r1: _maxpool_backward(g, _volumes(argmax, N * C), _three(geometry.kernel, 1),
+    parallel_for(lambda r0, r1: _kernels().maxpool_backward(g, _volumes(argmax, N * C), _three(geometry.kernel, 1),
                                                   _three(geometry.stride, 1), rows, r0, r1),
                  N * C, gy.size * geometry.positions)
     return gx
@@ -145,7 +94,7 @@ def centred_dots(a, x, mean):
     N, C, _ = x.shape
     rows = _rows(x)
     out = np.empty(N * C)
-    _per_row(_centred_dots, rows, _rows(a), rows, mean.astype(x.dtype), out)
+    _per_row(_kernels().centred_dots, rows, _rows(a), rows, mean.astype(x.dtype), out)
     return out.reshape(N, C).sum(axis=0)
 
 
@@ -154,7 +103,7 @@ def gradient_sums(gy, x, mean):
     N, C, _ = x.shape
     rows = _rows(x)
     sums, dots = np.empty(N * C), np.empty(N * C)
-    _per_row(_gradient_sums, rows, _rows(gy), rows, mean.astype(x.dtype), sums, dots)
+    _per_row(_kernels().gradient_sums, rows, _rows(gy), rows, mean.astype(x.dtype), sums, dots)
     return np.stack([sums.reshape(N, C).sum(axis=0), dots.reshape(N, C).sum(axis=0)])
 
 
@@ -162,7 +111,7 @@ def affine(x, scale, shift):
     """``x * scale + shift`` per channel of a (N, C, S) array."""
     rows = _rows(x)
     y = np.empty_like(rows)
-    _per_row(_affine, rows, rows, scale.astype(x.dtype), shift.astype(x.dtype), y)
+    _per_row(_kernels().affine, rows, rows, scale.astype(x.dtype), shift.astype(x.dtype), y)
     return y.reshape(x.shape)
 
 
@@ -171,6 +120,6 @@ def input_gradient(gy, x, mean, k1, k2, k3):
     rows = _rows(x)
     gx = np.empty_like(rows)
     dtype = x.dtype
-    _per_row(_input_gradient, rows, _rows(gy).astype(dtype, copy=False), rows, mean.astype(dtype),
+    _per_row(_kernels().input_gradient, rows, _rows(gy).astype(dtype, copy=False), rows, mean.astype(dtype),
              k1.astype(dtype), k2.astype(dtype), k3.astype(dtype), gx)
     return gx.reshape(x.shape)
