@@ -16,7 +16,8 @@ cores / K threads each.
   samples: like for like with DDP), and ``--plan data`` with the same groups.
 
 The two alternate in fresh processes, ``--rounds`` times; medians of images/s and the ratio spmdcnn / DDP are
-printed. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the children's environment.
+printed. OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE are removed from the children's environment. ``--torch-malloc
+spmdcnn`` gives the DDP processes the malloc settings the spmdcnn command sets (``spmdcnn.keep_freed_memory``).
 """
 
 import argparse
@@ -59,6 +60,9 @@ def ddp(model, batch, ranks, steps, warmup, env):
 
 
 def _ddp_process(rank, model, batch, ranks, steps, warmup, port, results):
+    if os.environ.get("SPMDCNN_MALLOC") == "spmdcnn":      # --torch-malloc spmdcnn: as the spmdcnn command sets it
+        import spmdcnn
+        spmdcnn.keep_freed_memory()
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -129,6 +133,9 @@ def main():
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--cores", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--json", help="also write every run's result here")
+    parser.add_argument("--torch-malloc", choices=["system", "spmdcnn"], default="system",
+                        help="DDP's malloc: the C library's defaults, as PyTorch users run it (default), or "
+                             "spmdcnn's settings (freed memory kept for the next arrays)")
     args = parser.parse_args()
     env = environment(max(args.cores // args.ranks, 1))
     everything = {}
@@ -136,7 +143,8 @@ def main():
         model, batch = spec.split(":")
         batch = int(batch)
         group = batch // args.ranks
-        variants = {"ddp": lambda: ddp(model, batch, args.ranks, args.steps, args.warmup, env)}
+        variants = {"ddp": lambda: ddp(model, batch, args.ranks, args.steps, args.warmup,
+                                       {**env, "SPMDCNN_MALLOC": args.torch_malloc})}
         for plan in ("auto", "data"):
             for label, g in (("global", None), (f"group {group}", group)):
                 if plan == "data" and g is None:
