@@ -19,4 +19,5 @@ def host_kernels(request, monkeypatch):
     if request.param == "compiled" and not compiled.INSTALLED:
         pytest.skip("numba is not installed (pip install -e '.[test]' installs it)")
     monkeypatch.setattr(compiled, "ENABLED", request.param == "compiled")
+    monkeypatch.setattr(compiled, "MIN_ELEMENTS", 0)        # the tests' small arrays too
     return request.param

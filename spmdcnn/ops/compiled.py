@@ -12,8 +12,8 @@ windows (numba 0.68: 90 against 35 ms for 32 x 128^3; LLVM does not vectorise th
 
 Each kernel works on rows of a (rows, positions) array, row ``r`` of channel ``r % C``, ``rows [r0, r1)`` of the
 work at a time, so that :func:`~spmdcnn.ops.parallel.parallel_for` shares rows out between threads (the kernels
-release the GIL) and every row's sums come out the same whatever the split. float32 and float64 only; other types
-(bfloat16, float16) take NumPy's path.
+release the GIL) and every row's sums come out the same whatever the split. float32 and float64 arrays of
+:data:`MIN_ELEMENTS` or more only; other types (bfloat16, float16) and smaller arrays take NumPy's path.
 """
 
 import importlib.metadata
@@ -29,6 +29,9 @@ INSTALLED = importlib.util.find_spec("numba") is not None
 SWITCHED_OFF = os.environ.get("SPMDCNN_COMPILED", "").lower() in ("off", "0", "no", "false")
 ENABLED = INSTALLED and not SWITCHED_OFF        # tests switch it off to run NumPy's kernels
 TYPES = (np.float32, np.float64)
+# Smaller arrays take NumPy's kernels: their passes stay in cache anyway, and a process whose arrays are all small
+# (a test, a small model) never loads numba, which costs about 0.5 s a process (import and cached code).
+MIN_ELEMENTS = 1 << 18
 _loops = None
 _loading = threading.Lock()
 
@@ -44,8 +47,10 @@ def _kernels():
 
 
 def available(*arrays):
-    """Whether the compiled kernels run on these (host) arrays."""
-    return ENABLED and all(isinstance(a, np.ndarray) and a.dtype.type in TYPES for a in arrays)
+    """Whether the compiled kernels run on these (host) arrays: float32 or float64, the first of
+    :data:`MIN_ELEMENTS` or more."""
+    return ENABLED and arrays[0].size >= MIN_ELEMENTS and all(isinstance(a, np.ndarray) and a.dtype.type in TYPES
+                                                              for a in arrays)
 
 
 def describe():
