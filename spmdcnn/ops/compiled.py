@@ -1,13 +1,16 @@
 """Optional compiled host kernels (numba, the ``numba`` extra: ``pip install "spmdcnn[numba]"``) for passes that
 NumPy needs several calls for: batch norm's statistics, its affine pass and its input gradient, each one pass over
 memory, and max pooling's backward (3 NumPy calls per kernel position and output; here one add per output). Without
-numba, or with ``SPMDCNN_COMPILED=off``, NumPy's kernels run (``ops/batchnorm.py``, ``ops/pool.py``); both keep
-the float32 error bounds the tests derive, and any plan still equals one process (every rank runs the same code).
+numba, with ``SPMDCNN_COMPILED=off``, or where numba fails to load them (a warning says why), NumPy's kernels run
+(``ops/batchnorm.py``, ``ops/pool.py``); both keep the float32 error bounds the tests derive, and agree to the
+type's rounding (their sums are grouped differently), so a plan whose tiles fall below :data:`MIN_ELEMENTS` where
+one process's whole tensors do not still equals one process to rounding.
 
 Measured (``benchmarks/kernels_vs_torch.py models/resnet50.yaml --batch 16``, 2 threads): NumPy's blocked passes
 take 6-8 calls per element backward and 5 forward, and ResNet-50's batch norms took 351 ms a step against
 PyTorch's 196; one loop per element, vectorised by LLVM (``fastmath``: sums reassociated, in float64
-accumulators), takes 180 ms. Max pooling's forward stays NumPy's: its blocked passes beat a compiled loop over the
+accumulators), takes 180 ms. (``fastmath`` is only reassociation and contraction: NaN and infinities propagate as
+in NumPy, for the trainer's check that the loss is finite.) Max pooling's forward stays NumPy's: its blocked passes beat a compiled loop over the
 windows (numba 0.68: 90 against 35 ms for 32 x 128^3; LLVM does not vectorise the running maximum and its index).
 
 Each kernel works on rows of a (rows, positions) array, row ``r`` of channel ``r % C``, ``rows [r0, r1)`` of the
@@ -20,6 +23,7 @@ import importlib.metadata
 import importlib.util
 import os
 import threading
+import warnings
 
 import numpy as np
 
@@ -33,24 +37,32 @@ TYPES = (np.float32, np.float64)
 # (a test, a small model) never loads numba, which costs about 0.5 s a process (import and cached code).
 MIN_ELEMENTS = 1 << 18
 _loops = None
+FAILED = None           # why numba's kernels failed to load, if they did
 _loading = threading.Lock()
 
 
 def _kernels():
-    """The numba loops (``ops/numba_loops.py``), imported, and their compiled code loaded, on the first call."""
-    global _loops
+    """The numba loops (``ops/numba_loops.py``), imported, and their compiled code loaded, on the first call; None,
+    and the compiled kernels off for the rest of the process with a warning, where numba fails to load them (a
+    release that does not support this NumPy, no writable cache)."""
+    global _loops, ENABLED, FAILED
     with _loading:
-        if _loops is None:
-            from . import numba_loops
-            _loops = numba_loops
+        if _loops is None and FAILED is None:
+            try:
+                from . import numba_loops
+                _loops = numba_loops
+            except Exception as error:          # noqa: BLE001 (any failure: NumPy's kernels run instead)
+                FAILED, ENABLED = f"{type(error).__name__}: {error}", False
+                warnings.warn(f"spmdcnn: numba's kernels failed to load ({FAILED}); NumPy's run instead",
+                              RuntimeWarning, stacklevel=3)
     return _loops
 
 
 def available(*arrays):
     """Whether the compiled kernels run on these (host) arrays: float32 or float64, the first of
     :data:`MIN_ELEMENTS` or more."""
-    return ENABLED and arrays[0].size >= MIN_ELEMENTS and all(isinstance(a, np.ndarray) and a.dtype.type in TYPES
-                                                              for a in arrays)
+    return (ENABLED and arrays[0].size >= MIN_ELEMENTS
+            and all(isinstance(a, np.ndarray) and a.dtype.type in TYPES for a in arrays) and _kernels() is not None)
 
 
 def describe():
@@ -59,6 +71,8 @@ def describe():
         return "off (numba not installed)"
     if SWITCHED_OFF:
         return "off (SPMDCNN_COMPILED=off)"
+    if FAILED:
+        return f"off (numba failed to load them: {FAILED})"
     return f"numba {importlib.metadata.version('numba')}" if ENABLED else "off"
 
 

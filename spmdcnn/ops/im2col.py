@@ -58,7 +58,7 @@ class Layout:
         # take more (a volume's), ``rows`` output planes of one sample
         plane_bytes = max(C * prod(kernel) * self.plane * itemsize, 1)
         self.rows = min(self.out[0], max(1, COLUMN_BYTES // plane_bytes))
-        self.block = max(1, min(N, COLUMN_BYTES // (plane_bytes * self.out[0]))) if self.rows == self.out[0] else 1
+        self.block = max(1, min(N, COLUMN_BYTES // max(plane_bytes * self.out[0], 1))) if self.rows == self.out[0] else 1
         self.P = self.rows * self.plane         # positions of a chunk, per sample
 
     def chunks(self, N):

@@ -3,7 +3,8 @@
 slope's). Forward keeps the one-byte mask ``x > 0``.
 
 On the host, ``y = max(x, slope * x)`` for a slope up to 1 (``min`` above it: either picks ``x`` for ``x > 0`` and
-``slope * x`` otherwise), each direction one pass over cache-sized chunks split between threads."""
+``slope * x`` otherwise; ``x`` times the mask for a slope of 0), each direction one pass over cache-sized chunks
+split between threads."""
 
 from .. import backend
 from .cuda import kernels as cuda
@@ -26,7 +27,11 @@ def leaky_relu_forward(x, negative_slope=0.01, inplace=False):
     def run(part):
         chunk = xs[part]
         xp.greater(chunk, 0, out=ps[part])
-        pick(chunk, chunk * slope, out=ys[part])
+        if slope:
+            pick(chunk, chunk * slope, out=ys[part])
+        else:           # x times the mask: +inf stays inf (max(inf, 0 * inf) would be NaN); -inf * 0 is NaN
+            with xp.errstate(invalid="ignore"):         # as PyTorch's, without a warning
+                xp.multiply(chunk, ps[part], out=ys[part])
     over_chunks(run, x.size)
     return y, positive
 

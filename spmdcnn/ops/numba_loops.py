@@ -3,7 +3,7 @@ them never imports numba). Each takes rows ``[r0, r1)`` of its work; see ``ops/c
 
 import numba
 
-_jit = numba.njit(nogil=True, cache=True, fastmath=True)
+_jit = numba.njit(nogil=True, cache=True, fastmath={"reassoc", "contract"})    # NaN and inf kept
 
 
 @_jit

@@ -75,7 +75,7 @@ class PoolGeometry:
         axis only where its windows do not overlap along it (kernel at most the stride), so that blocks read (and
         backward writes) disjoint inputs."""
         target = max(1, 16 * CHUNK // self.positions)
-        plane, per_row = prod(out[1:]), prod(out)
+        plane, per_row = max(prod(out[1:]), 1), max(prod(out), 1)
         if per_row >= target and (not disjoint_inputs or self.kernel[0] <= self.stride[0]):
             step = max(1, target // plane)
             return [(r, r + 1, o, min(out[0], o + step)) for r in range(rows) for o in range(0, out[0], step)]

@@ -364,6 +364,23 @@ def test_leaky_relu(slope, inplace, dtype):
     assert_close(leaky_relu_backward(R, saved, slope), gx_ref, dtype, "gx")
 
 
+@pytest.mark.parametrize("slope", [0.0, 0.3, -0.5, 1.5])
+def test_leaky_relu_of_infinities_and_nan_is_pytorchs(slope):
+    x = np.array([np.inf, -np.inf, np.nan, 0.0, -0.0, 2.0, -3.0], dtype=np.float32)
+    y, positive = leaky_relu_forward(x.copy(), slope)
+    np.testing.assert_array_equal(y, F.leaky_relu(torch.from_numpy(x), slope).numpy())
+    gy = np.ones_like(x)
+    np.testing.assert_array_equal(leaky_relu_backward(gy, positive, slope), np.where(x > 0, 1, np.float32(slope)))
+
+
+def test_max_pooling_to_an_empty_output():
+    x = np.ones((2, 3, 1, 4), np.float32)
+    y, saved = maxpool_forward(x, PoolGeometry(2))
+    assert y.shape == (2, 3, 0, 2)
+    gx = maxpool_backward(y, saved)
+    assert gx.shape == x.shape and not gx.any()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inplace", [False, True])
 def test_tanh(inplace, dtype):
