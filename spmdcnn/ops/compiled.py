@@ -46,6 +46,8 @@ def _kernels():
     and the compiled kernels off for the rest of the process with a warning, where numba fails to load them (a
     release that does not support this NumPy, no writable cache)."""
     global _loops, ENABLED, FAILED
+    if _loops is not None:                      # loaded: no lock on every call
+        return _loops
     with _loading:
         if _loops is None and FAILED is None:
             try:

@@ -169,6 +169,7 @@ def _columns_forward(x, w, b, geometry, out):
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     product = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
+    bias = None if b is None else b.reshape(_bias_shape(K, geometry.rank))
     for n0, nb, o0, o1 in layout.chunks(N):
         if o0 == 0:
             xpad = layout.padded_block(x[n0:n0 + nb])
@@ -177,7 +178,6 @@ def _columns_forward(x, w, b, geometry, out):
         part = product[:, :nb * positions]
         xp.matmul(w3, _by_group(cols, G, nb * positions), out=_by_group(part, G))
         block, target = layout.from_positions(part, nb), y[n0:n0 + nb, :, o0:o1]
-        bias = None if b is None else b.reshape(_bias_shape(K, geometry.rank))
 
         def copy(k0, k1):                                               # split over the channels
             if bias is None:

@@ -8,8 +8,7 @@ split between threads."""
 
 from .. import backend
 from .cuda import kernels as cuda
-from .parallel import over_chunks
-from .relu import masked
+from .relu import masked, with_mask
 
 
 def leaky_relu_forward(x, negative_slope=0.01, inplace=False):
@@ -17,23 +16,16 @@ def leaky_relu_forward(x, negative_slope=0.01, inplace=False):
     if backend.on_device(x):
         return cuda.leaky_relu_forward(x, negative_slope, inplace)
     xp = backend.array_module(x)
-    x = xp.ascontiguousarray(x)
-    y = x if inplace else xp.empty_like(x)
-    positive = xp.empty(x.shape, dtype=bool)
-    xs, ys, ps = x.reshape(-1), y.reshape(-1), positive.reshape(-1)
     slope = x.dtype.type(negative_slope)
     pick = xp.maximum if negative_slope <= 1 else xp.minimum
 
-    def run(part):
-        chunk = xs[part]
-        xp.greater(chunk, 0, out=ps[part])
-        if slope:
-            pick(chunk, chunk * slope, out=ys[part])
-        else:           # x times the mask: +inf stays inf (max(inf, 0 * inf) would be NaN); -inf * 0 is NaN
-            with xp.errstate(invalid="ignore"):         # as PyTorch's, without a warning
-                xp.multiply(chunk, ps[part], out=ys[part])
-    over_chunks(run, x.size)
-    return y, positive
+    def sloped(chunk, positive, out):
+        pick(chunk, chunk * slope, out=out)
+
+    def flat(chunk, positive, out):     # x times the mask: +inf stays inf (max(inf, 0 * inf) would be NaN)
+        with xp.errstate(invalid="ignore"):             # -inf * 0 is NaN, as PyTorch's, without a warning
+            xp.multiply(chunk, positive, out=out)
+    return with_mask(x, inplace, sloped if slope else flat)
 
 
 def leaky_relu_backward(gy, positive, negative_slope=0.01):

@@ -131,19 +131,26 @@ def _padded_zeros(xp, x_shape, geometry, dtype):
 
 
 def maxpool_backward(gy, saved):
-    """Route each output gradient to the input element that won its window: on the host block by block
-    (:meth:`PoolGeometry.pieces`, blocks that write disjoint inputs), each zeroing its inputs and adding its
-    outputs' shares while they are in cache."""
+    """Route each output gradient to the input element that won its window: on the host one add per output where
+    the compiled kernels run (``ops/compiled.py``), else block by block (:meth:`PoolGeometry.pieces`, blocks that
+    write disjoint inputs), each zeroing its inputs and adding its outputs' shares while they are in cache."""
     if backend.on_device(gy):
         return cuda.maxpool_backward(gy, saved)
     x_shape, argmax, geometry = saved.x_shape, saved.argmax, saved.geometry
     xp = backend.array_module(gy)
     N, C = x_shape[:2]
-    out = gy.shape[2:]
     padded = padded_extents(x_shape[2:], geometry.padding)
     if compiled.available(gy):
         gxpad = compiled.maxpool_backward(gy, argmax, geometry, (N, C) + padded)
-        return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
+    else:
+        gxpad = _routed(xp, gy, argmax, geometry, padded)
+    return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
+
+
+def _routed(xp, gy, argmax, geometry, padded):
+    """NumPy's :func:`maxpool_backward` into the padded input's gradient, block by block."""
+    N, C = gy.shape[:2]
+    out = gy.shape[2:]
     gxpad = xp.empty((N, C) + padded, dtype=gy.dtype)
     rows = gxpad.reshape((N * C,) + padded)
     gys = xp.ascontiguousarray(gy).reshape((N * C,) + out)
@@ -162,7 +169,7 @@ def maxpool_backward(gy, saved):
                 xp.multiply(gys[r0:r1, o0:o1], hit, out=share)
                 rows[(slice(r0, r1),) + slices] += share
     parallel_for(run, len(pieces), gy.size * geometry.positions)
-    return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
+    return gxpad
 
 
 def avgpool_forward(x, geometry):

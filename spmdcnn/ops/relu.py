@@ -13,6 +13,13 @@ def relu_forward(x, inplace=False):
     if backend.on_device(x):
         return cuda.relu_forward(x, inplace)
     xp = backend.array_module(x)
+    return with_mask(x, inplace, lambda chunk, positive, out: xp.maximum(chunk, 0, out=out))
+
+
+def with_mask(x, inplace, compute):
+    """``(y, x > 0)`` on the host, ``compute(chunk, positive, out)`` writing each chunk of ``y`` from that of ``x``
+    and of its mask, in one pass over cache-sized chunks split between threads; ``y`` is ``x`` when ``inplace``."""
+    xp = backend.array_module(x)
     x = xp.ascontiguousarray(x)
     y = x if inplace else xp.empty_like(x)
     positive = xp.empty(x.shape, dtype=bool)
@@ -20,7 +27,7 @@ def relu_forward(x, inplace=False):
 
     def run(part):
         xp.greater(xs[part], 0, out=ps[part])       # before y is written: it may be x
-        xp.maximum(xs[part], 0, out=ys[part])
+        compute(xs[part], ps[part], ys[part])
     over_chunks(run, x.size)
     return y, positive
 
@@ -41,13 +48,13 @@ def masked(gy, positive, slope):
     base = xp.asarray(slope, dtype=gy.dtype).view(bits)
     step = xp.asarray(1, dtype=gy.dtype).view(bits) - base
 
-    def run(part):
-        if slope:       # gy times 1 or the slope, exactly: the factor's bits are the slope's plus the mask times
-            # (1's - the slope's), in wrapping integers (a masked copy, NumPy's where or copyto, is 4x slower)
-            factor = xp.multiply(ps[part], step, dtype=bits)
-            factor += base
-            xp.multiply(gys[part], factor.view(gy.dtype), out=gxs[part])
-        else:
-            xp.multiply(gys[part], ps[part], out=gxs[part])
-    over_chunks(run, gy.size)
+    def scaled(part):   # gy times 1 or the slope, exactly: the factor's bits are the slope's plus the mask times
+        # (1's - the slope's), in wrapping integers (a masked copy, NumPy's where or copyto, is 4x slower)
+        factor = xp.multiply(ps[part], step, dtype=bits)
+        factor += base
+        xp.multiply(gys[part], factor.view(gy.dtype), out=gxs[part])
+
+    def kept(part):
+        xp.multiply(gys[part], ps[part], out=gxs[part])
+    over_chunks(scaled if slope else kept, gy.size)
     return gx
