@@ -2,10 +2,13 @@
 
 For each model and rank count K: profile the tile shapes with K ranks at once (``spmdcnn profile``), find the
 optimal plan (``spmdcnn plan``; on several ranks ``mpiexec -n K spmdcnn plan --trials 4``, which times the model's
-4 best plans there and keeps the fastest measured), then for the data, owt and optimal plans compare ``spmdcnn simulate``'s
+4 best plans there and keeps the fastest measured), once for each gradient overlap setting (``--no-overlap`` is the
+job's, and the planner plans for it), then for the data, owt and optimal plans compare ``spmdcnn simulate``'s
 predicted iteration with the mean iteration ``spmdcnn bench`` measures under ``mpiexec -n K`` (the mean, as a
-run's logged step time and its images/s are: the cost model predicts it). Every pair of
-numbers is printed, then the median and largest absolute error.
+run's logged step time and its images/s are: the cost model predicts it). Each measurement times at least
+``--seconds`` of steps (``--steps`` or, for a short step, as many as its prediction says fill that time: ten steps
+of a 10 ms step are one scheduler hiccup from a 10 % error). Every pair of numbers is printed, then the median and
+largest absolute error.
 
 With ``--rounds R`` the whole set is measured R times in turn, the plans in reverse order every other round. Each
 round but the first starts each model and rank count by measuring its reference iteration and wait again (the tile
@@ -22,6 +25,7 @@ the rounds shows it next to the median predicted and the median measured time (w
 
 import argparse
 import json
+import math
 import os
 import shutil
 import statistics
@@ -50,7 +54,9 @@ def main():
     parser.add_argument("--ranks", nargs="+", type=int, default=[1, 2, 4])
     parser.add_argument("--plans", nargs="+", default=["data", "owt", "optimal"])
     parser.add_argument("--machine", default="jobs/machines/local.yaml")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=10, help="timed steps of each measurement, at least")
+    parser.add_argument("--seconds", type=float, default=2.0,
+                        help="timed seconds of each measurement, at least, in steps of the predicted time (default 2)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=1, help="times the whole set is measured, in turn")
     parser.add_argument("--overlap", nargs="+", default=["on"], choices=["on", "off"],
@@ -68,14 +74,17 @@ def main():
             profile = os.path.join(work, f"profile-{name}-{ranks}.json")
             run(["profile", model, "--batch", batch, "--devices", str(ranks), "-o", profile, "--machine",
                  args.machine], ranks)
-            optimal = os.path.join(work, f"optimal-{name}-{ranks}.yaml")
             trials = ["--trials", str(args.trials)] if ranks > 1 and args.trials > 1 else []
-            run(["plan", model, "--devices", str(ranks), "--batch", batch, "--machine", args.machine,
-                 "--profile", profile, "-o", optimal, *trials], ranks if trials else 1)
-            same = _same_as(model, int(batch), ranks, optimal, [p for p in args.plans if p != "optimal"])
-            if same:
-                print(f"{name} on {ranks} ranks: the planner's plan is the {same} plan; measured once, as both",
-                      flush=True)
+            optimal, same = {}, {}
+            for overlap in args.overlap:        # the planner plans for the job's sync: one plan for each
+                optimal[overlap] = os.path.join(work, f"optimal-{name}-{ranks}-{overlap}.yaml")
+                run(["plan", model, "--devices", str(ranks), "--batch", batch, "--machine", args.machine,
+                     "--profile", profile, "-o", optimal[overlap], *trials, *_sync(overlap)], ranks if trials else 1)
+                same[overlap] = _same_as(model, int(batch), ranks, optimal[overlap],
+                                         [p for p in args.plans if p != "optimal"])
+                if same[overlap]:
+                    print(f"{name} on {ranks} ranks, overlap {overlap}: the planner's plan is the {same[overlap]} "
+                          "plan; measured once, as both", flush=True)
             cases.append((model, name, batch, ranks, profile, optimal, same))
     pairs = {}
     for round_ in range(args.rounds):
@@ -87,22 +96,24 @@ def main():
             runs = [(p, o) for p in (args.plans if ranks > 1 else ["data"]) for o in args.overlap]
             if round_ % 2:      # the machine's speed drifts within a round: the plans alternate their turns
                 runs = runs[::-1]
-            for plan, overlap in sorted(runs, key=lambda r: r[0] == "optimal" and bool(same)):
-                if plan == "optimal" and same:
-                    copy = same if len(args.overlap) == 1 else f"{same}/{overlap}"
+            for plan, overlap in sorted(runs, key=lambda r: r[0] == "optimal" and bool(same[r[1]])):
+                if plan == "optimal" and same[overlap]:
+                    copy = same[overlap] if len(args.overlap) == 1 else f"{same[overlap]}/{overlap}"
                     label = plan if len(args.overlap) == 1 else f"{plan}/{overlap}"
                     pairs.setdefault((name, ranks, label), []).append({**pairs[name, ranks, copy][-1], "plan": label,
                                                                       "copy_of": copy})
                     continue
-                spec_plan = optimal if plan == "optimal" else plan
-                sync = [] if overlap == "on" else ["--no-overlap"]
+                spec_plan = optimal[overlap] if plan == "optimal" else plan
+                sync = _sync(overlap)
                 predicted = json.loads(run(["simulate", spec_plan, "--model", model, "--devices", str(ranks),
                                             "--batch", batch, "--machine", args.machine, "--profile", profile,
                                             "--json", *sync], 1))[0]["predicted"]
+                steps = max(args.steps, math.ceil(args.seconds / predicted["iteration_s"]))
                 measured = json.loads(run(["bench", model, "--batch", batch, "--plan", spec_plan, "--steps",
-                                           str(args.steps), "--warmup", str(args.warmup), "--json", *sync], ranks))
+                                           str(steps), "--warmup", str(args.warmup), "--json", *sync], ranks))
                 plan = plan if len(args.overlap) == 1 else f"{plan}/{overlap}"
                 row = {"model": name, "batch": int(batch), "ranks": ranks, "plan": plan, "round": round_,
+                       "steps": steps,
                        "predicted_ms": predicted["iteration_s"] * 1e3, "measured_ms": measured["step_s_mean"] * 1e3,
                        "error": predicted["iteration_s"] / measured["step_s_mean"] - 1,
                        "predicted_parts_ms": [predicted[k] * 1e3 for k in ("compute_s", "transfer_s", "sync_s")],
@@ -134,6 +145,10 @@ def main():
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump([row for rows in pairs.values() for row in rows], handle, indent=1)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _sync(overlap):
+    return [] if overlap == "on" else ["--no-overlap"]
 
 
 def _same_as(model, batch, ranks, optimal, plans):

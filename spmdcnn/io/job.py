@@ -65,6 +65,7 @@ SCHEMA = {
     "trials": {                              # plan auto times the model's best plans (runtime/trials.py)
         "plans": (int, 4),                   # how many, data parallelism among them (0 or 1: no trials)
         "steps": (int, 6),                   # timed steps each, half in each of two passes, after warmup
+        "seconds": (_NUMBER, 1.0),           # at least this long each: more steps when a step is short
         "warmup": (int, 2),
         "share": (_NUMBER, 0.1),             # the most of the run's steps they may take
     },
@@ -309,6 +310,8 @@ def parse_job(values, source="<job>", overrides=()):
         check(trials[key] >= 0, f"trials.{key}", f"'trials.{key}' must be 0 or more, got {trials[key]}")
     check(trials["steps"] >= 2, "trials.steps",
           f"'trials.steps' must be 2 or more (half in each of two passes), got {trials['steps']}")
+    check(trials["seconds"] >= 0, "trials.seconds",
+          f"'trials.seconds' must be 0 or more (seconds of steps each plan is timed for), got {trials['seconds']}")
     check(0 < trials["share"] <= 1, "trials.share",
           f"'trials.share' must be a fraction of the run's steps in (0, 1], got {trials['share']}")
     if job["memory"] is not None:

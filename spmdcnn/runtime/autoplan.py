@@ -149,7 +149,7 @@ def _trials(proposed, graph, batch, world, xp, dtype, settings, store, path, log
     if found is not None:
         log(f"plan auto: the trials of these {len(found)} plans are cached in {path} (measured per step):")
     else:
-        steps = settings.steps_within(len(proposed), run_steps)
+        steps = settings.steps_within(len(proposed), run_steps, min(predicted for _, _, predicted in proposed))
         if not steps:
             log(f"plan auto: no trials: {len(proposed)} plans of {settings.warmup} + 2 steps would take more than "
                 f"{settings.share * 100:g} % of the run's {run_steps} steps (trials.share)")

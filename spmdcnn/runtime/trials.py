@@ -15,6 +15,7 @@ and a later run whose candidates are the same skips them.
 import gc
 import hashlib
 import json
+import math
 import os
 import statistics
 import time
@@ -29,16 +30,19 @@ from .profile import JobReads, training_step
 from .trace import traced_step
 
 
+MOST_STEPS = 1000   # timed steps per plan, at most, whatever trials.seconds asks of a short predicted step
 MARGIN = 0.03      # how much faster than data parallelism (or the model's choice) another plan must run to replace it
 
 
 @dataclass(frozen=True)
 class TrialSettings:
     """The job's ``trials`` mapping: ``plans`` timed (0 or 1: no trials), ``steps`` timed each after ``warmup``,
-    and the most of the run's steps they may take (``share``)."""
+    or more where those would take less than ``seconds`` (a few steps of a few milliseconds tell plans apart by
+    the scheduler's hiccups, not by their speed), and the most of the run's steps they may take (``share``)."""
 
     plans: int = 4
     steps: int = 6
+    seconds: float = 1.0
     warmup: int = 2
     share: float = 0.1
 
@@ -55,14 +59,22 @@ class TrialSettings:
         if self.steps < 2:
             raise ValueError(f"trials.steps must be 2 or more (one in each pass), got {self.steps}")
 
-    def steps_within(self, count, run_steps):
+    def steps_within(self, count, run_steps, step_s=None):
         """Timed steps per plan for ``count`` plans within ``share`` of ``run_steps`` (None: the run's steps are
-        unknown, no bound), fewer than :attr:`steps` when the share needs it; 0 when not even two fit. A plan runs
-        :attr:`warmup` steps before its first pass and one before its second (:func:`run_trials`)."""
-        if run_steps is None:
-            return self.steps
-        fits = int(self.share * run_steps) // count - self.warmup - 1      # and the second pass's warm-up
-        return min(self.steps, fits) if fits >= 2 else 0
+        unknown, no bound): :attr:`steps`, fewer when the share needs it (0 when not even two fit), or more where
+        ``step_s`` (the fastest plan's predicted step; None: unknown) says they take less than :attr:`seconds`, as
+        many more as leave room in the share for a run-off of two (:func:`contenders`). A plan runs :attr:`warmup`
+        steps before its first pass and one before its second (:func:`run_trials`)."""
+        def fits(plans):
+            if run_steps is None:
+                return MOST_STEPS
+            return int(self.share * run_steps) // plans - self.warmup - 1      # and the second pass's warm-up
+        steps = min(self.steps, fits(count))
+        if steps < 2:
+            return 0
+        if step_s:
+            steps = max(steps, min(math.ceil(self.seconds / step_s), MOST_STEPS, fits(count + 2)))
+        return steps
 
     def total(self, count, steps):
         """The steps ``count`` plans of ``steps`` (2 or more) timed steps take, warm-ups included."""

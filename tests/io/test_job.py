@@ -34,7 +34,7 @@ def expect_error(path, *fragments, overrides=()):
 @pytest.mark.parametrize("trials,fragment", [
     ("{plans: -1}", "'trials.plans' must be 0 or more"), ("{steps: 1}", "'trials.steps' must be 2 or more"),
     ("{share: 0}", "'trials.share' must be a fraction"), ("{share: 1.5}", "'trials.share' must be a fraction"),
-    ("{warmup: -2}", "'trials.warmup' must be 0 or more")])
+    ("{warmup: -2}", "'trials.warmup' must be 0 or more"), ("{seconds: -1}", "'trials.seconds' must be 0 or more")])
 def test_bad_trials_are_named(tmp_path, trials, fragment):
     expect_error(write(tmp_path, MINIMAL + f"trials: {trials}\n"), fragment)
 
@@ -68,7 +68,7 @@ def test_defaults_are_filled_in(tmp_path):
                       "schedule": "constant", "warmup_steps": 0, "decay_every": None, "gamma": 0.1, "min_lr": 0.0},
         "sync": {"bucket_mb": 25.0, "overlap": True}, "batchnorm": "global",
         "plan": "auto", "memory": None, "machine": None, "backend": "auto", "dtype": "float32", "init": None,
-        "trials": {"plans": 4, "steps": 6, "warmup": 2, "share": 0.1}, "transport": "auto", "share_gpus": False, "tf32": False,
+        "trials": {"plans": 4, "steps": 6, "seconds": 1.0, "warmup": 2, "share": 0.1}, "transport": "auto", "share_gpus": False, "tf32": False,
         "checkpoint": {"path": None, "every": None, "keep": 1}, "resume": "auto", "seed": 0,
         "log": {"every": 10, "metrics": None, "progress": "auto"}, "eval": {"every": None}, "watchdog": True,
     }

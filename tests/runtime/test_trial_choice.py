@@ -42,6 +42,20 @@ def test_the_trials_keep_within_their_share_of_the_run():
         steps = settings.steps_within(3, run)
         assert steps == 0 or settings.total(3, steps) <= 0.1 * run
     assert not trials.TrialSettings(plans=1).on and not trials.TrialSettings(plans=0).on
+
+
+def test_a_short_step_is_timed_for_seconds_within_the_share():
+    settings = trials.TrialSettings(plans=3, steps=6, seconds=0.5, warmup=2, share=0.1)
+    assert settings.steps_within(3, None, 0.01) == 50            # 50 steps of 10 ms: half a second a plan
+    assert settings.steps_within(3, None, 0.2) == 6              # 6 steps already take longer
+    assert settings.steps_within(3, 2000, 0.01) == 37            # room in 200 of 2,000 for a run-off: 5 x 40
+    assert settings.steps_within(3, 440, 0.01) == 6              # no room for more: as many as without seconds
+    assert settings.steps_within(3, 140, 0.01) == 0
+    for run in range(100, 3000, 7):
+        steps = settings.steps_within(3, run, 0.001)
+        assert steps == 0 or settings.total(3, steps) <= 0.1 * run
+    assert settings.steps_within(3, None, 1e-9) == trials.MOST_STEPS
+    assert trials.TrialSettings(seconds=0).steps_within(4, None, 0.001) == 6
     with pytest.raises(ValueError, match="2 or more"):
         trials.TrialSettings(steps=1)
 
