@@ -24,6 +24,8 @@ Paths:
   ``xpad_flat[n, c, p*dh*Wp + q*dw :][: oH*Wp]``); im2col and col2im become long contiguous copies, at the price
   of computing discarded positions (``Wp - oW`` per row of an image), so this path is taken when those are at most
   ``SHIFTED_WASTE`` of the kept ones;
+- implicit GEMM (on shifted rows, host float32/float64, enough channels and positions): no columns, a GEMM per
+  kernel position on the padded input in place, accumulated with the BLAS's ``beta`` (``ops/implicit.py``);
 - strided windows (narrow maps): classic im2col with strided window views;
 - depthwise (groups equal to the input's channels, on the host): no columns, tap by tap over cached blocks of
   channels (``ops/depthwise.py``).
@@ -39,6 +41,7 @@ from .saved import ConvSaved
 from .cuda import conv as cudnn
 from . import depthwise
 from . import im2col
+from . import implicit
 from .im2col import Layout
 from .parallel import over_samples
 from .scratch import scratch
@@ -86,14 +89,18 @@ class ConvGeometry:
 
 
 def workspace_elements(x_shape, kernel, out_channels, geometry, itemsize):
-    """Elements of the scratch arrays the im2col path holds while it convolves an input of ``x_shape`` (the memory
-    model's workspace, ``cost/memory.py``): a block's columns, their product with the weight and the padded block;
-    none for a pointwise convolution or an empty input; a depthwise one's channel blocks (``ops/depthwise.py``)."""
+    """Elements of the scratch arrays the host path holds while it convolves an input of ``x_shape`` (the memory
+    model's workspace, ``cost/memory.py``): im2col's block of columns, their product with the weight and the padded
+    block; the implicit GEMM's padded samples and products (``ops/implicit.py``, where it runs); none for a
+    pointwise convolution or an empty input; a depthwise one's channel blocks (``ops/depthwise.py``)."""
     if geometry.is_pointwise(kernel) or min(x_shape) == 0:
         return 0
     if geometry.groups > 1 and geometry.groups == x_shape[1]:         # no columns: blocks of channels
         return depthwise.workspace_elements(x_shape, kernel, geometry)
     layout = Layout(x_shape, kernel, geometry, itemsize)
+    floating = {4: "float32", 8: "float64"}.get(itemsize)
+    if floating and implicit.takes(layout, geometry.groups, floating):
+        return implicit.workspace_elements(layout, x_shape[0], out_channels, geometry.groups, itemsize)
     C, positions = x_shape[1], layout.block * layout.P
     return (C * prod(kernel) + out_channels) * positions + layout.block * C * layout.phases * layout.phase_size
 
@@ -166,6 +173,8 @@ def _columns_forward(x, w, b, geometry, out):
             y += b.reshape(_bias_shape(K, geometry.rank))
         return y
     layout = Layout(x.shape, kernel, geometry, x.itemsize)
+    if implicit.applies(layout, x, G):
+        return implicit.forward(x, w, b, layout, G, y)
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     product = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
@@ -252,6 +261,12 @@ def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
         gw3, gx = _pointwise_backward(gy, x, w3, gw3, need_input_grad)
         return gx, _into(gw3.reshape(w.shape), gw_out, direct), gb
     layout = Layout(x.shape, kernel, geometry, x.itemsize)
+    if implicit.applies(layout, x, G):
+        gwt = scratch(xp, "conv.gw", implicit.weight_gradient_shape(w), x.dtype)
+        gx, gwt = implicit.backward(gy, x, w, layout, G, need_input_grad, gwt)
+        gw = gw_out if direct else xp.empty(w.shape, dtype=x.dtype)
+        gw.reshape(K, w.shape[1], -1)[...] = gwt.transpose(1, 2, 0)
+        return gx, _into(gw, gw_out, direct), gb
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     positions = scratch(xp, "conv.product", (K, Nb * P), x.dtype)
@@ -306,6 +321,8 @@ def conv_input_gradient(gy, w, x_shape, geometry):
         xp.matmul(w3.swapaxes(1, 2), gy.reshape(N, G, K // G, -1), out=gx.reshape(N, G, C // G, -1))
         return gx
     layout = Layout(x_shape, kernel, geometry, gy.itemsize)
+    if implicit.applies(layout, gy, G) and N:
+        return implicit.backward(gy, None, w, layout, G, need_weight_grad=False)[0]
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C * prod(kernel), Nb * P), gy.dtype)
     positions = scratch(xp, "conv.product", (K, Nb * P), gy.dtype)

@@ -18,7 +18,7 @@ from ..io.workers import CLOSE_GRACE_S
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
 from ..io.trace import write_trace
-from ..ops import compiled
+from ..ops import blas, compiled
 from .profile import training_step
 from .trials import timed_steps
 
@@ -62,9 +62,11 @@ def describe_blas(found):
 
 
 def describe_host():
-    """This process's host kernels in words: its BLAS (:func:`describe_blas`) and the compiled kernels
-    (``ops/compiled.py``: numba's version, or off)."""
-    return f"{describe_blas(blas_info())}; compiled kernels {compiled.describe()}"
+    """This process's host kernels in words: its BLAS (:func:`describe_blas`), the compiled kernels
+    (``ops/compiled.py``: numba's version, or off) and the implicit-GEMM convolutions (``ops/implicit.py``: the
+    library whose GEMM they call, or off)."""
+    return (f"{describe_blas(blas_info())}; compiled kernels {compiled.describe()}; implicit-GEMM convolutions "
+            f"{blas.describe()}")
 
 
 def blas_of_ranks(world, host=True):
