@@ -108,7 +108,7 @@ def main():
                 predicted = json.loads(run(["simulate", spec_plan, "--model", model, "--devices", str(ranks),
                                             "--batch", batch, "--machine", args.machine, "--profile", profile,
                                             "--json", *sync], 1))[0]["predicted"]
-                steps = max(args.steps, math.ceil(args.seconds / predicted["iteration_s"]))
+                steps = max(args.steps, min(1000, math.ceil(args.seconds / max(predicted["iteration_s"], 1e-6))))
                 measured = json.loads(run(["bench", model, "--batch", batch, "--plan", spec_plan, "--steps",
                                            str(steps), "--warmup", str(args.warmup), "--json", *sync], ranks))
                 plan = plan if len(args.overlap) == 1 else f"{plan}/{overlap}"

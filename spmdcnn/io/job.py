@@ -310,7 +310,7 @@ def parse_job(values, source="<job>", overrides=()):
         check(trials[key] >= 0, f"trials.{key}", f"'trials.{key}' must be 0 or more, got {trials[key]}")
     check(trials["steps"] >= 2, "trials.steps",
           f"'trials.steps' must be 2 or more (half in each of two passes), got {trials['steps']}")
-    check(trials["seconds"] >= 0, "trials.seconds",
+    check(math.isfinite(trials["seconds"]) and trials["seconds"] >= 0, "trials.seconds",
           f"'trials.seconds' must be 0 or more (seconds of steps each plan is timed for), got {trials['seconds']}")
     check(0 < trials["share"] <= 1, "trials.share",
           f"'trials.share' must be a fraction of the run's steps in (0, 1], got {trials['share']}")

@@ -5,7 +5,8 @@ on strided windows of arrays), which ``numpy.matmul`` does not offer: what the i
 The library is found among the shared objects this process has loaded (``/proc/self/maps``), its CBLAS GEMM by
 name: NumPy's wheels bundle OpenBLAS as ``scipy_openblas64_`` with 64-bit integers (``scipy_cblas_sgemm64_``);
 other builds link a system OpenBLAS, BLIS or MKL with ``cblas_sgemm`` (32-bit integers; ``cblas_sgemm64_``: 64-bit).
-Each binding is checked against ``numpy.matmul`` on a small product before it is used. Where none is found (no
+Each binding is checked against ``numpy.matmul`` on a small product before it is used; a library whose name or
+``MKL_INTERFACE_LAYER`` says ILP64 is never called through unsuffixed names with 32-bit integers. Where none is found (no
 ``/proc``, a BLAS without CBLAS symbols) or ``SPMDCNN_IMPLICIT_GEMM=off``, :func:`gemm` is None and the
 convolutions keep their im2col path. No new dependency: ``ctypes`` and the library NumPy already runs its products
 on (one thread pool, the threads it was given).
@@ -41,11 +42,21 @@ def _loaded_libraries():
     return sorted(blas, key=lambda p: "numpy" not in p)
 
 
-def _bind(library, dtype):
-    """The GEMM of ``library`` (a ctypes CDLL) for ``dtype`` as a Python function of the CBLAS arguments, or None."""
+def _ilp64_without_suffix(path):
+    """Whether a library's unsuffixed CBLAS names may take 64-bit integers (an ILP64 build, or MKL told to use its
+    ILP64 layer): then only suffixed ``...64_`` names are called, never with 32-bit integers."""
+    name = os.path.basename(path).lower()
+    return "64" in name or "ilp64" in os.environ.get("MKL_INTERFACE_LAYER", "").lower()
+
+
+def _bind(library, dtype, path=""):
+    """The GEMM of ``library`` (a ctypes CDLL at ``path``) for ``dtype`` as a Python function of the CBLAS
+    arguments, with its integer type's largest value as ``function.largest``, or None."""
     real = ctypes.c_float if dtype == np.float32 else ctypes.c_double
     letter = "s" if dtype == np.float32 else "d"
     for prefix, suffix, integer in SYMBOLS:
+        if integer is ctypes.c_int32 and _ilp64_without_suffix(path):
+            continue
         function = getattr(library, f"{prefix}{letter}{suffix}", None)
         if function is None:
             continue
@@ -53,6 +64,7 @@ def _bind(library, dtype):
                              ctypes.c_void_p, integer, ctypes.c_void_p, integer, real, ctypes.c_void_p, integer]
         function.restype = None
         if _agrees(function, dtype):
+            function.largest = 2 ** (8 * ctypes.sizeof(integer) - 1) - 1
             return function
     return None
 
@@ -81,7 +93,7 @@ def _find():
                     library = ctypes.CDLL(path)
                 except OSError:
                     continue
-                bound = {dtype: _bind(library, dtype) for dtype in (np.float32, np.float64)}
+                bound = {dtype: _bind(library, dtype, path) for dtype in (np.float32, np.float64)}
                 if all(bound.values()):
                     found, _library = bound, path
                     break
@@ -95,6 +107,12 @@ def gemm(dtype):
     return _find().get(np.dtype(dtype).type)
 
 
+def largest(dtype):
+    """The largest dimension or stride :func:`gemm`'s integers hold (0 where there is no GEMM)."""
+    function = gemm(dtype)
+    return function.largest if function is not None else 0
+
+
 def describe():
     """Which library's GEMM the implicit convolutions call, or why none."""
     if SWITCHED_OFF:
@@ -102,4 +120,4 @@ def describe():
     if not _find():
         return "off (no CBLAS GEMM found in the BLAS NumPy loaded)"
     name = os.path.basename(_library).split(".so")[0].split(".dylib")[0]
-    return re.sub(r"-[0-9a-f]{6,}$", "", name)          # without a wheel's hash
+    return re.sub(r"-[0-9a-f]{6,}$|-r\d.*$", "", name)      # without a wheel's hash or build tag

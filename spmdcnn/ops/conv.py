@@ -173,7 +173,7 @@ def _columns_forward(x, w, b, geometry, out):
             y += b.reshape(_bias_shape(K, geometry.rank))
         return y
     layout = Layout(x.shape, kernel, geometry, x.itemsize)
-    if implicit.applies(layout, x, G):
+    if implicit.applies(layout, x, G, w):
         return implicit.forward(x, w, b, layout, G, y)
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
@@ -261,7 +261,7 @@ def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
         gw3, gx = _pointwise_backward(gy, x, w3, gw3, need_input_grad)
         return gx, _into(gw3.reshape(w.shape), gw_out, direct), gb
     layout = Layout(x.shape, kernel, geometry, x.itemsize)
-    if implicit.applies(layout, x, G):
+    if implicit.applies(layout, x, G, w, gy):
         gwt = scratch(xp, "conv.gw", implicit.weight_gradient_shape(w), x.dtype)
         gx, gwt = implicit.backward(gy, x, w, layout, G, need_input_grad, gwt)
         gw = gw_out if direct else xp.empty(w.shape, dtype=x.dtype)
@@ -321,7 +321,7 @@ def conv_input_gradient(gy, w, x_shape, geometry):
         xp.matmul(w3.swapaxes(1, 2), gy.reshape(N, G, K // G, -1), out=gx.reshape(N, G, C // G, -1))
         return gx
     layout = Layout(x_shape, kernel, geometry, gy.itemsize)
-    if implicit.applies(layout, gy, G) and N:
+    if implicit.applies(layout, gy, G, w):
         return implicit.backward(gy, None, w, layout, G, need_weight_grad=False)[0]
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C * prod(kernel), Nb * P), gy.dtype)

@@ -24,6 +24,7 @@ from math import prod
 import numpy as np
 
 from . import blas
+from .im2col import COLUMN_BYTES
 from .parallel import over_samples
 from .scratch import scratch
 
@@ -33,16 +34,20 @@ BLOCK_BYTES = 4 << 20   # operands of one block of positions (its input rows and
 PAD_BYTES = 16 << 20    # padded input of a run of samples, padded at once (split between threads)
 
 
-def applies(layout, x, groups):
-    """Whether a convolution of host array ``x`` with this :class:`~spmdcnn.ops.im2col.Layout` runs here."""
-    return isinstance(x, np.ndarray) and takes(layout, groups, x.dtype)
+def applies(layout, x, groups, *others):
+    """Whether a convolution of host array ``x`` with this :class:`~spmdcnn.ops.im2col.Layout` runs here, the
+    ``others`` (its weight, the output's gradient) host arrays of the same type."""
+    return (isinstance(x, np.ndarray) and all(isinstance(a, np.ndarray) and a.dtype == x.dtype for a in others)
+            and takes(layout, groups, x.dtype))
 
 
 def takes(layout, groups, dtype):
-    """Whether a host convolution of ``dtype`` with this layout and ``groups`` runs here (:func:`applies`)."""
-    return (np.dtype(dtype).type in (np.float32, np.float64) and layout.shifted
+    """Whether a host convolution of ``dtype`` with this layout and ``groups`` runs here (:func:`applies`): shifted
+    rows, enough channels and positions, a GEMM whose integers hold the padded block's strides."""
+    dtype = np.dtype(dtype)
+    return (dtype.type in (np.float32, np.float64) and layout.shifted
             and layout.C // groups >= MIN_CHANNELS and positions(layout) >= MIN_POSITIONS
-            and blas.gemm(dtype) is not None)
+            and blas.gemm(dtype) is not None and layout.C * layout.phases * layout.phase_size <= blas.largest(dtype))
 
 
 def positions(layout):
@@ -50,12 +55,20 @@ def positions(layout):
     return layout.out[0] * layout.plane
 
 
+def planes(layout, out_channels, itemsize):
+    """Output planes (along the first spatial axis) a chunk of a sample's positions holds: as many as keep its
+    product (``out_channels`` rows) within im2col's column cap, so that a volume's product is bounded as its
+    columns are."""
+    return max(1, min(layout.out[0], COLUMN_BYTES // max(out_channels * layout.plane * itemsize, 1)))
+
+
 def workspace_elements(layout, N, out_channels, groups, itemsize):
-    """Elements of the scratch arrays this path holds: a run of padded samples, one sample's product and output
+    """Elements of the scratch arrays this path holds: a run of padded samples, a chunk's product and output
     gradient as positions (both slots stay allocated between calls), a padded gradient block and the weight
     gradient by kernel position."""
     per_sample = layout.C * layout.phases * layout.phase_size
-    return (_run(layout, N, itemsize) + 1) * per_sample + 2 * out_channels * positions(layout) + \
+    chunk = planes(layout, out_channels, itemsize) * layout.plane
+    return (_run(layout, N, itemsize) + 1) * per_sample + 2 * out_channels * chunk + \
         out_channels * layout.C // groups * prod(layout.kernel)
 
 
@@ -65,20 +78,25 @@ def _run(layout, N, itemsize):
 
 
 class _Taps:
-    """A convolution's GEMMs: the weight as (taps, K, C/G) and where each group's operands start."""
+    """A convolution's GEMMs: the weight as (taps, K, C/G), where each group's operands start, and a sample's
+    positions in chunks of whole output planes (``chunks``: ``(o0, o1, [(j0, j1) blocks of positions])``)."""
 
     def __init__(self, layout, w, groups):
         self.layout, self.G = layout, groups
         self.K, self.Cg = w.shape[0], w.shape[1]
         self.Kg = self.K // groups
-        self.dtype = w.dtype
         self.size = w.itemsize
         self.gemm = blas.gemm(w.dtype)
         self.wt = np.ascontiguousarray(w.reshape(self.K, self.Cg, -1).transpose(2, 0, 1))      # (taps, K, C/G)
-        self.L = positions(layout)
         self.ld = layout.phases * layout.phase_size             # between a sample's channels in its padded block
         per = max(256, BLOCK_BYTES // ((self.Kg + self.Cg) * self.size))
-        self.blocks = [(j0, min(self.L, j0 + per)) for j0 in range(0, self.L, per)]
+        rows, plane = planes(layout, self.K, self.size), layout.plane
+        self.chunks = []
+        for o0 in range(0, layout.out[0], rows):
+            o1 = min(layout.out[0], o0 + rows)
+            self.chunks.append((o0, o1, [(j0, min(o1 * plane, j0 + per)) for j0 in range(o0 * plane, o1 * plane,
+                                                                                           per)]))
+        self.P = rows * plane                                   # positions of the longest chunk
 
     def window(self, sample, group, t, j0):
         """The address of kernel position ``t``'s window over a padded sample (C, phases, phase size), at group
@@ -94,9 +112,9 @@ class _Taps:
         """The address of group ``group``'s rows of kernel position ``t`` in a (taps, K, C/G) array."""
         return array[t].ctypes.data + group * self.Kg * self.Cg * self.size
 
-    def rows(self, array, group, j0):
-        """The address of group ``group``'s first row of a (K, L) array, at position ``j0``."""
-        return array.ctypes.data + (group * self.Kg * self.L + j0) * self.size
+    def rows(self, chunk, group, j):
+        """The address of group ``group``'s first row of a chunk (K, positions), at its position ``j``."""
+        return chunk.ctypes.data + (group * self.Kg * chunk.shape[1] + j) * self.size
 
 
 def _padded_runs(layout, x, slot):
@@ -110,26 +128,32 @@ def _padded_runs(layout, x, slot):
 def forward(x, w, b, layout, groups, y):
     """``y`` (N, K, O...) ``= conv(x, w) + b``."""
     taps = _Taps(layout, w, groups)
-    gemm, K, Kg, Cg, L, ld = taps.gemm, taps.K, taps.Kg, taps.Cg, taps.L, taps.ld
-    product = scratch(np, "conv.product", (K, L), x.dtype)
+    gemm, K, Kg, Cg, ld = taps.gemm, taps.K, taps.Kg, taps.Cg, taps.ld
+    product = scratch(np, "conv.product", (K * taps.P,), x.dtype)
     bias = None if b is None else b.reshape((K,) + (1,) * len(layout.out))
     for n0, padded in _padded_runs(layout, x, "conv.padded"):
         for i, sample in enumerate(padded):
-            for group in range(groups):
-                for j0, j1 in taps.blocks:
-                    for t in range(len(layout.offsets)):
-                        gemm(blas.ROW_MAJOR, blas.NO_TRANS, blas.NO_TRANS, Kg, j1 - j0, Cg, 1.0,
-                             taps.weight(t, group), Cg, taps.window(sample, group, t, j0), ld, 1.0 if t else 0.0,
-                             taps.rows(product, group, j0), L)
-            block, target = layout.from_positions(product, 1)[0], y[n0 + i]
-
-            def copy(k0, k1):                                            # split over the channels
-                if bias is None:
-                    target[k0:k1] = block[k0:k1]
-                else:
-                    np.add(block[k0:k1], bias[k0:k1], out=target[k0:k1])
-            over_samples(np, copy, K, block.size)
+            for o0, o1, blocks in taps.chunks:
+                chunk = product[:K * (o1 - o0) * layout.plane].reshape(K, -1)       # contiguous: rows L apart
+                first = o0 * layout.plane
+                for group in range(groups):
+                    for j0, j1 in blocks:
+                        for t in range(len(layout.offsets)):
+                            gemm(blas.ROW_MAJOR, blas.NO_TRANS, blas.NO_TRANS, Kg, j1 - j0, Cg, 1.0,
+                                 taps.weight(t, group), Cg, taps.window(sample, group, t, j0), ld,
+                                 1.0 if t else 0.0, taps.rows(chunk, group, j0 - first), chunk.shape[1])
+                _copy_out(layout.from_positions(chunk, 1)[0], bias, y[n0 + i, :, o0:o1])
     return y
+
+
+def _copy_out(block, bias, target):
+    """``target = block (+ bias)``, split over the channels between threads."""
+    def copy(k0, k1):
+        if bias is None:
+            target[k0:k1] = block[k0:k1]
+        else:
+            np.add(block[k0:k1], bias[k0:k1], out=target[k0:k1])
+    over_samples(np, copy, block.shape[0], block.size)
 
 
 def backward(gy, x, w, layout, groups, need_input_grad=True, gw=None, need_weight_grad=True):
@@ -137,30 +161,33 @@ def backward(gy, x, w, layout, groups, need_input_grad=True, gw=None, need_weigh
     ``gw`` when given, None without ``need_weight_grad``); ``x`` may be None when only ``gx`` is asked for (its
     shape is the layout's)."""
     taps = _Taps(layout, w, groups)
-    gemm, K, Kg, Cg, L, ld = taps.gemm, taps.K, taps.Kg, taps.Cg, taps.L, taps.ld
+    gemm, K, Kg, Cg, ld = taps.gemm, taps.K, taps.Kg, taps.Cg, taps.ld
     N, dtype = gy.shape[0], gy.dtype
-    g = scratch(np, "conv.gpositions", (K, L), dtype)
+    g = scratch(np, "conv.gpositions", (K * taps.P,), dtype)
     gx = np.empty((N, layout.C) + layout.spatial, dtype) if need_input_grad else None
     if need_weight_grad and gw is None:
         gw = np.empty(taps.wt.shape, dtype)
+    if need_weight_grad and N == 0:
+        gw[...] = 0
     runs = _padded_runs(layout, x, "conv.padded") if need_weight_grad else ((0, None),)
     for n0, padded in runs:
-        count = N - n0 if padded is None else len(padded)
-        for i in range(count):
-            n = n0 + i
-            layout.to_positions(gy[n:n + 1], g)
+        for n in range(n0, N if padded is None else n0 + len(padded)):
             gpad = layout.zeros(np, 1, dtype, "conv.gpad")[0] if need_input_grad else None
-            for group in range(groups):
-                for j0, j1 in taps.blocks:
-                    for t in range(len(layout.offsets)):
-                        if need_weight_grad:
-                            gemm(blas.ROW_MAJOR, blas.NO_TRANS, blas.TRANS, Kg, Cg, j1 - j0, 1.0,
-                                 taps.rows(g, group, j0), L, taps.window(padded[i], group, t, j0), ld,
-                                 0.0 if n == 0 and j0 == 0 else 1.0, taps.weight_of(gw, t, group), Cg)
-                        if need_input_grad:
-                            gemm(blas.ROW_MAJOR, blas.TRANS, blas.NO_TRANS, Cg, j1 - j0, Kg, 1.0,
-                                 taps.weight(t, group), Cg, taps.rows(g, group, j0), L, 1.0,
-                                 taps.window(gpad, group, t, j0), ld)
+            for o0, o1, blocks in taps.chunks:
+                chunk = layout.to_positions(gy[n:n + 1, :, o0:o1], g[:K * (o1 - o0) * layout.plane].reshape(K, -1))
+                first = o0 * layout.plane
+                for group in range(groups):
+                    for j0, j1 in blocks:
+                        rows = taps.rows(chunk, group, j0 - first)
+                        for t in range(len(layout.offsets)):
+                            if need_weight_grad:
+                                gemm(blas.ROW_MAJOR, blas.NO_TRANS, blas.TRANS, Kg, Cg, j1 - j0, 1.0, rows,
+                                     chunk.shape[1], taps.window(padded[n - n0], group, t, j0), ld,
+                                     0.0 if n == 0 and j0 == 0 else 1.0, taps.weight_of(gw, t, group), Cg)
+                            if need_input_grad:
+                                gemm(blas.ROW_MAJOR, blas.TRANS, blas.NO_TRANS, Cg, j1 - j0, Kg, 1.0,
+                                     taps.weight(t, group), Cg, rows, chunk.shape[1], 1.0,
+                                     taps.window(gpad, group, t, j0), ld)
             if need_input_grad:
                 layout.unpad(gpad[None], gx[n:n + 1])
     return gx, gw

@@ -72,8 +72,9 @@ class TrialSettings:
         steps = min(self.steps, fits(count))
         if steps < 2:
             return 0
-        if step_s:
-            steps = max(steps, min(math.ceil(self.seconds / step_s), MOST_STEPS, fits(count + 2)))
+        if step_s and step_s > 0:
+            wanted = MOST_STEPS if self.seconds >= step_s * MOST_STEPS else math.ceil(self.seconds / step_s)
+            steps = max(steps, min(wanted, fits(count + 2)))
         return steps
 
     def total(self, count, steps):

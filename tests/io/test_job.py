@@ -34,7 +34,8 @@ def expect_error(path, *fragments, overrides=()):
 @pytest.mark.parametrize("trials,fragment", [
     ("{plans: -1}", "'trials.plans' must be 0 or more"), ("{steps: 1}", "'trials.steps' must be 2 or more"),
     ("{share: 0}", "'trials.share' must be a fraction"), ("{share: 1.5}", "'trials.share' must be a fraction"),
-    ("{warmup: -2}", "'trials.warmup' must be 0 or more"), ("{seconds: -1}", "'trials.seconds' must be 0 or more")])
+    ("{warmup: -2}", "'trials.warmup' must be 0 or more"), ("{seconds: -1}", "'trials.seconds' must be 0 or more"),
+    ("{seconds: .inf}", "'trials.seconds' must be 0 or more")])
 def test_bad_trials_are_named(tmp_path, trials, fragment):
     expect_error(write(tmp_path, MINIMAL + f"trials: {trials}\n"), fragment)
 

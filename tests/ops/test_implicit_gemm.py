@@ -34,10 +34,12 @@ def _ran_implicit(x_shape, w_shape, geometry, x):
     return implicit.applies(layout, x, geometry.groups)
 
 
-@pytest.mark.parametrize("block", [1, 1 << 30])                  # many blocks of positions / one a sample
+@pytest.mark.parametrize("chunk", [1, 1 << 30])                  # an output plane a chunk / a sample a chunk
+@pytest.mark.parametrize("block", [1, 1 << 30])                  # many blocks of positions / one a chunk
 @pytest.mark.parametrize("case", list(LAYOUT_CASES))
-def test_every_kernel_stride_dilation_and_padding_matches_pytorch(everywhere, case, block):
+def test_every_kernel_stride_dilation_and_padding_matches_pytorch(everywhere, case, block, chunk):
     everywhere.setattr(implicit, "BLOCK_BYTES", block)
+    everywhere.setattr(implicit, "COLUMN_BYTES", chunk)
     x_shape, w_shape, stride, padding, dilation = LAYOUT_CASES[case]
     geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
     rng = np.random.default_rng(5)
@@ -116,3 +118,39 @@ def test_the_binding_is_checked_and_can_be_switched_off():
     switched = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                               env={**__import__("os").environ, "SPMDCNN_IMPLICIT_GEMM": "off"})
     assert switched.stdout.strip() == "True off (SPMDCNN_IMPLICIT_GEMM=off)", switched.stderr
+
+
+def test_mixed_types_keep_im2col():
+    """The GEMM is chosen by the input's type: a weight or gradient of another type takes im2col, which casts."""
+    rng = np.random.default_rng(4)
+    x = rng.standard_normal((2, 32, 24, 24)).astype(np.float32)
+    layout = im2col.Layout(x.shape, (3, 3), ConvGeometry(1, 1, rank=2), 4)
+    w32 = rng.standard_normal((8, 32, 3, 3)).astype(np.float32)
+    assert implicit.applies(layout, x, 1, w32) and not implicit.applies(layout, x, 1, w32.astype(np.float64))
+    assert not implicit.applies(layout, x, 1, w32, np.zeros(3))
+    geometry = ConvGeometry(1, 1, rank=2)
+    for w in (w32.astype(np.float64), w32):
+        y, saved = conv_forward(x.astype(w.dtype), w, None, geometry)
+        gy = rng.standard_normal(y.shape)                              # float64 against a float32 forward
+        gx, gw, _ = conv_backward(gy, saved)
+        assert np.isfinite(gx).all() and np.isfinite(gw).all()
+
+
+def test_an_empty_batch_gives_a_zero_weight_gradient():
+    x, w = np.zeros((0, 32, 24, 24)), np.ones((8, 32, 3, 3))
+    geometry = ConvGeometry(1, 1, rank=2)
+    assert _ran_implicit(x.shape, w.shape, geometry, x)
+    y, saved = conv_forward(x, w, None, geometry)
+    gx, gw, _ = conv_backward(np.zeros(y.shape), saved, gw_out=np.full(w.shape, np.nan))
+    assert y.shape == (0, 8, 24, 24) and gx.shape == x.shape and (gw == 0).all()
+
+
+def test_a_volumes_product_is_chunked_within_the_column_cap():
+    layout = im2col.Layout((1, 32, 200, 200, 200), (3, 3, 3), ConvGeometry(1, 1, rank=3), 4)
+    assert implicit.takes(layout, 1, np.float32)
+    rows = implicit.planes(layout, 64, 4)
+    assert rows < layout.out[0] and 64 * rows * layout.plane * 4 <= im2col.COLUMN_BYTES
+    from spmdcnn.ops.conv import workspace_elements
+    elements = workspace_elements((1, 32, 200, 200, 200), (3, 3, 3), 64, ConvGeometry(1, 1, rank=3), 4)
+    padded = 32 * layout.phase_size
+    assert elements * 4 <= 2 * padded * 4 + 2 * im2col.COLUMN_BYTES + 64 * 32 * 27 * 4

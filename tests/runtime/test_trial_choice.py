@@ -42,6 +42,8 @@ def test_the_trials_keep_within_their_share_of_the_run():
         steps = settings.steps_within(3, run)
         assert steps == 0 or settings.total(3, steps) <= 0.1 * run
     assert not trials.TrialSettings(plans=1).on and not trials.TrialSettings(plans=0).on
+    with pytest.raises(ValueError, match="2 or more"):
+        trials.TrialSettings(steps=1)
 
 
 def test_a_short_step_is_timed_for_seconds_within_the_share():
@@ -56,8 +58,7 @@ def test_a_short_step_is_timed_for_seconds_within_the_share():
         assert steps == 0 or settings.total(3, steps) <= 0.1 * run
     assert settings.steps_within(3, None, 1e-9) == trials.MOST_STEPS
     assert trials.TrialSettings(seconds=0).steps_within(4, None, 0.001) == 6
-    with pytest.raises(ValueError, match="2 or more"):
-        trials.TrialSettings(steps=1)
+    assert trials.TrialSettings(seconds=float("inf")).steps_within(4, None, 5e-324) == trials.MOST_STEPS
 
 
 def test_data_parallelism_stays_unless_another_is_clearly_faster(plans):
