@@ -6,7 +6,7 @@ convolutions in each.
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE SPMDCNN_NUM_THREADS=2 OPENBLAS_NUM_THREADS=2 \\
         python benchmarks/conv_paths.py models/resnet50.yaml --batch 16
 
-Only the convolutions whose layout has shifted rows can take the implicit path; ``--all`` also times the others
+Only the convolutions whose layout has shifted rows can take the implicit path (1x1 ones have their own); ``--all`` also times the others
 with shifted rows forced (what the thresholds turn down). Where the default would not take it (below its thresholds
 of channels or positions) the row says so.
 """
@@ -79,7 +79,7 @@ def main():
             continue
         _, x_shape, K, kernel, stride, padding = key
         geometry = ConvGeometry(stride, padding, rank=len(kernel))
-        if geometry.is_pointwise(kernel) or (not args.all and not im2col.Layout(x_shape, kernel, geometry, 4).shifted):
+        if all(k == 1 for k in kernel) or (not args.all and not im2col.Layout(x_shape, kernel, geometry, 4).shifted):
             continue
         default, found = time_paths(x_shape, K, kernel, stride, padding, args.rounds, args.all, rng)
         (f0, b0), (f1, b1) = found["im2col"], found["implicit"]
