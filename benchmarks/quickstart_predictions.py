@@ -43,6 +43,8 @@ def quick_start(ranks, work, name, data, *sets):
                "jobs/quickstart.yaml"] + [x for o in overrides for x in ("--set", o)]
     result = subprocess.run(command, cwd=ROOT, env={**os.environ, "SPMDCNN_CACHE": os.path.join(folder, "cache")},
                             capture_output=True, text=True, timeout=1200)
+    with open(os.path.join(folder, "log.txt"), "w", encoding="utf-8") as log:       # what the run printed
+        log.write(result.stdout + result.stderr)
     if result.returncode:
         raise SystemExit(f"failed: {' '.join(command)}\n{result.stdout}\n{result.stderr}")
     records = [json.loads(line) for line in open(os.path.join(folder, "q.jsonl"), encoding="utf-8")]
@@ -62,8 +64,13 @@ def main():
     parser.add_argument("--data", default="data/digits", help="where the digits are, or are written the first time "
                         "(default data/digits, the quick start's)")
     parser.add_argument("--json", help="write every run here")
+    parser.add_argument("--keep", metavar="DIR", help="keep every run's folder here (its log.txt: what the run "
+                        "printed, the profile lines among it; its metrics, checkpoint and profile cache), to look "
+                        "into a prediction that missed; default: a temporary folder, removed")
     args = parser.parse_args()
-    work = tempfile.mkdtemp(prefix="spmdcnn-quickstarts-")
+    if args.keep:
+        os.makedirs(args.keep, exist_ok=False)
+    work = args.keep or tempfile.mkdtemp(prefix="spmdcnn-quickstarts-")
     busy = subprocess.Popen([sys.executable, "-c", BUSY]) if args.load else None
     found = {ranks: [] for ranks in args.ranks}
     try:
@@ -83,7 +90,8 @@ def main():
     finally:
         if busy is not None:
             busy.kill()
-        shutil.rmtree(work, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
     for ranks, entries in found.items():
         plans = Counter(e["plan"] for e in entries)
         worst = max(abs(e["error"]) for e in entries)

@@ -45,7 +45,7 @@ def _loaded_libraries():
 def _ilp64_without_suffix(path):
     """Whether a library's unsuffixed CBLAS names may take 64-bit integers (an ILP64 build, or MKL told to use its
     ILP64 layer): then only suffixed ``...64_`` names are called, never with 32-bit integers."""
-    name = os.path.basename(path).lower()
+    name = re.split(r"-[0-9a-f]{6,}|-r\d|\.so|\.dylib", os.path.basename(path).lower())[0]    # before a hash
     return "64" in name or "ilp64" in os.environ.get("MKL_INTERFACE_LAYER", "").lower()
 
 

@@ -267,6 +267,8 @@ def _columns_backward(gy, x, w, has_bias, geometry, need_input_grad, gw_out):
         gw = gw_out if direct else xp.empty(w.shape, dtype=x.dtype)
         gw.reshape(K, w.shape[1], -1)[...] = gwt.transpose(1, 2, 0)
         return gx, _into(gw, gw_out, direct), gb
+    if N == 0:                                                          # no chunk runs: a zero weight gradient
+        return xp.empty_like(x) if need_input_grad else None, _into(xp.zeros(w.shape, x.dtype), gw_out, False), gb
     Nb, P = layout.block, layout.P
     columns = scratch(xp, "conv.columns", (C,) + tuple(kernel) + (Nb, P), x.dtype)
     positions = scratch(xp, "conv.product", (K, Nb * P), x.dtype)

@@ -24,7 +24,7 @@ from math import prod
 import numpy as np
 
 from . import blas
-from .im2col import COLUMN_BYTES
+from . import im2col
 from .parallel import over_samples
 from .scratch import scratch
 
@@ -59,17 +59,17 @@ def planes(layout, out_channels, itemsize):
     """Output planes (along the first spatial axis) a chunk of a sample's positions holds: as many as keep its
     product (``out_channels`` rows) within im2col's column cap, so that a volume's product is bounded as its
     columns are."""
-    return max(1, min(layout.out[0], COLUMN_BYTES // max(out_channels * layout.plane * itemsize, 1)))
+    return max(1, min(layout.out[0], im2col.COLUMN_BYTES // max(out_channels * layout.plane * itemsize, 1)))
 
 
 def workspace_elements(layout, N, out_channels, groups, itemsize):
     """Elements of the scratch arrays this path holds: a run of padded samples, a chunk's product and output
-    gradient as positions (both slots stay allocated between calls), a padded gradient block and the weight
-    gradient by kernel position."""
+    gradient as positions (both slots stay allocated between calls), a padded gradient block, and the weight and
+    its gradient by kernel position."""
     per_sample = layout.C * layout.phases * layout.phase_size
     chunk = planes(layout, out_channels, itemsize) * layout.plane
     return (_run(layout, N, itemsize) + 1) * per_sample + 2 * out_channels * chunk + \
-        out_channels * layout.C // groups * prod(layout.kernel)
+        2 * out_channels * layout.C // groups * prod(layout.kernel)
 
 
 def _run(layout, N, itemsize):
@@ -134,7 +134,7 @@ def forward(x, w, b, layout, groups, y):
     for n0, padded in _padded_runs(layout, x, "conv.padded"):
         for i, sample in enumerate(padded):
             for o0, o1, blocks in taps.chunks:
-                chunk = product[:K * (o1 - o0) * layout.plane].reshape(K, -1)       # contiguous: rows L apart
+                chunk = product[:K * (o1 - o0) * layout.plane].reshape(K, -1)       # contiguous: rows a chunk apart
                 first = o0 * layout.plane
                 for group in range(groups):
                     for j0, j1 in blocks:

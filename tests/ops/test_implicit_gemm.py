@@ -39,7 +39,7 @@ def _ran_implicit(x_shape, w_shape, geometry, x):
 @pytest.mark.parametrize("case", list(LAYOUT_CASES))
 def test_every_kernel_stride_dilation_and_padding_matches_pytorch(everywhere, case, block, chunk):
     everywhere.setattr(implicit, "BLOCK_BYTES", block)
-    everywhere.setattr(implicit, "COLUMN_BYTES", chunk)
+    everywhere.setattr(im2col, "COLUMN_BYTES", chunk)
     x_shape, w_shape, stride, padding, dilation = LAYOUT_CASES[case]
     geometry = ConvGeometry(stride, padding, dilation, rank=len(x_shape) - 2)
     rng = np.random.default_rng(5)
@@ -136,13 +136,15 @@ def test_mixed_types_keep_im2col():
         assert np.isfinite(gx).all() and np.isfinite(gw).all()
 
 
-def test_an_empty_batch_gives_a_zero_weight_gradient():
-    x, w = np.zeros((0, 32, 24, 24)), np.ones((8, 32, 3, 3))
+@pytest.mark.parametrize("channels", [32, 3])                   # the implicit path / im2col
+@pytest.mark.parametrize("given", [True, False])
+def test_an_empty_batch_gives_a_zero_weight_gradient(channels, given):
+    x, w = np.zeros((0, channels, 24, 24)), np.ones((8, channels, 3, 3))
     geometry = ConvGeometry(1, 1, rank=2)
-    assert _ran_implicit(x.shape, w.shape, geometry, x)
+    assert _ran_implicit(x.shape, w.shape, geometry, x) == (channels == 32)
     y, saved = conv_forward(x, w, None, geometry)
-    gx, gw, _ = conv_backward(np.zeros(y.shape), saved, gw_out=np.full(w.shape, np.nan))
-    assert y.shape == (0, 8, 24, 24) and gx.shape == x.shape and (gw == 0).all()
+    gx, gw, _ = conv_backward(np.zeros(y.shape), saved, gw_out=np.full(w.shape, np.nan) if given else None)
+    assert y.shape == (0, 8, 24, 24) and gx.shape == x.shape and gw.shape == w.shape and (gw == 0).all()
 
 
 def test_a_volumes_product_is_chunked_within_the_column_cap():
@@ -153,4 +155,4 @@ def test_a_volumes_product_is_chunked_within_the_column_cap():
     from spmdcnn.ops.conv import workspace_elements
     elements = workspace_elements((1, 32, 200, 200, 200), (3, 3, 3), 64, ConvGeometry(1, 1, rank=3), 4)
     padded = 32 * layout.phase_size
-    assert elements * 4 <= 2 * padded * 4 + 2 * im2col.COLUMN_BYTES + 64 * 32 * 27 * 4
+    assert elements * 4 <= 2 * padded * 4 + 2 * im2col.COLUMN_BYTES + 2 * 64 * 32 * 27 * 4
