@@ -42,11 +42,15 @@ def _loaded_libraries():
     return sorted(blas, key=lambda p: "numpy" not in p)
 
 
+def _stem(path):
+    """A library's name without its directory, a wheel's hash or build tag, and the suffix."""
+    return re.split(r"-[0-9a-f]{6,}|-r\d|\.so|\.dylib", os.path.basename(path))[0]
+
+
 def _ilp64_without_suffix(path):
     """Whether a library's unsuffixed CBLAS names may take 64-bit integers (an ILP64 build, or MKL told to use its
     ILP64 layer): then only suffixed ``...64_`` names are called, never with 32-bit integers."""
-    name = re.split(r"-[0-9a-f]{6,}|-r\d|\.so|\.dylib", os.path.basename(path).lower())[0]    # before a hash
-    return "64" in name or "ilp64" in os.environ.get("MKL_INTERFACE_LAYER", "").lower()
+    return "64" in _stem(path).lower() or "ilp64" in os.environ.get("MKL_INTERFACE_LAYER", "").lower()
 
 
 def _bind(library, dtype, path=""):
@@ -119,5 +123,4 @@ def describe():
         return "off (SPMDCNN_IMPLICIT_GEMM=off)"
     if not _find():
         return "off (no CBLAS GEMM found in the BLAS NumPy loaded)"
-    name = os.path.basename(_library).split(".so")[0].split(".dylib")[0]
-    return re.sub(r"-[0-9a-f]{6,}$|-r\d.*$", "", name)      # without a wheel's hash or build tag
+    return _stem(_library)

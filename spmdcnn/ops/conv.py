@@ -43,7 +43,6 @@ from . import depthwise
 from . import im2col
 from . import implicit
 from .im2col import Layout
-from .parallel import over_samples
 from .scratch import scratch
 from .window import interior, is_padded, ntuple, output_extents, rank_of, sides
 
@@ -186,14 +185,7 @@ def _columns_forward(x, w, b, geometry, out):
         cols = layout.im2col(xpad, columns[..., :nb, :positions], o0, o1)
         part = product[:, :nb * positions]
         xp.matmul(w3, _by_group(cols, G, nb * positions), out=_by_group(part, G))
-        block, target = layout.from_positions(part, nb), y[n0:n0 + nb, :, o0:o1]
-
-        def copy(k0, k1):                                               # split over the channels
-            if bias is None:
-                target[:, k0:k1] = block[:, k0:k1]
-            else:
-                xp.add(block[:, k0:k1], bias[:, k0:k1], out=target[:, k0:k1])
-        over_samples(xp, copy, K, block.size)
+        layout.copy_out(part, nb, bias, y[n0:n0 + nb, :, o0:o1])
     return y
 
 

@@ -178,6 +178,18 @@ class Layout:
         over_samples(backend.array_module(out), copy, K, out.size)     # split over the channels
         return out
 
+    def copy_out(self, product, nb, bias, target):
+        """``target`` (Nb, K, planes, O...) ``=`` the GEMM's (K, Nb*positions) ``product`` ``+ bias`` ((1, K, 1...)
+        or None), split over the channels between threads."""
+        xp, block = backend.array_module(product), self.from_positions(product, nb)
+
+        def copy(k0, k1):
+            if bias is None:
+                target[:, k0:k1] = block[:, k0:k1]
+            else:
+                xp.add(block[:, k0:k1], bias[:, k0:k1], out=target[:, k0:k1])
+        over_samples(xp, copy, block.shape[1], block.size)
+
     def from_positions(self, product, nb):
         """The GEMM's (K, Nb*positions) as (Nb, K, planes, O...) (a view)."""
         K = product.shape[0]

@@ -25,7 +25,6 @@ import numpy as np
 
 from . import blas
 from . import im2col
-from .parallel import over_samples
 from .scratch import scratch
 
 MIN_CHANNELS = 16       # input channels per group: below, a GEMM per kernel position is too thin to pay
@@ -130,7 +129,7 @@ def forward(x, w, b, layout, groups, y):
     taps = _Taps(layout, w, groups)
     gemm, K, Kg, Cg, ld = taps.gemm, taps.K, taps.Kg, taps.Cg, taps.ld
     product = scratch(np, "conv.product", (K * taps.P,), x.dtype)
-    bias = None if b is None else b.reshape((K,) + (1,) * len(layout.out))
+    bias = None if b is None else b.reshape((1, K) + (1,) * len(layout.out))
     for n0, padded in _padded_runs(layout, x, "conv.padded"):
         for i, sample in enumerate(padded):
             for o0, o1, blocks in taps.chunks:
@@ -142,18 +141,8 @@ def forward(x, w, b, layout, groups, y):
                             gemm(blas.ROW_MAJOR, blas.NO_TRANS, blas.NO_TRANS, Kg, j1 - j0, Cg, 1.0,
                                  taps.weight(t, group), Cg, taps.window(sample, group, t, j0), ld,
                                  1.0 if t else 0.0, taps.rows(chunk, group, j0 - first), chunk.shape[1])
-                _copy_out(layout.from_positions(chunk, 1)[0], bias, y[n0 + i, :, o0:o1])
+                layout.copy_out(chunk, 1, bias, y[n0 + i:n0 + i + 1, :, o0:o1])
     return y
-
-
-def _copy_out(block, bias, target):
-    """``target = block (+ bias)``, split over the channels between threads."""
-    def copy(k0, k1):
-        if bias is None:
-            target[k0:k1] = block[k0:k1]
-        else:
-            np.add(block[k0:k1], bias[k0:k1], out=target[k0:k1])
-    over_samples(np, copy, block.shape[0], block.size)
 
 
 def backward(gy, x, w, layout, groups, need_input_grad=True, gw=None, need_weight_grad=True):
