@@ -87,6 +87,8 @@ def _agrees(function, dtype):
 
 def _find():
     global _found, _library
+    if _found is not None:                      # looked for: no lock on every convolution
+        return _found
     with _lock:
         if _found is not None:
             return _found
