@@ -5,7 +5,9 @@ cache (``SPMDCNN_CACHE``), so it profiles the ranks, searches, runs its trials a
 rank counts alternate from run to run. For each run: the plan it trained under (from its checkpoint), the step it
 predicted (the metrics' ``predicted_step_s``: the plan's iteration and reading its batch) and the median of the
 measured steps it logged (``step_s``, one per epoch), and their ratio. Per rank count: in how many runs the plan was
-the same, and the largest |error|.
+the same, and the largest |error|. Each run also says how far its own epochs' steps wandered ((slowest - fastest)
+/ median): a run on a quiet machine stays within about 20 %; a prediction is made before the run and cannot know of
+a neighbour that takes the cores for seconds at a time during it.
 
 With ``--load``, a busy process pinned to core 0 (``taskset``) runs throughout, and each run is followed by the
 same quick start under data parallelism (``--set plan=data``, trials off), to compare the chosen plan's measured
@@ -52,7 +54,14 @@ def quick_start(ranks, work, name, data, *sets):
     with h5py.File(os.path.join(folder, "q.h5"), "r") as handle:
         plan = handle.attrs["plan"]
     chosen = next((line for line in result.stdout.splitlines() if line.startswith("plan auto: chose")), "")
-    return plan, records[-1]["predicted_step_s"], statistics.median(steps), chosen
+    return plan, records[-1]["predicted_step_s"], statistics.median(steps), chosen, _steadiness(steps)
+
+
+def _steadiness(steps):
+    """How far the run's own epochs' steps wandered: (slowest - fastest) / median. A quiet machine's quick start
+    keeps it within about 25 %; well beyond, something else took the cores for seconds at a time during the run
+    (a prediction made before it cannot know)."""
+    return (max(steps) - min(steps)) / statistics.median(steps)
 
 
 def main():
@@ -76,17 +85,18 @@ def main():
     try:
         for run in range(args.runs):
             for ranks in args.ranks:
-                plan, predicted, measured, chosen = quick_start(ranks, work, f"{ranks}-{run}", args.data)
+                plan, predicted, measured, chosen, wandered = quick_start(ranks, work, f"{ranks}-{run}", args.data)
                 entry = {"ranks": ranks, "plan": plan, "predicted_s": predicted, "measured_s": measured,
-                         "error": predicted / measured - 1, "chosen": chosen}
+                         "error": predicted / measured - 1, "chosen": chosen, "epochs_wandered": wandered}
                 if args.load:
-                    _, _, data_s, _ = quick_start(ranks, work, f"{ranks}-{run}-data", args.data, "plan=data",
+                    _, _, data_s, _, _ = quick_start(ranks, work, f"{ranks}-{run}-data", args.data, "plan=data",
                                                  "trials.plans=0")
                     entry["data_measured_s"] = data_s
                 found[ranks].append(entry)
                 extra = f", data parallelism {data_s * 1e3:.2f} ms ({measured / data_s:.3f}x)" if args.load else ""
                 print(f"{ranks} ranks, run {run + 1}: predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f}"
-                      f" ms ({100 * entry['error']:+.1f} %){extra}; {chosen or 'no trials'}", flush=True)
+                      f" ms ({100 * entry['error']:+.1f} %; its epochs' steps wandered {100 * wandered:.0f} %){extra}; "
+                      f"{chosen or 'no trials'}", flush=True)
     finally:
         if busy is not None:
             busy.kill()

@@ -350,7 +350,19 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=5, warmup=2):
     return median_seconds(run, repeats, warmup, sync=synchronizer(xp))
 
 
-POINT_KINDS = ("loss", "batchnorm")      # the collectives on a data-parallel step's critical path
+POINT_KINDS = ("loss", "batchnorm")
+CALIBRATION_S = 2.0     # seconds of data-parallel steps a profile's calibration trains (5 to 200 steps)
+BLOCKS = 5              # stretches of them, each timed as a run's log line times its steps
+
+
+def typical_step(totals, blocks=BLOCKS):
+    """The step a run's log lines show most often, from steps taken one after the other (``totals``, seconds):
+    the median of the mean steps of ``blocks`` equal stretches of them (a log line's step is the mean over its
+    stretch). On a shared machine whose speed wanders for a second at a time, the mean of all the steps carries a
+    slow second into every prediction; the median of the stretches' means does not, and the mean within each
+    still counts every hiccup a run's steps have."""
+    count = min(blocks, len(totals) // 3) or 1
+    return float(np.median([statistics.fmean(part) for part in np.array_split(np.asarray(totals), count)]))      # the collectives on a data-parallel step's critical path
 
 
 class Synchronization(NamedTuple):
@@ -361,14 +373,14 @@ class Synchronization(NamedTuple):
     latency: float      # seconds per point
     drift: float        # seconds per second of the model's compute since the ranks last met
     points: int         # synchronization points per data-parallel step
-    measured: float     # the data-parallel step measured (seconds: the slowest rank's mean step)
+    measured: float     # the data-parallel step measured (seconds: the slowest rank's typical_step)
 
 
 def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2, feed=None):
     """The :class:`Synchronization` of the ranks of ``world``, in the units of ``cost`` (a
     :class:`~spmdcnn.cost.model.CostModel` of ``graph`` at ``batch`` on them from the profile being measured):
     the data-parallel plan trains for a few steps one after the other (no barrier between them, as in training;
-    ``steps`` None: about a second of them, 5 to 40),
+    ``steps`` None: about :data:`CALIBRATION_S` of them, 5 to 200),
     and each segment of a step (a rank's step starts where its previous one ended), from the end of one point where
     every rank meets (the loss's sum, batch norm's gathers and sums) to the end of the next, is set against what
     the cost model gives it: the profile's compute and the machine's collective. Ranks drift apart (uneven cores,
@@ -388,9 +400,9 @@ def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2, 
     for index in range(warmup):
         step(index)
         sync()
-    if steps is None:           # about a second of steps, 5 to 40 of them: the same count on every rank
+    if steps is None:           # about CALIBRATION_S of steps, 5 to 200 of them: the same count on every rank
         taken = max(world.allgather((time.perf_counter() - began) / max(warmup, 1)))
-        steps = max(5, min(40, int(1.0 / max(taken, 1e-6))))
+        steps = max(5, min(200, int(CALIBRATION_S / max(taken, 1e-6))))
     world.reset()
     mark = time.perf_counter()
     for index in range(warmup, warmup + steps):        # one after the other, as training runs them
@@ -408,7 +420,7 @@ def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2, 
     counted = {len(segment) for segment in segments}
     mine = np.median(segments, axis=0) if counted == {len(gaps)} else None
     ranks = world.allgather(mine)
-    measured = max(world.allgather(statistics.fmean(totals)))     # what a run's logged step is: the mean
+    measured = max(world.allgather(typical_step(totals)))
     if any(r is None for r in ranks) or not len(gaps):
         return Synchronization(0.0, 0.0, len(gaps), measured)
     excess = np.median(ranks, axis=0) - modelled

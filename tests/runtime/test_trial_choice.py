@@ -9,7 +9,7 @@ import pytest
 from spmdcnn.cost.compute import Profile
 from spmdcnn.graph import load_model
 from spmdcnn.runtime import trials
-from spmdcnn.runtime.profile import _fit_wait
+from spmdcnn.runtime.profile import _fit_wait, typical_step
 from spmdcnn.tiling.plan import named
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
@@ -140,6 +140,19 @@ def test_the_meeting_cost_is_fitted_non_negative(latency, drift):
     a, b = _fit_wait(gaps, 3e-4 - 0.05 * gaps)         # a negative slope is no drift
     assert b == 0.0 and a >= 0.0
     assert _fit_wait(gaps, -1e-3 + 0 * gaps) == (0.0, 0.0)
+
+
+def test_the_calibrated_step_is_what_most_log_lines_show():
+    """A second of slow steps among the calibration's (a shared machine's neighbour) moves the mean of all steps
+    by a fifth, and the step the profile takes not at all; a hiccup within every stretch still counts, as it does
+    in every log line's mean."""
+    steady = [0.012] * 40 + [0.024] * 10 + [0.012] * 50      # 100 steps, a slow tenth of them together
+    assert np.mean(steady) == pytest.approx(0.0132)
+    assert typical_step(steady) == pytest.approx(0.012)
+    hiccups = [0.030 if i % 20 == 0 else 0.010 for i in range(100)]
+    assert typical_step(hiccups) == pytest.approx(np.mean(hiccups))
+    assert typical_step([0.010, 0.020]) == pytest.approx(0.015)            # too few steps for stretches: the mean
+    assert typical_step([0.01] * 9 + [0.04] * 3 + [0.01] * 3) == pytest.approx(0.01)      # five stretches of 3
 
 
 def test_profile_line_says_what_a_negative_step_residual_means():
