@@ -78,8 +78,12 @@ def main():
             optimal, same = {}, {}
             for overlap in args.overlap:        # the planner plans for the job's sync: one plan for each
                 optimal[overlap] = os.path.join(work, f"optimal-{name}-{ranks}-{overlap}.yaml")
-                run(["plan", model, "--devices", str(ranks), "--batch", batch, "--machine", args.machine,
-                     "--profile", profile, "-o", optimal[overlap], *trials, *_sync(overlap)], ranks if trials else 1)
+                said = run(["plan", model, "--devices", str(ranks), "--batch", batch, "--machine", args.machine,
+                            "--profile", profile, "-o", optimal[overlap], *trials, *_sync(overlap)],
+                           ranks if trials else 1)
+                for line in said.splitlines():     # the trials: what the planner's choice rests on
+                    if line.startswith("plan auto: chose") or line.startswith("  ") and "predicted" in line:
+                        print(f"  {name} on {ranks} ranks, overlap {overlap}: {line.strip()}", flush=True)
                 same[overlap] = _same_as(model, int(batch), ranks, optimal[overlap],
                                          [p for p in args.plans if p != "optimal"])
                 if same[overlap]:

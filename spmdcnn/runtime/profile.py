@@ -301,7 +301,7 @@ class JobReads:
 
     def __call__(self, executor):
         from ..io.prefetch import Loader
-        stop = max(self.run_steps or 0, 64)
+        stop = max(self.run_steps or 0, CALIBRATION_WARMUP + CALIBRATION_STEPS[1])
         batch = executor.plan.batch         # the calibration's: the job's, or its share times the ranks
         self.loader = Loader(self.source, executor.data_reads(), batch, self.dtype,
                              self.source.batches_per_epoch(batch), 0, stop, self.workers, self.prefetch,
@@ -351,7 +351,9 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=5, warmup=2):
 
 
 POINT_KINDS = ("loss", "batchnorm")
-CALIBRATION_S = 2.0     # seconds of data-parallel steps a profile's calibration trains (5 to 200 steps)
+CALIBRATION_S = 2.0     # seconds of data-parallel steps a profile's calibration trains
+CALIBRATION_STEPS = (5, 200)    # the fewest and most of them
+CALIBRATION_WARMUP = 2  # steps before them
 BLOCKS = 5              # stretches of them, each timed as a run's log line times its steps
 
 
@@ -376,11 +378,11 @@ class Synchronization(NamedTuple):
     measured: float     # the data-parallel step measured (seconds: the slowest rank's typical_step)
 
 
-def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2, feed=None):
+def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=CALIBRATION_WARMUP, feed=None):
     """The :class:`Synchronization` of the ranks of ``world``, in the units of ``cost`` (a
     :class:`~spmdcnn.cost.model.CostModel` of ``graph`` at ``batch`` on them from the profile being measured):
     the data-parallel plan trains for a few steps one after the other (no barrier between them, as in training;
-    ``steps`` None: about :data:`CALIBRATION_S` of them, 5 to 200),
+    ``steps`` None: about :data:`CALIBRATION_S` of them, within :data:`CALIBRATION_STEPS`),
     and each segment of a step (a rank's step starts where its previous one ended), from the end of one point where
     every rank meets (the loss's sum, batch norm's gathers and sums) to the end of the next, is set against what
     the cost model gives it: the profile's compute and the machine's collective. Ranks drift apart (uneven cores,
@@ -400,9 +402,10 @@ def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=2, 
     for index in range(warmup):
         step(index)
         sync()
-    if steps is None:           # about CALIBRATION_S of steps, 5 to 200 of them: the same count on every rank
+    if steps is None:           # about CALIBRATION_S of steps: the same count on every rank
         taken = max(world.allgather((time.perf_counter() - began) / max(warmup, 1)))
-        steps = max(5, min(200, int(CALIBRATION_S / max(taken, 1e-6))))
+        fewest, most = CALIBRATION_STEPS
+        steps = max(fewest, min(most, int(CALIBRATION_S / max(taken, 1e-6))))
     world.reset()
     mark = time.perf_counter()
     for index in range(warmup, warmup + steps):        # one after the other, as training runs them

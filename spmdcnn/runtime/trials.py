@@ -93,6 +93,7 @@ class Trial(NamedTuple):
     error: str = None
     spread: float = 0.0         # how much its steps disagreed: (75th - 25th percentile) / median, the widest rank's
     passes: tuple = ()          # the median step of each pass (the slowest rank's)
+    steps: int = 0              # steps timed (both passes; 0: not known, as in a cache written before it was kept)
 
 
 def candidates(scored, count, data_plan, data_predicted_s):
@@ -126,15 +127,16 @@ def cached(store, key, proposed):
         return None
     spreads = entry.get("spreads") or [0.0] * len(proposed)
     passes = entry.get("passes") or [[]] * len(proposed)
-    return [Trial(label, plan, predicted, measured, error, spread, tuple(taken))
-            for (label, plan, predicted), measured, error, spread, taken
-            in zip(proposed, entry["measured"], entry["errors"], spreads, passes)]
+    steps = entry.get("steps") or [0] * len(proposed)
+    return [Trial(label, plan, predicted, measured, error, spread, tuple(taken), count)
+            for (label, plan, predicted), measured, error, spread, taken, count
+            in zip(proposed, entry["measured"], entry["errors"], spreads, passes, steps)]
 
 
 def remember(store, key, trials):
     store.trials[key] = {"plans": [t.plan.text for t in trials], "measured": [t.measured_s for t in trials],
                          "errors": [t.error for t in trials], "spreads": [t.spread for t in trials],
-                         "passes": [list(t.passes) for t in trials]}
+                         "passes": [list(t.passes) for t in trials], "steps": [t.steps for t in trials]}
 
 
 def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0, sync=None, batchnorm=None,
@@ -177,7 +179,7 @@ def run_trials(proposed, graph, batch, world, xp, dtype, settings, steps, seed=0
         ranks = world.allgather((middle, float(np.ptp(np.percentile(mine, [25, 75]))) / middle,
                                  [statistics.median(taken) for taken in times[index]]))
         found.append(Trial(label, plan, predicted, max(r[0] for r in ranks), None, max(r[1] for r in ranks),
-                           tuple(max(r[2][k] for r in ranks) for k in range(len(passes)))))
+                           tuple(max(r[2][k] for r in ranks) for k in range(len(passes))), len(mine)))
     return found
 
 
@@ -225,11 +227,23 @@ def refuse(graph, plan, dtype, xp, local_ranks=1):
 
 
 def _beats(other, base, margin):
-    """Whether trial ``other`` ran faster than ``base`` by more than ``margin`` and more than the steps of either
-    disagreed among themselves, overall and in each pass."""
-    noise = max(margin, base.spread, other.spread)
-    return (other.measured_s * (1 + noise) < base.measured_s
-            and all(b * (1 + noise) < f for b, f in zip(other.passes, base.passes)))
+    """Whether trial ``other`` ran faster than ``base`` by more than ``margin`` and more than their medians' noise
+    (:func:`noise`) overall, and by more than ``margin`` in each pass (not by its turn while the machine drifted)."""
+    return (other.measured_s * (1 + max(margin, noise(other, base))) < base.measured_s
+            and all(b * (1 + margin) < f for b, f in zip(other.passes, base.passes)))
+
+
+def noise(one, two):
+    """How far apart the median steps of trials ``one`` and ``two`` may come by chance, as a fraction: twice the
+    standard error of the difference of two medians of ``steps`` steps whose interquartile range over their median
+    is ``spread`` (a median's standard error is about 1.25 sigma over the root of the steps, sigma the range over
+    1.35): two trials of 12 steps each whose ranges are 12 % tell apart plans 9 % apart, of 100 steps 3 %; of 6
+    steps (a short run's trials) about their range, as before the count was kept. Where a trial's count is not
+    known, the wider range itself."""
+    if not one.steps or not two.steps:
+        return max(one.spread, two.spread)
+    error = 1.25 / 1.35 * math.hypot(one.spread / math.sqrt(one.steps), two.spread / math.sqrt(two.steps))
+    return 2.0 * error
 
 
 def _base_and_better(trials, margin, incumbent):
@@ -275,8 +289,9 @@ def merged(trial, again):
     if again.measured_s is None:
         return trial._replace(measured_s=None, error=again.error)
     passes = tuple(trial.passes) + tuple(again.passes)
+    steps = trial.steps + again.steps if trial.steps and again.steps else 0
     return trial._replace(measured_s=statistics.median(passes), spread=max(trial.spread, again.spread),
-                          passes=passes)
+                          passes=passes, steps=steps)
 
 
 def describe(trial):

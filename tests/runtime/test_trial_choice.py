@@ -86,6 +86,26 @@ def test_data_parallelism_stays_unless_another_is_clearly_faster(plans):
         trials.describe(clear)
 
 
+def test_more_steps_tell_closer_plans_apart(plans):
+    """A trial's noise is its median's, which shrinks with its steps: 13 % faster than data parallelism whose steps
+    ranged over 12 % is clear after 10 steps each, not after 2; 5 % faster needs about a hundred; a pass in which
+    it was not faster by the margin still keeps data parallelism, however many steps."""
+    _, p = plans
+    data = trials.Trial("data parallelism", p["data"], 1.1, 10.0, None, 0.12, (10.0, 10.0), 10)
+    other = trials.Trial("choice", p["owt"], 1.0, 8.7, None, 0.02, (8.7, 8.7), 10)
+    assert trials.noise(other, data) == pytest.approx(2 * 1.25 / 1.35 * np.hypot(0.12, 0.02) / np.sqrt(10))
+    assert trials.fastest([other, data], incumbent=1) is other
+    assert trials.fastest([other._replace(steps=2), data._replace(steps=2)], incumbent=1).label == "data parallelism"
+    assert trials.fastest([other, data._replace(steps=0)], incumbent=1) is other        # 13 % > the 12 % range
+    closer = other._replace(measured_s=9.5, passes=(9.5, 9.5))
+    assert trials.fastest([closer, data], incumbent=1) is data
+    assert trials.fastest([closer._replace(steps=100), data._replace(steps=100)], incumbent=1).label == "choice"
+    by_turn = other._replace(steps=1000, passes=(8.0, 9.8))
+    assert trials.fastest([by_turn, data._replace(steps=1000)], incumbent=1).label == "data parallelism"
+    merged = trials.merged(other, other._replace(steps=6))
+    assert merged.steps == 16 and trials.merged(other, other._replace(steps=0)).steps == 0
+
+
 def test_a_run_off_settles_two_plans_their_steps_cannot_tell_apart(plans):
     _, p = plans
     data = trials.Trial("data parallelism", p["data"], 1.1, 10.0, None, 0.0, (10.0, 10.0))
