@@ -18,6 +18,9 @@ profiles, so every round predicts and measures the same plans; when the planner'
 plans layer for layer, it is measured once, as both (two measurements of one plan differ by this VM's noise, not by
 the planner's choice). A pair's error is the median over the rounds of predicted / measured - 1; the table after
 the rounds shows it next to the median predicted and the median measured time (which need not give that error).
+Where the planner's plan did not measure fastest, it and the fastest then run head to head, ``--pairs`` times one
+after the other (the order swapped each time), and the median ratio of their steps is printed: two plans a few per
+cent apart, measured minutes apart, differ as much by when they ran.
 
     env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE python benchmarks/cost_model.py \\
         --models models/cifar_cnn.yaml:64 benchmarks/models/alexnet_reduced.yaml:32 --ranks 1 2 4
@@ -63,6 +66,8 @@ def main():
                         help="gradient allreduces overlapped with backward (sync.overlap), off, or both")
     parser.add_argument("--trials", type=int, default=4, help="the optimal plan from `spmdcnn plan --trials K` on "
                         "the ranks (the model's K best timed; default 4, as plan: auto; 0: the model's choice alone)")
+    parser.add_argument("--pairs", type=int, default=4, help="where the planner's plan did not measure fastest: "
+                        "that many alternating runs of it and the fastest, head to head (default 4; 0: none)")
     parser.add_argument("--json", help="write every pair of numbers here")
     args = parser.parse_args()
     work = tempfile.mkdtemp(prefix="spmdcnn-cost-")
@@ -109,12 +114,12 @@ def main():
                     continue
                 spec_plan = optimal[overlap] if plan == "optimal" else plan
                 sync = _sync(overlap)
+                # the predicted time sets the steps: at least --seconds of them
                 predicted = json.loads(run(["simulate", spec_plan, "--model", model, "--devices", str(ranks),
                                             "--batch", batch, "--machine", args.machine, "--profile", profile,
                                             "--json", *sync], 1))[0]["predicted"]
                 steps = max(args.steps, min(1000, math.ceil(args.seconds / max(predicted["iteration_s"], 1e-6))))
-                measured = json.loads(run(["bench", model, "--batch", batch, "--plan", spec_plan, "--steps",
-                                           str(steps), "--warmup", str(args.warmup), "--json", *sync], ranks))
+                measured = _bench(model, batch, spec_plan, ranks, steps, args.warmup, sync)
                 plan = plan if len(args.overlap) == 1 else f"{plan}/{overlap}"
                 row = {"model": name, "batch": int(batch), "ranks": ranks, "plan": plan, "round": round_,
                        "steps": steps,
@@ -144,11 +149,38 @@ def main():
             if f"optimal{mode}" in measured and ranks > 1:
                 chosen, fastest = measured[f"optimal{mode}"], min(measured, key=measured.get)
                 print(f"{name} on {ranks} ranks: the planner's plan{mode} measured {chosen:.1f} ms, the fastest "
-                      f"({fastest}) {measured[fastest]:.1f} ms: {chosen / measured[fastest] - 1:+.1%}")
+                      f"({fastest}) {measured[fastest]:.1f} ms: {chosen / measured[fastest] - 1:+.1%}", flush=True)
+                overlap = mode[1:] or args.overlap[0]
+                case = next(c for c in cases if (c[1], c[3]) == (name, ranks))
+                if args.pairs and fastest.split("/")[0] not in ("optimal", case[6][overlap]):
+                    ratio = _head_to_head(case, overlap, fastest.split("/")[0], args)
+                    print(f"  head to head, {args.pairs} alternating pairs: the planner's plan / {fastest} "
+                          f"{ratio:.3f}x (median)", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
             json.dump([row for rows in pairs.values() for row in rows], handle, indent=1)
     shutil.rmtree(work, ignore_errors=True)
+
+
+def _bench(model, batch, plan, ranks, steps, warmup, sync):
+    return json.loads(run(["bench", model, "--batch", batch, "--plan", plan, "--steps", str(steps), "--warmup",
+                           str(warmup), "--json", *sync], ranks))
+
+
+def _head_to_head(case, overlap, rival, args):
+    """The median over ``args.pairs`` pairs of the planner's plan's mean step over ``rival``'s (a named plan),
+    the two run one after the other, the order swapped each pair: two plans a few per cent apart, measured minutes
+    apart on a shared machine, differ by when they ran as much as by what they are."""
+    model, _, batch, ranks, _, optimal, _ = case
+    sync = _sync(overlap)
+    first = _bench(model, batch, optimal[overlap], ranks, args.steps, args.warmup, sync)
+    steps = max(args.steps, min(1000, math.ceil(args.seconds / max(first["step_s_mean"], 1e-6))))
+    ratios = []
+    for pair in range(args.pairs):
+        order = [optimal[overlap], rival] if pair % 2 == 0 else [rival, optimal[overlap]]
+        taken = {plan: _bench(model, batch, plan, ranks, steps, args.warmup, sync)["step_s_mean"] for plan in order}
+        ratios.append(taken[optimal[overlap]] / taken[rival])
+    return statistics.median(ratios)
 
 
 def _sync(overlap):
