@@ -17,7 +17,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..backend import master_dtype, synchronizer, tf32_allowed
-from ..cost.calibrate import median_seconds, processor_name, spread, timings
+from ..cost.calibrate import processor_name, spread, timings
 from ..cost.compute import ComputeModel, Profile, reference_key, update_key, update_work, work
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
@@ -340,14 +340,27 @@ def training_step(graph, batch, xp, dtype, world=None, plan=None, seed=0, feed=N
     return step
 
 
-def reference_iteration(graph, batch, xp, dtype, world, repeats=5, warmup=2):
+def reference_iteration(graph, batch, xp, dtype, world, repeats=5, warmup=2, seconds=None):
     """Median seconds of a training iteration of the whole model at ``batch`` on this rank alone (every rank at
     once: the contention of training, without its communication). A fresh process's first iterations run slower
-    (its heap grows, pages fault in) and one iteration can differ from the next by a fifth on a shared machine:
-    two warm-up iterations and the median of five."""
-    run = training_step(graph, batch, xp, dtype)
+    (its heap grows, pages fault in), one iteration can differ from the next by a fifth on a shared machine, and
+    such a machine can be slow for a second at a time: two warm-up iterations, then the median of at least
+    ``repeats``, as many as fill ``seconds`` (None: :data:`REFERENCE_S`; at most :data:`REFERENCE_MOST`), the same
+    count on every rank (their iterations run side by side throughout)."""
+    run, sync = training_step(graph, batch, xp, dtype), synchronizer(xp)
     world.barrier()
-    return median_seconds(run, repeats, warmup, sync=synchronizer(xp))
+    began = time.perf_counter()
+    for _ in range(warmup):
+        run()
+        sync()
+    taken = max(world.allgather((time.perf_counter() - began) / max(warmup, 1)))
+    seconds = REFERENCE_S if seconds is None else seconds
+    count = max(repeats, min(REFERENCE_MOST, int(seconds / max(taken, 1e-6))))
+    return statistics.median(timings(run, count, 0, sync=sync))
+
+
+REFERENCE_S = 1.0       # seconds of iterations the reference iteration's median is taken over, at least five
+REFERENCE_MOST = 100    # and at most this many
 
 
 POINT_KINDS = ("loss", "batchnorm")

@@ -187,3 +187,28 @@ def test_profile_line_says_what_a_negative_step_residual_means():
     assert "own work" not in text and "the steps 3.76 ms faster than their layers add up to" in text
     one = reference_text(dict(reference, step=-0.001), 32, 32, 1, 1, 1.2, found._replace(points=0))
     assert one.endswith(": the steps 1.00 ms faster than their layers add up to (taken off every plan's prediction)")
+
+
+def test_the_reference_iteration_is_a_median_over_about_a_second(monkeypatch):
+    """At least five iterations, as many as fill the seconds asked for (at most REFERENCE_MOST), the same count on
+    every rank: the slowest rank's warm-up sets it."""
+    from spmdcnn.runtime import profile
+
+    class World:
+        def __init__(self, others):
+            self.others = others
+
+        def barrier(self):
+            pass
+
+        def allgather(self, value):
+            return [value] + self.others
+
+    counts = []
+    monkeypatch.setattr(profile, "timings",
+                        lambda run, count, warmup, sync=None: counts.append(count) or [0.5, 0.1, 0.2])
+    graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
+    assert profile.reference_iteration(graph, 2, np, np.float32, World([]), seconds=0.0) == 0.2
+    profile.reference_iteration(graph, 2, np, np.float32, World([]), seconds=1e9)
+    profile.reference_iteration(graph, 2, np, np.float32, World([0.25]), seconds=1.0)     # a rank 0.25 s a step
+    assert counts == [5, profile.REFERENCE_MOST, 5]
