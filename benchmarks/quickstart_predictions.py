@@ -89,11 +89,14 @@ def main():
                 entry = {"ranks": ranks, "plan": plan, "predicted_s": predicted, "measured_s": measured,
                          "error": predicted / measured - 1, "chosen": chosen, "epochs_wandered": wandered}
                 if args.load:
-                    _, _, data_s, _, _ = quick_start(ranks, work, f"{ranks}-{run}-data", args.data, "plan=data",
+                    data_plan, _, data_s, _, _ = quick_start(ranks, work, f"{ranks}-{run}-data", args.data, "plan=data",
                                                  "trials.plans=0")
                     entry["data_measured_s"] = data_s
+                    entry["chose_data"] = plan == data_plan
                 found[ranks].append(entry)
-                extra = f", data parallelism {data_s * 1e3:.2f} ms ({measured / data_s:.3f}x)" if args.load else ""
+                extra = (f", data parallelism {data_s * 1e3:.2f} ms ({measured / data_s:.3f}x"
+                         f"{'; the same plan, so two runs of one plan' if entry['chose_data'] else ''})"
+                         if args.load else "")
                 print(f"{ranks} ranks, run {run + 1}: predicted {predicted * 1e3:.2f} ms, measured {measured * 1e3:.2f}"
                       f" ms ({100 * entry['error']:+.1f} %; its epochs' steps wandered {100 * wandered:.0f} %){extra}; "
                       f"{chosen or 'no trials'}", flush=True)
@@ -109,8 +112,13 @@ def main():
                 f"|predicted / measured - 1| {100 * worst:.1f} %, median {100 * statistics.median(abs(e['error']) for e in entries):.1f} %")
         if args.load:
             ratios = [e["measured_s"] / e["data_measured_s"] for e in entries]
-            line += (f"; the chosen plan's step against data parallelism's under the load: median {statistics.median(ratios):.3f}x, "
-                     f"largest {max(ratios):.3f}x")
+            line += (f"; the chosen plan's step against data parallelism's under the load: median "
+                     f"{statistics.median(ratios):.3f}x, largest {max(ratios):.3f}x")
+            others = [r for r, e in zip(ratios, entries) if not e["chose_data"]]
+            line += (f"; {len(entries) - len(others)} of {len(entries)} runs chose data parallelism itself (their "
+                     f"ratios are two runs of one plan under the load: its noise)")
+            if others:
+                line += f"; the other runs' largest {max(others):.3f}x"
         print(line)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as handle:
