@@ -141,6 +141,9 @@ def main():
               f"{statistics.median(r['measured_ms'] for r in rows):>14.1f} {errors[name, ranks, plan] * 100:>+6.1f}%")
     size = [abs(e) for e in counted]
     print(f"\n{len(size)} pairs: median |error| {statistics.median(size) * 100:.1f}%, largest {max(size) * 100:.1f}%")
+    if args.json:           # before the head-to-head runs, which may fail
+        with open(args.json, "w", encoding="utf-8") as handle:
+            json.dump([row for rows in pairs.values() for row in rows], handle, indent=1)
     for name, ranks in dict.fromkeys((n, r) for n, r, _ in pairs):
         for mode in ([""] if len(args.overlap) == 1 else [f"/{o}" for o in args.overlap]):
             # the overlap is the job's, not the planner's: the plans compared run under the same
@@ -150,15 +153,12 @@ def main():
                 chosen, fastest = measured[f"optimal{mode}"], min(measured, key=measured.get)
                 print(f"{name} on {ranks} ranks: the planner's plan{mode} measured {chosen:.1f} ms, the fastest "
                       f"({fastest}) {measured[fastest]:.1f} ms: {chosen / measured[fastest] - 1:+.1%}", flush=True)
-                overlap = mode[1:] or args.overlap[0]
+                overlap, rival = mode[1:] or args.overlap[0], fastest[:-len(mode)] if mode else fastest
                 case = next(c for c in cases if (c[1], c[3]) == (name, ranks))
-                if args.pairs and fastest.split("/")[0] not in ("optimal", case[6][overlap]):
-                    ratio = _head_to_head(case, overlap, fastest.split("/")[0], args)
+                if args.pairs and rival not in ("optimal", case[6][overlap]):
+                    ratio = _head_to_head(case, overlap, rival, args)
                     print(f"  head to head, {args.pairs} alternating pairs: the planner's plan / {fastest} "
                           f"{ratio:.3f}x (median)", flush=True)
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as handle:
-            json.dump([row for rows in pairs.values() for row in rows], handle, indent=1)
     shutil.rmtree(work, ignore_errors=True)
 
 

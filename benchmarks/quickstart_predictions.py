@@ -6,7 +6,7 @@ rank counts alternate from run to run. For each run: the plan it trained under (
 predicted (the metrics' ``predicted_step_s``: the plan's iteration and reading its batch) and the median of the
 measured steps it logged (``step_s``, one per epoch), and their ratio. Per rank count: in how many runs the plan was
 the same, and the largest |error|. Each run also says how far its own epochs' steps wandered ((slowest - fastest)
-/ median): a run on a quiet machine stays within about 20 %; a prediction is made before the run and cannot know of
+/ median): a quiet machine's quick starts mostly stay within about 25 %; a prediction is made before the run and cannot know of
 a neighbour that takes the cores for seconds at a time during it.
 
 With ``--load``, a busy process pinned to core 0 (``taskset``) runs throughout, and each run is followed by the
@@ -35,8 +35,8 @@ BUSY = "import os\nos.sched_setaffinity(0, {0})\nwhile True:\n    pass\n"
 
 
 def quick_start(ranks, work, name, data, *sets):
-    """``(plan text, predicted step, median measured step, chosen line)`` of one fresh quick start, its digits in
-    the folder ``data``."""
+    """``(plan text, predicted step, median measured step, chosen line, how far its epochs wandered)`` of one
+    fresh quick start, its digits in the folder ``data``."""
     folder = os.path.join(work, name)
     os.makedirs(folder)
     overrides = [f"checkpoint.path={folder}/q.h5", f"log.metrics={folder}/q.jsonl", "resume=false",
@@ -59,8 +59,8 @@ def quick_start(ranks, work, name, data, *sets):
 
 def _steadiness(steps):
     """How far the run's own epochs' steps wandered: (slowest - fastest) / median. A quiet machine's quick start
-    keeps it within about 25 %; well beyond, something else took the cores for seconds at a time during the run
-    (a prediction made before it cannot know)."""
+    mostly keeps it within about 25 %; well beyond, something else took the cores or the memory bandwidth for
+    seconds at a time during the run (a prediction made before it cannot know)."""
     return (max(steps) - min(steps)) / statistics.median(steps)
 
 
@@ -89,8 +89,8 @@ def main():
                 entry = {"ranks": ranks, "plan": plan, "predicted_s": predicted, "measured_s": measured,
                          "error": predicted / measured - 1, "chosen": chosen, "epochs_wandered": wandered}
                 if args.load:
-                    data_plan, _, data_s, _, _ = quick_start(ranks, work, f"{ranks}-{run}-data", args.data, "plan=data",
-                                                 "trials.plans=0")
+                    data_plan, _, data_s, _, _ = quick_start(ranks, work, f"{ranks}-{run}-data", args.data,
+                                                             "plan=data", "trials.plans=0")
                     entry["data_measured_s"] = data_s
                     entry["chose_data"] = plan == data_plan
                 found[ranks].append(entry)

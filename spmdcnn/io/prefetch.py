@@ -172,7 +172,9 @@ class Loader:
     ``source``: the data; ``reads``: the ``(box, steps)`` this rank reads of each batch; ``batch``: the global
     batch size; ``steps_per_epoch`` turns a step into (epoch, batch of the epoch); ``workers``, ``prefetch``,
     ``timeout``: as the job keys (``auto`` allowed: :meth:`_auto_workers`, :func:`resolve`; ``local_ranks``: the
-    ranks on this node, for auto). A rank that reads no data starts no worker;
+    ranks on this node, for auto; ``auto_steps``: the steps auto weighs the reads over, when the run they stand for
+    is shorter than ``stop - start``: a profile's calibration reads more steps than a short run). A rank that reads
+    no data starts no worker;
     no more workers or batches ahead are used than there are steps. ``batches``: instead of the training order, a
     function of the step that gives its ``(epoch, indices)`` (:func:`evaluation_batches`).
 
@@ -180,7 +182,7 @@ class Loader:
     kernel when the thread that started it ends."""
 
     def __init__(self, source, reads, batch, dtype, steps_per_epoch, start, stop, workers=0, prefetch=2,
-                 timeout=300.0, batches=None, local_ranks=1):
+                 timeout=300.0, batches=None, local_ranks=1, auto_steps=None):
         self.source, self.batch, self.dtype = source, batch, np.dtype(dtype)
         self.steps_per_epoch, self.first, self.next_step, self.stop = steps_per_epoch, start, start, stop
         self.batch_of = batches or self._training_batch
@@ -190,6 +192,7 @@ class Loader:
         self.issued = start
         self.peaks = []
         self.probe_s, self._first = None, None
+        self.auto_steps = stop - start if auto_steps is None else auto_steps
         if workers == "auto":
             workers = self._auto_workers(local_ranks)
         workers, prefetch = resolve(workers, prefetch, local_ranks)
@@ -220,7 +223,7 @@ class Loader:
             self.probe_s = (time.perf_counter() - started) / len(following)
         self._first = (arrays, indices, self.batch_of(self.issued)[0])
         self.issued += 1
-        return 0 if self.probe_s * (self.stop - self.first) < AUTO_MIN_READ_S else default_workers(local_ranks)
+        return 0 if self.probe_s * self.auto_steps < AUTO_MIN_READ_S else default_workers(local_ranks)
 
     def _start(self, count):
         """Start ``count`` workers and their first reads."""

@@ -305,7 +305,7 @@ class JobReads:
         batch = executor.plan.batch         # the calibration's: the job's, or its share times the ranks
         self.loader = Loader(self.source, executor.data_reads(), batch, self.dtype,
                              self.source.batches_per_epoch(batch), 0, stop, self.workers, self.prefetch,
-                             local_ranks=self.local_ranks)
+                             local_ranks=self.local_ranks, auto_steps=self.run_steps)      # auto: as the run's
         return lambda index: self.loader.next(index)[0]
 
     def close(self):
@@ -363,7 +363,7 @@ REFERENCE_S = 1.0       # seconds of iterations the reference iteration's median
 REFERENCE_MOST = 100    # and at most this many
 
 
-POINT_KINDS = ("loss", "batchnorm")
+POINT_KINDS = ("loss", "batchnorm")      # the collectives on a data-parallel step's critical path
 CALIBRATION_S = 2.0     # seconds of data-parallel steps a profile's calibration trains
 CALIBRATION_STEPS = (5, 200)    # the fewest and most of them
 CALIBRATION_WARMUP = 2  # steps before them
@@ -372,12 +372,13 @@ BLOCKS = 5              # stretches of them, each timed as a run's log line time
 
 def typical_step(totals, blocks=BLOCKS):
     """The step a run's log lines show most often, from steps taken one after the other (``totals``, seconds):
-    the median of the mean steps of ``blocks`` equal stretches of them (a log line's step is the mean over its
-    stretch). On a shared machine whose speed wanders for a second at a time, the mean of all the steps carries a
-    slow second into every prediction; the median of the stretches' means does not, and the mean within each
+    the median of the mean steps of up to ``blocks`` equal stretches of them, each of three steps or more (a log
+    line's step is the mean over its stretch; under six steps, the mean of all). On a shared machine whose speed
+    wanders for a second at a time, the mean of all the steps carries a slow second into every prediction; the
+    median of five stretches' means is not moved by a slow spell within two of them, and the mean within each
     still counts every hiccup a run's steps have."""
     count = min(blocks, len(totals) // 3) or 1
-    return float(np.median([statistics.fmean(part) for part in np.array_split(np.asarray(totals), count)]))      # the collectives on a data-parallel step's critical path
+    return float(np.median([statistics.fmean(part) for part in np.array_split(np.asarray(totals), count)]))
 
 
 class Synchronization(NamedTuple):

@@ -235,15 +235,23 @@ def _beats(other, base, margin):
 
 def noise(one, two):
     """How far apart the median steps of trials ``one`` and ``two`` may come by chance, as a fraction: twice the
-    standard error of the difference of two medians of ``steps`` steps whose interquartile range over their median
-    is ``spread`` (a median's standard error is about 1.25 sigma over the root of the steps, sigma the range over
-    1.35): two trials of 12 steps each whose ranges are 12 % tell apart plans 9 % apart, of 100 steps 3 %; of 6
-    steps (a short run's trials) about their range, as before the count was kept. Where a trial's count is not
-    known, the wider range itself."""
+    standard error of their difference, each trial's error the larger of its steps' and its passes'. Its steps':
+    a median of ``steps`` steps whose interquartile range over their median is ``spread`` (about 1.25 sigma over
+    the root of the steps, sigma the range over 1.35); two trials of 12 steps each whose ranges are 12 % then tell
+    apart plans 9 % apart, of 100 steps 3 %, of 6 steps 13 %. Its passes': a shared machine is slow for a second
+    at a time, so steps are not independent, and a slow spell shows as passes that disagree (the standard error of
+    their mean). Where a trial's count is not known (a cache written before it was kept), the wider range itself."""
     if not one.steps or not two.steps:
         return max(one.spread, two.spread)
-    error = 1.25 / 1.35 * math.hypot(one.spread / math.sqrt(one.steps), two.spread / math.sqrt(two.steps))
-    return 2.0 * error
+    return 2.0 * math.hypot(_error(one), _error(two))
+
+
+def _error(trial):
+    """A trial's median step's standard error, as a fraction of it (:func:`noise`)."""
+    steps = 1.25 / 1.35 * trial.spread / math.sqrt(trial.steps)
+    passes = (statistics.stdev(trial.passes) / math.sqrt(len(trial.passes)) / trial.measured_s
+              if len(trial.passes) > 1 else 0.0)
+    return max(steps, passes)
 
 
 def _base_and_better(trials, margin, incumbent):
@@ -259,9 +267,8 @@ def _base_and_better(trials, margin, incumbent):
 def fastest(trials, margin=MARGIN, incumbent=0):
     """The trial to keep (None when none ran): the ``incumbent`` (an index: data parallelism when it ran, which
     moves nothing between layers, else the model's choice) unless another ran faster than it by more than
-    ``margin`` (a fraction) and more than the steps of either disagreed among themselves (their
-    :attr:`~Trial.spread`: what a few steps on a busy machine cannot tell apart), overall and in each pass (in
-    order, then reversed: not by its turn); then the fastest of those that did."""
+    ``margin`` (a fraction) in each pass (in order, then reversed: not by its turn) and, overall, by more than
+    ``margin`` and more than the two could differ by chance (:func:`noise`); then the fastest of those that did."""
     base, better = _base_and_better(trials, margin, incumbent)
     if base is None:
         return min(better, key=lambda t: t.measured_s) if better else None

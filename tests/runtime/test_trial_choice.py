@@ -88,8 +88,9 @@ def test_data_parallelism_stays_unless_another_is_clearly_faster(plans):
 
 def test_more_steps_tell_closer_plans_apart(plans):
     """A trial's noise is its median's, which shrinks with its steps: 13 % faster than data parallelism whose steps
-    ranged over 12 % is clear after 10 steps each, not after 2; 5 % faster needs about a hundred; a pass in which
-    it was not faster by the margin still keeps data parallelism, however many steps."""
+    ranged over 12 % is clear after 10 steps each, not after 2; 5 % faster needs 19; passes that disagree (a slow
+    spell in one) count however many steps, and a pass in which it was not faster by the margin keeps data
+    parallelism."""
     _, p = plans
     data = trials.Trial("data parallelism", p["data"], 1.1, 10.0, None, 0.12, (10.0, 10.0), 10)
     other = trials.Trial("choice", p["owt"], 1.0, 8.7, None, 0.02, (8.7, 8.7), 10)
@@ -99,7 +100,13 @@ def test_more_steps_tell_closer_plans_apart(plans):
     assert trials.fastest([other, data._replace(steps=0)], incumbent=1) is other        # 13 % > the 12 % range
     closer = other._replace(measured_s=9.5, passes=(9.5, 9.5))
     assert trials.fastest([closer, data], incumbent=1) is data
-    assert trials.fastest([closer._replace(steps=100), data._replace(steps=100)], incumbent=1).label == "choice"
+    for steps, kept in ((15, "data parallelism"), (18, "data parallelism"), (19, "choice"), (100, "choice")):
+        assert trials.fastest([closer._replace(steps=steps), data._replace(steps=steps)], incumbent=1).label == kept
+    spell = other._replace(steps=100, passes=(8.0, 9.4))       # its passes 16 % apart: 8 % the median's error
+    assert trials.noise(spell, data._replace(steps=100)) == pytest.approx(0.163, abs=0.001)
+    assert trials.fastest([spell, data._replace(steps=100)], incumbent=1).label == "data parallelism"
+    assert trials.fastest([other._replace(steps=100, passes=(8.5, 8.9)), data._replace(steps=100)],
+                          incumbent=1).label == "choice"
     by_turn = other._replace(steps=1000, passes=(8.0, 9.8))
     assert trials.fastest([by_turn, data._replace(steps=1000)], incumbent=1).label == "data parallelism"
     merged = trials.merged(other, other._replace(steps=6))
@@ -130,15 +137,18 @@ def test_a_run_off_settles_two_plans_their_steps_cannot_tell_apart(plans):
 def test_trials_are_cached_for_the_same_candidates_only(plans, tmp_path):
     graph, p = plans
     store = Profile("test")
-    found = [trials.Trial("choice", p["owt"], 1.0, 2.0, None, 0.1, (2.0, 2.1)),
+    found = [trials.Trial("choice", p["owt"], 1.0, 2.0, None, 0.1, (2.0, 2.1), 12),
              trials.Trial("model", p["model"], 1.5, None, "refused")]
     key = trials.cache_key(graph, 8, 2, None, "global", trials.TrialSettings())
     trials.remember(store, key, found)
     store.save(str(tmp_path / "p.json"))
     again = Profile.load(str(tmp_path / "p.json"))
     proposed = [("choice", p["owt"], 1.1), ("model", p["model"], 1.6)]
-    assert trials.cached(again, key, proposed) == [trials.Trial("choice", p["owt"], 1.1, 2.0, None, 0.1, (2.0, 2.1)),
-                                                   trials.Trial("model", p["model"], 1.6, None, "refused")]
+    assert trials.cached(again, key, proposed) == [
+        trials.Trial("choice", p["owt"], 1.1, 2.0, None, 0.1, (2.0, 2.1), 12),
+        trials.Trial("model", p["model"], 1.6, None, "refused")]
+    del again.trials[key]["steps"]                      # a cache written before the counts were kept
+    assert [t.steps for t in trials.cached(again, key, proposed)] == [0, 0]
     assert trials.cached(again, key, proposed[::-1]) is None            # other candidates: time them again
     assert trials.cached(again, key + " other", proposed) is None
 
@@ -211,4 +221,5 @@ def test_the_reference_iteration_is_a_median_over_about_a_second(monkeypatch):
     assert profile.reference_iteration(graph, 2, np, np.float32, World([]), seconds=0.0) == 0.2
     profile.reference_iteration(graph, 2, np, np.float32, World([]), seconds=1e9)
     profile.reference_iteration(graph, 2, np, np.float32, World([0.25]), seconds=1.0)     # a rank 0.25 s a step
-    assert counts == [5, profile.REFERENCE_MOST, 5]
+    profile.reference_iteration(graph, 2, np, np.float32, World([0.1]), seconds=1.0)      # 0.1 s: ten of them
+    assert counts == [5, profile.REFERENCE_MOST, 5, 10]
