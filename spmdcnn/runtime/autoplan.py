@@ -23,7 +23,7 @@ def auto_plan(graph, batch, world, machine, xp, dtype, log, sync=None, batchnorm
     ``machine``: a machine YAML path or None (the built-in local machine); ``sync``, ``batchnorm`` and ``memory`` (the most a device may
     hold, bytes or a size such as ``80GB``): the job's keys. The trials train on ``source`` (an opened dataset;
     None: a synthetic batch) with ``seed``, within their share of ``run_steps`` (None: no bound). ``reads``: a
-    :class:`~.profile.JobReads` of the job, for the profile's calibration (the prediction then includes reading;
+    :class:`~.insitu.JobReads` of the job, for the profile's calibration (the prediction then includes reading;
     ``plan.reads_included``)."""
     if world.size == 1:
         plan = named("data", graph, batch, 1)

@@ -19,7 +19,7 @@ from ..tiling.plan import load_plan
 from .autoplan import auto_plan
 from ..io.trace import write_trace
 from ..ops import blas, compiled
-from .profile import training_step
+from .insitu import training_step
 from .trials import timed_steps
 
 
@@ -85,7 +85,7 @@ def blas_of_ranks(world, host=True):
 
 
 class _Fed:
-    """``bench --data``'s batches: called with the executor (:func:`~spmdcnn.runtime.profile.training_step`'s
+    """``bench --data``'s batches: called with the executor (:func:`~spmdcnn.runtime.insitu.training_step`'s
     ``feed``), it starts a loader of this rank's reads and gives the function of the step index that takes them,
     noting the time each timed step waited."""
 

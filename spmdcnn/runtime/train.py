@@ -25,7 +25,7 @@ from ..io.workers import CLOSE_GRACE_S
 from ..tiling.plan import load_plan, named
 from .autoplan import auto_plan
 from .bench import blas_of_ranks
-from .profile import JobReads
+from .insitu import JobReads
 from .trials import TrialSettings
 from .evaluate import evaluate, evaluation_loader
 from .executor import Executor

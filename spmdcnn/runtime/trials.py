@@ -26,7 +26,7 @@ import numpy as np
 
 from ..backend import synchronizer
 from ..comm.errors import CollectiveError
-from .profile import JobReads, training_step
+from .insitu import JobReads, training_step
 from .trace import traced_step
 
 

@@ -101,7 +101,7 @@ def test_the_wait_per_synchronization_is_measured_on_a_data_parallel_run(world):
     same on every rank, from a real data-parallel run of as many points as the model walks; the run leaves the
     counters clean."""
     from spmdcnn.planner.service import cost_model
-    from spmdcnn.runtime.profile import synchronization
+    from spmdcnn.runtime.insitu import synchronization
     graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
     cost = cost_model(graph, 2 * world.size, world.size)
     found = synchronization(graph, 2 * world.size, world, np, np.float32, cost, steps=2)

@@ -1,5 +1,6 @@
-"""The pure parts of plan: auto's trials (runtime/trials.py) and of the ranks' meeting costs (runtime/profile.py):
-which plans are timed, within what share of the run, which is kept, and how the cache and the fit behave."""
+"""The pure parts of plan: auto's trials (runtime/trials.py) and of the profile's whole iterations
+(runtime/insitu.py, runtime/profile.py): which plans are timed, within what share of the run, which is kept, and how
+the cache, the fit of the ranks' meeting costs and the calibration's steps behave."""
 
 import os
 
@@ -9,7 +10,7 @@ import pytest
 from spmdcnn.cost.compute import Profile
 from spmdcnn.graph import load_model
 from spmdcnn.runtime import trials
-from spmdcnn.runtime.profile import _fit_wait, typical_step
+from spmdcnn.runtime.insitu import _fit_wait, typical_step
 from spmdcnn.tiling.plan import named
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "models")
@@ -188,7 +189,8 @@ def test_the_calibrated_step_is_what_most_log_lines_show():
 def test_profile_line_says_what_a_negative_step_residual_means():
     """The profile's data-parallel steps may run faster than their layers add up to: the line then says so, rather
     than calling a negative number the runtime's own work."""
-    from spmdcnn.runtime.profile import Synchronization, reference_text
+    from spmdcnn.runtime.insitu import Synchronization
+    from spmdcnn.runtime.profile import reference_text
     reference = {"measured": 0.060, "isolated": 0.050, "step": 0.00044}
     found = Synchronization(latency=1e-4, drift=0.02, points=1, measured=0.058)
     text = reference_text(reference, 16, 32, 2, 2, 1.2, found)
@@ -202,7 +204,7 @@ def test_profile_line_says_what_a_negative_step_residual_means():
 def test_the_reference_iteration_is_a_median_over_about_a_second(monkeypatch):
     """At least five iterations, as many as fill the seconds asked for (at most REFERENCE_MOST), the same count on
     every rank: the slowest rank's warm-up sets it."""
-    from spmdcnn.runtime import profile
+    from spmdcnn.runtime import insitu
 
     class World:
         def __init__(self, others):
@@ -215,11 +217,11 @@ def test_the_reference_iteration_is_a_median_over_about_a_second(monkeypatch):
             return [value] + self.others
 
     counts = []
-    monkeypatch.setattr(profile, "timings",
+    monkeypatch.setattr(insitu, "timings",
                         lambda run, count, warmup, sync=None: counts.append(count) or [0.5, 0.1, 0.2])
     graph = load_model(os.path.join(MODELS, "tiny_cnn.yaml"))
-    assert profile.reference_iteration(graph, 2, np, np.float32, World([]), seconds=0.0) == 0.2
-    profile.reference_iteration(graph, 2, np, np.float32, World([]), seconds=1e9)
-    profile.reference_iteration(graph, 2, np, np.float32, World([0.25]), seconds=1.0)     # a rank 0.25 s a step
-    profile.reference_iteration(graph, 2, np, np.float32, World([0.1]), seconds=1.0)      # 0.1 s: ten of them
-    assert counts == [5, profile.REFERENCE_MOST, 5, 10]
+    assert insitu.reference_iteration(graph, 2, np, np.float32, World([]), seconds=0.0) == 0.2
+    insitu.reference_iteration(graph, 2, np, np.float32, World([]), seconds=1e9)
+    insitu.reference_iteration(graph, 2, np, np.float32, World([0.25]), seconds=1.0)     # a rank 0.25 s a step
+    insitu.reference_iteration(graph, 2, np, np.float32, World([0.1]), seconds=1.0)      # 0.1 s: ten of them
+    assert counts == [5, insitu.REFERENCE_MOST, 5, 10]
