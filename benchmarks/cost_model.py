@@ -156,7 +156,8 @@ def main():
                 overlap, rival = mode[1:] or args.overlap[0], fastest[:-len(mode)] if mode else fastest
                 case = next(c for c in cases if (c[1], c[3]) == (name, ranks))
                 if args.pairs and rival not in ("optimal", case[6][overlap]):
-                    ratio = _head_to_head(case, overlap, rival, args)
+                    steps = pairs[name, ranks, f"optimal{mode}"][-1]["steps"]      # as the rounds measured it
+                    ratio = _head_to_head(case, overlap, rival, steps, args)
                     print(f"  head to head, {args.pairs} alternating pairs: the planner's plan / {fastest} "
                           f"{ratio:.3f}x (median)", flush=True)
     shutil.rmtree(work, ignore_errors=True)
@@ -167,14 +168,12 @@ def _bench(model, batch, plan, ranks, steps, warmup, sync):
                            str(warmup), "--json", *sync], ranks))
 
 
-def _head_to_head(case, overlap, rival, args):
+def _head_to_head(case, overlap, rival, steps, args):
     """The median over ``args.pairs`` pairs of the planner's plan's mean step over ``rival``'s (a named plan),
-    the two run one after the other, the order swapped each pair: two plans a few per cent apart, measured minutes
-    apart on a shared machine, differ by when they ran as much as by what they are."""
+    ``steps`` steps each, the two run one after the other, the order swapped each pair: two plans a few per cent
+    apart, measured minutes apart on a shared machine, differ by when they ran as much as by what they are."""
     model, _, batch, ranks, _, optimal, _ = case
     sync = _sync(overlap)
-    first = _bench(model, batch, optimal[overlap], ranks, args.steps, args.warmup, sync)
-    steps = max(args.steps, min(1000, math.ceil(args.seconds / max(first["step_s_mean"], 1e-6))))
     ratios = []
     for pair in range(args.pairs):
         order = [optimal[overlap], rival] if pair % 2 == 0 else [rival, optimal[overlap]]

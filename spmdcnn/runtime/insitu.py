@@ -78,15 +78,21 @@ def reference_iteration(graph, batch, xp, dtype, world, repeats=5, warmup=2, sec
     ``repeats``, as many as fill ``seconds`` (None: :data:`REFERENCE_S`; at most :data:`REFERENCE_MOST`), the same
     count on every rank (their iterations run side by side throughout)."""
     run, sync = training_step(graph, batch, xp, dtype), synchronizer(xp)
+    count = _warm_up(run, sync, world, warmup, REFERENCE_S if seconds is None else seconds, (repeats, REFERENCE_MOST))
+    return statistics.median(timings(run, count, 0, sync=sync))
+
+
+def _warm_up(step, sync, world, warmup, seconds, bounds):
+    """Run ``warmup`` steps of ``step`` (``sync`` ending each) from a barrier; return how many steps fill
+    ``seconds`` at the slowest rank's pace, within ``bounds`` (fewest, most): the same count on every rank."""
     world.barrier()
     began = time.perf_counter()
-    for _ in range(warmup):
-        run()
+    for index in range(warmup):
+        step(index)
         sync()
     taken = max(world.allgather((time.perf_counter() - began) / max(warmup, 1)))
-    seconds = REFERENCE_S if seconds is None else seconds
-    count = max(repeats, min(REFERENCE_MOST, int(seconds / max(taken, 1e-6))))
-    return statistics.median(timings(run, count, 0, sync=sync))
+    fewest, most = bounds
+    return max(fewest, min(most, int(seconds / max(taken, 1e-6))))
 
 
 REFERENCE_S = 1.0       # seconds of iterations the reference iteration's median is taken over, at least five
@@ -141,15 +147,8 @@ def synchronization(graph, batch, world, xp, dtype, cost, steps=None, warmup=CAL
     plan = named("data", graph, batch, world.size)
     step, sync = training_step(graph, batch, xp, dtype, world, plan, feed=feed), synchronizer(xp)
     segments, totals = [], []
-    world.barrier()
-    began = time.perf_counter()
-    for index in range(warmup):
-        step(index)
-        sync()
-    if steps is None:           # about CALIBRATION_S of steps: the same count on every rank
-        taken = max(world.allgather((time.perf_counter() - began) / max(warmup, 1)))
-        fewest, most = CALIBRATION_STEPS
-        steps = max(fewest, min(most, int(CALIBRATION_S / max(taken, 1e-6))))
+    filling = _warm_up(step, sync, world, warmup, CALIBRATION_S, CALIBRATION_STEPS)
+    steps = filling if steps is None else steps
     world.reset()
     mark = time.perf_counter()
     for index in range(warmup, warmup + steps):        # one after the other, as training runs them
