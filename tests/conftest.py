@@ -21,3 +21,11 @@ def host_kernels(request, monkeypatch):
     monkeypatch.setattr(compiled, "ENABLED", request.param == "compiled")
     monkeypatch.setattr(compiled, "MIN_ELEMENTS", 0)        # the tests' small arrays too
     return request.param
+
+
+@pytest.fixture
+def numpy_convolutions(monkeypatch):
+    """NumPy's convolution paths (``ops/conv.py``) for float32 too, where oneDNN (the ``onednn`` extra) would
+    otherwise run them: for the tests of those paths."""
+    from spmdcnn.ops import onednn
+    monkeypatch.setattr(onednn, "ENABLED", False)

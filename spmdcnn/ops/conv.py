@@ -42,6 +42,7 @@ from .cuda import conv as cudnn
 from . import depthwise
 from . import im2col
 from . import implicit
+from . import onednn
 from .im2col import Layout
 from .scratch import scratch
 from .window import interior, is_padded, ntuple, output_extents, rank_of, sides
@@ -92,7 +93,12 @@ def workspace_elements(x_shape, kernel, out_channels, geometry, itemsize):
     model's workspace, ``cost/memory.py``): im2col's block of columns, their product with the weight and the padded
     block; the implicit GEMM's padded samples and products (``ops/implicit.py``, where it runs); none for a
     pointwise convolution or an empty input; a depthwise one's channel blocks (``ops/depthwise.py``)."""
-    if geometry.is_pointwise(kernel) or min(x_shape) == 0:
+    if min(x_shape) == 0:
+        return 0
+    if itemsize == 4 and onednn.available():                           # float32 on oneDNN
+        out = (x_shape[0], out_channels) + tuple(geometry.output_shape(x_shape[2:], kernel))
+        return onednn.workspace_elements(x_shape, (out_channels, x_shape[1] // geometry.groups) + tuple(kernel), out)
+    if geometry.is_pointwise(kernel):
         return 0
     if geometry.groups > 1 and geometry.groups == x_shape[1]:         # no columns: blocks of channels
         return depthwise.workspace_elements(x_shape, kernel, geometry)
@@ -124,6 +130,10 @@ def conv_forward(x, w, b, geometry, need_input_grad=True):
         raise ValueError(f"conv: {w.shape[0]} output channels do not fall evenly in {geometry.groups} groups")
     if backend.on_device(x) and cudnn.available():
         result = cudnn.conv_forward(x, w, b, geometry, need_input_grad)
+        if result is not None:
+            return result
+    if onednn.applies(x, w, b):
+        result = onednn.conv_forward(x, w, b, geometry, need_input_grad)
         if result is not None:
             return result
     return _host_forward(x, w, b, geometry, need_input_grad, out)
@@ -196,6 +206,10 @@ def conv_backward(gy, saved, gw_out=None):
     """
     if saved.kind == "cudnn":
         return _backward_on_cudnn(gy, saved, gw_out)
+    if saved.kind == "onednn":
+        if onednn.applies(gy):
+            return onednn.conv_backward(gy, saved, gw_out)
+        return _columns_backward(gy, saved.x, saved.w, saved.has_bias, saved.geometry, saved.need_input_grad, gw_out)
     if saved.kind == "subsample":
         gx_sub, gw, gb = conv_backward(gy, saved.inner, gw_out)
         gx = None
@@ -304,6 +318,10 @@ def conv_input_gradient(gy, w, x_shape, geometry):
     xp = backend.array_module(gy)
     if backend.on_device(gy) and cudnn.available():
         gx = cudnn.input_gradient(gy, w, x_shape, geometry)
+        if gx is not None:
+            return gx
+    if onednn.applies(gy, w):
+        gx = onednn.input_gradient(gy, w, x_shape, geometry)
         if gx is not None:
             return gx
     N, C = x_shape[:2]

@@ -10,7 +10,8 @@ from typing import NamedTuple
 class ConvSaved(NamedTuple):
     """The forward's record; ``kind`` names the path it took and which fields it fills.
 
-    - ``direct`` (im2col or pointwise): ``x``, ``w``, ``has_bias``, ``geometry``, ``need_input_grad``;
+    - ``direct`` (im2col or pointwise) and ``onednn`` (``ops/onednn.py``): ``x``, ``w``, ``has_bias``,
+      ``geometry``, ``need_input_grad``;
     - ``subsample`` (a strided kernel-1 convolution without padding): ``inner``, the record of the pointwise
       convolution of the subsampled input, ``x_shape`` and ``geometry``;
     - ``cudnn``: ``x``, the input padded by the part of ``geometry``'s padding cuDNN was not given,

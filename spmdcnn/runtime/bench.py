@@ -18,7 +18,7 @@ from ..io.workers import CLOSE_GRACE_S
 from ..tiling.plan import load_plan
 from .autoplan import auto_plan
 from ..io.trace import write_trace
-from ..ops import blas, compiled
+from ..ops import blas, compiled, onednn
 from .insitu import training_step
 from .trials import timed_steps
 
@@ -63,10 +63,11 @@ def describe_blas(found):
 
 def describe_host():
     """This process's host kernels in words: its BLAS (:func:`describe_blas`), the compiled kernels
-    (``ops/compiled.py``: numba's version, or off) and the implicit-GEMM convolutions (``ops/implicit.py``: the
-    library whose GEMM they call, or off)."""
-    return (f"{describe_blas(blas_info())}; compiled kernels {compiled.describe()}; implicit-GEMM convolutions "
-            f"{blas.describe()}")
+    (``ops/compiled.py``: numba's version, or off), what runs the float32 convolutions (``ops/onednn.py``: oneDNN's
+    version, threading and instructions, or NumPy's paths and why) and the implicit-GEMM convolutions
+    (``ops/implicit.py``: the library whose GEMM they call, or off)."""
+    return (f"{describe_blas(blas_info())}; compiled kernels {compiled.describe()}; float32 convolutions "
+            f"{onednn.describe()}; implicit-GEMM convolutions {blas.describe()}")
 
 
 def blas_of_ranks(world, host=True):

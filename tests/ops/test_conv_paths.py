@@ -8,6 +8,8 @@ import torch.nn.functional as F
 from op_cases import CONV_CASES as SHARED_CASES
 from spmdcnn.ops.conv import ConvGeometry, conv_backward, conv_forward
 
+pytestmark = pytest.mark.usefixtures("numpy_convolutions")     # NumPy's paths in float32 too, not oneDNN's
+
 # x shape, w shape, stride, padding ((top, bottom), (left, right)), dilation, expected path
 CASES = {
     "alexnet_conv1": ((2, 3, 27, 27), (4, 3, 11, 11), 4, ((2, 2), (2, 2)), 1, "direct"),

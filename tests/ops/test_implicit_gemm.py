@@ -14,8 +14,9 @@ from spmdcnn.ops.conv import ConvGeometry, conv_backward, conv_forward, conv_inp
 
 from test_conv_paths import LAYOUT_CASES, reference
 
-pytestmark = pytest.mark.skipif(blas.gemm(np.float64) is None, reason="no CBLAS GEMM in the BLAS NumPy loaded: "
-                                "the convolutions keep im2col (test_a_missing_blas_keeps_im2col)")
+pytestmark = [pytest.mark.usefixtures("numpy_convolutions"),              # float32 too: not oneDNN's
+              pytest.mark.skipif(blas.gemm(np.float64) is None, reason="no CBLAS GEMM in the BLAS NumPy loaded: "
+                                 "the convolutions keep im2col (test_a_missing_blas_keeps_im2col)")]
 
 
 @pytest.fixture
