@@ -51,7 +51,7 @@ def shapes(graph, batch):
         x_shape = (batch,) + tuple(layer.in_shapes[0])
         if layer.spec.family == "conv":
             g = layer.window
-            key = ("conv", x_shape, layer.attrs["out_channels"], g.kernel, g.stride, g.padding)
+            key = ("conv", x_shape, layer.attrs["out_channels"], g.kernel, g.stride, g.padding, layer.input_grad)
         elif layer.spec.family == "conv_transpose":
             g, a = layer.window, layer.attrs
             extra = ntuple(a["output_padding"], len(g.kernel))
@@ -67,13 +67,16 @@ def shapes(graph, batch):
     return found
 
 
-def time_conv(x_shape, K, kernel, stride, padding, repeats, rng):
+def time_conv(x_shape, K, kernel, stride, padding, input_grad, repeats, rng):
+    """Forward and backward, ours and PyTorch's; backward without the input's gradient where the network has none
+    (its first layer's)."""
     x = rng.standard_normal(x_shape, dtype=np.float32)
     w = rng.standard_normal((K, x_shape[1]) + kernel, dtype=np.float32) * 0.01
     geometry = conv.ConvGeometry(stride, padding, rank=len(kernel))
-    y, saved = conv.conv_forward(x, w, None, geometry, True)
+    y, saved = conv.conv_forward(x, w, None, geometry, input_grad)
     gy = rng.standard_normal(y.shape, dtype=np.float32)
-    tx, tw, tgy = torch.from_numpy(x).requires_grad_(), torch.from_numpy(w).requires_grad_(), torch.from_numpy(gy)
+    tx, tw, tgy = torch.from_numpy(x).requires_grad_(input_grad), torch.from_numpy(w).requires_grad_(), \
+        torch.from_numpy(gy)
     function = getattr(torch.nn.functional, f"conv{len(kernel)}d")
     symmetric = all(before == after for before, after in padding)
     pads = tuple(p for pair in reversed(padding) for p in pair)     # F.pad lists the last axis first
@@ -84,15 +87,16 @@ def time_conv(x_shape, K, kernel, stride, padding, repeats, rng):
         return function(torch.nn.functional.pad(tx, pads), tw, None, stride)
 
     def torch_both():
-        torch.autograd.grad(torch_forward(), (tx, tw), tgy)
-    ours = (best(lambda: conv.conv_forward(x, w, None, geometry, True), repeats),
+        torch.autograd.grad(torch_forward(), (tx, tw) if input_grad else (tw,), tgy)
+    ours = (best(lambda: conv.conv_forward(x, w, None, geometry, input_grad), repeats),
             best(lambda: conv.conv_backward(gy, saved), repeats))
     forward = best(torch_forward, repeats)
     theirs = (forward, max(best(torch_both, repeats) - forward, 0.0))
     columns = rng.standard_normal((w[0].size, y.shape[0] * int(np.prod(y.shape[2:]))), dtype=np.float32)
     w2 = w.reshape(K, -1)
-    gemm = best(lambda: w2 @ columns, repeats)          # forward's product; backward has two of the same size
-    return ours, theirs, 3 * gemm, 3 * 2 * w2.size * columns.shape[1]
+    gemm = best(lambda: w2 @ columns, repeats)          # forward's product; backward has one or two of the same size
+    products = 3 if input_grad else 2
+    return ours, theirs, products * gemm, products * 2 * w2.size * columns.shape[1]
 
 
 def sgemm_rate(size=2048, repeats=5):
@@ -189,9 +193,10 @@ def main():
     totals = {}
     for key, count in shapes(graph, args.batch).items():
         if key[0] == "conv":
-            _, x_shape, K, kernel, stride, padding = key
-            ours, theirs, gemm, flops = time_conv(x_shape, K, kernel, stride, padding, args.repeats, rng)
+            _, x_shape, K, kernel, stride, padding, input_grad = key
+            ours, theirs, gemm, flops = time_conv(x_shape, K, kernel, stride, padding, input_grad, args.repeats, rng)
             name = f"conv {'x'.join(map(str, x_shape[1:]))} -> {K}, k{kernel[0]} s{stride[0]} p{padding[0][0]}"
+            name += "" if input_grad else " (no gx)"
         elif key[0] == "convT":
             _, x_shape, K, kernel, stride, padding, extra, dilation = key
             ours, theirs, gemm = time_conv_transpose(x_shape, K, kernel, stride, padding, extra, dilation,

@@ -207,7 +207,7 @@ def conv_backward(gy, saved, gw_out=None):
     if saved.kind == "cudnn":
         return _backward_on_cudnn(gy, saved, gw_out)
     if saved.kind == "onednn":
-        if onednn.applies(gy):
+        if onednn.runs_backward(gy, saved):
             return onednn.conv_backward(gy, saved, gw_out)
         return _columns_backward(gy, saved.x, saved.w, saved.has_bias, saved.geometry, saved.need_input_grad, gw_out)
     if saved.kind == "subsample":

@@ -48,7 +48,7 @@ _FORWARD_TRAINING, _DIRECT = 64, 1
 SRC, DST, WEIGHTS, BIAS = 1, 17, 33, 41
 DIFF_SRC, DIFF_DST, DIFF_WEIGHTS, DIFF_BIAS = 129, 145, 161, 169
 _QUERY_MD = {SRC: 129, DIFF_SRC: 130, WEIGHTS: 131, DIFF_WEIGHTS: 132, DST: 133, DIFF_DST: 134}
-_QUERY_IMPLEMENTATION, _QUERY_EXEC_ARG_MD = 9, 255
+_QUERY_IMPLEMENTATION = 8
 _RUNTIMES = {1: "sequential", 2: "OpenMP", 4: "TBB", 8: "threadpool"}
 _ISAS = {0x1: "sse41", 0x3: "avx", 0x7: "avx2", 0xf: "avx2_vnni", 0x1f: "avx2_vnni_2", 0x27: "avx512_core",
          0x67: "avx512_core_vnni", 0xe7: "avx512_core_bf16", 0x1ef: "avx512_core_fp16", 0xfef: "avx512_core_amx",
@@ -83,6 +83,12 @@ class _Library:
     setting."""
 
     def __init__(self):
+        # OpenMP's threads spin after each parallel region before they sleep (GNU's: up to 300,000 spins), taking
+        # the cores spmdcnn's own threads need for the passes between convolutions (pooling, activations, batch
+        # norm), as OpenBLAS's did (``spmdcnn/__init__.py``). Passive, they sleep at once: CosmoFlow 64^3's steps
+        # 20 % faster, AlexNet's and ResNet-50's 0-4 % (``spmdcnn bench``, three and two alternating pairs). Read
+        # when the runtime loads, so set here, before the library loads it, and only where the user has not.
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
         errors = []
         for path in _candidates():
             try:
@@ -391,6 +397,21 @@ def conv_forward(x, w, b, geometry, need_input_grad):
         return None
     y = found.run_forward(x, w, None if b is None else _contiguous(b))
     return y, ConvSaved("onednn", geometry, x=x, w=w, has_bias=b is not None, need_input_grad=need_input_grad)
+
+
+def runs_backward(gy, saved):
+    """Whether the gradients of a forward that ran here run here too: a float32 ``gy``, and a weight gradient that
+    oneDNN runs with a direct kernel. Where it has none for a case it falls back to its own GEMM-based one
+    (``gemm`` in the implementation's name), which NumPy's paths beat: CosmoFlow's 4-channel 2x2x2 first layer at
+    128^3 took 213 ms against NumPy's 103 (AlexNet's 11x11/4 and ResNet-50's 7x7/2 first layers, which it runs
+    directly, 48 against 69 and 48 against 57)."""
+    if not applies(gy):
+        return False
+    found = convolution(saved.x.shape, saved.w.shape, saved.geometry, saved.has_bias)
+    if found is None:
+        return False
+    with found.lock:
+        return "gemm" not in found._backward_weights()[1]
 
 
 def conv_backward(gy, saved, gw_out=None):
