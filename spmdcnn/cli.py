@@ -127,7 +127,8 @@ def cmd_bench(args):
         return 0
     blas = describe_blas(result["blas"])
     print(f"{result['model']}: batch {result['batch']}, {result['steps']} steps after {result['warmup']} warm-up, "
-          f"{result['dtype']} on {result['backend']} (BLAS: {blas}; compiled kernels {result['compiled']})")
+          f"{result['dtype']} on {result['backend']} (BLAS: {blas}; compiled kernels {result['compiled']}; "
+          f"float32 convolutions {result['convolutions']})")
     print(f"  {result['images_per_s']:.2f} images/s, {result['step_s_mean'] * 1e3:.1f} ms per step "
           f"(median {result['step_s_median'] * 1e3:.1f} ms), peak memory {result['peak_memory_bytes'] / 2**20:.0f} MiB"
           f"{'' if result['ranks'] == 1 else ' on the largest rank'}")

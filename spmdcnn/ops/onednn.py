@@ -236,6 +236,7 @@ class _Operand:
         self.same = bool(api.dll.dnnl_memory_desc_equal(plain, chosen))
         self.plain = api.memory(plain)
         self.elements = api.dll.dnnl_memory_desc_get_size(chosen) // 4
+        self.layout = chosen
         self.chosen = self.plain if self.same else api.memory(chosen)
         self.reorder = None
         if not self.same:
@@ -259,6 +260,10 @@ class _Operand:
             self.api.dll.dnnl_memory_set_data_handle(self.chosen, scratch(np, slot, (self.elements,), np.float32)
                                                      .ctypes.data)
         return self.chosen
+
+    def agrees(self, other):
+        """Whether ``other`` reorders into the same layout (then what this one read serves it too)."""
+        return not (self.same or other.same) and bool(self.api.dll.dnnl_memory_desc_equal(self.layout, other.layout))
 
     def finish(self):
         if not self.same:
@@ -313,11 +318,12 @@ class _Convolution:
             self.weights = self._primitive(descriptor, {SRC: True, DIFF_DST: True, DIFF_WEIGHTS: False})
         return self.weights
 
-    def _run(self, step, reads, writes, extra=()):
+    def _run(self, step, reads, writes, extra=(), ready=()):
         """Run ``step`` (a primitive and its operands) on ``reads`` and ``writes`` ({argument: array}); ``extra``:
-        (argument, array) pairs passed in NumPy's layout (the bias and its gradient)."""
+        (argument, array) pairs passed in NumPy's layout (the bias and its gradient); ``ready``: (argument, memory)
+        pairs already in the primitive's layout."""
         primitive, _, operands = step
-        arguments = [(a, operands[a].read(array, f"onednn.{a}")) for a, array in reads.items()]
+        arguments = list(ready) + [(a, operands[a].read(array, f"onednn.{a}")) for a, array in reads.items()]
         arguments += [(a, operands[a].write(array, f"onednn.{a}")) for a, array in writes.items()]
         for argument, array in extra:
             self.api.dll.dnnl_memory_set_data_handle(self.bias_memory, array.ctypes.data)
@@ -336,12 +342,16 @@ class _Convolution:
         """The input's gradient (None when not asked for) into a new array, the weight's into ``gw`` and the
         bias's into ``gb`` (when not None)."""
         with self.lock:
-            gx = None
+            gx, weights = None, self._backward_weights()
+            reads, ready = {SRC: x, DIFF_DST: gy}, ()
             if need_input_grad:
+                data = self._backward_data()
                 gx = np.empty(x.shape, np.float32)
-                self._run(self._backward_data(), {DIFF_DST: gy, WEIGHTS: w}, {DIFF_SRC: gx})
-            self._run(self._backward_weights(), {SRC: x, DIFF_DST: gy}, {DIFF_WEIGHTS: gw},
-                      () if gb is None else ((DIFF_BIAS, gb),))
+                self._run(data, {DIFF_DST: gy, WEIGHTS: w}, {DIFF_SRC: gx})
+                if data[2][DIFF_DST].agrees(weights[2][DIFF_DST]):        # the output gradient reordered once
+                    del reads[DIFF_DST]
+                    ready = ((DIFF_DST, data[2][DIFF_DST].chosen),)
+            self._run(weights, reads, {DIFF_WEIGHTS: gw}, () if gb is None else ((DIFF_BIAS, gb),), ready)
         return gx
 
     def run_input_gradient(self, gy, w, x_shape):

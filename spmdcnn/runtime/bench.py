@@ -194,4 +194,4 @@ def bench(model_path, batch, steps=10, warmup=2, dtype="float32", backend_name="
             "workers": per_rank[0]["workers"] if data else None,
             "worker_peak_bytes": max((r["worker_peak_bytes"] or 0 for r in per_rank), default=0) or None,
             "forward_gflops_per_step": graph.flops(batch) / 1e9, "blas": blas_info(),
-            "compiled": compiled.describe()}
+            "compiled": compiled.describe(), "convolutions": onednn.describe()}

@@ -179,3 +179,16 @@ def test_a_missing_library_is_said(monkeypatch):
     assert "oneDNN not found" in onednn.describe()
     x = np.ones((1, 4, 5, 5), np.float32)
     assert conv_forward(x, np.ones((4, 4, 3, 3), np.float32), None, ConvGeometry(1, 1, rank=2))[1].kind == "direct"
+
+
+def test_the_memory_model_counts_the_blocked_copies_as_the_layers_workspace():
+    import os
+    from spmdcnn.cost.memory import layer_transient
+    from spmdcnn.graph import load_model
+    graph = load_model(os.path.join(os.path.dirname(__file__), "..", "..", "models", "cosmoflow.yaml"))
+    conv = graph.by_name["conv2.conv"]                                     # 32 x 64^3 -> 64, 2x2x2, padded
+    x_shape, out = (1, 32, 64, 64, 64), (1, 64, 64, 64, 64)
+    boxes = layer_transient(conv, (1, 1, 1, 1, 1), 1, im2col=False)
+    blocked = 2 * 32 * 64 ** 3 + 64 * 64 ** 3 + 2 * 64 * 32 * 8
+    assert layer_transient(conv, (1, 1, 1, 1, 1), 1) - boxes == 4 * blocked
+    assert boxes >= 4 * (np.prod(x_shape) + np.prod(out))

@@ -200,7 +200,7 @@ def test_a_search_out_of_budget_says_how_far_from_optimal_it_may_be(seed):
 
 # --- transients: what a layer holds while it runs, and volumes that only spatial splits fit -------------------------
 
-def test_a_transient_is_the_tiles_boxes_its_output_and_its_kernels_workspace():
+def test_a_transient_is_the_tiles_boxes_its_output_and_its_kernels_workspace(numpy_convolutions):
     graph = load_model(os.path.join(MODELS, "cosmoflow.yaml"))
     conv, act = graph.by_name["conv1.conv"], graph.by_name["conv1.act"]
     x, y = 4 * 128 ** 3, 32 * 128 ** 3                  # one sample's input and output elements
