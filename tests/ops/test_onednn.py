@@ -192,3 +192,11 @@ def test_the_memory_model_counts_the_blocked_copies_as_the_layers_workspace():
     blocked = 2 * 32 * 64 ** 3 + 64 * 64 ** 3 + 2 * 64 * 32 * 8
     assert layer_transient(conv, (1, 1, 1, 1, 1), 1) - boxes == 4 * blocked
     assert boxes >= 4 * (np.prod(x_shape) + np.prod(out))
+
+
+def test_an_empty_batch_gives_zero_gradients():
+    x, w, b = np.zeros((0, 8, 24, 24), np.float32), np.ones((8, 8, 3, 3), np.float32), np.ones(8, np.float32)
+    y, saved = conv_forward(x, w, b, ConvGeometry(1, 0, rank=2))
+    assert saved.kind == "onednn" and y.shape == (0, 8, 22, 22)
+    gx, gw, gb = conv_backward(np.zeros(y.shape, np.float32), saved, gw_out=np.full(w.shape, np.nan, np.float32))
+    assert gx.shape == x.shape and (gw == 0).all() and (gb == 0).all()
