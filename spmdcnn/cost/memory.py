@@ -14,8 +14,9 @@ the layers hold only while they run, their **transients**:
   nothing;
 - transient, per layer, while its tile runs: the input boxes it reads (gathered anew by the exchange, or read
   from the data), its output tile (in backward, as many: its output's gradient and its inputs'), and its
-  kernel's workspace (a convolution's im2col columns, their product and the padded input block, ``ops/conv.py``;
-  a padded pooling's padded input).
+  kernel's workspace (a convolution's im2col columns, their product and the padded input block, ``ops/conv.py``,
+  or where oneDNN runs the host's float32 convolutions its blocked copies of them, ``ops/onednn.py``; a padded
+  pooling's padded input).
 
 A volume's activations are what a device cannot hold: CosmoFlow's first convolution at 512^3 outputs 16 GiB per
 sample, which is a transient, not a kept, tensor. Left out: outputs waiting for a consumer further on (the other

@@ -1,5 +1,6 @@
 """Convolution over 1, 2 or 3 spatial axes (cross-correlation, as PyTorch's conv1d/2d/3d): forward and backward
-through im2col + GEMM, one implementation for every spatial rank.
+on oneDNN where it runs them (host float32, ``ops/onednn.py``), else through im2col + GEMM, one implementation for
+every spatial rank.
 
     y[n, k, i...] = b[k] + sum_{c, p...} w[k, c, p...] * xpad[n, g*Cg + c, i*s + p*d ...]     (per spatial axis)
 
@@ -16,7 +17,8 @@ out (C, k..., Nb, positions) so that one GEMM covers it (``ops/im2col.py``: wher
 rebuilds the columns chunk by chunk rather than keeping them from forward: memory stays proportional to the
 activations, not to prod(k) times them. Copies are split between threads (``parallel.parallel_for``).
 
-Paths:
+Paths (NumPy's, where oneDNN does not run a case: float64, bfloat16, oneDNN missing or declining; and a weight
+gradient oneDNN would run on its GEMM fallback, ``onednn.runs_backward``):
 - pointwise (kernel 1, stride 1, no padding): no columns at all, one batched matmul per direction; a strided
   kernel-1 convolution without padding subsamples its input first and then takes this path;
 - shifted rows: every output position is computed over the full padded extents of all axes but the first (of the
