@@ -11,10 +11,10 @@ import torch
 import torch.nn.functional as F
 
 from op_cases import CONV_CASES
-from spmdcnn.ops import onednn
+from spmdcnn.ops import dnnl, onednn
 from spmdcnn.ops.conv import ConvGeometry, conv_backward, conv_forward, conv_input_gradient, workspace_elements
 
-pytestmark = pytest.mark.skipif(onednn.library() is None, reason=f"oneDNN is not installed ({onednn.FAILED}; "
+pytestmark = pytest.mark.skipif(onednn.library() is None, reason=f"oneDNN is not installed ({dnnl.FAILED}; "
                                 "pip install -e '.[test]' installs it)")
 EPS = np.finfo(np.float32).eps
 
@@ -122,12 +122,12 @@ def test_other_types_and_a_rejected_case_run_on_numpy(monkeypatch):
     assert conv_forward(x, w, None, geometry)[1].kind == "direct"          # float64: NumPy's, plans' equivalence
 
     def rejects(*args):
-        raise onednn.Rejected("oneDNN's convolution forward: status 3")
+        raise dnnl.Rejected("oneDNN's convolution forward: status 3")
     monkeypatch.setattr(onednn, "_Convolution", rejects)
     monkeypatch.setattr(onednn, "_cache", type(onednn._cache)())
     monkeypatch.setattr(onednn, "_warned", False)
     x32, w32 = x.astype(np.float32), w.astype(np.float32)
-    with pytest.warns(RuntimeWarning, match="oneDNN rejected a convolution"):
+    with pytest.warns(RuntimeWarning, match="oneDNN declined a convolution"):
         y, saved = conv_forward(x32, w32, None, geometry)
     assert saved.kind == "direct"
     gy = rng.standard_normal(y.shape).astype(np.float32)
@@ -152,8 +152,8 @@ def test_a_float64_gradient_of_a_float32_forward_runs_on_numpy():
 def test_the_workspace_counts_blocked_copies():
     geometry = ConvGeometry(1, 1, rank=2)
     elements = workspace_elements((16, 64, 56, 56), (3, 3), 64, geometry, 4)
-    assert elements == 2 * 16 * 64 * 56 * 56 + 16 * 64 * 56 * 56 + 2 * 64 * 64 * 9
-    assert workspace_elements((1, 3, 10, 10), (3, 3), 8, geometry, 4) == 2 * 16 * 100 + 16 * 100 + 2 * 16 * 16 * 9
+    assert elements == 2 * 16 * 64 * 56 * 56 + 2 * 16 * 64 * 56 * 56 + 2 * 64 * 64 * 9     # x, y and w, each twice
+    assert workspace_elements((1, 3, 10, 10), (3, 3), 8, geometry, 4) == 2 * 16 * 100 + 2 * 16 * 100 + 2 * 16 * 16 * 9
 
 
 @pytest.mark.parametrize("setting,expected", [("off", "float32 convolutions NumPy's (oneDNN switched off"),
@@ -172,11 +172,11 @@ def test_the_start_up_line_says_what_runs_the_convolutions(setting, expected):
 
 
 def test_a_missing_library_is_said(monkeypatch):
-    monkeypatch.setattr(onednn, "_candidates", lambda: ["/nonexistent/libdnnl.so.3"])
-    monkeypatch.setattr(onednn, "_library", None)
-    monkeypatch.setattr(onednn, "FAILED", None)
-    assert not onednn.available() and "nonexistent" in onednn.FAILED
-    assert "oneDNN not found" in onednn.describe()
+    monkeypatch.setattr(dnnl, "_candidates", lambda: ["/nonexistent/libdnnl.so.3"])
+    monkeypatch.setattr(dnnl, "_library", None)
+    monkeypatch.setattr(dnnl, "FAILED", None)
+    assert not onednn.available() and "nonexistent" in dnnl.FAILED
+    assert "oneDNN not usable: " in onednn.describe() and "nonexistent" in onednn.describe()
     x = np.ones((1, 4, 5, 5), np.float32)
     assert conv_forward(x, np.ones((4, 4, 3, 3), np.float32), None, ConvGeometry(1, 1, rank=2))[1].kind == "direct"
 
@@ -189,7 +189,7 @@ def test_the_memory_model_counts_the_blocked_copies_as_the_layers_workspace():
     conv = graph.by_name["conv2.conv"]                                     # 32 x 64^3 -> 64, 2x2x2, padded
     x_shape, out = (1, 32, 64, 64, 64), (1, 64, 64, 64, 64)
     boxes = layer_transient(conv, (1, 1, 1, 1, 1), 1, im2col=False)
-    blocked = 2 * 32 * 64 ** 3 + 64 * 64 ** 3 + 2 * 64 * 32 * 8
+    blocked = 2 * 32 * 64 ** 3 + 2 * 64 * 64 ** 3 + 2 * 64 * 32 * 8
     assert layer_transient(conv, (1, 1, 1, 1, 1), 1) - boxes == 4 * blocked
     assert boxes >= 4 * (np.prod(x_shape) + np.prod(out))
 
@@ -200,3 +200,51 @@ def test_an_empty_batch_gives_zero_gradients():
     assert saved.kind == "onednn" and y.shape == (0, 8, 22, 22)
     gx, gw, gb = conv_backward(np.zeros(y.shape, np.float32), saved, gw_out=np.full(w.shape, np.nan, np.float32))
     assert gx.shape == x.shape and (gw == 0).all() and (gb == 0).all()
+
+
+def test_a_declined_backward_runs_on_numpy(monkeypatch):
+    """oneDNN builds a forward but declines its backward primitives: NumPy's paths give both gradients, and the
+    transposed convolution's input gradient too."""
+    rng = np.random.default_rng(8)
+    x, w = rng.standard_normal((2, 16, 9, 9)).astype(np.float32), rng.standard_normal((8, 16, 3, 3)).astype(np.float32)
+    geometry = ConvGeometry(1, 1, rank=2)
+    monkeypatch.setattr(onednn, "_cache", type(onednn._cache)())
+    monkeypatch.setattr(onednn, "_warned", False)
+    created = dnnl.Library.created
+
+    def declining(self, what, *arguments):
+        if what.startswith("convolution backward"):
+            raise dnnl.Rejected(f"oneDNN's {what}: status 3")
+        return created(self, what, *arguments)
+    monkeypatch.setattr(dnnl.Library, "created", declining)
+    y, saved = conv_forward(x, w, None, geometry)
+    assert saved.kind == "onednn"
+    gy = rng.standard_normal(y.shape).astype(np.float32)
+    with pytest.warns(RuntimeWarning, match="declined"):
+        assert not onednn.runs_backward(gy, saved)
+    gx, gw, _ = conv_backward(gy, saved)
+    _, rgx, rgw, _ = _reference(x, w, None, geometry, gy)
+    _within_float32(gx, rgx, 72)
+    _within_float32(gw, rgw, 162)
+    _within_float32(conv_input_gradient(gy, w, x.shape, geometry), rgx, 72)
+
+
+def test_operands_above_the_scratch_cap_live_through_the_call(monkeypatch):
+    """Scratch arrays above ``KEPT_BYTES`` are not kept by the scratch buffers: the operand holds them while oneDNN
+    reorders into and works on them (here every one of them is such an array)."""
+    from spmdcnn.ops import scratch
+    monkeypatch.setattr(scratch, "KEPT_BYTES", 0)
+    rng = np.random.default_rng(9)
+    x, w = rng.standard_normal((4, 32, 40, 40)).astype(np.float32), rng.standard_normal((32, 32, 3, 3)).astype(np.float32)
+    b = rng.standard_normal(32).astype(np.float32)
+    geometry = ConvGeometry(1, 1, rank=2)
+    y, saved = conv_forward(x, w, b, geometry)
+    gy = rng.standard_normal(y.shape).astype(np.float32)
+    gx, gw, gb = conv_backward(gy, saved)
+    ry, rgx, rgw, rgb = _reference(x, w, b, geometry, gy)
+    _within_float32(y, ry, 288)
+    _within_float32(gx, rgx, 288)
+    _within_float32(gw, rgw, 6400)
+    found = onednn.convolution(x.shape, w.shape, geometry, True)
+    assert all(operand.buffer is None for step in (found.forward, found.data, found.weights)
+               for operand in step[2].values())                                 # released after the call
