@@ -18,7 +18,7 @@ rebuilds the columns chunk by chunk rather than keeping them from forward: memor
 activations, not to prod(k) times them. Copies are split between threads (``parallel.parallel_for``).
 
 Paths (NumPy's, where oneDNN does not run a case: float64, bfloat16, oneDNN missing or declining; and a weight
-gradient oneDNN would run on its GEMM fallback, ``onednn.runs_backward``):
+gradient oneDNN would run on its GEMM fallback, ``onednn.conv_backward``):
 - pointwise (kernel 1, stride 1, no padding): no columns at all, one batched matmul per direction; a strided
   kernel-1 convolution without padding subsamples its input first and then takes this path;
 - shifted rows: every output position is computed over the full padded extents of all axes but the first (of the
@@ -209,8 +209,9 @@ def conv_backward(gy, saved, gw_out=None):
     if saved.kind == "cudnn":
         return _backward_on_cudnn(gy, saved, gw_out)
     if saved.kind == "onednn":
-        if onednn.runs_backward(gy, saved):
-            return onednn.conv_backward(gy, saved, gw_out)
+        gradients = onednn.conv_backward(gy, saved, gw_out)
+        if gradients is not None:
+            return gradients
         return _columns_backward(gy, saved.x, saved.w, saved.has_bias, saved.geometry, saved.need_input_grad, gw_out)
     if saved.kind == "subsample":
         gx_sub, gw, gb = conv_backward(gy, saved.inner, gw_out)

@@ -121,6 +121,7 @@ class Library:
         self.check("engine", dll.dnnl_engine_create(ctypes.byref(self.engine), _CPU, ctypes.c_size_t(0)))
         self.check("stream", dll.dnnl_stream_create(ctypes.byref(self.stream), self.engine, ctypes.c_uint(_IN_ORDER)))
         self.set_threads = _openmp_thread_setter() if self.runtime == "OpenMP" else (lambda count: None)
+        self.threads = num_threads()            # the process's thread count, as its pool's (read once)
 
     @staticmethod
     def check(what, status):
@@ -154,8 +155,9 @@ class Library:
         return (name.value or b"?").decode()
 
     def execute(self, primitive, arguments):
-        """Run ``primitive`` on ``arguments`` ((argument, memory) pairs) with this process's threads."""
-        self.set_threads(num_threads())
+        """Run ``primitive`` on ``arguments`` ((argument, memory) pairs) with this process's threads (set in the
+        calling thread: OpenMP's count is a per-thread setting)."""
+        self.set_threads(self.threads)
         pairs = (_Argument * len(arguments))(*(_Argument(a, m) for a, m in arguments))
         self.check("execution", self.dll.dnnl_primitive_execute(primitive, self.stream, len(arguments), pairs))
         self.check("execution", self.dll.dnnl_stream_wait(self.stream))

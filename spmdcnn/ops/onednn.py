@@ -19,7 +19,7 @@ uses the threads it was given and no more.
 Where it does not run, NumPy's paths do (``ops/conv.py``): no library found, ``SPMDCNN_ONEDNN=off``, an array not
 float32 (float64 and bfloat16 keep them, so every plan's float64 equivalence is theirs), a case oneDNN declines
 (the first one warns with oneDNN's status), and the gradients of a convolution whose weight gradient oneDNN would
-run on its GEMM fallback (:func:`runs_backward`). Both keep the float32 error bounds the tests derive.
+run on its GEMM fallback (:func:`conv_backward`). Both keep the float32 error bounds the tests derive.
 """
 
 import os
@@ -243,22 +243,17 @@ def conv_forward(x, w, b, geometry, need_input_grad):
     return y, ConvSaved("onednn", geometry, x=x, w=w, has_bias=b is not None, need_input_grad=need_input_grad)
 
 
-def runs_backward(gy, saved):
-    """Whether the gradients of a forward that ran here run here too: a float32 ``gy``, backward primitives oneDNN
-    builds, and a weight gradient it runs with a direct kernel. Where it has none for a case it falls back to its
-    own GEMM-based one (``gemm`` in the implementation's name), which NumPy's paths beat: CosmoFlow's 4-channel
-    2x2x2 first layer at 128^3 took 213 ms against NumPy's 103 (AlexNet's 11x11/4 and ResNet-50's 7x7/2 first
-    layers, which it runs directly, 48 against 69 and 48 against 57)."""
-    if not applies(gy):
-        return False
-    found = convolution(saved.x.shape, saved.w.shape, saved.geometry, saved.has_bias)
-    return found is not None and found.runs_backward(saved.need_input_grad)
-
-
 def conv_backward(gy, saved, gw_out=None):
-    """``gx, gw, gb`` of a forward that ran here, where :func:`runs_backward` (the weight's gradient in
-    ``gw_out`` when given)."""
+    """``gx, gw, gb`` of a forward that ran here (the weight's gradient in ``gw_out`` when given), or None where
+    they do not run here: a ``gy`` not float32, backward primitives oneDNN declines, or a weight gradient it would
+    run on its GEMM fallback (``gemm`` in the implementation's name) rather than a direct kernel, which NumPy's
+    paths beat: CosmoFlow's 4-channel 2x2x2 first layer at 128^3 took 213 ms there against NumPy's 103 (AlexNet's
+    11x11/4 and ResNet-50's 7x7/2 first layers, which it runs directly, 48 against 69 and 48 against 57)."""
+    if not applies(gy):
+        return None
     found = convolution(saved.x.shape, saved.w.shape, saved.geometry, saved.has_bias)
+    if found is None or not found.runs_backward(saved.need_input_grad):
+        return None
     direct = gw_out is not None and gw_out.flags.c_contiguous and gw_out.dtype == np.float32
     gw = gw_out if direct else np.empty(saved.w.shape, np.float32)
     gb = np.empty(saved.w.shape[0], np.float32) if saved.has_bias else None
