@@ -104,10 +104,14 @@ def cmd_model_import(args):
 def cmd_train(args):
     from .comm import World
     from .io.job import load_job
+    from .runtime.signals import Interrupted
     from .runtime.train import train
     world = World.create()
     job = world.agree(lambda: load_job(args.job, args.set))
-    stopped = train(job, world=world)["stopped"]
+    try:
+        stopped = train(job, world=world)["stopped"]
+    except Interrupted as interrupted:      # stopped after a step by Ctrl-C, as its log said
+        stopped = interrupted.result["stopped"]
     return 128 + getattr(signal, stopped) if stopped else 0      # a shell's status for a run a signal ended
 
 

@@ -1,5 +1,5 @@
-"""Signals that ask a training run to stop (docs: README's *Pre-emption* and *Ctrl-C*): the ranks agree to stop
-after the same step and write its checkpoint."""
+"""Signals that ask a training run to stop (docs/training.md#pre-emption and docs/training.md#ctrl-c): the ranks
+agree to stop after the same step and write its checkpoint."""
 
 import os
 import signal
@@ -7,6 +7,16 @@ import threading
 import time
 
 import numpy as np
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C stopped a training run after a step, with its checkpoint (:class:`Signals`): raised once the run
+    has ended cleanly, so that Python code around it (a script's loop over runs, a notebook, a test runner) stops
+    as a Ctrl-C stops any Python code. ``result``: what the run returns otherwise (``Trainer.run``)."""
+
+    def __init__(self, message, result):
+        super().__init__(message)
+        self.result = result
 
 
 class Signals:
@@ -19,7 +29,8 @@ class Signals:
     it comes within ``DUPLICATE_S`` of the first: a rank may get one request twice at once (the scheduler or the
     terminal signals every process, and the launcher it also signalled passes it on), and that is still one
     request. A second Ctrl-C raises KeyboardInterrupt saying what stopping then loses (``lost()``); a second
-    SIGTERM or SIGUSR1 ends the process as the signal would. ``say``: where the first Ctrl-C's notice goes (rank
+    SIGTERM or SIGUSR1 ends the process as the signal would. A run a first Ctrl-C stopped raises
+    :class:`Interrupted` once it has ended. ``say``: where the first Ctrl-C's notice goes (rank
     0's log). Outside the main thread nothing is installed."""
 
     NAMES = ("SIGTERM", "SIGUSR1", "SIGINT")

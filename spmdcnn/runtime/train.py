@@ -3,6 +3,7 @@
 
 import json
 import os
+import signal
 import time
 from functools import cached_property
 
@@ -35,7 +36,7 @@ from .metrics import STRAGGLER, Interval, open_metrics, stragglers, training_pro
 from .resume import check_resumable, state_for
 from .schedule import learning_rate
 from .shards import gather_global, restore, share_checkpoint
-from .signals import Signals
+from .signals import Interrupted, Signals
 
 
 def make_data(job, graph, scan_masks=True):
@@ -237,7 +238,7 @@ class Trainer:
         job = self.job
         metrics = None
         self._announce()
-        history, evaluated, stopped, failed = [], None, None, True
+        history, evaluated, stopped, signalled, failed = [], None, None, None, True
         written = self.start_step or None       # a resumed run starts from a checkpoint of this step
         interval = Interval(self._waits())
         step = self.start_step
@@ -296,7 +297,12 @@ class Trainer:
             if metrics:
                 metrics.close()
             self._close(failed)
-        return {"steps": step, "losses": history, "val": evaluated, "stopped": stopped}
+        result = {"steps": step, "losses": history, "val": evaluated, "stopped": stopped}
+        if signalled == "SIGINT" or (self.world.size == 1 and signals.got == signal.SIGINT):
+            # the ranks agreed on a Ctrl-C (or one process got it after its last step): Python code around the
+            # run stops as at any Ctrl-C, once the checkpoint is written
+            raise Interrupted(f"stopped after step {step} of {self.total_steps}", result)
+        return result
 
     def _announce(self):
         """The run's first lines: the model, batch, steps, backend and plan; the BLAS each rank computes with."""

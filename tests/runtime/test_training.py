@@ -281,6 +281,27 @@ def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint(tmp_path, monke
     assert result["losses"] + rest["losses"] == whole and rest["stopped"] is None
 
 
+def test_a_ctrl_c_stops_the_run_after_its_step_and_then_the_python_around_it(tmp_path, monkeypatch):
+    """In Python (a script's loop of runs, a notebook, pytest), Ctrl-C stops the run after its step with a
+    checkpoint, then raises KeyboardInterrupt, as Ctrl-C stops any Python code, with the run's result."""
+    import signal
+    from spmdcnn.runtime.signals import Interrupted
+    trainer = Trainer(make_job(tmp_path), log=quiet)
+    step = trainer._step
+
+    def signalled(index, signals=None):
+        if index == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return step(index, signals)
+    monkeypatch.setattr(trainer, "_step", signalled)
+    before = signal.getsignal(signal.SIGINT)
+    with pytest.raises(KeyboardInterrupt, match="stopped after step 3 of 6") as stopped:
+        trainer.run()
+    assert isinstance(stopped.value, Interrupted) and stopped.value.result["stopped"] == "SIGINT"
+    assert stopped.value.result["steps"] == 3 and signal.getsignal(signal.SIGINT) is before
+    assert load_checkpoint(tmp_path / "run.h5").step == 3
+
+
 def test_one_stop_request_delivered_twice_at_once_still_checkpoints(tmp_path, monkeypatch):
     """A scheduler that signals every process of a step, and the launcher it signalled too, which passes the
     signal on: the rank gets it twice within milliseconds, and that is one request."""
