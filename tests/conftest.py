@@ -4,6 +4,30 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
+REPORTED = ("numpy", "mpi4py", "h5py", "PyYAML", "torch", "torchvision", "mpich", "numba", "onednn-cpu-gomp",
+            "threadpoolctl")
+
+
+def pytest_configure(config):
+    """The suite changes nothing outside its temporary folders: profiles a test measures without naming a cache
+    are cached in one of the session's (the commands it starts inherit it), not in the user's ~/.cache/spmdcnn."""
+    if "SPMDCNN_CACHE" not in os.environ:
+        import shutil
+        import tempfile
+        folder = os.environ["SPMDCNN_CACHE"] = tempfile.mkdtemp(prefix="spmdcnn-test-cache-")
+        config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+
+
+def pytest_report_header(config):
+    """The versions of what the suite runs on, for a failure report (a dependency's new release is a suspect)."""
+    from importlib import metadata
+
+    def version(name):
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "absent"
+    return "spmdcnn runs on " + ", ".join(f"{name} {version(name)}" for name in REPORTED)
 
 
 @pytest.fixture

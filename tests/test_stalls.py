@@ -2,7 +2,8 @@
 statistics or halfway through writing a checkpoint, or waiting on a data worker that stopped, ends the job within
 warn + abort + a few seconds with one message naming the rank and where it is, no traceback, and the last
 checkpoint loadable and resumable; a healthy run with a slow rank completes without a word from it. Every launch
-has a timeout, so a watchdog that does not fire fails instead of hanging CI."""
+has a timeout, so a watchdog that does not fire fails instead of hanging CI. The stopped jobs run at the same time
+(the ``stops`` fixture); the healthy ones after them, on their own."""
 
 import json
 import os
@@ -10,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -82,50 +84,100 @@ def _resumable(tmp_path, name, ranks=2, resume=True):
     return step
 
 
-@pytest.mark.parametrize("ranks, where, words, resume", [
-    (2, (1, "forward", "computing", 7), "forward of layer", True),
-    (3, (2, "gradients", "bucket", 7), "summing gradients (bucket", False),
-    (4, (0, "forward", "batch-norm statistics", 7), "(batch-norm statistics)", False),
+# The jobs a test stops a rank of: ``name: (ranks, where, command)`` (stall_one_rank.py's RANK KIND NOTE STEP; the
+# command's job and output files are made in the job's own folder). They are started together, in threads, once
+# for the selected tests of this module that check them: each spends most of its time waiting for the watchdog's
+# thresholds, and WITHIN is measured for each from its own rank's stop, so they overlap without changing what is
+# checked (and a busy machine is one they must pass on).
+STOPS = {
+    "forward": (2, (1, "forward", "computing", 7), ("train", "stall")),
+    "gradients": (3, (2, "gradients", "bucket", 7), ("train", "stall")),
+    "batchnorm": (4, (0, "forward", "batch-norm statistics", 7), ("train", "stall")),
+    "writing": (2, (0, "writing", 2, "-"), ("train", "half")),
+    "profiling": (2, (1, "profile", "-", "-"), ("profile", "models/small_resnet.yaml", "--batch", "8", "--devices",
+                                                "2")),
+    "calibrating": (2, (0, "calibrate", "-", "-"), ("calibrate", "--quick")),
+}
+
+
+def _output(folder, name):
+    """The file a stopped profile or calibration must not leave behind."""
+    return folder / ("profile.json" if name == "profiling" else "machine.yaml")
+
+
+def _arguments(folder, name):
+    """The ``spmdcnn`` arguments of job ``name`` of STOPS, its files made in ``folder``."""
+    command = STOPS[name][2]
+    if command[0] == "train":
+        return ["train", _job(folder, command[1]), "--set", "plan=owt"]
+    return [*command, "-o", str(_output(folder, name)), "--watchdog", f"{WARN},{ABORT}"]
+
+
+@pytest.fixture(scope="module")
+def stops(request, tmp_path_factory):
+    """``{name: (folder, future)}`` of the jobs the selected tests of this module check, all started at once: those
+    of STOPS, each future giving :func:`_stalled`'s ``(result, stopped)``, and "reading", a data worker stopped
+    (:func:`_data_worker_stalled`)."""
+    wanted = {item.callspec.params["stop"] for item in request.session.items
+              if item.module is request.module and "stop" in getattr(getattr(item, "callspec", None), "params", {})}
+    if not os.path.isdir("/proc"):
+        wanted.discard("reading")      # it finds the data workers through /proc (Linux)
+    with ThreadPoolExecutor(max_workers=len(wanted)) as pool:
+        started = {}
+        for name in sorted(wanted):
+            folder = tmp_path_factory.mktemp(name)
+            if name == "reading":
+                started[name] = folder, pool.submit(_data_worker_stalled, folder)
+            else:
+                ranks, where, _ = STOPS[name]
+                started[name] = folder, pool.submit(_stalled, ranks, where, *_arguments(folder, name))
+        yield started
+
+
+@pytest.mark.parametrize("stop, words, resume", [
+    ("forward", "forward of layer", True),
+    ("gradients", "summing gradients (bucket", False),
+    ("batchnorm", "(batch-norm statistics)", False),
 ])
-def test_a_stopped_rank_is_named_and_the_job_ends_with_its_checkpoint(tmp_path, ranks, where, words, resume):
-    job = _job(tmp_path, "stall")
-    result, stopped = _stalled(ranks, where, "train", job, "--set", "plan=owt")
+def test_a_stopped_rank_is_named_and_the_job_ends_with_its_checkpoint(stops, stop, words, resume):
+    folder, started = stops[stop]
+    result, stopped = started.result()
+    ranks, where, _ = STOPS[stop]
     line = _check_ended(result, stopped, where[0], words)
     assert (f"rank {where[0]} has not reached the point the other ranks wait at" in line
             or f"rank {where[0]} has gone silent at the point the other ranks wait at" in line), line
     assert f"not heard from: rank {where[0]} (stopped" in line, line
-    _resumable(tmp_path, "stall", ranks, resume)
+    _resumable(folder, "stall", ranks, resume)
 
 
-@pytest.mark.parametrize("where, command, words", [
-    ((1, "profile", "-", "-"), ["profile", "models/small_resnet.yaml", "--batch", "8", "--devices", "2"],
-     "profiling (tile shapes"),
-    ((0, "calibrate", "-", "-"), ["calibrate", "--quick"], "calibrating")])
-def test_profile_and_calibrate_end_when_a_rank_stops(tmp_path, where, command, words):
+@pytest.mark.parametrize("stop, words", [("profiling", "profiling (tile shapes"), ("calibrating", "calibrating")])
+def test_profile_and_calibrate_end_when_a_rank_stops(stops, stop, words):
     """The commands that measure on the ranks are watched too (``--watchdog WARN,ABORT``)."""
-    output = ["-o", str(tmp_path / ("profile.json" if command[0] == "profile" else "machine.yaml"))]
-    result, stopped = _stalled(2, where, *command, *output, "--watchdog", f"{WARN},{ABORT}")
-    _check_ended(result, stopped, where[0], words)
-    assert not os.path.exists(output[1])
+    folder, started = stops[stop]
+    result, stopped = started.result()
+    _check_ended(result, stopped, STOPS[stop][1][0], words)
+    assert not _output(folder, stop).exists()
 
 
-def test_a_rank_stopped_halfway_through_a_checkpoint_leaves_the_last_one_whole(tmp_path):
+@pytest.mark.parametrize("stop", ["writing"])
+def test_a_rank_stopped_halfway_through_a_checkpoint_leaves_the_last_one_whole(stops, stop):
     """Rank 0 writes the checkpoints: stopped with the second one half written, rank 1 speaks for it and ends
     the job; the checkpoint at the path is the first, whole, and the run resumes from it."""
-    job = _job(tmp_path, "half")
-    result, stopped = _stalled(2, (0, "writing", 2, "-"), "train", job, "--set", "plan=owt")
+    folder, started = stops[stop]
+    result, stopped = started.result()
     _check_ended(result, stopped, 0, "writing the checkpoint")
-    assert f"The last checkpoint, {tmp_path / 'half.h5'} (step 5), is untouched." in result.stderr
-    aside = any(name.endswith(".tmp") for name in os.listdir(tmp_path))      # the half-written file
+    assert f"The last checkpoint, {folder / 'half.h5'} (step 5), is untouched." in result.stderr
+    aside = any(name.endswith(".tmp") for name in os.listdir(folder))      # the half-written file
     # MPICH kills the stopped rank; Open MPI's launcher may wake it first (SIGCONT, SIGTERM, then SIGKILL), and it
     # may then finish the file: either way the checkpoint at the path is whole
-    assert (_resumable(tmp_path, "half"), aside) in ((5, True), (10, False))
+    assert (_resumable(folder, "half"), aside) in ((5, True), (10, False))
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc (Linux)")
-def test_a_rank_waiting_on_a_stopped_data_worker_is_named(tmp_path):
-    data = small_images(tmp_path)
-    job = _job(tmp_path, "worker", data={"kind": "hdf5", "path": data, "workers": 1, "augment": {"crop": [16, 16]}})
+def _data_worker_stalled(folder):
+    """``(exit status, standard error)`` of a job on 2 ranks whose data worker of rank 1 is stopped (SIGSTOP) once
+    the job has logged step 7, ended within WITHIN of the stop."""
+    data = small_images(folder)
+    job = _job(folder, "worker", data={"kind": "hdf5", "path": data, "workers": 1, "augment": {"crop": [16, 16]}})
     process = subprocess.Popen([MPIEXEC, "-n", "2", *spmdcnn("train", job, "--set", "plan=owt")], cwd=ROOT, env=ENV,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     ranks = set()
@@ -145,10 +197,20 @@ def test_a_rank_waiting_on_a_stopped_data_worker_is_named(tmp_path):
         _kill_group(process)
         for pid in data_workers(ranks):
             os.kill(pid, signal.SIGKILL)
-    assert process.returncode != 0 and "Traceback" not in err, err[-3000:]
+    return process.returncode, err
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers through /proc (Linux)")
+@pytest.mark.parametrize("stop", ["reading"])
+def test_a_rank_waiting_on_a_stopped_data_worker_is_named(stops, stop):
+    """A rank waits for the batch its stopped data worker reads: the watchdog names it and what it waits for, and
+    the run resumes from the last checkpoint."""
+    folder, started = stops[stop]
+    returncode, err = started.result()
+    assert returncode != 0 and "Traceback" not in err, err[-3000:]
     line = next(line for line in err.splitlines() if "Ending the job" in line)
     assert "reading its batch" in line, line
-    _resumable(tmp_path, "worker")
+    _resumable(folder, "worker")
 
 
 def test_a_slow_rank_below_the_threshold_completes_and_is_reported(tmp_path):
@@ -171,7 +233,8 @@ def test_a_healthy_run_on_more_ranks_than_cores_never_hears_from_the_watchdog(tm
     evaluations, checkpoints) with thresholds of 2 s: not a word from the watchdog."""
     data = tmp_path / "digits"
     overrides = [f"data.path={data / 'train.h5'}", f"data.val={data / 'val.h5'}", f"checkpoint.path={tmp_path / 'q.h5'}",
-                 "epochs=3", "checkpoint.every=22", "watchdog={warn: 2, abort: 2}"]
+                 f"log.metrics={tmp_path / 'q.jsonl'}", "epochs=3", "checkpoint.every=22",
+                 "watchdog={warn: 2, abort: 2}"]
     result = subprocess.run([MPIEXEC, "-n", "4", *spmdcnn("train", "jobs/quickstart.yaml",
                                                           *[x for o in overrides for x in ("--set", o)])],
                             cwd=ROOT, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")}, capture_output=True,

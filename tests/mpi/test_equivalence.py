@@ -208,6 +208,7 @@ def test_random_plans_float64(world, name):
     agree(world, problems)
 
 
+@pytest.mark.ranks(2)      # the ops' splits over 3 and 4 ranks: the decoders' random plans (decoder_models.py)
 @pytest.mark.parametrize("name", IMPORTED)
 def test_imported_models_under_a_random_plan(world, name):
     """torchvision's modern CNNs as spmdcnn model import wrote them (grouped and depthwise convolutions, squeeze

@@ -12,8 +12,19 @@ from conftest import agree
 from spmdcnn.comm import World
 from test_trainer_on_ranks import _dataset, _job
 
-TRIALS = {"plans": 3, "steps": 2, "warmup": 1, "share": 1.0}
-pytestmark = pytest.mark.timeout(300)
+TRIALS = {"plans": 3, "steps": 2, "warmup": 1, "share": 1.0, "seconds": 0.05}
+# the trials choose between plans the same way on any number of ranks (the quick starts run them on 4)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.ranks(2)]
+
+
+@pytest.fixture(autouse=True)
+def brief_measurements(monkeypatch):
+    """The profile's reference iteration and calibration, and each trial (``seconds`` above), time a few steps
+    instead of seconds of them: these tests check what the trials do with their measurements, not how steady
+    the measurements are."""
+    from spmdcnn.runtime import insitu
+    monkeypatch.setattr(insitu, "REFERENCE_S", 0.05)
+    monkeypatch.setattr(insitu, "CALIBRATION_S", 0.1)
 
 
 @pytest.fixture
