@@ -63,7 +63,7 @@ INSTALL = "apt-get install slurm-wlm munge"     # Debian's packages; .ci/run run
 def _missing_slurm():
     """Why there is no Slurm to start here (the tools missing, and the command that installs them), or None.
     The tests never install anything: the machine they run on is left as it is."""
-    needed = ("slurmctld", "slurmd", "sbatch", "sinfo", "munged")
+    needed = ("slurmctld", "slurmd", "sbatch", "sinfo", "scontrol", "munged")
     missing = [tool for tool in needed if not shutil.which(tool)]
     if not missing:
         return None
@@ -145,19 +145,34 @@ PartitionName=test Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe
                 process.wait()
 
 
+def _ended(job, env, within):
+    """``scontrol``'s one line on ``job`` once it has ended (asked every half second: ``sbatch --wait`` asks ever
+    less often, and found a 15-second job ended half a minute late)."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        state = subprocess.run(["scontrol", "-o", "show", "job", job], env=env, capture_output=True, text=True,
+                               timeout=60).stdout
+        if re.search(r"JobState=(COMPLETED|FAILED|CANCELLED|TIMEOUT|NODE_FAIL|OUT_OF_MEMORY|BOOT_FAIL|DEADLINE)\b",
+                     state):
+            return state
+        time.sleep(0.5)
+    raise AssertionError(f"job {job} had not ended after {within} s: {state}")
+
+
 @pytest.mark.timeout(1200)
 def test_the_quick_start_batch_script_on_a_one_node_slurm(one_node_slurm, tmp_path):
     sets = [f"data.path={tmp_path / 'digits' / 'train.h5'}", f"data.val={tmp_path / 'digits' / 'val.h5'}",
             f"checkpoint.path={tmp_path / 'q.h5'}", f"log.metrics={tmp_path / 'q.jsonl'}"]
     output = tmp_path / "slurm-%j.out"
-    result = subprocess.run(["sbatch", "--wait", "--overcommit", f"--output={output}", "--chdir", ROOT,
+    result = subprocess.run(["sbatch", "--parsable", "--overcommit", f"--output={output}", "--chdir", ROOT,
                              os.path.join(SCRIPTS, "quickstart.sbatch"), *[x for s in sets for x in ("--set", s)]],
                             env={**one_node_slurm, "SPMDCNN_CACHE": str(tmp_path / "cache")},
-                            capture_output=True, text=True, timeout=1100)
-    job = re.search(r"Submitted batch job (\d+)", result.stdout)
-    assert job, result.stdout + result.stderr
+                            capture_output=True, text=True, timeout=60)
+    job = re.match(r"(\d+)", result.stdout)
+    assert result.returncode == 0 and job, result.stdout + result.stderr
+    state = _ended(job.group(1), one_node_slurm, within=1100)
     log = open(str(output).replace("%j", job.group(1)), encoding="utf-8").read()
-    assert result.returncode == 0, log + result.stderr
+    assert "JobState=COMPLETED" in state and "ExitCode=0:0" in state, log + state
     assert "4 ranks; plan auto (" in log and "predicted" in log
     accuracy = [float(x) for x in re.findall(r"val acc (\d\.\d+)", log)]
     assert len(accuracy) == 4 and accuracy[-1] >= 0.97, log

@@ -25,9 +25,10 @@ their outputs rounded to float16, one term left out of a sum, a gradient routed 
 Batch norm over 2 samples amplifies rounding in the reference as much as here (errors ~1000 u M in Inception-v3
 and ResNet-50): those networks are compared in float64 only.
 
-AlexNet and VGG-16 run at smaller images than they were made for (127^2 and 64^2: 3x3 and 2x2 maps before the
-fully connected layers, instead of 6x6 and 7x7): every layer and parameter but fc6's input width as shipped, at a
-tenth of the arithmetic. The parsed model works out every shape from the input, as it does for any size.
+The large networks run at smaller images than they were made for: AlexNet at 127^2 and VGG-16 at 64^2 (3x3 and 2x2
+maps before the fully connected layers, instead of 6x6 and 7x7; every layer and parameter as shipped but fc6's
+input width), Inception-v3 at 139^2 and ResNet-50 at 112^2 (global pooling over 2x2 and 4x4 maps), at a tenth to a
+quarter of the arithmetic. The parsed model works out every shape from the input, as it does for any size.
 """
 
 import math
@@ -54,7 +55,8 @@ DECODERS = {model["name"]: model for model in (DECODER, DECODER_VOLUME, DECODER_
 SOFTMAX_JACOBIAN_L1 = 2    # d loss / d logits = (softmax - onehot) / N: each row's absolute values sum to <= 2
 
 
-SMALLER_INPUT = {"alexnet": [3, 127, 127], "vgg16": [3, 64, 64]}
+SMALLER_INPUT = {"alexnet": [3, 127, 127], "vgg16": [3, 64, 64], "inception_v3": [3, 139, 139],
+                 "resnet50": [3, 112, 112]}
 
 
 def _graph(name):
