@@ -18,6 +18,19 @@ def pytest_configure(config):
         config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
+def pytest_collection_finish(session):
+    """The multi-rank suites this session checks on 2 and 3 ranks start now, beside the single-process tests
+    (tests/test_mpi.py: start_ahead)."""
+    if any(item.path.name == "test_mpi.py" for item in session.items):
+        import shutil
+        import tempfile
+        import test_mpi
+        folder = tempfile.mkdtemp(prefix="spmdcnn-multi-rank-")
+        session.config.add_cleanup(lambda: shutil.rmtree(folder, ignore_errors=True))
+        session.config.add_cleanup(test_mpi.stop_ahead)         # cleanups run last first: this one first
+        test_mpi.start_ahead(session.items, folder)
+
+
 def pytest_report_header(config):
     """The versions of what the suite runs on, for a failure report (a dependency's new release is a suspect)."""
     from importlib import metadata

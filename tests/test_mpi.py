@@ -36,12 +36,57 @@ def spmdcnn(*args):
     return [sys.executable, "-m", "spmdcnn.cli", *map(str, args)]
 
 
+MULTI_RANK = [sys.executable, "-m", "mpi4py", "-m", "pytest", "tests/mpi", "-q", "-p", "no:cacheprovider", "-rfE",
+              "--timeout", "240"]
+AHEAD = (2, 3)          # the rank counts whose multi-rank suite starts with the session (start_ahead)
+_AHEAD = {}             # ranks: (process, its output files) of a suite started ahead
+
+
+def start_ahead(items, folder):
+    """Start the multi-rank suites that ``items`` (the session's tests) check on AHEAD's rank counts, in the
+    background, their output in ``folder``: they then run beside the single-process tests, most of which keep
+    one core busy, and :func:`test_the_multi_rank_suite` waits for them. Called by tests/conftest.py once the
+    session's tests are collected; what each suite checks is unchanged."""
+    for item in items:
+        ranks = getattr(item, "callspec", None) and item.callspec.params.get("ranks")
+        if item.originalname == "test_the_multi_rank_suite" and ranks in AHEAD and ranks not in _AHEAD and MPIEXEC:
+            out, err = (open(os.path.join(folder, f"{ranks}-ranks.{kind}"), "w+") for kind in ("out", "err"))
+            process = subprocess.Popen([MPIEXEC, "-n", str(ranks), *MULTI_RANK], cwd=ROOT, env=ENV, stdout=out,
+                                       stderr=err, text=True)
+            _AHEAD[ranks] = process, out, err
+
+
+def stop_ahead():
+    """End what :func:`start_ahead` started and no test waited for (a session ended early)."""
+    for process, out, err in _AHEAD.values():
+        process.kill()
+        process.wait()
+        out.close()
+        err.close()
+    _AHEAD.clear()
+
+
+def _waited(ranks, timeout):
+    """The completed suite on ``ranks`` ranks that :func:`start_ahead` started, once it has ended."""
+    process, out, err = _AHEAD.pop(ranks)
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        process.kill()
+        process.wait()
+    texts = []
+    for handle in (out, err):
+        handle.seek(0)
+        texts.append(handle.read())
+        handle.close()
+    return subprocess.CompletedProcess(process.args, process.returncode, *texts)
+
+
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_the_multi_rank_suite(ranks):
     """tests/mpi on ``ranks`` ranks; a failure names every failed test (each rank's summary) before the output's
     end, so that a run that failed once can be told from its log alone."""
-    result = mpiexec(ranks, sys.executable, "-m", "mpi4py", "-m", "pytest", "tests/mpi", "-q", "-p",
-                     "no:cacheprovider", "-rfE", "--timeout", "240", timeout=900)
+    result = _waited(ranks, 900) if ranks in _AHEAD else mpiexec(ranks, *MULTI_RANK, timeout=900)
     failed = sorted({line for line in result.stdout.splitlines() if line.startswith(("FAILED ", "ERROR "))})
     assert result.returncode == 0, "\n".join(failed) + "\n...\n" + result.stdout[-6000:] + result.stderr[-3000:]
     assert result.stdout.count(" passed") >= ranks and " failed" not in result.stdout
