@@ -261,17 +261,23 @@ def test_keep_drops_the_numbered_checkpoints_of_a_replaced_run(tmp_path):
     assert load_checkpoint(tmp_path / "run.h5").step == 5
 
 
-def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint(tmp_path, monkeypatch):
-    import signal
-    whole = Trainer(make_job(tmp_path / "a"), log=quiet).run()["losses"]
-    trainer = Trainer(make_job(tmp_path / "b"), log=quiet)
+def _signalled_at_step_3(trainer, monkeypatch, *numbers):
+    """``trainer``, its process sent ``numbers`` (signals, in turn) as its third step starts."""
     step = trainer._step
 
     def signalled(index, signals=None):
         if index == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
+            for number in numbers:
+                os.kill(os.getpid(), number)
         return step(index, signals)
     monkeypatch.setattr(trainer, "_step", signalled)
+    return trainer
+
+
+def test_a_signal_stops_the_run_after_its_step_with_a_checkpoint(tmp_path, monkeypatch):
+    import signal
+    whole = Trainer(make_job(tmp_path / "a"), log=quiet).run()["losses"]
+    trainer = _signalled_at_step_3(Trainer(make_job(tmp_path / "b"), log=quiet), monkeypatch, signal.SIGTERM)
     before = signal.getsignal(signal.SIGTERM)
     result = trainer.run()
     assert result["stopped"] == "SIGTERM" and result["steps"] == 3
@@ -286,14 +292,7 @@ def test_a_ctrl_c_stops_the_run_after_its_step_and_then_the_python_around_it(tmp
     checkpoint, then raises KeyboardInterrupt, as Ctrl-C stops any Python code, with the run's result."""
     import signal
     from spmdcnn.runtime.signals import Interrupted
-    trainer = Trainer(make_job(tmp_path), log=quiet)
-    step = trainer._step
-
-    def signalled(index, signals=None):
-        if index == 2:
-            os.kill(os.getpid(), signal.SIGINT)
-        return step(index, signals)
-    monkeypatch.setattr(trainer, "_step", signalled)
+    trainer = _signalled_at_step_3(Trainer(make_job(tmp_path), log=quiet), monkeypatch, signal.SIGINT)
     before = signal.getsignal(signal.SIGINT)
     with pytest.raises(KeyboardInterrupt, match="stopped after step 3 of 6") as stopped:
         trainer.run()
@@ -306,15 +305,8 @@ def test_one_stop_request_delivered_twice_at_once_still_checkpoints(tmp_path, mo
     """A scheduler that signals every process of a step, and the launcher it signalled too, which passes the
     signal on: the rank gets it twice within milliseconds, and that is one request."""
     import signal
-    trainer = Trainer(make_job(tmp_path), log=quiet)
-    step = trainer._step
-
-    def signalled(index, signals=None):
-        if index == 2:
-            os.kill(os.getpid(), signal.SIGTERM)
-            os.kill(os.getpid(), signal.SIGTERM)
-        return step(index, signals)
-    monkeypatch.setattr(trainer, "_step", signalled)
+    trainer = _signalled_at_step_3(Trainer(make_job(tmp_path), log=quiet), monkeypatch, signal.SIGTERM,
+                                   signal.SIGTERM)
     result = trainer.run()
     assert result["stopped"] == "SIGTERM" and result["steps"] == 3
     assert load_checkpoint(tmp_path / "run.h5").step == 3
