@@ -19,7 +19,7 @@ def pytest_configure(config):
 
 
 def pytest_collection_finish(session):
-    """The multi-rank suites this session checks on 2 and 3 ranks start now, beside the single-process tests
+    """The multi-rank suites this session checks start now, beside the single-process tests
     (tests/test_mpi.py: start_ahead)."""
     if any(item.path.name == "test_mpi.py" for item in session.items):
         import shutil

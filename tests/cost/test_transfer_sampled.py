@@ -38,7 +38,7 @@ devices_per_node: 4
 intra_node: {bandwidth: 1.8e+10, latency: 1.0e-5}
 inter_node: {bandwidth: 1.2e+10, latency: 2.0e-5}
 """)
-CASES = [("small_resnet", 16, TWO_LEVELS), ("small_inception", 8, LEVELS), ("alexnet", 32, LEVELS),
+CASES = [("small_resnet", 16, TWO_LEVELS), ("small_inception", 8, LEVELS), ("alexnet", 16, LEVELS),
          ("cifar_cnn", 20, LEVELS), ("small_resnet", 12, LEVELS)]
 
 

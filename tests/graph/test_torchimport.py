@@ -51,10 +51,10 @@ def reference(source, images, labels):
 @pytest.mark.parametrize("name", ZOO)
 def test_a_torchvision_model_evaluates_to_its_loss(tmp_path, name):
     source = f"{NETWORKS}:{name}"           # torchvision's model with random weights and statistics
-    graph = import_model(source, tmp_path / "model.yaml", (3, 64, 64), weights=tmp_path / "weights.h5")
+    graph = import_model(source, tmp_path / "model.yaml", (3, 48, 48), weights=tmp_path / "weights.h5")
     assert graph.num_params == TORCHVISION_PARAMS[name]
     rng = np.random.default_rng(1)
-    images, labels = rng.standard_normal((2, 3, 64, 64)), rng.integers(0, 1000, 2)
+    images, labels = rng.standard_normal((2, 3, 48, 48)), rng.integers(0, 1000, 2)
     expected = reference(source, images, labels)
     assert evaluate(graph, tmp_path / "weights.h5", images, labels) == pytest.approx(expected, rel=1e-10)
 
