@@ -95,7 +95,7 @@ def cmd_model_import(args):
     shape = args.input
     if shape is not None and (not 2 <= len(shape) <= 4 or any(v <= 0 for v in shape)):
         raise ValueError(f"--input takes C W, C H W or C D H W (positive sizes), got {' '.join(map(str, shape))}")
-    graph = import_model(args.source, args.output, shape, args.weights, args.name)
+    graph = import_model(args.source, args.output, shape, args.weights, args.name, args.loss, say=print)
     print(f"wrote {args.output}: model '{graph.name}', {len(graph.layers)} layers, {graph.num_params:,} parameters "
           f"(input {_format_shape(graph.input_shape)})" + (f"; its weights in {args.weights}" if args.weights else ""))
     return 0
@@ -268,8 +268,10 @@ def _add_model_import(sub, common):
                                    "one a Python file builds (FILE.py:CALLABLE, a function or class returning a\n"
                                    "torch.nn.Module). The module is traced by torch.fx and each module and function\n"
                                    "mapped to an spmdcnn op; layers keep PyTorch's module names, so checkpoint\n"
-                                   "import/export move its state dicts as they are. A loss (softmax_cross_entropy)\n"
-                                   "follows its logits. Needs PyTorch (and torchvision for its models).\n"
+                                   "import/export move its state dicts as they are. A loss follows its output\n"
+                                   "(a cross-entropy of logits, or per position of a segmenter's output; --loss).\n"
+                                   "Every node that maps to no op is named in one message. Needs PyTorch (and\n"
+                                   "torchvision for its models).\n"
                                    "See docs/formats.md#importing-a-pytorch-model.",
                        epilog="examples:\n"
                               "  spmdcnn model import torchvision:efficientnet_b0 -o models/efficientnet_b0.yaml\n"
@@ -282,6 +284,10 @@ def _add_model_import(sub, common):
                                                                      "volumes, C W for sequences; torchvision's "
                                                                      "models: 3 224 224)")
     p.add_argument("--name", help="the model's name (default: the torchvision model's, or the callable's)")
+    p.add_argument("--loss", choices=("cross_entropy", "dice_ce", "mse"),
+                   help="the loss after the output: cross_entropy (the default: of logits (N, K), or per position of "
+                        "a segmenter's (N, K, S...)), dice_ce (MONAI's DiceCELoss: Dice plus cross-entropy), mse "
+                        "(regression targets (N, K))")
     p.set_defaults(run=cmd_model_import)
 
     p = sub.add_parser("train", parents=[common], help="train a model as a job YAML describes",

@@ -139,10 +139,34 @@ def _adaptive_avg_pool_function(converter, node):
 def _cat(converter, node):
     tensors, dim = _argument(node, 0, "tensors"), _argument(node, 1, "dim", 0)
     values = converter.tensors(node, list(tensors))
+    if len(values) == 1:                # a concatenation of one tensor is that tensor (DenseNet's first layer)
+        converter.alias(node, values[0])
+        return
     rank = len(converter.shape(node))
     if dim not in (1, 1 - rank) or any(value.last for value in values):
         converter.refuse(node, f"concatenates along axis {dim}; spmdcnn's concat joins channels (axis 1)")
     converter.add(node, {"op": "concat"}, values)
+
+
+def _mean(converter, node):
+    """``x.mean((2, 3))``, ``torch.mean(x, dim=[-2, -1], keepdim=True)``: a mean over every spatial axis is a
+    global average pooling (and a flatten of its (C, 1, ...) without ``keepdim``)."""
+    (value,) = converter.tensors(node, node.args[:1])
+    shape = converter.shape(node.args[0])
+    dims = _argument(node, 1, "dim")
+    dims = [dims] if isinstance(dims, int) else list(dims or [])
+    keepdim = _argument(node, 2, "keepdim", False)
+    spatial = set(range(2, len(shape)))
+    if value.last or {dim % len(shape) for dim in dims} != spatial or not spatial or \
+            node.kwargs.get("dtype") is not None:
+        converter.refuse(node, f"averages over the axes {dims} of shape {shape}; spmdcnn averages over every "
+                               "spatial axis at once (a global average pooling)")
+    if keepdim:
+        converter.add(node, {"op": "global_avgpool"}, [value])
+        return
+    pooled = converter.add(node, {"op": "global_avgpool"}, [value])
+    converter.shapes[pooled] = (shape[1],) + (1,) * len(spatial)
+    converter.add(node, {"op": "flatten"}, [converter.values[node]], name=f"{pooled}_flatten")
 
 
 def _dropout_function(converter, node):
@@ -169,6 +193,6 @@ FUNCTIONS = {
     "leaky_relu_": _activation("leaky_relu", negative_slope=(1, 0.01)),
     "stochastic_depth": _stochastic_depth, "adaptive_avg_pool2d": _adaptive_avg_pool_function,
     "adaptive_avg_pool1d": _adaptive_avg_pool_function, "adaptive_avg_pool3d": _adaptive_avg_pool_function,
-    "cat": _cat, "dropout": _dropout_function, "contiguous": _contiguous,
+    "cat": _cat, "dropout": _dropout_function, "contiguous": _contiguous, "mean": _mean,
 }
 FUNCTION_NAMES = sorted({name.strip("_") for name in FUNCTIONS})

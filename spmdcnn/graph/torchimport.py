@@ -184,9 +184,25 @@ def _layers(graph):
     return [(layer.name, layer.op, repr(sorted(layer.attrs.items())), tuple(layer.inputs)) for layer in graph.layers]
 
 
-def import_model(source, output, input_shape=None, weights=None, name=None):
+def _kept_parameters(module, traced, needed):
+    """``{key: parameter}`` of the module's parameters that the nodes ``needed`` read (the main output's)."""
+    kept = {}
+    for node in needed:
+        if node.op == "call_module":
+            kept.update(traced.get_submodule(node.target).named_parameters(prefix=node.target))
+        elif node.op == "get_attr":
+            try:
+                kept[node.target] = traced.get_parameter(node.target)
+            except AttributeError:
+                pass
+    return kept
+
+
+def import_model(source, output, input_shape=None, weights=None, name=None, loss=None, say=None):
     """Write the model YAML of ``source`` at ``output`` (and with ``weights``, the module's weights as a checkpoint
-    there); returns the parsed :class:`~spmdcnn.graph.graph.Graph`. Nothing is written when anything fails."""
+    there); returns the parsed :class:`~spmdcnn.graph.graph.Graph`. ``loss``: what follows the output (``LOSSES``;
+    by default a cross-entropy of logits, or per position of a segmenter's output). ``say`` (a function of one
+    line) hears what the model leaves out (auxiliary outputs). Nothing is written when anything fails."""
     from ..io.yamlfile import load_yaml_text
     from .graph import parse_model
     module, stem = load_module(source)
@@ -195,10 +211,20 @@ def import_model(source, output, input_shape=None, weights=None, name=None):
             raise ImportFailure(f"{source}: give the input's shape with --input C H W (or C D H W, C W)")
         input_shape = (3, 299, 299) if stem == "inception_v3" else (3, 224, 224)
     traced = trace(module, source, input_shape)
-    converter = Converter(traced, source)
+    converter = Converter(traced, source, loss)
     layers = converter.run()
     model_name = name or stem
     count = sum(p.numel() for p in module.parameters())
+    state = dict(module.state_dict())
+    if converter.left_out:              # the auxiliary heads' parameters and statistics stay behind
+        kept = _kept_parameters(module, traced, converter.needed)
+        count = sum(p.numel() for p in kept.values())
+        owners = {key.rpartition(".")[0] for key in kept}
+        state = {key: value for key, value in state.items() if key.rpartition(".")[0] in owners}
+        if say is not None:
+            say(f"model import: {source} returns more than its main output; the model leaves out "
+                f"{', '.join(converter.left_out)} (the layers only they read: "
+                f"{sum(p.numel() for p in module.parameters()) - count:,} parameters)")
     names = converter.torch_names, converter.torch_shapes
     flat = model_text(model_name, input_shape, layers, *names, source, count)
     blocks, entries = blocked(layers, _module_kinds(module))
@@ -218,7 +244,7 @@ def import_model(source, output, input_shape=None, weights=None, name=None):
     arrays = None
     if weights is not None:
         from ..io.torchstate import checkpoint_arrays, write_checkpoint
-        arrays = checkpoint_arrays(dict(module.state_dict()), graph, f"{source}'s weights")
+        arrays = checkpoint_arrays(state, graph, f"{source}'s weights")
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text(text)
     if arrays is not None:

@@ -30,11 +30,24 @@ class _Value:
         self.name, self.last, self.param = name, last, param
 
 
+class _Refused(Exception):
+    """A node refused (its reason is in ``Converter.refusals``), or one reading a refused node's value."""
+
+
+REFUSED = _Value("(refused)")        # what a refused node stands for: the nodes reading it are not refused again
+
+LOSSES = ("cross_entropy", "dice_ce", "mse")    # --loss: what follows the network's output
+
+
 class Converter:
     """Maps one traced network to layer entries (module docstring)."""
 
-    def __init__(self, graph, source):
-        self.graph, self.source = graph, source
+    def __init__(self, graph, source, loss=None):
+        if loss is not None and loss not in LOSSES:
+            raise ImportFailure(f"--loss takes {', '.join(LOSSES)}, got '{loss}'")
+        self.graph, self.source, self.loss = graph, source, loss
+        self.refusals = []              # one line per node that maps to nothing, in the network's order
+        self.left_out = []              # the outputs the model leaves out (auxiliary heads), and why
         self.modules = dict(graph.named_modules())
         self.layers, self.values, self.names = [], {}, set()
         self.torch_names, self.torch_shapes = {}, {}
@@ -90,7 +103,8 @@ class Converter:
         return f"{node.op.replace('_', ' ')} '{target}' (node '{node.name}')"
 
     def refuse(self, node, why):
-        raise ImportFailure(f"{self.source}: {self.where(node)}: {why}")
+        self.refusals.append(f"{self.where(node)}: {why}")
+        raise _Refused()
 
     def shape(self, node):
         shape = node.meta.get("shape")
@@ -101,6 +115,8 @@ class Converter:
     def value(self, node, arg):
         if not hasattr(arg, "op") or arg not in self.values:
             self.refuse(node, f"takes {arg!r}, which is not a tensor spmdcnn computes")
+        if self.values[arg] is REFUSED:
+            raise _Refused()
         return self.values[arg]
 
     def tensors(self, node, args):
@@ -112,32 +128,91 @@ class Converter:
     # -- the walk ------------------------------------------------------------------------------------------------
 
     def run(self):
-        output = None
+        """The layer entries of the network's main output, with its loss; every node that maps to nothing is refused
+        in one message, listing them all."""
+        output = next(node for node in self.graph.graph.nodes if node.op == "output")
+        result = self._main_output(output.args[0])
+        needed = self.needed = self._needed(result)
         for node in self.graph.graph.nodes:
-            if node.op == "placeholder":
-                if self.values:
-                    self.refuse(node, "is a second input; spmdcnn models take one")
-                self.values[node] = _Value("data")
-            elif node.op == "get_attr":
-                self.values[node] = _Value(param=node.target)
-            elif node.op == "call_module":
-                self._module(node)
-            elif node.op in ("call_function", "call_method"):
-                self._function(node)
-            elif node.op == "output":
-                output = node
-        result = output.args[0]
-        if not hasattr(result, "op"):
-            self.refuse(output, "the network returns more than one tensor (a classifier returns its logits)")
-        value = self.value(output, result)
-        if value.last or len(self.shape(result)) != 2:
-            self.refuse(output, f"the network returns shape {self.shape(result)}; spmdcnn imports classifiers "
-                                "returning logits (N, classes), followed by a cross-entropy loss")
-        loss = {"name": "loss", "op": "softmax_cross_entropy"}
-        if value.name != self.layers[-1]["name"]:
-            loss["inputs"] = [value.name]
-        self.layers.append(loss)
+            if node not in needed or node.op == "output":
+                continue
+            try:
+                self._node(node)
+            except _Refused:
+                self.values[node] = REFUSED
+        if not self.refusals:
+            try:
+                self._loss(output, result)
+            except _Refused:
+                pass
+        if self.refusals:
+            count = len(self.refusals)
+            raise ImportFailure(f"{self.source}: {'; '.join(self.refusals)}" if count == 1 else
+                                f"{self.source}: {count} nodes map to no spmdcnn op: " + "; ".join(
+                                    f"({number}) {line}" for number, line in enumerate(self.refusals, 1)))
         return self.layers
+
+    def _node(self, node):
+        if node.op == "placeholder":
+            if self.values:
+                self.refuse(node, "is a second input; spmdcnn models take one")
+            self.values[node] = _Value("data")
+        elif node.op == "get_attr":
+            self.values[node] = _Value(param=node.target)
+        elif node.op == "call_module":
+            self._module(node)
+        elif node.op in ("call_function", "call_method"):
+            self._function(node)
+
+    def _main_output(self, result):
+        """The node of the network's main output: itself, a dict's ``out`` (torchvision's segmentation models:
+        ``aux`` left out), or a tuple's or list's first (auxiliary heads, deep supervision: the rest left out)."""
+        if isinstance(result, dict):
+            key = "out" if "out" in result else next(iter(result))
+            self.left_out = [f"output '{other}'" for other in result if other != key]
+            return self._main_output(result[key])
+        if isinstance(result, (tuple, list)):
+            if not result:
+                raise ImportFailure(f"{self.source}: the network returns nothing")
+            self.left_out += [f"output {index}" for index in range(1, len(result))]
+            return self._main_output(result[0])
+        return result
+
+    def _needed(self, result):
+        """The nodes the main output reads, directly or through others (the placeholder always)."""
+        needed, stack = set(), [result] if hasattr(result, "op") else []
+        while stack:
+            node = stack.pop()
+            if node in needed:
+                continue
+            needed.add(node)
+            stack.extend(node.all_input_nodes)
+        return needed | {node for node in self.graph.graph.nodes if node.op == "placeholder"}
+
+    def _loss(self, output, result):
+        """The loss after the main output: a cross-entropy of logits (N, K), per position of an output (N, K, S...)
+        that keeps the input's spatial shape, or what ``--loss`` chose."""
+        if not hasattr(result, "op"):
+            self.refuse(output, f"the network returns {result!r}, not a tensor")
+        value = self.value(output, result)
+        shape = self.shape(result)
+        data = next(node for node in self.graph.graph.nodes if node.op == "placeholder")
+        spatial = tuple(self.shape(data)[2:])
+        per_position = len(shape) > 2 and tuple(shape[2:]) == spatial
+        if value.last or not (len(shape) == 2 or per_position):
+            self.refuse(output, f"the network returns shape {shape}; spmdcnn imports classifiers returning logits "
+                                f"(N, classes) and segmenters returning (N, classes, {', '.join(map(str, spatial))}) "
+                                "at the input's positions, followed by their loss")
+        loss = self.loss or "cross_entropy"
+        if loss == "mse" and per_position:
+            self.refuse(output, "--loss mse compares values per sample (N, K); this network returns values per position")
+        entry = {"name": "loss", "op": {"cross_entropy": "softmax_cross_entropy", "dice_ce": "dice_loss",
+                                        "mse": "mse_loss"}[loss]}
+        if loss == "dice_ce":               # MONAI's DiceCELoss(softmax=True, to_onehot_y=True) as it comes
+            entry.update(dice=1.0, cross_entropy=1.0)
+        if value.name != self.layers[-1]["name"]:
+            entry["inputs"] = [value.name]
+        self.layers.append(entry)
 
     def _module(self, node):
         module = self.modules[node.target]

@@ -45,6 +45,7 @@ def reference(source, images, labels):
     module = module.double().eval()
     with torch.no_grad():
         logits = module(torch.from_numpy(images))
+        logits = logits["out"] if isinstance(logits, dict) else logits[0] if isinstance(logits, tuple) else logits
         return torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)).item()
 
 
@@ -90,6 +91,51 @@ def test_a_sequence_network_imports_and_matches(tmp_path):
         reference(source, images, labels), rel=1e-10)
 
 
+@pytest.mark.parametrize("callable_, left_out", [("segmenter", "output 'aux'"), ("segmenter_tuple", "output 1")])
+def test_a_segmenter_imports_its_main_output_with_a_loss_per_pixel(tmp_path, capsys, callable_, left_out):
+    """Per-pixel logits (N, K, H, W) get the per-position cross-entropy (PyTorch's F.cross_entropy over the
+    pixels); the auxiliary head is left out, said in one line, its weights not in the checkpoint; a mean over
+    both spatial axes is a global average pooling, a concatenation of one tensor is that tensor."""
+    source = f"{NETWORKS}:{callable_}"
+    code = main(["model", "import", source, "--input", "2", "8", "8", "-o", str(tmp_path / "seg.yaml"),
+                 "--weights", str(tmp_path / "seg.h5")])
+    out = capsys.readouterr().out
+    assert code == 0 and f"the model leaves out {left_out} (the layers only they read: 21 parameters)" in out, out
+    graph = load_model(tmp_path / "seg.yaml")
+    assert graph.layers[-1].op == "softmax_cross_entropy" and "aux_head" not in graph.by_name
+    assert graph.by_name["mean"].op == "global_avgpool"
+    module, _ = load_module(source)
+    assert graph.num_params == sum(p.numel() for p in module.parameters()) - 21
+    assert sorted(load_checkpoint(tmp_path / "seg.h5").params) == sorted(graph.param_shapes())
+    rng = np.random.default_rng(3)
+    images, labels = rng.standard_normal((2, 2, 8, 8)), rng.integers(0, 3, (2, 8, 8))
+    assert evaluate(graph, tmp_path / "seg.h5", images, labels) == pytest.approx(
+        reference(source, images, labels), rel=1e-10)
+
+
+def test_the_loss_is_chosen_with_loss(tmp_path):
+    graph = import_model(f"{NETWORKS}:segmenter", tmp_path / "dice.yaml", (2, 8, 8), loss="dice_ce")
+    loss = graph.layers[-1]
+    assert loss.op == "dice_loss" and loss.attrs["dice"] == 1.0 and loss.attrs["cross_entropy"] == 1.0
+    assert loss.attrs["include_background"] and loss.attrs["smooth"] == 1e-5      # MONAI's DiceCELoss defaults
+    graph = import_model(f"{NETWORKS}:pooled", tmp_path / "mse.yaml", (2, 6, 6), loss="mse")
+    assert graph.layers[-1].op == "mse_loss"
+    with pytest.raises(ImportFailure, match="--loss mse compares values per sample"):
+        import_model(f"{NETWORKS}:segmenter", tmp_path / "no.yaml", (2, 8, 8), loss="mse")
+    assert not (tmp_path / "no.yaml").exists()
+
+
+def test_a_mean_over_the_spatial_axes_is_a_global_average_pooling(tmp_path):
+    source = f"{NETWORKS}:pooled"
+    graph = import_model(source, tmp_path / "pooled.yaml", (2, 6, 6), weights=tmp_path / "pooled.h5")
+    assert [layer.op for layer in graph.layers] == ["conv2d", "global_avgpool", "flatten", "linear",
+                                                    "softmax_cross_entropy"]
+    rng = np.random.default_rng(4)
+    images, labels = rng.standard_normal((3, 2, 6, 6)), rng.integers(0, 3, 3)
+    assert evaluate(graph, tmp_path / "pooled.h5", images, labels) == pytest.approx(
+        reference(source, images, labels), rel=1e-10)
+
+
 def test_the_command_line_routes_model_import_after_options():
     from spmdcnn.cli import routed
     assert routed(["--debug", "model", "import", "x.py:f"]) == ["--debug", "model-import", "x.py:f"]
@@ -127,6 +173,8 @@ def test_the_shipped_models_are_the_importers_and_move_torchvision_weights_both_
     ("absent", ["2", "6", "6"], ["has no function or class 'absent'"]),
     ("sized", ["2", "3", "3"], ["module 'up' (ConvTranspose2d): is called with more than its input"]),
     ("pooled_last", ["4", "4", "3"], ["call function 'adaptive_avg_pool2d'", "channels are not second"]),
+    ("unmapped", ["4", "3", "3"], ["3 nodes map to no spmdcnn op: (1) module 'shuffle' (PixelShuffle)",
+                                   "(2) module 'soft' (Softplus)", "(3) call function 'logsumexp'"]),
 ])
 def test_what_cannot_be_imported_is_one_message_and_nothing_is_written(tmp_path, capsys, callable_, shape,
                                                                       fragments):

@@ -156,3 +156,75 @@ class PooledLast(nn.Module):
 
 def pooled_last():
     return PooledLast()
+
+
+class Segmenter(nn.Module):
+    """A small encoder-decoder returning per-pixel logits (N, K, H, W), with an auxiliary head (a dict, as
+    torchvision's segmentation models return: ``out`` and ``aux``), a mean over both spatial axes feeding a gate,
+    and a concatenation of one tensor (DenseNet's first layer)."""
+
+    def __init__(self, classes=3, aux=True, tuple_output=False):
+        super().__init__()
+        self.aux, self.tuple_output = aux, tuple_output
+        self.enc = nn.Sequential(nn.Conv2d(2, 6, 3, padding=1), nn.BatchNorm2d(6), nn.ReLU())
+        self.down = nn.MaxPool2d(2)
+        self.mid = nn.Conv2d(6, 6, 3, padding=1)
+        self.gate = nn.Conv2d(6, 6, 1)
+        self.up = nn.ConvTranspose2d(6, 6, 2, stride=2)
+        self.head = nn.Conv2d(12, classes, 1)
+        self.aux_head = nn.Conv2d(6, classes, 1)
+
+    def forward(self, x):
+        skip = torch.cat([self.enc(x)], 1)
+        y = torch.relu(self.mid(self.down(skip)))
+        y = y * torch.sigmoid(self.gate(y.mean((2, 3), keepdim=True)))
+        out = self.head(torch.cat([skip, self.up(y)], dim=1))
+        if self.tuple_output:
+            return out, self.aux_head(y)
+        return {"out": out, "aux": self.aux_head(y)} if self.aux else out
+
+
+def segmenter():
+    torch.manual_seed(7)
+    return Segmenter()
+
+
+def segmenter_tuple():
+    torch.manual_seed(7)
+    return Segmenter(tuple_output=True)
+
+
+class Pooled(nn.Module):
+    """``x.mean((2, 3))``: the most common global pooling idiom, without keepdim."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.fc(self.conv(x).mean((2, 3)))
+
+
+def pooled():
+    torch.manual_seed(8)
+    return Pooled()
+
+
+class Unmapped(nn.Module):
+    """Two modules and a function spmdcnn maps to nothing: all three named in one message."""
+
+    def __init__(self):
+        super().__init__()
+        self.shuffle = nn.PixelShuffle(2)
+        self.conv = nn.Conv2d(1, 4, 3, padding=1)
+        self.soft = nn.Softplus()
+        self.fc = nn.Linear(4, 2)
+
+    def forward(self, x):
+        x = self.soft(self.conv(self.shuffle(x)))
+        return self.fc(torch.logsumexp(x, (2, 3)))
+
+
+def unmapped():
+    return Unmapped()
