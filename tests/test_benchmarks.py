@@ -95,3 +95,12 @@ def test_quickstart_predictions_reports_the_plans_and_the_errors(tmp_path):
     assert "2 ranks, run 1: predicted" in out and "2 ranks: the same plan in 1 of 1 runs" in out
     entry = json.loads((tmp_path / "q.json").read_text())["2"][0]
     assert entry["predicted_s"] > 0 and entry["measured_s"] > 0 and "format:" in entry["plan"]
+
+
+def test_import_coverage_tries_each_network_and_says_what_it_found():
+    table = run("benchmarks/import_coverage.py", "--libraries", "torchvision", "--only", "mnasnet0_5",
+                "shufflenet_v2_x0_5", "--size", "64")
+    rows = {line.split()[1]: line for line in table.splitlines() if line.startswith("torchvision ")}
+    assert rows["mnasnet0_5"].split()[2] == "2,218,512" and rows["mnasnet0_5"].endswith("exact")
+    assert "refused: " in rows["shufflenet_v2_x0_5"] and "call method 'size'" in rows["shufflenet_v2_x0_5"]
+    assert "torchvision: 1 of 2 exact, 1 refused, 0 differing or failing" in table

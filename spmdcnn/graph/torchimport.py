@@ -67,17 +67,47 @@ def load_torchvision():
     raise ImportFailure("torchvision does not import with this PyTorch")
 
 
+TORCHVISION_KINDS = ("", "segmentation", "video")     # torchvision.models and its subpackages model import takes
+DEFAULT_INPUTS = {"inception_v3": (3, 299, 299)}        # one sample's shape where --input is not given
+
+
+def torchvision_names():
+    """``{name: kind}`` of the models of torchvision's classification, segmentation and video zoos."""
+    torchvision = load_torchvision()
+    names = {}
+    for kind in TORCHVISION_KINDS:
+        package = getattr(torchvision.models, kind) if kind else torchvision.models
+        names.update({name: kind for name in torchvision.models.list_models(module=package)})
+    return names
+
+
+def default_input(name, kind):
+    """One sample's default shape for torchvision's model ``name`` of zoo ``kind``: 3x224x224 (Inception-v3
+    3x299x299), a video clip of 16 frames of 3x112x112."""
+    if kind == "video":
+        return (3, 16, 112, 112)
+    return DEFAULT_INPUTS.get(name, (3, 224, 224))
+
+
+def build_torchvision(name, kind):
+    """torchvision's model ``name`` of zoo ``kind``, untrained (a segmentation model's backbone too: nothing is
+    downloaded)."""
+    torchvision = load_torchvision()
+    if kind == "segmentation":
+        return torchvision.models.get_model(name, weights=None, weights_backbone=None)
+    return torchvision.models.get_model(name)
+
+
 def load_module(source):
     """``(module, name)`` of ``torchvision:NAME`` or ``FILE.py:CALLABLE``."""
     torch = _torch()
     kind, _, rest = source.partition(":")
     if kind == "torchvision" and rest:
-        torchvision = load_torchvision()
-        names = torchvision.models.list_models(module=torchvision.models)
+        names = torchvision_names()
         if rest not in names:
-            raise ImportFailure(f"{source}: torchvision has no classification model '{rest}' (it has "
-                                f"{', '.join(sorted(names))})")
-        return torchvision.models.get_model(rest), rest
+            raise ImportFailure(f"{source}: torchvision has no classification, segmentation or video model "
+                                f"'{rest}' (it has {', '.join(sorted(names))})")
+        return build_torchvision(rest, names[rest]), rest
     path, _, attribute = source.rpartition(":")
     if not path.endswith(".py") or not attribute:
         raise ImportFailure(f"{source}: expected torchvision:NAME or FILE.py:CALLABLE")
@@ -203,13 +233,21 @@ def import_model(source, output, input_shape=None, weights=None, name=None, loss
     there); returns the parsed :class:`~spmdcnn.graph.graph.Graph`. ``loss``: what follows the output (``LOSSES``;
     by default a cross-entropy of logits, or per position of a segmenter's output). ``say`` (a function of one
     line) hears what the model leaves out (auxiliary outputs). Nothing is written when anything fails."""
-    from ..io.yamlfile import load_yaml_text
-    from .graph import parse_model
     module, stem = load_module(source)
     if input_shape is None:
         if not source.startswith("torchvision:"):
             raise ImportFailure(f"{source}: give the input's shape with --input C H W (or C D H W, C W)")
-        input_shape = (3, 299, 299) if stem == "inception_v3" else (3, 224, 224)
+        input_shape = default_input(stem, torchvision_names()[stem])
+    return import_module(module, output, input_shape, source=source, weights=weights, name=name or stem, loss=loss,
+                         say=say)
+
+
+def import_module(module, output, input_shape, source, weights=None, name=None, loss=None, say=None):
+    """:func:`import_model` of a ``torch.nn.Module`` built already (``source`` names it in messages and in the
+    file's first line)."""
+    from ..io.yamlfile import load_yaml_text
+    from .graph import parse_model
+    stem = name or type(module).__name__
     traced = trace(module, source, input_shape)
     converter = Converter(traced, source, loss)
     layers = converter.run()

@@ -37,6 +37,7 @@ class _Refused(Exception):
 REFUSED = _Value("(refused)")        # what a refused node stands for: the nodes reading it are not refused again
 
 LOSSES = ("cross_entropy", "dice_ce", "mse")    # --loss: what follows the network's output
+UNKNOWN = "maps to no spmdcnn op"     # a module type or function with no handler: the message lists what maps
 
 
 class Converter:
@@ -103,7 +104,7 @@ class Converter:
         return f"{node.op.replace('_', ' ')} '{target}' (node '{node.name}')"
 
     def refuse(self, node, why):
-        self.refusals.append(f"{self.where(node)}: {why}")
+        self.refusals.append((self.where(node), node.name, why))
         raise _Refused()
 
     def shape(self, node):
@@ -146,11 +147,31 @@ class Converter:
             except _Refused:
                 pass
         if self.refusals:
-            count = len(self.refusals)
-            raise ImportFailure(f"{self.source}: {'; '.join(self.refusals)}" if count == 1 else
-                                f"{self.source}: {count} nodes map to no spmdcnn op: " + "; ".join(
-                                    f"({number}) {line}" for number, line in enumerate(self.refusals, 1)))
+            raise ImportFailure(self._refusal_message())
         return self.layers
+
+    def _refusal_message(self):
+        """One line naming every refused node: those refused for the same reason, of one function or module type,
+        together (a few of their names, and how many); where some map to nothing, what does map, once."""
+        known = ""
+        if any(why == UNKNOWN for _, _, why in self.refusals):
+            known = (f"; spmdcnn imports the modules {', '.join(sorted(MODULES))} and the functions "
+                     + ", ".join(sorted(FUNCTION_NAMES)))
+        if len(self.refusals) == 1:
+            return f"{self.source}: {self.refusals[0][0]}: {self.refusals[0][2]}{known}"
+        groups = {}
+        for what, name, why in self.refusals:
+            module = re.fullmatch(r"module '([^']*)' \((\w+)\)", what)
+            kind = ("module", module.group(2)) if module else ("function", what.split(" (node")[0])
+            groups.setdefault((kind, why), []).append(module.group(1) if module else name)
+        parts = []
+        for number, (((kind, label), why), names) in enumerate(groups.items(), 1):
+            plural = "s" if len(names) > 1 else ""
+            named = ", ".join(f"'{name}'" for name in names[:3]) + \
+                (f" and {len(names) - 3} more" if len(names) > 3 else "")
+            where = f"module{plural} {named} ({label})" if kind == "module" else f"{label} (node{plural} {named})"
+            parts.append(f"({number}) {where}: {why}")
+        return f"{self.source}: {len(self.refusals)} nodes are refused: " + "; ".join(parts) + known
 
     def _node(self, node):
         if node.op == "placeholder":
@@ -166,7 +187,12 @@ class Converter:
 
     def _main_output(self, result):
         """The node of the network's main output: itself, a dict's ``out`` (torchvision's segmentation models:
-        ``aux`` left out), or a tuple's or list's first (auxiliary heads, deep supervision: the rest left out)."""
+        ``aux`` left out), or a tuple's, list's or named tuple's first (auxiliary heads, deep supervision: the rest
+        left out)."""
+        if hasattr(result, "op") and result.op == "call_function" and isinstance(result.target, type) and \
+                issubclass(result.target, tuple):         # a named tuple built in forward (GoogLeNet's outputs)
+            fields = list(result.args) + list(result.kwargs.values())
+            return self._main_output(tuple(fields))
         if isinstance(result, dict):
             key = "out" if "out" in result else next(iter(result))
             self.left_out = [f"output '{other}'" for other in result if other != key]
@@ -205,7 +231,8 @@ class Converter:
                                 "at the input's positions, followed by their loss")
         loss = self.loss or "cross_entropy"
         if loss == "mse" and per_position:
-            self.refuse(output, "--loss mse compares values per sample (N, K); this network returns values per position")
+            self.refuse(output, "--loss mse compares values per sample (N, K); this network returns values per "
+                                "position")
         entry = {"name": "loss", "op": {"cross_entropy": "softmax_cross_entropy", "dice_ce": "dice_loss",
                                         "mse": "mse_loss"}[loss]}
         if loss == "dice_ce":               # MONAI's DiceCELoss(softmax=True, to_onehot_y=True) as it comes
@@ -219,8 +246,7 @@ class Converter:
         kind = type(module).__name__
         handler = MODULES.get(kind)
         if handler is None:
-            self.refuse(node, f"maps to no spmdcnn op; spmdcnn imports the modules {', '.join(sorted(MODULES))} "
-                              "and the functions " + ", ".join(sorted(FUNCTION_NAMES)))
+            self.refuse(node, UNKNOWN)
         if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
             if node.target in self.used_modules:
                 self.refuse(node, "is called twice; spmdcnn layers do not share parameters")
@@ -235,8 +261,7 @@ class Converter:
         name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
         handler = FUNCTIONS.get(name)
         if handler is None:
-            self.refuse(node, "maps to no spmdcnn op; spmdcnn imports the functions "
-                              + ", ".join(sorted(FUNCTION_NAMES)))
+            self.refuse(node, UNKNOWN)
         handler(self, node)
 
     def alias(self, node, value, last=None):

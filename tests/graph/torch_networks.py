@@ -2,6 +2,7 @@
 random weights and batch-norm statistics (so that their outputs, not their initial near-uniform logits, are
 compared), a plain network written here, and networks the importer must refuse."""
 
+import collections
 import functools
 
 import torch
@@ -228,3 +229,23 @@ class Unmapped(nn.Module):
 
 def unmapped():
     return Unmapped()
+
+
+Outputs = collections.namedtuple("Outputs", ["logits", "aux"])
+
+
+class NamedOutputs(Pooled):
+    """A classifier returning a named tuple built in its forward (GoogLeNet's outputs while training)."""
+
+    def __init__(self):
+        super().__init__()
+        self.aux = nn.Linear(4, 3)
+
+    def forward(self, x):
+        features = self.conv(x).mean((2, 3))
+        return Outputs(self.fc(features), self.aux(features))
+
+
+def named_outputs():
+    torch.manual_seed(8)
+    return NamedOutputs()

@@ -1,0 +1,215 @@
+"""Which real networks ``spmdcnn model import`` takes, and whether each computes what the network does.
+
+    python benchmarks/import_coverage.py                       # every library installed, every model
+    python benchmarks/import_coverage.py --libraries torchvision --only resnet18 fcn_resnet50 --json
+
+For each network of torchvision's classification, segmentation and video zoos (and, where installed, the models
+of timm, MONAI and segmentation-models-pytorch listed in CANDIDATES), with its parameters and statistics drawn at
+random: the import's time, and either why it was refused (every node that maps to nothing, as ``spmdcnn model
+import`` says it) or whether the imported model with the imported weights evaluates, in float64 on one process,
+to the network's own loss in evaluation mode (cross-entropy of its main output, per position for a segmenter) to
+1e-8: ``exact``, or ``differs`` with the relative error. One table, then the totals per library. A library that
+is not installed is said so, not counted. Networks above ``--max-params`` are listed as too large to evaluate
+here (their import is still tried).
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+# MONAI's networks in 3D and segmentation-models-pytorch's U-Net, as the issue that asked for them names them:
+# (library, name, builder (module, input shape))
+CANDIDATES = [
+    ("monai", "UNet", lambda m: (m.networks.nets.UNet(3, 1, 3, (8, 16, 32), (2, 2)), (1, 32, 32, 32))),
+    ("monai", "BasicUNet", lambda m: (m.networks.nets.BasicUNet(3, 1, 3, features=(8, 8, 16, 32, 64, 8)),
+                                      (1, 32, 32, 32))),
+    ("monai", "SegResNet", lambda m: (m.networks.nets.SegResNet(3, init_filters=8, in_channels=1, out_channels=3),
+                                      (1, 32, 32, 32))),
+    ("monai", "DynUNet", lambda m: (m.networks.nets.DynUNet(3, 1, 3, [3, 3, 3], [1, 2, 2], [2, 2]), (1, 32, 32, 32))),
+    ("monai", "DenseNet121", lambda m: (m.networks.nets.DenseNet121(3, 1, 2), (1, 32, 32, 32))),
+    ("monai", "resnet18", lambda m: (m.networks.nets.resnet18(spatial_dims=3, n_input_channels=1, num_classes=2),
+                                     (1, 32, 32, 32))),
+    ("segmentation_models_pytorch", "Unet(resnet18)",
+     lambda m: (m.Unet("resnet18", encoder_weights=None, classes=3), (3, 64, 64))),
+]
+TIMM_FAMILIES = ["resnet18", "resnet10t", "efficientnet_b0", "mobilenetv3_small_050", "mobilenetv4_conv_small",
+                 "convnext_atto", "convnextv2_atto", "regnetx_002", "regnety_002", "densenet121", "dla34", "dpn48b",
+                 "ghostnet_100", "hrnet_w18_small", "cspresnet50", "cspdarknet53", "res2net50_14w_8s",
+                 "resnest14d", "rexnet_100", "selecsls42b", "tf_efficientnet_b0", "mixnet_s", "mnasnet_050",
+                 "fbnetc_100", "lcnet_050", "repvgg_a0", "vgg11", "xception41", "inception_v3", "nfnet_l0",
+                 "skresnet18", "tinynet_e", "hgnetv2_b0", "efficientvit_b0",
+                 "fastvit_t8", "edgenext_xx_small", "mobileone_s0", "gernet_s", "darknet17", "resnetv2_50",
+                 "regnetz_b16", "inception_next_atto"]
+
+
+def randomized(module, torch, seed=0):
+    """``module`` with every floating-point parameter and buffer drawn at random (running variances positive),
+    so its outputs, not its initial near-uniform logits, are compared."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, tensor in module.state_dict().items():
+            if not tensor.is_floating_point():
+                continue
+            values = torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype)
+            if key.endswith("running_var"):
+                tensor.copy_(0.5 + values)
+            else:
+                fan_in = max(tensor[0].numel(), 1) if tensor.dim() > 1 else 4
+                tensor.copy_((values - 0.5) * (2.0 / fan_in ** 0.5))
+    return module
+
+
+def main_output(result):
+    if isinstance(result, dict):
+        return main_output(result["out"] if "out" in result else next(iter(result.values())))
+    if isinstance(result, (tuple, list)):
+        return main_output(result[0])
+    return result
+
+
+def relative_error(module, graph, weights, input_shape, torch):
+    """|spmdcnn's loss - the network's| / |the network's|, float64, evaluation mode, two samples."""
+    import numpy as np
+
+    from spmdcnn.io.checkpoint import load_checkpoint
+    from spmdcnn.runtime.executor import Executor
+    rng = np.random.default_rng(1)
+    images = rng.standard_normal((2,) + tuple(input_shape))
+    module = module.double().eval()
+    with torch.no_grad():
+        logits = main_output(module(torch.from_numpy(images)))
+    classes = logits.shape[1]
+    labels = rng.integers(0, classes, (2,) + tuple(logits.shape[2:]))
+    expected = torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)).item()
+    executor = Executor(graph, np, np.float64, seed=0)
+    ckpt = load_checkpoint(weights)
+    for name, value in {**ckpt.params, **ckpt.buffers}.items():
+        (executor.params if name in ckpt.params else executor.buffers)[name][...] = value
+    loss, *_ = executor.forward(images, labels, training=False)
+    return abs(loss - expected) / abs(expected)
+
+
+def networks(libraries, only):
+    """``(library, name, build)`` of every network to try; ``build()`` gives ``(module, input shape)``; a
+    library not installed gives one entry whose build raises ImportError."""
+    import importlib
+    if "torchvision" in libraries:
+        from spmdcnn.graph.torchimport import build_torchvision, default_input, torchvision_names
+        for name, kind in sorted(torchvision_names().items(), key=lambda item: (item[1], item[0])):
+            yield (f"torchvision{'.' + kind if kind else ''}", name,
+                   lambda name=name, kind=kind: (build_torchvision(name, kind), default_input(name, kind)))
+    if "timm" in libraries:
+        try:
+            timm = importlib.import_module("timm")
+        except ImportError:
+            yield "timm", "(not installed)", None
+        else:
+            for name in TIMM_FAMILIES:
+                yield "timm", name, lambda name=name: (timm.create_model(name, pretrained=False),
+                                                       (3, 224, 224))
+    for library in ("monai", "segmentation_models_pytorch"):
+        if library not in libraries:
+            continue
+        try:
+            package = importlib.import_module(library)
+        except ImportError:
+            yield library, "(not installed)", None
+            continue
+        for owner, name, build in CANDIDATES:
+            if owner == library:
+                yield library, name, lambda build=build, package=package: build(package)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--libraries", nargs="+", default=["torchvision", "timm", "monai",
+                                                           "segmentation_models_pytorch"])
+    parser.add_argument("--only", nargs="+", help="these network names alone")
+    parser.add_argument("--max-params", type=float, default=1e8, help="evaluate networks of at most this many "
+                                                                      "parameters (default 1e8)")
+    parser.add_argument("--size", type=int, help="images of SIZE x SIZE (volumes SIZE^3) instead of each network's "
+                                                 "default input (a quicker check)")
+    parser.add_argument("--json", action="store_true", help="the rows as JSON")
+    args = parser.parse_args()
+    import torch
+
+    from spmdcnn.graph.torchimport import ImportFailure, import_module
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for library, name, build in networks(args.libraries, args.only):
+            if args.only and name not in args.only and build is not None:
+                continue
+            row = {"library": library, "model": name, "parameters": None, "result": None, "why": "",
+                   "import_s": None}
+            rows.append(row)
+            if build is None:
+                row["result"] = "not installed"
+                continue
+            try:
+                torch.manual_seed(0)
+                module, shape = build()
+                if args.size:           # every spatial axis (a video's frames stay)
+                    spatial = 2 if library.endswith("video") else len(shape) - 1
+                    shape = tuple(shape[:len(shape) - spatial]) + (args.size,) * spatial
+            except Exception as error:          # a builder this library version does not have
+                row["result"], row["why"] = "not built", f"{type(error).__name__}: {error}"
+                continue
+            module = randomized(module, torch)
+            row["parameters"] = sum(p.numel() for p in module.parameters())
+            output, weights = os.path.join(folder, "model.yaml"), os.path.join(folder, "weights.h5")
+            started = time.perf_counter()
+            try:
+                graph = import_module(module, output, shape, source=f"{library}:{name}", weights=weights,
+                                      name=name.replace("(", "_").replace(")", ""))
+            except ImportFailure as error:
+                row["import_s"] = time.perf_counter() - started
+                row["result"], row["why"] = "refused", str(error).partition(": ")[2]
+                continue
+            except Exception as error:          # the importer failed where it should have refused: a finding
+                row["import_s"] = time.perf_counter() - started
+                row["result"], row["why"] = "error", f"{type(error).__name__}: {error}"
+                continue
+            row["import_s"] = time.perf_counter() - started
+            if row["parameters"] > args.max_params:
+                row["result"], row["why"] = "imported", "too large to evaluate here (--max-params)"
+                continue
+            try:
+                error = relative_error(module, graph, weights, shape, torch)
+            except Exception as failure:
+                row["result"], row["why"] = "error", f"evaluating: {type(failure).__name__}: {failure}"
+                continue
+            row["result"] = "exact" if error <= 1e-8 else "differs"
+            row["why"] = "" if error <= 1e-8 else f"relative error {error:.2e}"
+            print(f"{library} {name}: {row['result']}", file=sys.stderr, flush=True)
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return
+    print(f"{'library':<30} {'model':<28} {'parameters':>12} {'import s':>9}  result")
+    for row in rows:
+        parameters = f"{row['parameters']:,}" if row["parameters"] is not None else ""
+        seconds = f"{row['import_s']:.2f}" if row["import_s"] is not None else ""
+        why = f": {row['why']}" if row["why"] else ""
+        print(f"{row['library']:<30} {row['model']:<28} {parameters:>12} {seconds:>9}  {row['result']}{why}"[:400])
+    print()
+    libraries = dict.fromkeys(row["library"] for row in rows)
+    for library in libraries:
+        mine = [row for row in rows if row["library"] == library and row["result"] != "not installed"]
+        if not mine:
+            print(f"{library}: not installed")
+            continue
+        exact = sum(row["result"] == "exact" for row in mine)
+        slowest = max((row["import_s"] for row in mine if row["import_s"] is not None), default=math.nan)
+        print(f"{library}: {exact} of {len(mine)} exact, {sum(row['result'] == 'refused' for row in mine)} refused, "
+              f"{sum(row['result'] in ('differs', 'error', 'not built') for row in mine)} differing or failing; "
+              f"the slowest import {slowest:.1f} s")
+
+
+if __name__ == "__main__":
+    main()
