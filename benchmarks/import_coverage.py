@@ -48,23 +48,6 @@ TIMM_FAMILIES = ["resnet18", "resnet10t", "efficientnet_b0", "mobilenetv3_small_
                  "regnetz_b16", "inception_next_atto"]
 
 
-def randomized(module, torch, seed=0):
-    """``module`` with every floating-point parameter and buffer drawn at random (running variances positive),
-    so its outputs, not its initial near-uniform logits, are compared."""
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for key, tensor in module.state_dict().items():
-            if not tensor.is_floating_point():
-                continue
-            values = torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype)
-            if key.endswith("running_var"):
-                tensor.copy_(0.5 + values)
-            else:
-                fan_in = max(tensor[0].numel(), 1) if tensor.dim() > 1 else 4
-                tensor.copy_((values - 0.5) * (2.0 / fan_in ** 0.5))
-    return module
-
-
 def main_output(result):
     if isinstance(result, dict):
         return main_output(result["out"] if "out" in result else next(iter(result.values())))
@@ -139,7 +122,7 @@ def main():
     args = parser.parse_args()
     import torch
 
-    from spmdcnn.graph.torchimport import ImportFailure, import_module
+    from spmdcnn.graph.torchimport import ImportFailure, import_module, randomized
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -161,7 +144,7 @@ def main():
             except Exception as error:          # a builder this library version does not have
                 row["result"], row["why"] = "not built", f"{type(error).__name__}: {error}"
                 continue
-            module = randomized(module, torch)
+            module = randomized(module)
             row["parameters"] = sum(p.numel() for p in module.parameters())
             output, weights = os.path.join(folder, "model.yaml"), os.path.join(folder, "weights.h5")
             started = time.perf_counter()

@@ -98,6 +98,25 @@ def build_torchvision(name, kind):
     return torchvision.models.get_model(name)
 
 
+def randomized(module, seed=0):
+    """``module`` with every floating-point parameter and buffer drawn at random, in place (running variances and
+    layer scales in [0.5, 1.5), the rest uniform within the inverse square root of their fan-in): an import is
+    compared with its network on these, so that their outputs, not their initial near-uniform logits, agree."""
+    torch = _torch()
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for key, tensor in module.state_dict().items():
+            if not tensor.is_floating_point():
+                continue
+            values = torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype)
+            if key.endswith(("running_var", "layer_scale")):
+                tensor.copy_(0.5 + values)
+            else:
+                fan_in = max(tensor[0].numel(), 1) if tensor.dim() > 1 else 4
+                tensor.copy_((values - 0.5) * (2.0 / fan_in ** 0.5))
+    return module
+
+
 def load_module(source):
     """``(module, name)`` of ``torchvision:NAME`` or ``FILE.py:CALLABLE``."""
     torch = _torch()

@@ -8,32 +8,18 @@ import functools
 import torch
 from torch import nn
 
-from spmdcnn.graph.torchimport import load_torchvision
+from spmdcnn.graph.torchimport import load_torchvision, randomized
 
 ZOO = ["efficientnet_b0", "convnext_tiny", "resnext50_32x4d", "regnet_y_400mf", "mobilenet_v3_large"]
 
 
-def randomized(name, seed=0):
+def randomized_torchvision(name, seed=0):
     """torchvision's ``name`` with every parameter and buffer drawn at random (running variances positive)."""
-    module = load_torchvision().models.get_model(name)
-    generator = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for key, tensor in module.state_dict().items():
-            if not tensor.is_floating_point():
-                continue
-            values = torch.rand(tensor.shape, generator=generator, dtype=tensor.dtype)
-            if key.endswith("running_var"):
-                tensor.copy_(0.5 + values)
-            elif key.endswith("layer_scale"):
-                tensor.copy_(0.5 + values)
-            else:
-                fan_in = max(tensor[0].numel(), 1) if tensor.dim() > 1 else 4
-                tensor.copy_((values - 0.5) * (2.0 / fan_in ** 0.5))
-    return module
+    return randomized(load_torchvision().models.get_model(name), seed)
 
 
 for _name in ZOO:
-    globals()[_name] = functools.partial(randomized, _name)
+    globals()[_name] = functools.partial(randomized_torchvision, _name)
 
 
 class Plain(nn.Module):
