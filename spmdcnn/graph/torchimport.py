@@ -83,9 +83,10 @@ def torchvision_names():
 
 def default_input(name, kind):
     """One sample's default shape for torchvision's model ``name`` of zoo ``kind``: 3x224x224 (Inception-v3
-    3x299x299), a video clip of 16 frames of 3x112x112."""
+    3x299x299), a video clip of 16 frames of 3x112x112 for the ResNet-based video models (``r3d_18``, ``mc3_18``,
+    ``r2plus1d_18``), of 3x224x224 for the others (S3D, MViT, Video Swin), as torchvision's weights take them."""
     if kind == "video":
-        return (3, 16, 112, 112)
+        return (3, 16, 112, 112) if name in ("r3d_18", "mc3_18", "r2plus1d_18") else (3, 16, 224, 224)
     return DEFAULT_INPUTS.get(name, (3, 224, 224))
 
 
