@@ -195,7 +195,7 @@ class Converter:
             return self._main_output(tuple(fields))
         if isinstance(result, dict):
             key = "out" if "out" in result else next(iter(result))
-            self.left_out = [f"output '{other}'" for other in result if other != key]
+            self.left_out += [f"output '{other}'" for other in result if other != key]
             return self._main_output(result[key])
         if isinstance(result, (tuple, list)):
             if not result:
