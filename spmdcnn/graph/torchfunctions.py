@@ -1,7 +1,7 @@
 """The functions and tensor methods ``spmdcnn model import`` maps (``graph/torchops.py``): a handler per name,
 appending the layer entry its node becomes through the converter (or passing the value on, or refusing it)."""
 
-from .torchmodules import channel_norm, flatten_value
+from .torchmodules import channel_norm, flatten_value, pool
 
 
 def _argument(node, index, key, default=None):
@@ -169,6 +169,21 @@ def _mean(converter, node):
     converter.add(node, {"op": "flatten"}, [converter.values[node]], name=f"{pooled}_flatten")
 
 
+def _pool_function(kind):
+    """``F.max_pool2d(x, 3, 2)``, ``F.avg_pool2d(x, kernel_size=3, stride=1, padding=1)`` (Inception-v3's)."""
+    keys = (("stride", None), ("padding", 0), ("dilation", 1), ("ceil_mode", False), ("return_indices", False)) \
+        if kind == "max" else (("stride", None), ("padding", 0), ("ceil_mode", False), ("count_include_pad", True),
+                               ("divisor_override", None))
+
+    def handle(converter, node):
+        (value,) = converter.tensors(node, node.args[:1])
+        got = {key: _argument(node, index, key, default) for index, (key, default) in enumerate(keys, 2)}
+        pool(converter, node, kind, value, _argument(node, 1, "kernel_size"), got["stride"], got["padding"],
+             got.get("dilation", 1), got["ceil_mode"], got.get("return_indices", False),
+             got.get("count_include_pad", True), got.get("divisor_override"))
+    return handle
+
+
 def _dropout_function(converter, node):
     (value,) = converter.tensors(node, node.args[:1])
     if not _argument(node, 2, "training", True):        # PyTorch's identity then
@@ -194,5 +209,6 @@ FUNCTIONS = {
     "stochastic_depth": _stochastic_depth, "adaptive_avg_pool2d": _adaptive_avg_pool_function,
     "adaptive_avg_pool1d": _adaptive_avg_pool_function, "adaptive_avg_pool3d": _adaptive_avg_pool_function,
     "cat": _cat, "dropout": _dropout_function, "contiguous": _contiguous, "mean": _mean,
+    **{f"{kind}_pool{rank}d": _pool_function(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
 }
 FUNCTION_NAMES = sorted({name.strip("_") for name in FUNCTIONS})

@@ -138,23 +138,31 @@ def _elementwise(op, **attrs):
 
 def _pool(kind):
     def handle(converter, node, module, inputs):
-        (value,) = inputs
-        rank = _spatial_rank(converter, node, value)
-        if kind == "max" and (_pair_list(module.dilation) != 1 or module.return_indices):
-            converter.refuse(node, "dilates its window or returns indices; spmdcnn's maxpool does neither")
-        if kind == "avg" and (not module.count_include_pad or getattr(module, "divisor_override", None) is not None):
-            converter.refuse(node, "leaves the padding out of its divisor (or overrides it); spmdcnn's avgpool "
-                                   "counts the padding, as PyTorch's default does")
-        entry = {"op": f"{kind}pool{rank}d", "kernel": _pair_list(module.kernel_size)}
-        stride = module.stride if module.stride is not None else module.kernel_size
-        if _pair_list(stride) != entry["kernel"]:
-            entry["stride"] = _pair_list(stride)
-        if _pair_list(module.padding) != 0:
-            entry["padding"] = _pair_list(module.padding)
-        if module.ceil_mode:
-            entry["ceil_mode"] = True
-        converter.add(node, entry, inputs)
+        pool(converter, node, kind, inputs[0], module.kernel_size, module.stride, module.padding,
+             getattr(module, "dilation", 1), module.ceil_mode, getattr(module, "return_indices", False),
+             getattr(module, "count_include_pad", True), getattr(module, "divisor_override", None))
     return handle
+
+
+def pool(converter, node, kind, value, kernel, stride, padding, dilation, ceil_mode, return_indices,
+         count_include_pad, divisor_override):
+    """A max (``kind`` max) or average pooling, of a module or a function (``F.max_pool2d``, ``F.avg_pool3d``):
+    ``stride`` None (or empty) is the kernel's size, as PyTorch has it."""
+    rank = _spatial_rank(converter, node, value)
+    if kind == "max" and (_pair_list(dilation) != 1 or return_indices):
+        converter.refuse(node, "dilates its window or returns indices; spmdcnn's maxpool does neither")
+    if kind == "avg" and (not count_include_pad or divisor_override is not None):
+        converter.refuse(node, "leaves the padding out of its divisor (or overrides it); spmdcnn's avgpool "
+                               "counts the padding, as PyTorch's default does")
+    entry = {"op": f"{kind}pool{rank}d", "kernel": _pair_list(kernel)}
+    stride = stride if stride not in (None, [], ()) else kernel
+    if _pair_list(stride) != entry["kernel"]:
+        entry["stride"] = _pair_list(stride)
+    if _pair_list(padding) != 0:
+        entry["padding"] = _pair_list(padding)
+    if ceil_mode:
+        entry["ceil_mode"] = True
+    converter.add(node, entry, [value])
 
 
 def _adaptive_avgpool(converter, node, module, inputs):

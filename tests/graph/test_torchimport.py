@@ -128,6 +128,18 @@ def test_the_loss_is_chosen_with_loss(tmp_path):
     assert not (tmp_path / "no.yaml").exists()
 
 
+def test_pooling_written_as_functions_imports_as_pooling(tmp_path):
+    source = f"{NETWORKS}:functional_pools"
+    graph = import_model(source, tmp_path / "pools.yaml", (2, 11, 11), weights=tmp_path / "pools.h5")
+    pools = [layer for layer in graph.layers if "pool" in layer.op]
+    assert [(layer.op, layer.attrs.get("stride"), layer.attrs.get("ceil_mode", False)) for layer in pools] == [
+        ("maxpool2d", None, False), ("avgpool2d", 1, False), ("maxpool2d", None, True)]
+    rng = np.random.default_rng(5)
+    images, labels = rng.standard_normal((3, 2, 11, 11)), rng.integers(0, 3, 3)
+    assert evaluate(graph, tmp_path / "pools.h5", images, labels) == pytest.approx(
+        reference(source, images, labels), rel=1e-10)
+
+
 def test_a_mean_over_the_spatial_axes_is_a_global_average_pooling(tmp_path):
     source = f"{NETWORKS}:pooled"
     graph = import_model(source, tmp_path / "pooled.yaml", (2, 6, 6), weights=tmp_path / "pooled.h5")

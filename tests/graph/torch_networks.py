@@ -235,3 +235,23 @@ class NamedOutputs(Pooled):
 def named_outputs():
     torch.manual_seed(8)
     return NamedOutputs()
+
+
+class FunctionalPools(nn.Module):
+    """Pooling written as functions (Inception-v3's): a max pooling with its stride left out, an average pooling
+    with padding, a ceil-mode one."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 3 * 3, 3)
+
+    def forward(self, x):
+        x = nn.functional.max_pool2d(self.conv(x), 2)
+        x = nn.functional.avg_pool2d(x, kernel_size=3, stride=1, padding=1)
+        return self.fc(nn.functional.max_pool2d(x, 2, 2, ceil_mode=True).flatten(1))
+
+
+def functional_pools():
+    torch.manual_seed(9)
+    return FunctionalPools()
