@@ -49,6 +49,11 @@ def reference(source, images, labels):
         return torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)).item()
 
 
+def assert_matches(source, graph, weights, images, labels):
+    """The imported ``graph`` with its ``weights`` evaluates to the network's own loss on these samples."""
+    assert evaluate(graph, weights, images, labels) == pytest.approx(reference(source, images, labels), rel=1e-10)
+
+
 @pytest.mark.parametrize("name", ZOO)
 def test_a_torchvision_model_evaluates_to_its_loss(tmp_path, name):
     source = f"{NETWORKS}:{name}"           # torchvision's model with random weights and statistics
@@ -74,8 +79,7 @@ def test_a_plain_network_imports_and_matches(tmp_path, capsys):
     assert graph.by_name["up"].attrs["groups"] == 4
     rng = np.random.default_rng(2)
     images, labels = rng.standard_normal((3, 2, 10, 10)), rng.integers(0, 5, 3)
-    assert evaluate(graph, tmp_path / "plain.h5", images, labels) == pytest.approx(
-        reference(source, images, labels), rel=1e-10)
+    assert_matches(source, graph, tmp_path / "plain.h5", images, labels)
 
 
 def test_a_sequence_network_imports_and_matches(tmp_path):
@@ -87,8 +91,7 @@ def test_a_sequence_network_imports_and_matches(tmp_path):
     assert graph.by_name["leaky_relu"].attrs["negative_slope"] == 0.2
     rng = np.random.default_rng(6)
     images, labels = rng.standard_normal((3, 2, 12)), rng.integers(0, 3, 3)
-    assert evaluate(graph, tmp_path / "sequence.h5", images, labels) == pytest.approx(
-        reference(source, images, labels), rel=1e-10)
+    assert_matches(source, graph, tmp_path / "sequence.h5", images, labels)
 
 
 @pytest.mark.parametrize("callable_, left_out", [("segmenter", "output 'aux'"), ("segmenter_tuple", "output 1"),
@@ -112,8 +115,7 @@ def test_a_segmenter_imports_its_main_output_with_a_loss_per_pixel(tmp_path, cap
     rng = np.random.default_rng(3)
     labels = rng.integers(0, 3, 2 if callable_ == "named_outputs" else (2, 8, 8))
     images = rng.standard_normal((2, 2, 8, 8))
-    assert evaluate(graph, tmp_path / "seg.h5", images, labels) == pytest.approx(
-        reference(source, images, labels), rel=1e-10)
+    assert_matches(source, graph, tmp_path / "seg.h5", images, labels)
 
 
 def test_the_loss_is_chosen_with_loss(tmp_path):
@@ -136,8 +138,7 @@ def test_pooling_written_as_functions_imports_as_pooling(tmp_path):
         ("maxpool2d", None, False), ("avgpool2d", 1, False), ("maxpool2d", None, True)]
     rng = np.random.default_rng(5)
     images, labels = rng.standard_normal((3, 2, 11, 11)), rng.integers(0, 3, 3)
-    assert evaluate(graph, tmp_path / "pools.h5", images, labels) == pytest.approx(
-        reference(source, images, labels), rel=1e-10)
+    assert_matches(source, graph, tmp_path / "pools.h5", images, labels)
 
 
 def test_a_mean_over_the_spatial_axes_is_a_global_average_pooling(tmp_path):
@@ -147,8 +148,7 @@ def test_a_mean_over_the_spatial_axes_is_a_global_average_pooling(tmp_path):
                                                     "softmax_cross_entropy"]
     rng = np.random.default_rng(4)
     images, labels = rng.standard_normal((3, 2, 6, 6)), rng.integers(0, 3, 3)
-    assert evaluate(graph, tmp_path / "pooled.h5", images, labels) == pytest.approx(
-        reference(source, images, labels), rel=1e-10)
+    assert_matches(source, graph, tmp_path / "pooled.h5", images, labels)
 
 
 def test_the_command_line_routes_model_import_after_options():
