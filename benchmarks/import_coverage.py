@@ -48,25 +48,18 @@ TIMM_FAMILIES = ["resnet18", "resnet10t", "efficientnet_b0", "mobilenetv3_small_
                  "regnetz_b16", "inception_next_atto"]
 
 
-def main_output(result):
-    if isinstance(result, dict):
-        return main_output(result["out"] if "out" in result else next(iter(result.values())))
-    if isinstance(result, (tuple, list)):
-        return main_output(result[0])
-    return result
-
-
 def relative_error(module, graph, weights, input_shape, torch):
     """|spmdcnn's loss - the network's| / |the network's|, float64, evaluation mode, two samples."""
     import numpy as np
 
+    from spmdcnn.graph.torchops import main_output
     from spmdcnn.io.checkpoint import load_checkpoint
     from spmdcnn.runtime.executor import Executor
     rng = np.random.default_rng(1)
     images = rng.standard_normal((2,) + tuple(input_shape))
     module = module.double().eval()
     with torch.no_grad():
-        logits = main_output(module(torch.from_numpy(images)))
+        logits, _ = main_output(module(torch.from_numpy(images)))
     classes = logits.shape[1]
     labels = rng.integers(0, classes, (2,) + tuple(logits.shape[2:]))
     expected = torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)).item()

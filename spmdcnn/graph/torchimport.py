@@ -234,7 +234,7 @@ def _layers(graph):
     return [(layer.name, layer.op, repr(sorted(layer.attrs.items())), tuple(layer.inputs)) for layer in graph.layers]
 
 
-def _kept_parameters(module, traced, needed):
+def _kept_parameters(traced, needed):
     """``{key: parameter}`` of the module's parameters that the nodes ``needed`` read (the main output's)."""
     kept = {}
     for node in needed:
@@ -267,22 +267,21 @@ def import_module(module, output, input_shape, source, weights=None, name=None, 
     file's first line)."""
     from ..io.yamlfile import load_yaml_text
     from .graph import parse_model
-    stem = name or type(module).__name__
     traced = trace(module, source, input_shape)
     converter = Converter(traced, source, loss)
     layers = converter.run()
-    model_name = name or stem
-    count = sum(p.numel() for p in module.parameters())
+    model_name = name or type(module).__name__
+    count = total = sum(p.numel() for p in module.parameters())
     state = dict(module.state_dict())
     if converter.left_out:              # the auxiliary heads' parameters and statistics stay behind
-        kept = _kept_parameters(module, traced, converter.needed)
+        kept = _kept_parameters(traced, converter.needed)
         count = sum(p.numel() for p in kept.values())
         owners = {key.rpartition(".")[0] for key in kept}
         state = {key: value for key, value in state.items() if key.rpartition(".")[0] in owners}
         if say is not None:
             say(f"model import: {source} returns more than its main output; the model leaves out "
                 f"{', '.join(converter.left_out)} (the layers only they read: "
-                f"{sum(p.numel() for p in module.parameters()) - count:,} parameters)")
+                f"{total - count:,} parameters)")
     names = converter.torch_names, converter.torch_shapes
     flat = model_text(model_name, input_shape, layers, *names, source, count)
     blocks, entries = blocked(layers, _module_kinds(module))

@@ -40,6 +40,25 @@ LOSSES = ("cross_entropy", "dice_ce", "mse")    # --loss: what follows the netwo
 UNKNOWN = "maps to no spmdcnn op"     # a module type or function with no handler: the message lists what maps
 
 
+def main_output(result, fields=lambda value: value):
+    """``(main output, what is left out)`` of what a network returns: itself, a dict's ``out`` (torchvision's
+    segmentation models: ``aux`` left out), or a tuple's or list's first entry (auxiliary heads, deep supervision),
+    nested ones followed; ``fields`` turns a traced named tuple into a tuple. Works on traced values and on tensors
+    alike."""
+    left_out = []
+    while True:
+        result = fields(result)
+        if isinstance(result, dict) and result:
+            key = "out" if "out" in result else next(iter(result))
+            left_out += [f"output '{other}'" for other in result if other != key]
+            result = result[key]
+        elif isinstance(result, (tuple, list)) and result:
+            left_out += [f"output {index}" for index in range(1, len(result))]
+            result = result[0]
+        else:
+            return result, left_out
+
+
 class Converter:
     """Maps one traced network to layer entries (module docstring)."""
 
@@ -132,7 +151,7 @@ class Converter:
         """The layer entries of the network's main output, with its loss; every node that maps to nothing is refused
         in one message, listing them all."""
         output = next(node for node in self.graph.graph.nodes if node.op == "output")
-        result = self._main_output(output.args[0])
+        result, self.left_out = main_output(output.args[0], self._fields)
         needed = self.needed = self._needed(result)
         for node in self.graph.graph.nodes:
             if node not in needed or node.op == "output":
@@ -185,24 +204,13 @@ class Converter:
         elif node.op in ("call_function", "call_method"):
             self._function(node)
 
-    def _main_output(self, result):
-        """The node of the network's main output: itself, a dict's ``out`` (torchvision's segmentation models:
-        ``aux`` left out), or a tuple's, list's or named tuple's first (auxiliary heads, deep supervision: the rest
-        left out)."""
-        if hasattr(result, "op") and result.op == "call_function" and isinstance(result.target, type) and \
-                issubclass(result.target, tuple):         # a named tuple built in forward (GoogLeNet's outputs)
-            fields = list(result.args) + list(result.kwargs.values())
-            return self._main_output(tuple(fields))
-        if isinstance(result, dict):
-            key = "out" if "out" in result else next(iter(result))
-            self.left_out += [f"output '{other}'" for other in result if other != key]
-            return self._main_output(result[key])
-        if isinstance(result, (tuple, list)):
-            if not result:
-                raise ImportFailure(f"{self.source}: the network returns nothing")
-            self.left_out += [f"output {index}" for index in range(1, len(result))]
-            return self._main_output(result[0])
-        return result
+    @staticmethod
+    def _fields(value):
+        """A named tuple built in forward (GoogLeNet's outputs), as the tuple of its fields; any other value as is."""
+        if hasattr(value, "op") and value.op == "call_function" and isinstance(value.target, type) and \
+                issubclass(value.target, tuple):
+            return tuple(value.args) + tuple(value.kwargs.values())
+        return value
 
     def _needed(self, result):
         """The nodes the main output reads, directly or through others (the placeholder always)."""

@@ -12,6 +12,7 @@ import torch
 from spmdcnn.cli import main
 from spmdcnn.graph import load_model
 from spmdcnn.graph.torchimport import ImportFailure, import_model, load_module, load_torchvision
+from spmdcnn.graph.torchops import main_output
 from spmdcnn.io.checkpoint import load_checkpoint
 from spmdcnn.io.torchstate import export_torch, import_torch
 from spmdcnn.runtime.executor import Executor
@@ -44,8 +45,7 @@ def reference(source, images, labels):
     module, _ = load_module(source)
     module = module.double().eval()
     with torch.no_grad():
-        logits = module(torch.from_numpy(images))
-        logits = logits["out"] if isinstance(logits, dict) else logits[0] if isinstance(logits, tuple) else logits
+        logits, _ = main_output(module(torch.from_numpy(images)))
         return torch.nn.functional.cross_entropy(logits, torch.from_numpy(labels)).item()
 
 
