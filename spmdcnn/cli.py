@@ -95,7 +95,19 @@ def cmd_model_import(args):
     shape = args.input
     if shape is not None and (not 2 <= len(shape) <= 4 or any(v <= 0 for v in shape)):
         raise ValueError(f"--input takes C W, C H W or C D H W (positive sizes), got {' '.join(map(str, shape))}")
-    graph = import_model(args.source, args.output, shape, args.weights, args.name, args.loss, say=print)
+    check = None
+    if args.check:
+        from .graph.torchops import ImportFailure
+        from .runtime.torchcheck import TOLERANCE, check_import
+
+        def check(module, graph, arrays, input_shape):
+            step, after = check_import(module, graph, arrays, input_shape)
+            said = (f"one SGD step in float64 from its weights: the training loss within {step:.1e} of PyTorch's, "
+                    f"the evaluation loss after the step within {after:.1e} (relative)")
+            if max(step, after) > TOLERANCE:
+                raise ImportFailure(f"{args.source}: the model does not compute what the network does: {said}")
+            print(f"model import: checked against the network: {said}")
+    graph = import_model(args.source, args.output, shape, args.weights, args.name, args.loss, say=print, check=check)
     print(f"wrote {args.output}: model '{graph.name}', {len(graph.layers)} layers, {graph.num_params:,} parameters "
           f"(input {_format_shape(graph.input_shape)})" + (f"; its weights in {args.weights}" if args.weights else ""))
     return 0
@@ -266,8 +278,9 @@ def _add_model_import(sub, common):
                        formatter_class=argparse.RawDescriptionHelpFormatter,
                        description="Write a PyTorch network as a model YAML: torchvision's (torchvision:NAME) or\n"
                                    "one a Python file builds (FILE.py:CALLABLE, a function or class returning a\n"
-                                   "torch.nn.Module). The module is traced by torch.fx and each module and function\n"
-                                   "mapped to an spmdcnn op; layers keep PyTorch's module names, so checkpoint\n"
+                                   "torch.nn.Module). Its forward is captured by torch.export in training mode and\n"
+                                   "each ATen operator mapped to an spmdcnn op (dropout, stochastic depth and batch\n"
+                                   "norm's momentum kept); layers keep PyTorch's module names, so checkpoint\n"
                                    "import/export move its state dicts as they are. A loss follows its output\n"
                                    "(a cross-entropy of logits, or per position of a segmenter's output; --loss).\n"
                                    "Every node that maps to no op is named in one message. Needs PyTorch (and\n"
@@ -288,6 +301,11 @@ def _add_model_import(sub, common):
                    help="the loss after the output: cross_entropy (the default: of logits (N, K), or per position of "
                         "a segmenter's (N, K, S...)), dice_ce (MONAI's DiceCELoss: Dice plus cross-entropy), mse "
                         "(regression targets (N, K))")
+    p.add_argument("--check", action="store_true",
+                   help="before writing, take one SGD step in float64 with the model and with the network from the "
+                        "same weights and compare their losses, and the evaluation loss after the step (to 1e-8, "
+                        "dropout and stochastic depth at 0 for the step): refused, nothing written, where they "
+                        "differ (cross-entropy and mse losses)")
     p.set_defaults(run=cmd_model_import)
 
     p = sub.add_parser("train", parents=[common], help="train a model as a job YAML describes",

@@ -1,28 +1,36 @@
-"""``spmdcnn model import``: a PyTorch network as a model YAML (and its weights as a checkpoint), through torch.fx.
+"""``spmdcnn model import``: a PyTorch network as a model YAML (and its weights as a checkpoint), through
+``torch.export``.
 
-The source is ``torchvision:NAME`` (a classification model of torchvision's zoo) or ``FILE.py:CALLABLE`` (a function or
-class whose call returns a ``torch.nn.Module``). The module is traced (``torch.fx.symbolic_trace``: its forward
-with symbolic inputs, so a forward that branches on a tensor's values cannot be imported), its shapes propagated
-from an input of the given size, and every node mapped to one spmdcnn layer (``_MODULES`` and ``_FUNCTIONS`` below)
-or to none (``nn.Identity``, a permute):
+The source is ``torchvision:NAME`` (a model of torchvision's classification, segmentation or video zoos) or
+``FILE.py:CALLABLE`` (a function or class whose call returns a ``torch.nn.Module``). The network's forward is
+captured by ``torch.export`` at the given input size, in training mode (so its dropout, stochastic depth and batch
+norm are there as they train; shapes, ``size()`` and control flow on them are resolved by PyTorch, while a forward
+that branches on a tensor's values cannot be imported), and every ATen operator of the graph is mapped to one
+spmdcnn layer or to none (``graph/torchops.py``, ``graph/torchaten.py``):
 
-- layers keep PyTorch's names: a module's layer is named by the module's path (``features.1.0.block.0``), so its
-  tensors are PyTorch's keys (``features.1.0.block.0.weight``); a function's layer takes the node's name (``add_3``);
+- layers keep PyTorch's names: a layer with tensors is named by their module's path (``features.1.0.block.0``), so
+  its tensors are PyTorch's keys (``features.1.0.block.0.weight``); a function's layer by its module's path and
+  name (``features.1.0.add``);
 - channels-last stretches (ConvNeXt's block: permute to (N, H, W, C), ``LayerNorm``, ``Linear``, GELU, ``Linear``,
-  permute back; its ``LayerNorm2d``: permute, ``layer_norm``, permute) become channel ops: ``layernorm`` over the
-  channels, 1x1 convolutions for the linear layers (their ``(out, in)`` weights in the model's ``torch_shapes``);
+  permute back) become channel ops: ``layernorm`` over the channels, 1x1 convolutions for the linear layers (their
+  ``(out, in)`` weights in the model's ``torch_shapes``);
 - a parameter multiplied into a tensor (ConvNeXt's ``layer_scale``) becomes a ``layer_scale`` layer whose weight
   is that parameter (``torch_names`` gives its key, ``torch_shapes`` its shape);
-- the network's output (logits) is followed by a ``softmax_cross_entropy`` loss.
+- the network's main output is followed by its loss (``--loss``; by default a cross-entropy of logits, or per
+  position of a segmenter's output); its other outputs (auxiliary heads) are left out, and said.
 
-Anything else stops the import with one message naming the node (its module path), its type and what spmdcnn has
-instead; nothing is written then. PyTorch is needed only here (and torchvision for its models).
+Every node that maps to nothing is named in one message with what spmdcnn maps instead; nothing is written then.
+PyTorch is needed only here (and torchvision for its models).
 """
 
+import contextlib
 import importlib.util
+import io
+import logging
 import math
 import re
 import sys
+import warnings
 from pathlib import Path
 
 import yaml
@@ -34,7 +42,7 @@ from .torchops import Converter, ImportFailure
 def _torch():
     try:
         import torch
-        import torch.fx  # noqa: F401
+        import torch.export  # noqa: F401
     except ImportError:
         raise ImportFailure("importing a PyTorch model needs PyTorch: pip install torch (and torchvision for "
                             "torchvision's models)") from None
@@ -150,40 +158,74 @@ def load_module(source):
     return module, attribute
 
 
-def trace(module, source, input_shape):
-    """The module traced by torch.fx, with each node's output shape (``node.meta['shape']``) for a batch of two
-    inputs of ``input_shape``."""
-    torch = _torch()
-    try:
-        graph = torch.fx.symbolic_trace(module)
-    except Exception as error:
-        raise ImportFailure(f"{source}: torch.fx cannot trace its forward: {type(error).__name__}: "
-                            f"{str(error).splitlines()[0]} (spmdcnn imports networks whose forward does not branch "
-                            "on tensor values; make such a choice a constructor argument)") from None
-    class Shapes(torch.fx.Interpreter):
-        """Runs the traced network, keeping each node's output shape (``node.meta['shape']``, None for what is
-        not a tensor) and naming the node where the input does not fit."""
+def _first_line(error):
+    return (str(error).strip().splitlines() or [""])[0]
 
-        def run_node(self, node):
-            try:
-                result = super().run_node(node)
-            except Exception as error:
-                where = node.target if node.op == "call_module" else node.name
-                raise ImportFailure(f"{source}: the network cannot take an input of "
-                                    f"{'x'.join(map(str, input_shape))}: at '{where}': {type(error).__name__}: "
-                                    f"{str(error).splitlines()[0]}") from None
-            node.meta["shape"] = tuple(result.shape) if isinstance(result, torch.Tensor) else None
-            return result
+
+def _check_input(module, source, input_shape, example):
+    """Run the network on ``example`` (evaluation mode, no gradients: nothing of it changes) and name the module
+    where an input of ``input_shape`` does not fit."""
+    torch = _torch()
+    running = []
+
+    def enter(child, _inputs):
+        running.append(names[child])
+
+    def leave(child, _inputs, _output):
+        running.pop()
+    names = {child: path for path, child in module.named_modules() if path}
+    handles = [child.register_forward_pre_hook(enter) for child in names] + \
+        [child.register_forward_hook(leave) for child in names]
     training = module.training
-    graph.eval()
+    module.eval()
     try:
         with torch.no_grad():
-            shapes = Shapes(graph)
-            shapes.extra_traceback = False          # the message names the node already
-            shapes.run(torch.zeros((2,) + tuple(input_shape)))
+            module(example)
+    except Exception as error:
+        where = f": at '{running[-1]}'" if running else ""
+        raise ImportFailure(f"{source}: the network cannot take an input of {'x'.join(map(str, input_shape))}"
+                            f"{where}: {type(error).__name__}: {_first_line(error)}") from None
     finally:
-        graph.train(training)
-    return graph
+        module.train(training)
+        for handle in handles:
+            handle.remove()
+
+
+_EXPORT_LOGGERS = ("torch.fx.experimental.symbolic_shapes", "torch._export", "torch.export", "torch._dynamo")
+
+
+def capture(module, source, input_shape):
+    """The network's forward for a batch of two inputs of ``input_shape``, as it trains, captured by
+    ``torch.export`` (its ATen graph, with each node's output shape in ``node.meta['shape']``, None for what is
+    not a tensor). The module is left as it was: its mode, parameters and statistics."""
+    torch = _torch()
+    example = torch.zeros((2,) + tuple(input_shape))
+    _check_input(module, source, input_shape, example)
+    training = module.training
+    module.train()
+    quiet = [logging.getLogger(name) for name in _EXPORT_LOGGERS]
+    disabled = [logger.disabled for logger in quiet]
+    try:
+        for logger in quiet:            # its warnings dump the graph; the message below says what stopped it
+            logger.disabled = True
+        with contextlib.redirect_stderr(io.StringIO()), warnings.catch_warnings():   # it prints the graph where
+            warnings.simplefilter("ignore")                                         # it stops, and warns
+            program = torch.export.export(module, (example,))
+    except Exception as error:
+        line = re.search(r"The following call raised this error:\s*File \"([^\"]+)\", line (\d+)[^\n]*\n\s*([^\n]*)",
+                         str(error))
+        where = f" at {line.group(1)}:{line.group(2)} ({line.group(3).split('#')[0].strip()})" if line else ""
+        raise ImportFailure(f"{source}: torch.export cannot capture its forward{where}: {type(error).__name__}: "
+                            f"{_first_line(error)} (spmdcnn imports networks whose forward does not branch on "
+                            "tensor values; make such a choice a constructor argument)") from None
+    finally:
+        module.train(training)
+        for logger, was in zip(quiet, disabled):
+            logger.disabled = was
+    for node in program.graph.nodes:
+        value = node.meta.get("val")
+        node.meta["shape"] = tuple(int(size) for size in value.shape) if isinstance(value, torch.Tensor) else None
+    return program
 
 
 # -- the YAML -----------------------------------------------------------------------------------------------------
@@ -234,48 +276,36 @@ def _layers(graph):
     return [(layer.name, layer.op, repr(sorted(layer.attrs.items())), tuple(layer.inputs)) for layer in graph.layers]
 
 
-def _kept_parameters(traced, needed):
-    """``{key: parameter}`` of the module's parameters that the nodes ``needed`` read (the main output's)."""
-    kept = {}
-    for node in needed:
-        if node.op == "call_module":
-            kept.update(traced.get_submodule(node.target).named_parameters(prefix=node.target))
-        elif node.op == "get_attr":
-            try:
-                kept[node.target] = traced.get_parameter(node.target)
-            except AttributeError:
-                pass
-    return kept
-
-
-def import_model(source, output, input_shape=None, weights=None, name=None, loss=None, say=None):
+def import_model(source, output, input_shape=None, weights=None, name=None, loss=None, say=None, check=None):
     """Write the model YAML of ``source`` at ``output`` (and with ``weights``, the module's weights as a checkpoint
     there); returns the parsed :class:`~spmdcnn.graph.graph.Graph`. ``loss``: what follows the output (``LOSSES``;
     by default a cross-entropy of logits, or per position of a segmenter's output). ``say`` (a function of one
-    line) hears what the model leaves out (auxiliary outputs). Nothing is written when anything fails."""
+    line) hears what the model leaves out (auxiliary outputs). ``check(module, graph, arrays, input_shape)``, where
+    given, runs before anything is written (``runtime/torchcheck.py``'s, with ``--check``) and stops the import by
+    raising :class:`ImportFailure`. Nothing is written when anything fails."""
     module, stem = load_module(source)
     if input_shape is None:
         if not source.startswith("torchvision:"):
             raise ImportFailure(f"{source}: give the input's shape with --input C H W (or C D H W, C W)")
         input_shape = default_input(stem, torchvision_names()[stem])
     return import_module(module, output, input_shape, source=source, weights=weights, name=name or stem, loss=loss,
-                         say=say)
+                         say=say, check=check)
 
 
-def import_module(module, output, input_shape, source, weights=None, name=None, loss=None, say=None):
+def import_module(module, output, input_shape, source, weights=None, name=None, loss=None, say=None, check=None):
     """:func:`import_model` of a ``torch.nn.Module`` built already (``source`` names it in messages and in the
     file's first line)."""
     from ..io.yamlfile import load_yaml_text
     from .graph import parse_model
-    traced = trace(module, source, input_shape)
-    converter = Converter(traced, source, loss)
+    program = capture(module, source, input_shape)
+    converter = Converter(program, module, source, loss)
     layers = converter.run()
     model_name = name or type(module).__name__
     count = total = sum(p.numel() for p in module.parameters())
     state = dict(module.state_dict())
     if converter.left_out:              # the auxiliary heads' parameters and statistics stay behind
-        kept = _kept_parameters(traced, converter.needed)
-        count = sum(p.numel() for p in kept.values())
+        kept = converter.kept_keys()
+        count = sum(converter.tensor(key).numel() for key in kept)
         owners = {key.rpartition(".")[0] for key in kept}
         state = {key: value for key, value in state.items() if key.rpartition(".")[0] in owners}
         if say is not None:
@@ -299,11 +329,14 @@ def import_module(module, output, input_shape, source, weights=None, name=None, 
         raise ImportFailure(f"{source}: the model has {graph.num_params:,} parameters, the module {count:,}: "
                             "some of its parameters are used in ways spmdcnn does not import")
     arrays = None
-    if weights is not None:
-        from ..io.torchstate import checkpoint_arrays, write_checkpoint
+    if weights is not None or check is not None:
+        from ..io.torchstate import checkpoint_arrays
         arrays = checkpoint_arrays(state, graph, f"{source}'s weights")
+    if check is not None:
+        check(module, graph, arrays, input_shape)
     Path(output).parent.mkdir(parents=True, exist_ok=True)
     Path(output).write_text(text)
-    if arrays is not None:
+    if weights is not None:
+        from ..io.torchstate import write_checkpoint
         write_checkpoint(weights, graph, arrays)
     return graph

@@ -1,50 +1,61 @@
-"""torch.fx nodes to spmdcnn layers, for ``spmdcnn model import`` (``graph/torchimport.py``): one handler per
-PyTorch module type (``graph/torchmodules.py``) and per function or tensor method (``graph/torchfunctions.py``),
-each appending the layer entry its node becomes, or passing the value on (``nn.Identity``, a permute of the
-channels to the last axis and back), or refusing the node in one message naming it and what spmdcnn takes
-instead.
+"""torch.export's graph to spmdcnn layers, for ``spmdcnn model import`` (``graph/torchimport.py``): one handler per
+ATen operator of the training graph (``graph/torchaten.py``), each appending the layer entry its node becomes, or
+passing the value on (a permute of the channels to the last axis and back, a reshape to the same shape), or
+refusing the node; every node refused is named in one message, with what spmdcnn maps instead.
+
+The graph is the network's forward at one input shape, as it trains: dropout and stochastic depth are in it with
+their probabilities, batch norm with its momentum. Its parameters and buffers are its inputs, under their
+state-dict keys: a layer with tensors is named by their module's path (``features.1.0.block.0``), so its tensors
+keep PyTorch's keys; a layer without is named by the module whose forward computes it (a ``torch.nn`` module's
+path, or a function's module path and name: ``features.2.0.add``). An operator that writes into its input
+(``relu_``, ``add_``) stands for that input from then on.
 
 A value remembers whether its channels are last (after a permute): ConvNeXt's channels-last stretches become
 channel ops (``layernorm`` over the channels, 1x1 convolutions for its linear layers, whose ``(out, in)`` weights
 go in ``torch_shapes``); a parameter multiplied into a value (ConvNeXt's ``layer_scale``) becomes a ``layer_scale``
-layer whose weight's PyTorch key goes in ``torch_names``. Layers are named by the module's path, or for a function
-by its calling module's path and its own name (``features.2.0.add``), so tensors keep PyTorch's keys.
+layer whose weight's PyTorch key goes in ``torch_names``. A module whose whole forward is one spmdcnn layer
+(``torchaten.MODULES``: stochastic depth) becomes that layer, whatever operators spell it.
 """
 
-import re
 
 from ..io.yamlfile import FormatError
-from .torchfunctions import FUNCTION_NAMES, FUNCTIONS
-from .torchmodules import MODULES
+from .torchaten import ATEN, MODULES
 
 
 class ImportFailure(FormatError):
-    """A network that cannot be imported: one message naming the module or function and why."""
+    """A network that cannot be imported: one message naming every node that maps to nothing and why."""
 
 
 class _Value:
-    """What a traced node stands for: an spmdcnn layer's output (``name``; ``last``: its channels are the last axis,
-    after a permute), or a parameter (``param``: its qualified name)."""
+    """What a graph node stands for: an spmdcnn layer's output (``name``; ``last``: its channels are the last axis,
+    after a permute), or a parameter or buffer (``param``: its state-dict key; ``buffer``: it is a buffer)."""
 
-    def __init__(self, name=None, last=False, param=None):
-        self.name, self.last, self.param = name, last, param
+    def __init__(self, name=None, last=False, param=None, buffer=False):
+        self.name, self.last, self.param, self.buffer = name, last, param, buffer
 
 
 class _Refused(Exception):
     """A node refused (its reason is in ``Converter.refusals``), or one reading a refused node's value."""
 
 
+class _Made:
+    """A tensor the network makes from no input (``aten.zeros``: an LSTM's first state): refused where read."""
+
+    def __init__(self, op):
+        self.op = op
+
+
 REFUSED = _Value("(refused)")        # what a refused node stands for: the nodes reading it are not refused again
 
 LOSSES = ("cross_entropy", "dice_ce", "mse")    # --loss: what follows the network's output
-UNKNOWN = "maps to no spmdcnn op"     # a module type or function with no handler: the message lists what maps
+UNKNOWN = "maps to no spmdcnn op"     # an operator with no handler: the message lists what maps
 
 
 def main_output(result, fields=lambda value: value):
     """``(main output, what is left out)`` of what a network returns: itself, a dict's ``out`` (torchvision's
     segmentation models: ``aux`` left out), or a tuple's or list's first entry (auxiliary heads, deep supervision),
-    nested ones followed; ``fields`` turns a traced named tuple into a tuple. Works on traced values and on tensors
-    alike."""
+    nested ones followed; ``fields`` turns a value into a tuple where it stands for one. Works on graph nodes and
+    on tensors alike."""
     left_out = []
     while True:
         result = fields(result)
@@ -59,20 +70,42 @@ def main_output(result, fields=lambda value: value):
             return result, left_out
 
 
-class Converter:
-    """Maps one traced network to layer entries (module docstring)."""
+def opname(node):
+    """The operator's name without its overload and in-place mark: ``aten.relu_.default`` -> ``relu``."""
+    target = node.target
+    name = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
-    def __init__(self, graph, source, loss=None):
+
+def _writes(node):
+    """The argument an operator writes into (``relu_``'s input), or None."""
+    schema = getattr(node.target, "_schema", None)
+    if schema is None:
+        return None
+    for index, argument in enumerate(schema.arguments):
+        if argument.alias_info is not None and argument.alias_info.is_write:
+            return node.args[index] if index < len(node.args) else node.kwargs.get(argument.name)
+    return None
+
+
+class Converter:
+    """Maps one exported network (``program``: ``torch.export.ExportedProgram`` of ``module``) to layer entries
+    (module docstring)."""
+
+    def __init__(self, program, module, source, loss=None):
         if loss is not None and loss not in LOSSES:
             raise ImportFailure(f"--loss takes {', '.join(LOSSES)}, got '{loss}'")
-        self.graph, self.source, self.loss = graph, source, loss
-        self.refusals = []              # one line per node that maps to nothing, in the network's order
-        self.left_out = []              # the outputs the model leaves out (auxiliary heads), and why
-        self.modules = dict(graph.named_modules())
+        self.program, self.module, self.source, self.loss = program, module, source, loss
+        self.graph = program.graph
+        self.refusals = []              # (where, node name, why, grouping key) per node that maps to nothing
+        self.left_out = []              # the outputs the model leaves out (auxiliary heads)
         self.layers, self.values, self.names = [], {}, set()
         self.torch_names, self.torch_shapes = {}, {}
-        self.used_modules = set()
+        self.owners = {}                # state-dict key -> the layer holding it (a tensor read twice is shared)
         self.shapes = {}                # layer name -> PyTorch's output shape for one sample, channels first
+        self.inputs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
+        self.tensors_by_key = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        self.collapsed, self.collapsed_output = self._collapsed()
 
     # -- names and layers --------------------------------------------------------------------------------------
 
@@ -85,10 +118,25 @@ class Converter:
         self.names.add(name)
         return name
 
-    def add(self, node, entry, inputs, name=None, last=False):
-        """Append layer ``entry`` (op and attributes) named ``name`` (or the node's) reading ``inputs`` (values);
-        the node then stands for it."""
-        name = self.fresh(name or self._node_name(node))
+    def add(self, node, entry, inputs, name=None, last=False, tensors=None):
+        """Append layer ``entry`` (op and attributes) reading ``inputs`` (values); the node then stands for it.
+        ``tensors`` (``{tensor: state-dict key}``, None for one it lacks) name it by their module; else it is
+        named ``name`` or by the module whose forward computes it."""
+        keys = {tensor: key for tensor, key in (tensors or {}).items() if key is not None}
+        for key in keys.values():
+            if key in self.owners:
+                self.refuse(node, f"reads '{key}', which layer '{self.owners[key]}' reads too; spmdcnn layers do "
+                                  "not share parameters")
+        module = None
+        if keys:
+            prefixes = {key.rpartition(".")[0] for key in keys.values()}
+            if len(prefixes) == 1 and all(key.rpartition(".")[2] == tensor for tensor, key in keys.items()):
+                module = prefixes.pop()
+        name = self.fresh(name or module or self._node_name(node))
+        if keys and name != module:     # its tensors keep their keys: its module's, or each its own
+            self.torch_names[name] = module if module else dict(keys)
+        for key in keys.values():
+            self.owners[key] = name
         layer = {"name": name, **entry}
         names = [value.name for value in inputs]
         previous = self.layers[-1]["name"] if self.layers else "data"
@@ -99,61 +147,103 @@ class Converter:
         shape = node.meta.get("shape")
         if shape is not None:           # one sample's, channels first: what the model must infer
             self.shapes[name] = (shape[-1],) + tuple(shape[1:-1]) if last else tuple(shape[1:])
-        if node.op == "call_module" and name != node.target and \
-                any(True for _ in self.modules[node.target].parameters()):
-            self.torch_names[name] = node.target        # renamed (a module named data or loss): its keys stay
         return name
 
+    @staticmethod
+    def _stack(node):
+        return list((node.meta.get("nn_module_stack") or {}).values())
+
     def _node_name(self, node):
-        """A module's path; for a function, the path of the module whose forward calls it and the function's name
-        (``features.2.0.add``), or the node's name at the top level."""
-        if node.op == "call_module":
-            return node.target
-        base = re.sub(r"_\d+$", "", node.name)
-        stack = node.meta.get("nn_module_stack") or {}
-        path = next(reversed(stack.values()))[0] if stack else ""
-        if path.rsplit(".", 1)[-1] == base:         # a module that calls its function of the same name
+        """The path of the ``torch.nn`` module computing it; for a function, the path of the module whose forward
+        calls it and the operator's name (``features.2.0.add``), or the operator's name at the top level."""
+        base = opname(node).lstrip("_")
+        stack = self._stack(node)
+        if not stack or not stack[-1][0]:
+            return base
+        path, kind = stack[-1]
+        if _leaf(kind) or path.rsplit(".", 1)[-1] == base:
             return path
-        return f"{path}.{base}" if path else base
+        return f"{path}.{base}"
 
     def where(self, node):
-        if node.op == "call_module":
-            return f"module '{node.target}' ({type(self.modules[node.target]).__name__})"
-        target = getattr(node.target, "__name__", str(node.target))
-        return f"{node.op.replace('_', ' ')} '{target}' (node '{node.name}')"
+        """``(where, grouping label)``: the operator and the module computing it."""
+        stack = self._stack(node)
+        op = f"aten.{opname(node)}" if hasattr(node.target, "_opname") else opname(node)
+        if stack and stack[-1][0]:
+            path, kind = stack[-1]
+            kind = _short(kind)
+            return f"{op} in module '{path}' ({kind})", (op, kind), path
+        return f"{op} (node '{node.name}')", (op, None), node.name
 
     def refuse(self, node, why):
-        self.refusals.append((self.where(node), node.name, why))
+        where, label, name = self.where(node)
+        self.refusals.append((where, label, name, why))
         raise _Refused()
 
     def shape(self, node):
-        shape = node.meta.get("shape")
+        shape = node.meta.get("shape") if hasattr(node, "meta") else None
         if shape is None:
             self.refuse(node, "gives no single tensor (spmdcnn layers give one)")
         return shape
 
-    def value(self, node, arg):
+    def opname(self, node):
+        return opname(node)
+
+    def value(self, node, arg, several=False):
+        """What ``arg`` stands for, as ``node`` reads it (``several``: it may be an operator's several outputs)."""
         if not hasattr(arg, "op") or arg not in self.values:
             self.refuse(node, f"takes {arg!r}, which is not a tensor spmdcnn computes")
-        if self.values[arg] is REFUSED:
+        value = self.values[arg]
+        if value is REFUSED:
             raise _Refused()
-        return self.values[arg]
+        if isinstance(value, _Made):
+            self.refuse(node, f"takes a tensor the network makes itself (aten.{value.op}), not one computed from its "
+                              "input; spmdcnn's layers read their inputs and parameters")
+        if isinstance(value, tuple) and not several:
+            self.refuse(node, f"takes all of '{arg.name}', which gives several tensors")
+        return value
 
     def tensors(self, node, args):
         values = [self.value(node, arg) for arg in args]
         if any(value.param for value in values):
-            self.refuse(node, "reads a parameter directly; spmdcnn takes a parameter only as a layer scale")
+            self.refuse(node, "reads a parameter directly; spmdcnn takes a parameter only as a layer's weight, "
+                              "bias or scale")
         return values
+
+    def parameter(self, node, arg, buffer=False):
+        """The state-dict key of a parameter (or with ``buffer``, a buffer) the node reads."""
+        value = self.value(node, arg)
+        if value.param is None or value.buffer != buffer:
+            self.refuse(node, f"takes '{getattr(arg, 'name', arg)}' where spmdcnn takes "
+                              f"{'a buffer' if buffer else 'a parameter'} of the network's")
+        return value.param
+
+    def tensor(self, key):
+        return self.tensors_by_key[key]
+
+    def owner_module(self, key):
+        """The module holding state-dict entry ``key``, or None."""
+        try:
+            return self.module.get_submodule(key.rpartition(".")[0])
+        except AttributeError:
+            return None
+
+    def alias(self, node, value, last=None):
+        self.values[node] = _Value(value.name, value.last if last is None else last)
 
     # -- the walk ------------------------------------------------------------------------------------------------
 
     def run(self):
         """The layer entries of the network's main output, with its loss; every node that maps to nothing is refused
         in one message, listing them all."""
-        output = next(node for node in self.graph.graph.nodes if node.op == "output")
-        result, self.left_out = main_output(output.args[0], self._fields)
+        output = next(node for node in self.graph.nodes if node.op == "output")
+        from torch.export.graph_signature import OutputKind
+        from torch.utils._pytree import tree_unflatten
+        leaves = [arg for arg, spec in zip(output.args[0], self.program.graph_signature.output_specs)
+                  if spec.kind == OutputKind.USER_OUTPUT]
+        result, self.left_out = main_output(tree_unflatten(leaves, self.program.call_spec.out_spec))
         needed = self.needed = self._needed(result)
-        for node in self.graph.graph.nodes:
+        for node in self.graph.nodes:
             if node not in needed or node.op == "output":
                 continue
             try:
@@ -169,59 +259,116 @@ class Converter:
             raise ImportFailure(self._refusal_message())
         return self.layers
 
+    def kept_keys(self):
+        """The state-dict keys of the parameters the main output reads."""
+        return [self.inputs[node.name].target for node in self.needed
+                if node.op == "placeholder" and self.inputs[node.name].kind.name == "PARAMETER"]
+
     def _refusal_message(self):
-        """One line naming every refused node: those refused for the same reason, of one function or module type,
+        """One line naming every refused node: those refused for the same reason, of one operator and module type,
         together (a few of their names, and how many); where some map to nothing, what does map, once."""
         known = ""
-        if any(why == UNKNOWN for _, _, why in self.refusals):
-            known = (f"; spmdcnn imports the modules {', '.join(sorted(MODULES))} and the functions "
-                     + ", ".join(sorted(FUNCTION_NAMES)))
+        if any(why == UNKNOWN for *_, why in self.refusals):
+            known = "; spmdcnn maps the ATen operators " + ", ".join(sorted(ATEN)) + \
+                " and the modules " + ", ".join(sorted(MODULES))
         if len(self.refusals) == 1:
-            return f"{self.source}: {self.refusals[0][0]}: {self.refusals[0][2]}{known}"
+            return f"{self.source}: {self.refusals[0][0]}: {self.refusals[0][3]}{known}"
         groups = {}
-        for what, name, why in self.refusals:
-            module = re.fullmatch(r"module '([^']*)' \((\w+)\)", what)
-            kind = ("module", module.group(2)) if module else ("function", what.split(" (node")[0])
-            groups.setdefault((kind, why), []).append(module.group(1) if module else name)
+        for _, label, name, why in self.refusals:
+            groups.setdefault((label, why), []).append(name)
         parts = []
-        for number, (((kind, label), why), names) in enumerate(groups.items(), 1):
+        for number, (((op, kind), why), names) in enumerate(groups.items(), 1):
             plural = "s" if len(names) > 1 else ""
             named = ", ".join(f"'{name}'" for name in names[:3]) + \
                 (f" and {len(names) - 3} more" if len(names) > 3 else "")
-            where = f"module{plural} {named} ({label})" if kind == "module" else f"{label} (node{plural} {named})"
+            where = f"{op} in module{plural} {named} ({kind})" if kind else f"{op} (node{plural} {named})"
             parts.append(f"({number}) {where}: {why}")
         return f"{self.source}: {len(self.refusals)} nodes are refused: " + "; ".join(parts) + known
 
     def _node(self, node):
         if node.op == "placeholder":
-            if self.values:
-                self.refuse(node, "is a second input; spmdcnn models take one")
-            self.values[node] = _Value("data")
-        elif node.op == "get_attr":
-            self.values[node] = _Value(param=node.target)
-        elif node.op == "call_module":
-            self._module(node)
-        elif node.op in ("call_function", "call_method"):
-            self._function(node)
+            spec = self.inputs[node.name]
+            kind = spec.kind.name
+            if kind == "USER_INPUT":
+                if any(value.name == "data" for value in self.values.values() if isinstance(value, _Value)):
+                    self.refuse(node, "is a second input; spmdcnn models take one")
+                self.values[node] = _Value("data")
+            elif kind in ("PARAMETER", "BUFFER"):
+                self.values[node] = _Value(param=spec.target, buffer=kind == "BUFFER")
+            else:
+                self.values[node] = _Value(param=spec.target, buffer=True)
+        elif node in self.collapsed:
+            self._collapse(node)
+        elif node.op == "call_function" and not node.all_input_nodes and hasattr(node.target, "_schema"):
+            self.values[node] = _Made(opname(node))     # zeros, empty, arange: refused where a layer reads it
+        elif node.op == "call_function":
+            handler = ATEN.get(opname(node))
+            if handler is None:
+                self.refuse(node, UNKNOWN)
+            handler(self, node)
+            written = _writes(node)
+            if written is not None and written in self.values:    # in place: the input is the result now
+                self.values[written] = self.values[node]
+        else:
+            self.refuse(node, f"is a '{node.op}' node, which spmdcnn does not import")
 
-    @staticmethod
-    def _fields(value):
-        """A named tuple built in forward (GoogLeNet's outputs), as the tuple of its fields; any other value as is."""
-        if hasattr(value, "op") and value.op == "call_function" and isinstance(value.target, type) and \
-                issubclass(value.target, tuple):
-            return tuple(value.args) + tuple(value.kwargs.values())
-        return value
+    def _collapsed(self):
+        """``({node: module path}, {module path: its output node})`` of the nodes computed by a module of
+        ``MODULES`` (the outermost such module), and each such module's output: the last of its nodes."""
+        collapsed, output = {}, {}
+        for node in self.graph.nodes:
+            for path, kind in self._stack(node):
+                if _short(kind) in MODULES and path:
+                    collapsed[node] = path
+                    output[path] = node
+                    break
+        return collapsed, output
+
+    def _collapse(self, node):
+        """A node of a module of ``MODULES``: its output becomes the module's layer, its other nodes nothing."""
+        path = self.collapsed[node]
+        if self.collapsed_output[path] is not node:
+            return
+        inside = {other for other, owner in self.collapsed.items() if owner == path}
+        outside = []
+        for member in inside:
+            for arg in member.all_input_nodes:
+                if arg not in inside and arg not in outside and isinstance(self.values.get(arg), _Value) and \
+                        self.values[arg].param is None:
+                    outside.append(arg)
+        kind = next(kind for owner, kind in self._stack(node) if owner == path)
+        if len(outside) != 1:
+            self.refuse(node, f"module '{path}' ({_short(kind)}) reads {len(outside)} tensors; it is imported as "
+                              "one layer of one input")
+        value = self.value(node, outside[0])
+        entry = MODULES[_short(kind)](self, path, self.module.get_submodule(path), value)
+        if isinstance(entry, str):
+            self.refuse(node, entry)
+        self.add(node, entry, [value], name=path, last=value.last)
 
     def _needed(self, result):
-        """The nodes the main output reads, directly or through others (the placeholder always)."""
-        needed, stack = set(), [result] if hasattr(result, "op") else []
-        while stack:
-            node = stack.pop()
-            if node in needed:
-                continue
-            needed.add(node)
-            stack.extend(node.all_input_nodes)
-        return needed | {node for node in self.graph.graph.nodes if node.op == "placeholder"}
+        """The nodes the main output reads, directly or through others, with the operators writing into them (the
+        network's input always)."""
+        needed = set()
+
+        def close(nodes):
+            stack = list(nodes)
+            while stack:
+                node = stack.pop()
+                if node in needed:
+                    continue
+                needed.add(node)
+                stack.extend(node.all_input_nodes)
+        close([result] if hasattr(result, "op") else [])
+        grown = True
+        while grown:                    # an operator writing into a needed value is needed
+            grown = False
+            for node in self.graph.nodes:
+                if node not in needed and node.op == "call_function" and _writes(node) in needed:
+                    close([node])
+                    grown = True
+        return needed | {node for node in self.graph.nodes if node.op == "placeholder"
+                         and self.inputs[node.name].kind.name == "USER_INPUT"}
 
     def _loss(self, output, result):
         """The loss after the main output: a cross-entropy of logits (N, K), per position of an output (N, K, S...)
@@ -230,7 +377,8 @@ class Converter:
             self.refuse(output, f"the network returns {result!r}, not a tensor")
         value = self.value(output, result)
         shape = self.shape(result)
-        data = next(node for node in self.graph.graph.nodes if node.op == "placeholder")
+        data = next(node for node in self.graph.nodes if node.op == "placeholder"
+                    and self.inputs[node.name].kind.name == "USER_INPUT")
         spatial = tuple(self.shape(data)[2:])
         per_position = len(shape) > 2 and tuple(shape[2:]) == spatial
         if value.last or not (len(shape) == 2 or per_position):
@@ -249,28 +397,14 @@ class Converter:
             entry["inputs"] = [value.name]
         self.layers.append(entry)
 
-    def _module(self, node):
-        module = self.modules[node.target]
-        kind = type(module).__name__
-        handler = MODULES.get(kind)
-        if handler is None:
-            self.refuse(node, UNKNOWN)
-        if any(True for _ in module.parameters(recurse=False)) or any(True for _ in module.buffers(recurse=False)):
-            if node.target in self.used_modules:
-                self.refuse(node, "is called twice; spmdcnn layers do not share parameters")
-            self.used_modules.add(node.target)
-        if len(node.args) != 1 or node.kwargs:
-            self.refuse(node, "is called with more than its input (an output size, a mask, a state): spmdcnn's "
-                              "layers take their input alone")
-        handler(self, node, module, self.tensors(node, node.args[:1]))
 
-    def _function(self, node):
-        target = node.target
-        name = target if isinstance(target, str) else getattr(target, "__name__", str(target))
-        handler = FUNCTIONS.get(name)
-        if handler is None:
-            self.refuse(node, UNKNOWN)
-        handler(self, node)
+def _short(kind):
+    """A module type's name from export's module stack (``torch.nn.modules.conv.Conv2d`` -> ``Conv2d``)."""
+    name = kind if isinstance(kind, str) else kind.__qualname__
+    return name.rsplit(".", 1)[-1]
 
-    def alias(self, node, value, last=None):
-        self.values[node] = _Value(value.name, value.last if last is None else last)
+
+def _leaf(kind):
+    """Whether a module type is one of ``torch.nn``'s own (not a container): its path names what it computes."""
+    name = kind if isinstance(kind, str) else f"{kind.__module__}.{kind.__qualname__}"
+    return name.startswith("torch.nn.modules.") and ".container." not in name

@@ -11,11 +11,12 @@ import torch
 
 from spmdcnn.cli import main
 from spmdcnn.graph import load_model
-from spmdcnn.graph.torchimport import ImportFailure, import_model, load_module, load_torchvision
+from spmdcnn.graph.torchimport import ImportFailure, import_model, import_module, load_module, load_torchvision
 from spmdcnn.graph.torchops import main_output
 from spmdcnn.io.checkpoint import load_checkpoint
 from spmdcnn.io.torchstate import export_torch, import_torch
 from spmdcnn.runtime.executor import Executor
+from spmdcnn.runtime.torchcheck import check_import
 
 try:
     load_torchvision()
@@ -54,15 +55,36 @@ def assert_matches(source, graph, weights, images, labels):
     assert evaluate(graph, weights, images, labels) == pytest.approx(reference(source, images, labels), rel=1e-10)
 
 
+def checked(module, graph, arrays, input_shape):
+    """:func:`check_import` held to 1e-10: one SGD step's loss, and the evaluation loss after it, are PyTorch's."""
+    step, after = check_import(module, graph, arrays, input_shape)
+    assert step <= 1e-10 and after <= 1e-10, (step, after)
+
+
 @pytest.mark.parametrize("name", ZOO)
-def test_a_torchvision_model_evaluates_to_its_loss(tmp_path, name):
+def test_a_torchvision_model_takes_one_training_step_as_torchvision_does(tmp_path, name):
     source = f"{NETWORKS}:{name}"           # torchvision's model with random weights and statistics
-    graph = import_model(source, tmp_path / "model.yaml", (3, 48, 48), weights=tmp_path / "weights.h5")
+    graph = import_model(source, tmp_path / "model.yaml", (3, 48, 48), weights=tmp_path / "weights.h5",
+                         check=checked)
     assert graph.num_params == TORCHVISION_PARAMS[name]
-    rng = np.random.default_rng(1)
-    images, labels = rng.standard_normal((2, 3, 48, 48)), rng.integers(0, 1000, 2)
-    expected = reference(source, images, labels)
-    assert evaluate(graph, tmp_path / "weights.h5", images, labels) == pytest.approx(expected, rel=1e-10)
+
+
+def test_an_imported_network_trains_as_the_network_does(tmp_path, capsys):
+    """Given in evaluation mode, the network is imported as it trains: its dropouts (a module's and a function's)
+    and stochastic depth with their probabilities, its batch norm with its momentum; the module keeps its mode."""
+    source = f"{NETWORKS}:stochastic"
+    code = main(["model", "import", source, "--input", "2", "6", "6", "-o", str(tmp_path / "s.yaml"), "--check"])
+    assert code == 0
+    assert "model import: checked against the network: one SGD step in float64" in capsys.readouterr().out
+    graph = load_model(tmp_path / "s.yaml")
+    kept = {layer.name: (layer.op, layer.attrs.get("p", layer.attrs.get("momentum"))) for layer in graph.layers
+            if layer.op in ("dropout", "stochastic_depth", "batchnorm2d")}
+    assert kept == {"norm": ("batchnorm2d", 0.3), "drop": ("dropout", 0.25), "depth": ("stochastic_depth", 0.2),
+                    "dropout": ("dropout", 0.1)}
+    module, _ = load_module(source)
+    state = {key: value.clone() for key, value in module.state_dict().items()}
+    import_module(module, tmp_path / "again.yaml", (2, 6, 6), source=source)
+    assert not module.training and all(torch.equal(value, state[key]) for key, value in module.state_dict().items())
 
 
 def test_a_plain_network_imports_and_matches(tmp_path, capsys):
@@ -116,6 +138,15 @@ def test_a_segmenter_imports_its_main_output_with_a_loss_per_pixel(tmp_path, cap
     labels = rng.integers(0, 3, 2 if callable_ == "named_outputs" else (2, 8, 8))
     images = rng.standard_normal((2, 2, 8, 8))
     assert_matches(source, graph, tmp_path / "seg.h5", images, labels)
+
+
+def test_a_transposed_convolution_told_its_output_size_imports_with_its_output_padding(tmp_path):
+    source = f"{NETWORKS}:sized"        # torch.export resolves output_size to the output padding it means
+    graph = import_model(source, tmp_path / "sized.yaml", (2, 3, 3), weights=tmp_path / "sized.h5")
+    assert graph.by_name["up"].attrs["output_padding"] == 1
+    rng = np.random.default_rng(7)
+    images, labels = rng.standard_normal((2, 2, 3, 3)), rng.integers(0, 2, 2)
+    assert_matches(source, graph, tmp_path / "sized.h5", images, labels)
 
 
 def test_the_loss_is_chosen_with_loss(tmp_path):
@@ -180,16 +211,16 @@ def test_the_shipped_models_are_the_importers_and_move_torchvision_weights_both_
 
 
 @pytest.mark.parametrize("callable_, shape, fragments", [
-    ("recurrent", ["2", "10"], ["module 'lstm' (LSTM): maps to no spmdcnn op", "spmdcnn imports the modules",
-                                "Conv2d"]),
-    ("branching", ["2", "10", "10"], ["torch.fx cannot trace its forward", "control flow",
-                                      "make such a choice a constructor argument"]),
+    ("recurrent", ["2", "10"], ["2 nodes are refused: (1) aten.lstm in module 'lstm' (LSTM): maps to no spmdcnn op",
+                                "(2) aten.select (node 'select')", "spmdcnn maps the ATen operators", "conv2d"]),
+    ("branching", ["2", "10", "10"], ["torch.export cannot capture its forward at ", "torch_networks.py:85 (if "
+                                      "x.sum() > 0:)", "make such a choice a constructor argument"]),
     ("plain", ["2", "6", "6"], ["the network cannot take an input of 2x6x6", "at 'head.2'"]),
     ("absent", ["2", "6", "6"], ["has no function or class 'absent'"]),
-    ("sized", ["2", "3", "3"], ["module 'up' (ConvTranspose2d): is called with more than its input"]),
-    ("pooled_last", ["4", "4", "3"], ["call function 'adaptive_avg_pool2d'", "channels are not second"]),
-    ("unmapped", ["4", "3", "3"], ["3 nodes are refused: (1) module 'shuffle' (PixelShuffle)",
-                                   "(2) module 'soft' (Softplus)", "(3) call function 'logsumexp'"]),
+    ("pooled_last", ["4", "4", "3"], ["aten.adaptive_avg_pool2d (node 'adaptive_avg_pool2d')",
+                                      "channels second"]),
+    ("unmapped", ["4", "3", "3"], ["3 nodes are refused: (1) aten.pixel_shuffle in module 'shuffle' (PixelShuffle)",
+                                   "(2) aten.softplus in module 'soft' (Softplus)", "(3) aten.logsumexp (node "]),
 ])
 def test_what_cannot_be_imported_is_one_message_and_nothing_is_written(tmp_path, capsys, callable_, shape,
                                                                       fragments):
@@ -212,3 +243,22 @@ def test_sources_it_does_not_know(tmp_path):
     with pytest.raises(ImportFailure, match="give the input's shape with --input"):
         import_model(f"{NETWORKS}:plain", tmp_path / "m.yaml")
     assert not (tmp_path / "m.yaml").exists()
+
+
+def test_the_import_table_of_the_docs_lists_every_operator_mapped():
+    """docs/formats.md's table names each ATen operator and module the importer maps, and no other."""
+    import re
+
+    from spmdcnn.graph.torchaten import ATEN, MODULES
+    with open(os.path.join(HERE, "..", "..", "docs", "formats.md")) as file:
+        text = file.read()
+    table = text[text.index("| ATen operator (training graph) |"):]
+    table = table[:table.index("\n\n")]
+    listed = set()
+    for row in table.splitlines()[2:]:
+        first = row.split(" | ")[0]
+        for stem, ranks, rest in re.findall(r"`aten\.(\w*?)((?:\dd/)*\dd)?(\w*)`", first):
+            ranks = ranks.split("/") if ranks else [""]
+            listed |= {f"{stem}{rank}{rest}" for rank in ranks}
+        listed |= {name for name in re.findall(r"`(\w+)`", first) if name in MODULES or name == "getitem"}
+    assert listed == set(ATEN) | set(MODULES)

@@ -82,7 +82,7 @@ class Branching(nn.Module):
 
     def forward(self, x):
         x = self.conv(x)
-        if x.sum() > 0:                 # a choice on the data: torch.fx cannot trace it
+        if x.sum() > 0:                 # a choice on the data: torch.export cannot capture it
             x = x.relu()
         return self.fc(x.mean((2, 3)))
 
@@ -115,7 +115,7 @@ def sequence():
 
 
 class Sized(nn.Module):
-    """A transposed convolution told its output size: not an spmdcnn layer's input alone."""
+    """A transposed convolution told its output size (8x8 from 3x3 by stride 2: an output padding of 1)."""
 
     def __init__(self):
         super().__init__()
@@ -127,6 +127,7 @@ class Sized(nn.Module):
 
 
 def sized():
+    torch.manual_seed(10)
     return Sized()
 
 
@@ -255,3 +256,29 @@ class FunctionalPools(nn.Module):
 def functional_pools():
     torch.manual_seed(9)
     return FunctionalPools()
+
+
+class Stochastic(nn.Module):
+    """What evaluation mode erases from a graph: a dropout module, a functional dropout bound to the module's mode
+    (timm's classifiers), a stochastic depth (torchvision's), and a batch norm of another momentum."""
+
+    def __init__(self):
+        super().__init__()
+        from torchvision.ops import StochasticDepth
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.norm = nn.BatchNorm2d(4, momentum=0.3)
+        self.drop = nn.Dropout(0.25)
+        self.branch = nn.Conv2d(4, 4, 3, padding=1)
+        self.depth = StochasticDepth(0.2, "row")
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = self.drop(torch.relu(self.norm(self.conv(x))))
+        x = x + self.depth(self.branch(x))
+        return self.fc(nn.functional.dropout(x.mean((2, 3)), 0.1, self.training))
+
+
+def stochastic():
+    load_torchvision()
+    torch.manual_seed(11)
+    return randomized(Stochastic(), 11).eval()          # given in evaluation mode: imported as it trains

@@ -1,0 +1,480 @@
+"""The ATen operators ``spmdcnn model import`` maps (``graph/torchops.py``): a handler per operator of
+``torch.export``'s training graph, appending the layer entry its node becomes through the converter (or passing the
+value on, or refusing the node), and the module types whose whole forward is one spmdcnn layer (``MODULES``:
+stochastic depth, which the graph spells as a Bernoulli draw and a product).
+
+A handler reads its node's arguments by name (:func:`arguments`: the operator's schema, defaults filled in), so
+``aten.conv2d(x, w, None, [2, 2])`` and its keyword spellings read alike.
+"""
+
+
+def arguments(node):
+    """``{name: value}`` of an ATen node's arguments, by its operator's schema, defaults filled in; its first is
+    ``input`` and ``self`` too, whichever the operator calls it (``dropout`` and ``dropout_`` differ)."""
+    got = {}
+    for index, argument in enumerate(node.target._schema.arguments):
+        if index < len(node.args):
+            got[argument.name] = node.args[index]
+        elif argument.name in node.kwargs:
+            got[argument.name] = node.kwargs[argument.name]
+        else:
+            got[argument.name] = argument.default_value if argument.has_default_value() else None
+    first = next(iter(got.values()), None)
+    got.setdefault("input", first)
+    got.setdefault("self", first)
+    return got
+
+
+def _pair_list(values):
+    values = list(values) if isinstance(values, (tuple, list)) else [values]
+    return values[0] if len(set(values)) == 1 else values
+
+
+def _spatial_rank(converter, node, value, tensor=None):
+    shape = converter.shape(tensor if tensor is not None else arguments(node)["input"])
+    rank = len(shape) - 2
+    if value.last or rank not in (1, 2, 3):
+        converter.refuse(node, f"runs on shape {shape}; spmdcnn takes (N, C, W), (N, C, H, W) or (N, C, D, H, W) "
+                               "with the channels second")
+    return rank
+
+
+def _input(converter, node, key="input"):
+    (value,) = converter.tensors(node, [arguments(node)[key]])
+    return value
+
+
+# -- layers with parameters ---------------------------------------------------------------------------------------
+
+def _conv(converter, node):
+    """``aten.conv{1,2,3}d`` (a padding of numbers or 'same'/'valid'), ``aten.conv_transpose{1,2,3}d`` and
+    ``aten.convolution``."""
+    a = arguments(node)
+    transposed = bool(a.get("transposed")) or "transpose" in converter.opname(node)
+    value = _input(converter, node)
+    rank = _spatial_rank(converter, node, value)
+    weight = converter.parameter(node, a["weight"])
+    bias = converter.parameter(node, a["bias"]) if a["bias"] is not None else None
+    shape = converter.shape(a["weight"])
+    entry = {"op": f"conv{'_transpose' if transposed else ''}{rank}d", "out_channels": converter.shape(node)[1],
+             "kernel": _pair_list(shape[2:])}
+    if _pair_list(a["stride"]) != 1:
+        entry["stride"] = _pair_list(a["stride"])
+    padding = a["padding"]
+    if padding == "same":
+        entry["padding"] = "same"
+    elif padding != "valid" and _pair_list(padding) != 0:
+        entry["padding"] = _pair_list(padding)
+    if transposed and _pair_list(a.get("output_padding", 0)) != 0:
+        entry["output_padding"] = _pair_list(a["output_padding"])
+    if _pair_list(a["dilation"]) != 1:
+        entry["dilation"] = _pair_list(a["dilation"])
+    if a["groups"] != 1:
+        entry["groups"] = a["groups"]
+    if bias is None:
+        entry["bias"] = False
+    converter.add(node, entry, [value], tensors={"weight": weight, "bias": bias})
+
+
+def _linear(converter, node):
+    a = arguments(node)
+    value = _input(converter, node)
+    shape = converter.shape(a["input"])
+    tensors = {"weight": converter.parameter(node, a["weight"]),
+               "bias": converter.parameter(node, a["bias"]) if a["bias"] is not None else None}
+    out = converter.shape(node)[-1]
+    if value.last:                  # over channels last: a 1x1 convolution, PyTorch's (out, in) weight kept
+        entry = {"op": f"conv{len(shape) - 2}d", "out_channels": out, "kernel": 1}
+        if tensors["bias"] is None:
+            entry["bias"] = False
+        name = converter.add(node, entry, [value], tensors=tensors, last=True)
+        converter.torch_shapes[f"{name}.weight"] = list(converter.shape(a["weight"]))
+        return
+    if len(shape) != 2:
+        converter.refuse(node, f"runs on shape {shape}; spmdcnn's linear takes features (N, F) (flatten first), "
+                               "or channels last")
+    entry = {"op": "linear", "out_features": out}
+    if tensors["bias"] is None:
+        entry["bias"] = False
+    converter.add(node, entry, [value], tensors=tensors)
+
+
+def _batch_norm(converter, node):
+    a = arguments(node)
+    value = _input(converter, node)
+    rank = _spatial_rank(converter, node, value)
+    if a["weight"] is None or a["running_mean"] is None:
+        converter.refuse(node, "keeps no affine parameters or no running statistics; spmdcnn's batchnorm has both")
+    if not a["training"]:
+        converter.refuse(node, "normalises with its running statistics while the network trains (frozen "
+                               "statistics); spmdcnn's batchnorm uses the batch's")
+    tensors = {key: converter.parameter(node, a[key], buffer=key.startswith("running"))
+               for key in ("weight", "bias", "running_mean", "running_var")}
+    owner = converter.owner_module(tensors["weight"])
+    if owner is not None and getattr(owner, "momentum", 0.1) is None:
+        converter.refuse(node, "averages its statistics cumulatively (momentum None); spmdcnn's batchnorm keeps a "
+                               "running average with a momentum")
+    entry = {"op": f"batchnorm{rank}d"}
+    if a["eps"] != 1e-5:
+        entry["eps"] = a["eps"]
+    if a["momentum"] != 0.1:
+        entry["momentum"] = a["momentum"]
+    converter.add(node, entry, [value], tensors=tensors)
+
+
+def _norm_tensors(converter, node, a):
+    return {key: converter.parameter(node, a[key]) if a[key] is not None else None for key in ("weight", "bias")}
+
+
+def _group_norm(converter, node):
+    a = arguments(node)
+    value = _input(converter, node)
+    _spatial_rank(converter, node, value)
+    tensors = _norm_tensors(converter, node, a)
+    if (tensors["weight"] is None) != (tensors["bias"] is None):
+        converter.refuse(node, "has a weight but no bias (or a bias alone); spmdcnn's groupnorm has both or neither")
+    entry = {"op": "groupnorm", "groups": a["num_groups"]}
+    if a["eps"] != 1e-5:
+        entry["eps"] = a["eps"]
+    if tensors["weight"] is None:
+        entry["affine"] = False
+    converter.add(node, entry, [value], tensors=tensors)
+
+
+def _instance_norm(converter, node):
+    a = arguments(node)
+    value = _input(converter, node)
+    _spatial_rank(converter, node, value)
+    if a["running_mean"] is not None or not a["use_input_stats"]:
+        converter.refuse(node, "keeps running statistics; spmdcnn's instancenorm normalises each sample alone")
+    tensors = _norm_tensors(converter, node, a)
+    if (tensors["weight"] is None) != (tensors["bias"] is None):
+        converter.refuse(node, "has a weight but no bias (or a bias alone); spmdcnn's instancenorm has both or "
+                               "neither")
+    entry = {"op": "instancenorm"}
+    if a["eps"] != 1e-5:
+        entry["eps"] = a["eps"]
+    if tensors["weight"] is not None:
+        entry["affine"] = True
+    converter.add(node, entry, [value], tensors=tensors)
+
+
+def _layer_norm(converter, node):
+    a = arguments(node)
+    value = _input(converter, node)
+    shape = converter.shape(a["input"])
+    channels = shape[-1] if value.last else (shape[1] if len(shape) == 2 else None)
+    if tuple(a["normalized_shape"]) != (channels,):
+        converter.refuse(node, f"normalises over {tuple(a['normalized_shape'])} of shape {shape}; spmdcnn's "
+                               "layernorm normalises over the channels (after a permute to channels last, or of "
+                               "features)")
+    tensors = _norm_tensors(converter, node, a)
+    if tensors["weight"] is not None and tensors["bias"] is None:
+        converter.refuse(node, "has a weight but no bias; spmdcnn's layernorm has both or neither")
+    if tensors["weight"] is None and tensors["bias"] is not None:
+        converter.refuse(node, "has a bias but no weight; spmdcnn's layernorm has both or neither")
+    entry = {"op": "layernorm"}
+    if a["eps"] != 1e-5:
+        entry["eps"] = a["eps"]
+    if tensors["weight"] is None:
+        entry["affine"] = False
+    converter.add(node, entry, [value], tensors=tensors, last=value.last)
+
+
+# -- element-wise -------------------------------------------------------------------------------------------------
+
+def _activation(op, **keys):
+    """An element-wise op; ``keys``: the attributes it takes from the node's arguments (``{attr: (argument,
+    default)}``), written where they differ from spmdcnn's default."""
+    def handle(converter, node):
+        a = arguments(node)
+        first = next(iter(a))
+        (value,) = converter.tensors(node, [a[first]])
+        entry = {"op": op}
+        for key, (argument, default) in keys.items():
+            if a[argument] != default:
+                entry[key] = a[argument]
+        converter.add(node, entry, [value], last=value.last)
+    return handle
+
+
+def _hardtanh(converter, node):
+    a = arguments(node)
+    if (a["min_val"], a["max_val"]) != (0, 6):
+        converter.refuse(node, f"clamps to [{a['min_val']}, {a['max_val']}]; spmdcnn clamps to [0, 6] (relu6)")
+    _activation("relu6")(converter, node)
+
+
+def _number(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _add(converter, node):
+    a = arguments(node)
+    if not (hasattr(a["self"], "op") and hasattr(a["other"], "op")) or a.get("alpha", 1) != 1:
+        converter.refuse(node, "adds a number (or scales a term); spmdcnn's add sums tensors")
+    values = converter.tensors(node, [a["self"], a["other"]])
+    if values[0].last != values[1].last:
+        converter.refuse(node, "adds a channels-last value to a channels-first one")
+    if converter.shape(a["self"]) != converter.shape(a["other"]):
+        converter.refuse(node, f"adds shapes {converter.shape(a['self'])} and {converter.shape(a['other'])}; "
+                               "spmdcnn's add sums tensors of one shape")
+    converter.add(node, {"op": "add"}, values, last=values[0].last)
+
+
+def _scale(converter, node, value, factor):
+    entry = {"op": "scale", "factor": float(factor)}
+    converter.add(node, entry, [value], last=value.last)
+
+
+def _mul(converter, node):
+    a = arguments(node)
+    first, second = a["self"], a["other"]
+    if _number(first) or _number(second):               # a constant factor
+        tensor, factor = (second, first) if _number(first) else (first, second)
+        _scale(converter, node, converter.tensors(node, [tensor])[0], factor)
+        return
+    one, two = converter.value(node, first), converter.value(node, second)
+    if one.param or two.param:                          # a learned factor per channel: a layer scale
+        if one.param and two.param:
+            converter.refuse(node, "multiplies two parameters")
+        param, value = (one, two) if one.param else (two, one)
+        _layer_scale(converter, node, param, value, first if one.param else second)
+        return
+    if one.last != two.last:
+        converter.refuse(node, "multiplies a channels-last value by a channels-first one")
+    converter.add(node, {"op": "mul"}, [one, two], last=one.last)
+
+
+def _div(converter, node):
+    a = arguments(node)
+    if not _number(a["other"]) or a.get("rounding_mode") is not None:
+        converter.refuse(node, "divides by a tensor; spmdcnn divides only by a number (a scale)")
+    _scale(converter, node, converter.tensors(node, [a["self"]])[0], 1.0 / a["other"])
+
+
+def _layer_scale(converter, node, param, value, placeholder):
+    if param.buffer:
+        converter.refuse(node, f"multiplies by '{param.param}', which is a buffer, not a parameter; spmdcnn learns a "
+                               "layer scale's factors")
+    tensor = converter.tensor(param.param)
+    shape = converter.shape(node)
+    axis = len(shape) - 1 if value.last else 1
+    aligned = (1,) * (len(shape) - tensor.dim()) + tuple(tensor.shape)     # as it broadcasts against the value
+    channels = shape[axis]
+    if tensor.dim() > len(shape) or aligned[axis] != channels or tensor.numel() != channels:
+        converter.refuse(node, f"multiplies by parameter '{param.param}' of shape {tuple(tensor.shape)}; spmdcnn "
+                               f"takes a factor per channel ({channels}) as a layer_scale")
+    values = tensor.detach().reshape(-1)
+    entry = {"op": "layer_scale"}
+    # its value at construction where all channels share one (as written: 1e-06, not float32's 9.99999997e-07)
+    first = float(f"{float(values[0]):.7g}") if bool((values == values[0]).all()) else 1e-6
+    if first != 1e-6:
+        entry["init"] = first
+    name = converter.add(node, entry, [value], tensors={"weight": param.param}, name=param.param, last=value.last)
+    if tuple(tensor.shape) != (channels,):
+        converter.torch_shapes[f"{name}.weight"] = list(tensor.shape)
+
+
+def _dropout(converter, node):
+    a = arguments(node)
+    value = _input(converter, node)
+    if not a["train"]:                                  # PyTorch's identity then
+        converter.alias(node, value)
+        return
+    converter.add(node, {"op": "dropout", "p": a["p"]}, [value], last=value.last)
+
+
+# -- shapes -------------------------------------------------------------------------------------------------------
+
+def _permute(converter, node):
+    a = arguments(node)
+    value = _input(converter, node, "self")
+    dims = list(a["dims"])
+    rank = len(converter.shape(a["self"]))
+    dims = [dim % rank for dim in dims]
+    last = [0] + list(range(2, rank)) + [1]             # channels to the end
+    first = [0, rank - 1] + list(range(1, rank - 1))    # and back
+    if dims == last and not value.last:
+        converter.alias(node, value, last=True)
+    elif dims == first and value.last:
+        converter.alias(node, value, last=False)
+    else:
+        converter.refuse(node, f"permutes the axes {dims}; spmdcnn follows only a permute of the channels to the "
+                               "last axis and back")
+
+
+def _flatten(converter, node):
+    a = arguments(node)
+    value = _input(converter, node, "self")
+    rank = len(converter.shape(a["self"]))
+    if a["start_dim"] % rank != 1 or a["end_dim"] % rank != rank - 1:
+        converter.refuse(node, "flattens other axes than all but the batch; spmdcnn's flatten keeps the batch axis "
+                               "alone")
+    flatten_value(converter, node, value, a["self"])
+
+
+def _reshape(converter, node):
+    """``view``/``reshape`` to the shape it has (an identity) or to (N, features) (a flatten)."""
+    a = arguments(node)
+    value = _input(converter, node, "self")
+    before, after = converter.shape(a["self"]), converter.shape(node)
+    if tuple(before) == tuple(after):
+        converter.alias(node, value)
+        return
+    if len(after) != 2 or after[0] != before[0]:
+        converter.refuse(node, f"reshapes {tuple(before)} to {tuple(after)}; spmdcnn reshapes only to flatten all "
+                               "but the batch axis")
+    flatten_value(converter, node, value, a["self"])
+
+
+def flatten_value(converter, node, value, tensor):
+    if value.last:
+        converter.refuse(node, "flattens channels-last values; permute back first")
+    if len(converter.shape(tensor)) == 2:
+        converter.alias(node, value)
+        return
+    converter.add(node, {"op": "flatten"}, [value])
+
+
+def _same(converter, node):
+    """``contiguous``, ``clone``, ``alias``: the value itself."""
+    converter.alias(node, _input(converter, node, "self"))
+
+
+def _cat(converter, node):
+    a = arguments(node)
+    values = converter.tensors(node, list(a["tensors"]))
+    if len(values) == 1:                # a concatenation of one tensor is that tensor (DenseNet's first layer)
+        converter.alias(node, values[0])
+        return
+    rank = len(converter.shape(node))
+    if a["dim"] % rank != 1 or any(value.last for value in values):
+        converter.refuse(node, f"concatenates along axis {a['dim']}; spmdcnn's concat joins channels (axis 1)")
+    converter.add(node, {"op": "concat"}, values)
+
+
+def _getitem(converter, node):
+    """One output of an operator giving several (a max pooling's values, not its indices)."""
+    source, index = node.args
+    values = converter.value(node, source, several=True)
+    if not isinstance(values, tuple) or values[index] is None:
+        converter.refuse(node, f"reads output {index} of '{source}'; spmdcnn takes only its first")
+    converter.values[node] = values[index]
+
+
+# -- pooling and resampling ---------------------------------------------------------------------------------------
+
+def _pool(kind):
+    """``aten.max_pool{1,2,3}d`` (with indices: its values), ``aten.avg_pool{1,2,3}d``."""
+    def handle(converter, node):
+        a = arguments(node)
+        value = _input(converter, node, "self")
+        rank = _spatial_rank(converter, node, value, a["self"])
+        if kind == "max" and _pair_list(a["dilation"]) != 1:
+            converter.refuse(node, "dilates its window; spmdcnn's maxpool does not")
+        if kind == "avg" and (not a["count_include_pad"] or a.get("divisor_override") is not None):
+            converter.refuse(node, "leaves the padding out of its divisor (or overrides it); spmdcnn's avgpool "
+                                   "counts the padding, as PyTorch's default does")
+        entry = {"op": f"{kind}pool{rank}d", "kernel": _pair_list(a["kernel_size"])}
+        stride = a["stride"] if a["stride"] not in (None, [], ()) else a["kernel_size"]
+        if _pair_list(stride) != entry["kernel"]:
+            entry["stride"] = _pair_list(stride)
+        if _pair_list(a["padding"]) != 0:
+            entry["padding"] = _pair_list(a["padding"])
+        if a["ceil_mode"]:
+            entry["ceil_mode"] = True
+        converter.add(node, entry, [value])
+        if "with_indices" in converter.opname(node):
+            converter.values[node] = (converter.values[node], None)
+    return handle
+
+
+def _adaptive_avg_pool(converter, node):
+    a = arguments(node)
+    value = _input(converter, node, "self")
+    _spatial_rank(converter, node, value, a["self"])
+    out = converter.shape(node)[2:]
+    if not all(size == 1 for size in out):
+        converter.refuse(node, f"pools to {tuple(out)} positions; spmdcnn pools adaptively only to one (a global "
+                               "average pooling)")
+    converter.add(node, {"op": "global_avgpool"}, [value])
+
+
+def _mean(converter, node):
+    """``x.mean((2, 3))``, ``torch.mean(x, dim=[-2, -1], keepdim=True)``: a mean over every spatial axis is a
+    global average pooling (and a flatten of its (C, 1, ...) without ``keepdim``)."""
+    a = arguments(node)
+    value = _input(converter, node, "self")
+    shape = converter.shape(a["self"])
+    dims = list(a["dim"] or [])
+    spatial = set(range(2, len(shape)))
+    if value.last or {dim % len(shape) for dim in dims} != spatial or not spatial or a.get("dtype") is not None:
+        converter.refuse(node, f"averages over the axes {dims} of shape {shape}; spmdcnn averages over every "
+                               "spatial axis at once (a global average pooling)")
+    if a["keepdim"]:
+        converter.add(node, {"op": "global_avgpool"}, [value])
+        return
+    pooled = converter.add(node, {"op": "global_avgpool"}, [value])
+    converter.shapes[pooled] = (shape[1],) + (1,) * len(spatial)
+    converter.add(node, {"op": "flatten"}, [converter.values[node]], name=f"{pooled}_flatten")
+
+
+def _upsample(mode):
+    """``aten.upsample_nearest{1,2,3}d``, ``upsample_linear1d``, ``upsample_bilinear2d``,
+    ``upsample_trilinear3d``: by a factor or to a size, where it is a whole multiple of the input's along every
+    axis."""
+    def handle(converter, node):
+        a = arguments(node)
+        value = _input(converter, node)
+        _spatial_rank(converter, node, value)
+        before, after = converter.shape(a["input"])[2:], converter.shape(node)[2:]
+        factors = a.get("scale_factors")
+        if any(out % size for out, size in zip(after, before)) or \
+                factors and any(float(f) != out // size for f, out, size in zip(factors, after, before)):
+            converter.refuse(node, f"resizes {tuple(before)} to {tuple(after)}; spmdcnn upsamples by whole factors")
+        entry = {"op": "upsample", "scale": _pair_list([out // size for out, size in zip(after, before)])}
+        if mode == "linear":
+            entry["mode"] = "linear"
+            if a["align_corners"]:
+                entry["align_corners"] = True
+        converter.add(node, entry, [value])
+    return handle
+
+
+# -- whole modules ------------------------------------------------------------------------------------------------
+
+def _stochastic_depth(converter, path, module, value):
+    """torchvision's ``StochasticDepth`` (mode 'row': whole samples), timm's ``DropPath`` (its ``scale_by_keep``)."""
+    p = getattr(module, "p", None)
+    if p is None:
+        p = module.drop_prob
+    if getattr(module, "mode", "row") != "row":
+        return f"drops in mode '{module.mode}'; spmdcnn's stochastic_depth drops whole samples (mode row)"
+    if not getattr(module, "scale_by_keep", True):
+        return "does not scale the samples it keeps; spmdcnn's stochastic_depth scales them by 1 / (1 - p)"
+    return {"op": "stochastic_depth", "p": p}
+
+
+MODULES = {"StochasticDepth": _stochastic_depth, "DropPath": _stochastic_depth}
+
+ATEN = {
+    **{f"conv{rank}d": _conv for rank in (1, 2, 3)}, **{f"conv_transpose{rank}d": _conv for rank in (1, 2, 3)},
+    "convolution": _conv, "linear": _linear,
+    "batch_norm": _batch_norm, "group_norm": _group_norm, "instance_norm": _instance_norm,
+    "layer_norm": _layer_norm,
+    "relu": _activation("relu"), "relu6": _activation("relu6"), "hardtanh": _hardtanh,
+    "silu": _activation("silu"), "gelu": _activation("gelu", approximate=("approximate", "none")),
+    "hardswish": _activation("hardswish"), "hardsigmoid": _activation("hardsigmoid"),
+    "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"),
+    "leaky_relu": _activation("leaky_relu", negative_slope=("negative_slope", 0.01)),
+    "add": _add, "mul": _mul, "div": _div, "dropout": _dropout,
+    "permute": _permute, "flatten": _flatten, "view": _reshape, "reshape": _reshape, "_unsafe_view": _reshape,
+    "contiguous": _same, "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
+    **{f"{kind}_pool{rank}d": _pool(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
+    **{f"max_pool{rank}d_with_indices": _pool("max") for rank in (1, 2, 3)},
+    **{f"adaptive_avg_pool{rank}d": _adaptive_avg_pool for rank in (1, 2, 3)}, "mean": _mean,
+    **{f"upsample_nearest{rank}d": _upsample("nearest") for rank in (1, 2, 3)},
+    "upsample_linear1d": _upsample("linear"), "upsample_bilinear2d": _upsample("linear"),
+    "upsample_trilinear3d": _upsample("linear"),
+}
