@@ -38,20 +38,36 @@ CANDIDATES = [
     ("segmentation_models_pytorch", "Unet(resnet18)",
      lambda m: (m.Unet("resnet18", encoder_weights=None, classes=3), (3, 64, 64))),
 ]
-TIMM_FAMILIES = ["resnet18", "resnet10t", "efficientnet_b0", "mobilenetv3_small_050", "mobilenetv4_conv_small",
-                 "convnext_atto", "convnextv2_atto", "regnetx_002", "regnety_002", "densenet121", "dla34", "dpn48b",
-                 "ghostnet_100", "hrnet_w18_small", "cspresnet50", "cspdarknet53", "res2net50_14w_8s",
-                 "resnest14d", "rexnet_100", "selecsls42b", "tf_efficientnet_b0", "mixnet_s", "mnasnet_050",
-                 "fbnetc_100", "lcnet_050", "repvgg_a0", "vgg11", "xception41", "inception_v3", "nfnet_l0",
-                 "skresnet18", "tinynet_e", "hgnetv2_b0", "efficientvit_b0",
-                 "fastvit_t8", "edgenext_xx_small", "mobileone_s0", "gernet_s", "darknet17", "resnetv2_50",
-                 "regnetz_b16", "inception_next_atto"]
+# timm's CNN families (timm 1.0's modules built of convolutions, not of attention over activations) and the smallest
+# model of each by parameters (its test_* networks left out); the families built on attention (vision_transformer,
+# swin_transformer, maxxvit, mvitv2, levit, efficientvit, fastvit, metaformer, ...) are not candidates
+TIMM_FAMILIES = {
+    "byobnet": "mobileone_s1", "convmixer": "convmixer_768_32", "convnext": "convnext_zepto_rms",
+    "cspnet": "cs3darknet_focus_s", "cspnext": "cspnext_tiny", "densenet": "densenet121", "dla": "dla46x_c",
+    "dpn": "dpn48b", "efficientnet": "mobilenetv2_035", "fasternet": "fasternet_t0", "focalnet": "focalnet_tiny_srf",
+    "ghostnet": "ghostnet_050", "hardcorenas": "hardcorenas_b", "hgnet": "hgnetv2_b0", "hrnet": "hrnet_w18_small",
+    "inception_next": "inception_next_atto", "inception_resnet_v2": "inception_resnet_v2",
+    "inception_v3": "inception_v3", "inception_v4": "inception_v4", "lcnetv2": "lcnetv2_small",
+    "mambaout": "mambaout_femto", "mobilenetv3": "mobilenetv3_small_050", "nasnet": "nasnetalarge",
+    "nfnet": "nf_regnet_b0", "pnasnet": "pnasnet5large", "rdnet": "rdnet_tiny", "regnet": "regnetx_002",
+    "repghost": "repghostnet_050", "repvit": "repvit_m1", "res2net": "res2next50", "resnest": "resnest14d",
+    "resnet": "resnet10t", "resnetv2": "resnetv2_18", "rexnet": "rexnet_100", "selecsls": "selecsls42",
+    "senet": "legacy_seresnet18", "sknet": "skresnet18", "starnet": "starnet_s050", "tresnet": "tresnet_m",
+    "vgg": "vgg11", "vovnet": "ese_vovnet19b_slim_dw", "xception": "legacy_xception",
+    "xception_aligned": "xception41p",
+}
 
 
 def networks(libraries, only):
     """``(library, name, build)`` of every network to try; ``build()`` gives ``(module, input shape)``; a
     library not installed gives one entry whose build raises ImportError."""
     import importlib
+
+    from spmdcnn.graph.torchimport import load_torchvision
+    try:
+        load_torchvision()              # timm and smp import torchvision, whose operators may need declaring first
+    except Exception:
+        pass
     if "torchvision" in libraries:
         from spmdcnn.graph.torchimport import build_torchvision, default_input, torchvision_names
         for name, kind in sorted(torchvision_names().items(), key=lambda item: (item[1], item[0])):
@@ -63,7 +79,7 @@ def networks(libraries, only):
         except ImportError:
             yield "timm", "(not installed)", None
         else:
-            for name in TIMM_FAMILIES:
+            for name in TIMM_FAMILIES.values():
                 yield "timm", name, lambda name=name: (timm.create_model(name, pretrained=False),
                                                        (3, 224, 224))
     for library in ("monai", "segmentation_models_pytorch"):

@@ -138,6 +138,8 @@ class TorchNet(torch.nn.Module):
             y = F.layer_norm(moved, moved.shape[-1:], self.param(f"{name}.weight"), self.param(f"{name}.bias"),
                              a["eps"])
             return y.movedim(-1, 1)
+        if family == "prelu":
+            return F.prelu(x, self.param(f"{name}.weight"))
         if family == "layer_scale":
             return x * self.param(f"{name}.weight").reshape((1, -1) + (1,) * (x.dim() - 2))
         if family == "stochastic_depth":     # torchvision's StochasticDepth(p, "row"), with spmdcnn's samples kept

@@ -52,10 +52,11 @@ class Layer:
 
     def shard_rows(self, kind, channels):
         """The rows along parameter or buffer ``kind``'s channel axis that a tile holding output ``channels``
-        ``(c0, c1)`` holds: those channels, or the whole axis where it holds the channels of one group (a grouped
-        transposed convolution's weight, ``(C_in, C_out / groups, k...)``: its channels are never split)."""
+        ``(c0, c1)`` holds: those channels, or the whole axis where it holds no row per channel (a grouped
+        transposed convolution's weight, ``(C_in, C_out / groups, k...)``, a PReLU's shared slope: its channels are
+        never split)."""
         shape, axis = self.params.get(kind, self.buffers.get(kind)), self.param_axis(kind)
-        if axis and channels_whole(self):
+        if channels_whole(self):
             return 0, shape[axis]
         return tuple(channels)
 

@@ -51,6 +51,7 @@ KEYS = {
     "dropout": {"p": 0.5},
     "stochastic_depth": {"p": _NO_DEFAULT},
     "layer_scale": {"init": 1e-6},
+    "prelu": {"init": 0.25, "shared": True},
     "flatten": {},
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
     "concat": {},
@@ -356,6 +357,14 @@ def _layer_scale(op, attrs, in_shapes, where):
     return shape, {"weight": (shape[0],)}, {}, prod(shape)
 
 
+def _prelu(op, attrs, in_shapes, where):
+    """Slopes: ``weight`` of (1,), one shared by every channel, or of (C,), one per channel (or feature)."""
+    shape = in_shapes[0]
+    if not len(shape):
+        raise LayerError(f"{where}: prelu needs channels or features, got a scalar")
+    return shape, {"weight": (1,) if attrs["shared"] else (shape[0],)}, {}, 2 * prod(shape)
+
+
 def _flatten(op, attrs, in_shapes, where):
     if len(in_shapes[0]) < 1:
         raise LayerError(f"{where}: flatten needs a tensor input, got a scalar")
@@ -425,7 +434,7 @@ INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "av
          "instancenorm": _groupnorm, "layernorm": _layernorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
          "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise, "hardswish": _elementwise,
          "hardsigmoid": _elementwise, "relu6": _elementwise,
-         "scale": _elementwise, "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "flatten": _flatten, "linear": _linear, "concat": _concat,
+         "scale": _elementwise, "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "prelu": _prelu, "flatten": _flatten, "linear": _linear, "concat": _concat,
          "add": _add, "mul": _mul, "softmax_cross_entropy": _loss, "dice_loss": _loss, "mse_loss": _loss}
 
 

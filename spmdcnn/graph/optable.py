@@ -127,6 +127,8 @@ OPS = {spec.name: spec for spec in (
     OpSpec("dropout", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("stochastic_depth", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("layer_scale", READS_BOX, KEEPS_INPUT, unit_init=True, tile_attrs=("init",)),
+    # one slope shared by every channel (shared: true) holds no row per channel: its channels are never split
+    OpSpec("prelu", READS_BOX, KEEPS_INPUT, unit_init=True, tile_attrs=("init", "shared")),
     OpSpec("flatten", READS_SAMPLE, splits=("n",), view=True),
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
     OpSpec("concat", READS_CHANNEL_PARTS, multi_input=True),
@@ -197,10 +199,11 @@ def output_grain(layer):
 
 
 def channels_whole(layer):
-    """Whether ``layer``'s output channels are never split: a grouped op whose weight holds them on another axis
-    than the first (a grouped transposed convolution's ``(C_in, C_out / groups, k...)``: a tile's groups would be
-    rows of axis 0, a shard no parameter layout has)."""
-    return layer_groups(layer) > 1 and any(layer.spec.param_axis(name) != 0 for name in layer.params)
+    """Whether ``layer``'s output channels are never split: a parameter of it holds no row per output channel
+    along its channel axis, so a tile of some channels would hold a shard no parameter layout has (a grouped
+    transposed convolution's ``(C_in, C_out / groups, k...)``, a PReLU's one slope shared by every channel)."""
+    channels = layer.out_shape[0] if layer.out_shape else 1
+    return any(shape[layer.spec.param_axis(name)] != channels for name, shape in layer.params.items())
 
 
 def tile_groups(layer, channels):

@@ -276,6 +276,24 @@ def _layer_scale(converter, node, param, value, placeholder):
         converter.torch_shapes[f"{name}.weight"] = list(tensor.shape)
 
 
+def _prelu(converter, node):
+    """``aten.prelu``: one slope shared by every channel (``nn.PReLU()``) or one per channel (``nn.PReLU(C)``)."""
+    a = arguments(node)
+    value = _input(converter, node)
+    shape = converter.shape(a["self"])
+    if value.last or len(shape) < 2:
+        converter.refuse(node, f"runs on shape {shape}; spmdcnn's prelu takes its channels second")
+    key = converter.parameter(node, a["weight"])
+    slopes = converter.tensor(key).detach().reshape(-1)
+    entry = {"op": "prelu"}
+    if slopes.numel() != 1:
+        entry["shared"] = False
+    first = float(f"{float(slopes[0]):.7g}") if bool((slopes == slopes[0]).all()) else 0.25   # at construction
+    if first != 0.25:
+        entry["init"] = first
+    converter.add(node, entry, [value], tensors={"weight": key})
+
+
 def _dropout(converter, node):
     a = arguments(node)
     value = _input(converter, node)
@@ -340,6 +358,17 @@ def flatten_value(converter, node, value, tensor):
 def _same(converter, node):
     """``contiguous``, ``clone``, ``alias``: the value itself."""
     converter.alias(node, _input(converter, node, "self"))
+
+
+def _pad(converter, node):
+    """``aten.pad`` of nothing (MONAI's ``UpCat`` pads a skip connection to its partner's size, which is the same
+    at most sizes): the value itself."""
+    a = arguments(node)
+    value = _input(converter, node)
+    if any(a["pad"]):
+        converter.refuse(node, f"pads by {list(a['pad'])} ('{a['mode']}'); spmdcnn pads inside its convolutions and "
+                               "poolings")
+    converter.alias(node, value)
 
 
 def _cat(converter, node):
@@ -468,9 +497,9 @@ ATEN = {
     "hardswish": _activation("hardswish"), "hardsigmoid": _activation("hardsigmoid"),
     "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"),
     "leaky_relu": _activation("leaky_relu", negative_slope=("negative_slope", 0.01)),
-    "add": _add, "mul": _mul, "div": _div, "dropout": _dropout,
+    "prelu": _prelu, "add": _add, "mul": _mul, "div": _div, "dropout": _dropout,
     "permute": _permute, "flatten": _flatten, "view": _reshape, "reshape": _reshape, "_unsafe_view": _reshape,
-    "contiguous": _same, "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
+    "contiguous": _same, "pad": _pad, "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
     **{f"{kind}_pool{rank}d": _pool(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
     **{f"max_pool{rank}d_with_indices": _pool("max") for rank in (1, 2, 3)},
     **{f"adaptive_avg_pool{rank}d": _adaptive_avg_pool for rank in (1, 2, 3)}, "mean": _mean,

@@ -80,14 +80,15 @@ def _groups(layers, module_kinds):
         for ref in refs:
             readers.setdefault(ref, []).append(index)
     groups, taken = [], []
+    names = {layer["name"] for layer in layers}
     for depth in sorted({path.count(".") for path in module_kinds}):
         level = {}
         for path, kind in module_kinds.items():
             if path.count(".") != depth or counts[kind] < 2 or any(path.startswith(p + ".") for p in taken):
                 continue
             span = [i for i, layer in enumerate(layers) if layer["name"].startswith(path + ".")]
-            if not span or span != list(range(span[0], span[-1] + 1)):
-                continue
+            if not span or span != list(range(span[0], span[-1] + 1)) or path in names:
+                continue                # not contiguous, or a layer has its name (timm's BatchNormAct2d)
             start, stop = span[0], span[-1] + 1
             inner = {layers[i]["name"] for i in span[:-1]}
             if any(reader not in range(start, stop) for name in inner for reader in readers.get(name, ())):

@@ -303,15 +303,24 @@ def import_module(module, output, input_shape, source, weights=None, name=None, 
     model_name = name or type(module).__name__
     count = total = sum(p.numel() for p in module.parameters())
     state = dict(module.state_dict())
-    if converter.left_out:              # the auxiliary heads' parameters and statistics stay behind
-        kept = converter.kept_keys()
-        count = sum(converter.tensor(key).numel() for key in kept)
+    named = converter.state_keys()      # a module registered twice (DynUNet's bottleneck) under the path export took
+    state = {key: value for key, value in state.items() if key in named}
+    kept = converter.kept_keys()
+    count = sum(converter.tensor(key).numel() for key in kept)
+    if count != total:                  # the auxiliary heads', or unused modules', parameters and statistics stay
         owners = {key.rpartition(".")[0] for key in kept}
         state = {key: value for key, value in state.items() if key.rpartition(".")[0] in owners}
-        if say is not None:
+        unread = converter.unread_keys()
+        unread_count = sum(converter.tensor(key).numel() for key in unread)
+        if say is not None and converter.left_out:
             say(f"model import: {source} returns more than its main output; the model leaves out "
                 f"{', '.join(converter.left_out)} (the layers only they read: "
-                f"{total - count:,} parameters)")
+                f"{total - count - unread_count:,} parameters)")
+        if say is not None and unread:
+            modules = sorted({key.rpartition(".")[0] for key in unread})
+            say(f"model import: {source} never reads {unread_count:,} of its parameters (in "
+                f"{', '.join(modules[:3])}{f' and {len(modules) - 3} more modules' if len(modules) > 3 else ''}); "
+                "the model leaves them out")
     names = converter.torch_names, converter.torch_shapes
     flat = model_text(model_name, input_shape, layers, *names, source, count)
     blocks, entries = blocked(layers, _module_kinds(module))

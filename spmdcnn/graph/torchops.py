@@ -104,8 +104,10 @@ class Converter:
         self.owners = {}                # state-dict key -> the layer holding it (a tensor read twice is shared)
         self.shapes = {}                # layer name -> PyTorch's output shape for one sample, channels first
         self.inputs = {spec.arg.name: spec for spec in program.graph_signature.input_specs}
-        self.tensors_by_key = {**dict(module.named_parameters()), **dict(module.named_buffers())}
+        self.tensors_by_key = {**dict(module.named_parameters(remove_duplicate=False)),
+                               **dict(module.named_buffers(remove_duplicate=False))}
         self.collapsed, self.collapsed_output = self._collapsed()
+        self._placeholders = {node.name: node for node in self.graph.nodes if node.op == "placeholder"}
 
     # -- names and layers --------------------------------------------------------------------------------------
 
@@ -258,6 +260,25 @@ class Converter:
         if self.refusals:
             raise ImportFailure(self._refusal_message())
         return self.layers
+
+    def state_keys(self):
+        """The state-dict keys of the network's parameters and buffers, each tensor under one: the key the graph
+        reads it by (a module registered under two paths, DynUNet's, has its tensors under both in the state dict
+        and in the graph's inputs, and the graph reads one of them)."""
+        read = {node.target for node in self.graph.nodes if node.op == "placeholder" and node.users}
+        chosen = {}
+        for spec in self.program.graph_signature.input_specs:
+            if spec.kind.name in ("PARAMETER", "BUFFER"):
+                tensor = id(self.tensors_by_key[spec.target])
+                if tensor not in chosen or spec.arg.name in read:
+                    chosen[tensor] = spec.target
+        return set(chosen.values())
+
+    def unread_keys(self):
+        """The state-dict keys of the parameters no node of the graph reads (a module the forward never calls)."""
+        return [spec.target for spec in self.program.graph_signature.input_specs
+                if spec.kind.name == "PARAMETER" and spec.target in self.state_keys()
+                and not self._placeholders[spec.arg.name].users]
 
     def kept_keys(self):
         """The state-dict keys of the parameters the main output reads."""

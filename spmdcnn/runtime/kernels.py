@@ -29,7 +29,8 @@ import numpy as np
 from .. import backend
 from ..graph.optable import group_channels, layer_groups, tile_groups, window
 from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
-                   layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pool, relu, scale, tanh, upsample)
+                   layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pool, prelu, relu, scale, tanh,
+                   upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -347,6 +348,16 @@ def _layer_scale(kernel):
     return (lambda xs, run: layer_scale.layer_scale_forward(xs[0], views.params["weight"])), backward
 
 
+def _prelu(kernel):
+    views = kernel.views
+
+    def backward(gy, saved):
+        gx, gweight = prelu.prelu_backward(gy, saved, views.params["weight"])
+        views.grads["weight"][...] = gweight
+        return [gx]
+    return (lambda xs, run: prelu.prelu_forward(xs[0], views.params["weight"])), backward
+
+
 def _masked(function):
     """Dropout and stochastic depth: in training, ``function(x, p, key, start, global_shape, inplace)`` with the
     layer's stream key of the step and the tile's place in the global tensor; the identity in evaluation."""
@@ -443,7 +454,7 @@ BIND = {
     "layernorm": _layernorm,
     "dropout": _masked(dropout.dropout_forward),
     "stochastic_depth": _masked(dropout.stochastic_depth_forward),
-    "layer_scale": _layer_scale,
+    "layer_scale": _layer_scale, "prelu": _prelu,
     "softmax_cross_entropy": _loss(loss.softmax_cross_entropy_forward, loss.softmax_cross_entropy_backward),
     "dice_loss": _dice,
     "mse_loss": _loss(mse.mse_loss_forward, mse.mse_loss_backward),

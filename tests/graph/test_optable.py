@@ -57,7 +57,9 @@ EVERY_PER_PIXEL_OP = [{"name": "head", "op": "conv2d", "out_channels": 3, "kerne
                       {"name": "a1", "op": "silu"}, {"name": "a2", "op": "gelu", "approximate": "tanh"},
                       {"name": "a3", "op": "hardswish"}, {"name": "a4", "op": "hardsigmoid"},
                       {"name": "a5", "op": "relu6"}, {"name": "a6", "op": "sigmoid"},
-                      {"name": "ls", "op": "layer_scale"}, {"name": "sd", "op": "stochastic_depth", "p": 0.1},
+                      {"name": "ls", "op": "layer_scale"}, {"name": "pr", "op": "prelu"},
+                      {"name": "pr2", "op": "prelu", "shared": False, "init": 0.1},
+                      {"name": "sd", "op": "stochastic_depth", "p": 0.1},
                       {"name": "pool", "op": "avgpool2d", "kernel": [4, 3]},
                       {"name": "se", "op": "mul", "inputs": ["sd", "pool"]}, {"name": "ln", "op": "layernorm"},
                       {"name": "loss", "op": "dice_loss"}]

@@ -11,7 +11,8 @@ import torch
 
 from spmdcnn.cli import main
 from spmdcnn.graph import load_model
-from spmdcnn.graph.torchimport import ImportFailure, import_model, import_module, load_module, load_torchvision
+from spmdcnn.graph.torchimport import (ImportFailure, import_model, import_module, load_module, load_torchvision,
+                                      randomized)
 from spmdcnn.graph.torchops import main_output
 from spmdcnn.io.checkpoint import load_checkpoint
 from spmdcnn.io.torchstate import export_torch, import_torch
@@ -262,3 +263,38 @@ def test_the_import_table_of_the_docs_lists_every_operator_mapped():
             listed |= {f"{stem}{rank}{rest}" for rank in ranks}
         listed |= {name for name in re.findall(r"`(\w+)`", first) if name in MODULES or name == "getitem"}
     assert listed == set(ATEN) | set(MODULES)
+
+
+def _library(name):
+    """timm, MONAI or segmentation-models-pytorch (the test extra installs them), or a skip saying so."""
+    import importlib
+    try:
+        return importlib.import_module(name)
+    except ImportError:
+        pytest.skip(f"{name} is not installed (pip install -e .[test] installs it)")
+
+
+@pytest.mark.parametrize("library, build, shape", [
+    ("monai", lambda m: m.networks.nets.UNet(3, 1, 3, (4, 8, 16), (2, 2), num_res_units=2), (1, 16, 16, 16)),
+    ("monai", lambda m: m.networks.nets.BasicUNet(3, 1, 2, features=(4, 4, 4, 8, 8, 4)), (1, 32, 32, 32)),
+    ("segmentation_models_pytorch", lambda m: m.Unet("resnet18", encoder_weights=None, encoder_depth=3,
+                                                     decoder_channels=(16, 8, 4), classes=3), (3, 32, 32)),
+    ("timm", lambda m: m.create_model("mobilenetv2_035", num_classes=5), (3, 32, 32)),
+], ids=["monai-UNet", "monai-BasicUNet", "smp-Unet", "timm-mobilenetv2"])
+def test_networks_of_other_libraries_take_one_training_step_as_they_do(tmp_path, library, build, shape):
+    """MONAI's 3D U-Nets (PReLU, instance norm, transposed convolutions, UpCat's padding), smp's U-Net (its
+    decoder's interpolation to its skip's size), timm's MobileNetV2 (its BatchNormAct2d): imported as they train,
+    one SGD step in float64 as they take it."""
+    package = _library(library)
+    torch.manual_seed(0)
+    module = randomized(build(package))
+    said = []
+    graph = import_module(module, tmp_path / "model.yaml", shape, source=library, check=checked, say=said.append)
+    unread = sum(p.numel() for name, p in module.named_parameters() if name.startswith(("encoder.layer3.",
+                                                                                        "encoder.layer4.")))
+    assert graph.num_params == sum(p.numel() for p in module.parameters()) - (library == "segmentation_models_pytorch"
+                                                                              and unread)
+    if library == "segmentation_models_pytorch":        # its encoder's last stages, unused at encoder_depth 3
+        assert len(said) == 1 and said[0].startswith(f"model import: {library} never reads {unread:,} of its "
+                                                     "parameters (in encoder.layer3.0.bn1, ") and \
+            said[0].endswith(" more modules); the model leaves them out"), said

@@ -88,9 +88,39 @@ IMPORTED = ["efficientnet_b0", "convnext_tiny", "regnet_y_400mf", "mobilenet_v3_
 SMALL_INPUT = [3, 32, 32]      # the imported models at a size their strides take down to 1x1
 
 
+def _imported(name):
+    """A network of another library as ``spmdcnn model import`` writes it (each rank imports it: the import is
+    deterministic), or None where that library is not installed."""
+    import tempfile
+
+    from spmdcnn.graph.graph import parse_model
+    from spmdcnn.graph.torchimport import import_module, load_torchvision
+    from spmdcnn.io.yamlfile import load_yaml_text
+    try:
+        load_torchvision()
+        import monai
+    except ImportError:
+        return None
+    module, shape = IMPORTED_ELSEWHERE[name](monai)
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, f"{name}.yaml")
+        import_module(module, path, shape, source=name)
+        with open(path) as file:
+            text = file.read()
+    return parse_model(load_yaml_text(text, path), path, text)
+
+
+# MONAI's 3D U-Net as model import writes it: residual units of convolutions, instance norm and PReLU (one slope
+# shared by every channel: its channels are never split), strided and transposed convolutions, a concatenation
+IMPORTED_ELSEWHERE = {"monai_unet": lambda monai: (monai.networks.nets.UNet(3, 1, 3, (4, 6, 8), (2, 2),
+                                                                            num_res_units=1), (1, 8, 8, 8))}
+
+
 def _graph(name):
     from spmdcnn.graph.graph import parse_model
     from spmdcnn.io.yamlfile import read_yaml
+    if name in IMPORTED_ELSEWHERE:
+        return _imported(name)
     if name in INLINE:
         return parse_model(INLINE[name])
     path = os.path.join(MODELS, f"{name}.yaml")
@@ -224,6 +254,16 @@ def test_imported_models_under_a_random_plan(world, name):
     rounding noise of a few 1e-15 in both: gradients are floored at 1e-4."""
     found, _ = check_plan(world, name, random_plan(_graph(name), BATCH, world.size, seed=31 * world.size),
                           later=1e-4, floor=1e-4)
+    agree(world, found)
+
+
+def test_an_imported_monai_unet_under_random_plans(world):
+    """MONAI's U-Net imported (tests/graph/test_torchimport.py checks the import against MONAI): a random plan over
+    n, c, d, h, w on each rank count, three steps, equal to one process."""
+    graph = _graph("monai_unet")
+    if graph is None:
+        pytest.skip("MONAI is not installed (pip install -e .[test] installs it)")
+    found, _ = check_plan(world, "monai_unet", random_plan(graph, BATCH, world.size, seed=53 * world.size))
     agree(world, found)
 
 

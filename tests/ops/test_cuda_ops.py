@@ -12,7 +12,7 @@ from op_cases import CONV_CASES, GROUPED_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
 from spmdcnn.ops import (activations, batchnorm, conv, conv_transpose, dice, dropout, groupnorm, layer_scale, linear,
-                         loss, pool, relu, upsample)
+                         loss, pool, prelu, relu, upsample)
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -331,6 +331,20 @@ def test_layer_scale_and_stochastic_depth_on_the_gpu(dtype):
     _close(dropout.stochastic_depth_backward(on(gy), saved2), dropout.stochastic_depth_backward(gy.astype(dtype),
                                                                                                 saved), dtype,
            "stochastic depth gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("slopes", [1, 3])
+def test_prelu_on_the_gpu(dtype, slopes):
+    rng = _rng(17)
+    x, gy, weight = rng.standard_normal((4, 3, 5, 6)), rng.standard_normal((4, 3, 5, 6)), rng.uniform(-1, 1, slopes)
+    on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
+    y, saved = prelu.prelu_forward(x.astype(dtype), weight.astype(dtype))
+    y2, saved2 = prelu.prelu_forward(on(x), on(weight))
+    _close(y2, y, dtype, "prelu y")
+    for what, a, e in zip(("gx", "gweight"), prelu.prelu_backward(on(gy), saved2, on(weight)),
+                          prelu.prelu_backward(gy.astype(dtype), saved, weight.astype(dtype))):
+        _close(a, e, dtype, f"prelu {what}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

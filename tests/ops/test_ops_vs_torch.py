@@ -1061,3 +1061,22 @@ def test_adaptive_avgpool_is_pytorchs_where_the_output_divides(input_shape, outp
     t = torch.tensor(x)
     expected = getattr(F, f"adaptive_avg_pool{rank}d")(t, output_size)
     np.testing.assert_allclose(kept["pool"], expected.numpy(), rtol=1e-13)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, slopes", [((3, 4, 5, 2), 1), ((2, 3, 4, 2, 3), 3), ((4, 6), 6), ((2, 3, 7), 1)])
+def test_prelu(shape, slopes, dtype):
+    from spmdcnn.ops.prelu import prelu_backward, prelu_forward
+    rng = np.random.default_rng(53)
+    x, gy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    x.flat[::7] = 0                     # PyTorch's rule at zero: the slope's side
+    weight = rng.uniform(-0.5, 0.5, slopes).astype(dtype)
+    y, saved = prelu_forward(x, weight)
+    gx, gweight = prelu_backward(gy, saved, weight)
+    t, tw = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, weight))
+    ty = F.prelu(t, tw)
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    assert gweight.shape == weight.shape
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+    assert_close(gx, t.grad.numpy().astype(dtype), dtype, "gx")
+    assert_close(gweight, tw.grad.numpy().astype(dtype), dtype, "gweight")
