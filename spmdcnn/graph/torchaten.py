@@ -420,14 +420,42 @@ def _pool(kind):
 
 
 def _adaptive_avg_pool(converter, node):
+    """To one position: a global average pooling; to the input's own size: the value itself (AlexNet's and VGG's
+    at 224x224); to a size that divides the input's along every axis: an average pooling of that window."""
     a = arguments(node)
     value = _input(converter, node, "self")
-    _spatial_rank(converter, node, value, a["self"])
-    out = converter.shape(node)[2:]
-    if not all(size == 1 for size in out):
-        converter.refuse(node, f"pools to {tuple(out)} positions; spmdcnn pools adaptively only to one (a global "
-                               "average pooling)")
-    converter.add(node, {"op": "global_avgpool"}, [value])
+    rank = _spatial_rank(converter, node, value, a["self"])
+    before, out = converter.shape(a["self"])[2:], converter.shape(node)[2:]
+    if all(size == 1 for size in out):
+        converter.add(node, {"op": "global_avgpool"}, [value])
+    elif tuple(out) == tuple(before):
+        converter.alias(node, value)
+    elif all(size % target == 0 for size, target in zip(before, out)):
+        window = _pair_list([size // target for size, target in zip(before, out)])
+        converter.add(node, {"op": f"avgpool{rank}d", "kernel": window}, [value])
+    else:
+        converter.refuse(node, f"pools {tuple(before)} to {tuple(out)} positions, windows of uneven sizes; spmdcnn "
+                               "pools adaptively to one position or to sizes that divide the input's")
+
+
+ATTENTION = "is attention over activations; spmdcnn imports convolutional networks (no op of it computes attention)"
+
+
+def _attention(converter, node):
+    """``aten.scaled_dot_product_attention``, a product of two activations (``q @ k.transpose(-2, -1)``,
+    ``bmm``): a transformer's attention, refused as such."""
+    tensors = [arg for arg in node.all_input_nodes if converter.computed(arg)]
+    if opname(node) == "scaled_dot_product_attention" or len(tensors) >= 2:
+        converter.refuse(node, ATTENTION)
+    converter.refuse(node, "multiplies matrices of an activation; spmdcnn's linear and convolutions take a "
+                           "layer's weight")
+
+
+def opname(node):
+    """The operator's name without its overload and in-place mark: ``aten.relu_.default`` -> ``relu``."""
+    target = node.target
+    name = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
+    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
 
 def _mean(converter, node):
@@ -503,6 +531,8 @@ ATEN = {
     **{f"{kind}_pool{rank}d": _pool(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
     **{f"max_pool{rank}d_with_indices": _pool("max") for rank in (1, 2, 3)},
     **{f"adaptive_avg_pool{rank}d": _adaptive_avg_pool for rank in (1, 2, 3)}, "mean": _mean,
+    **{name: _attention for name in ("scaled_dot_product_attention", "matmul", "bmm", "baddbmm", "einsum",
+                                     "_native_multi_head_attention")},
     **{f"upsample_nearest{rank}d": _upsample("nearest") for rank in (1, 2, 3)},
     "upsample_linear1d": _upsample("linear"), "upsample_bilinear2d": _upsample("linear"),
     "upsample_trilinear3d": _upsample("linear"),

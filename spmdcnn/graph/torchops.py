@@ -19,7 +19,7 @@ layer whose weight's PyTorch key goes in ``torch_names``. A module whose whole f
 
 
 from ..io.yamlfile import FormatError
-from .torchaten import ATEN, MODULES
+from .torchaten import ATEN, ATTENTION, MODULES, opname
 
 
 class ImportFailure(FormatError):
@@ -68,13 +68,6 @@ def main_output(result, fields=lambda value: value):
             result = result[0]
         else:
             return result, left_out
-
-
-def opname(node):
-    """The operator's name without its overload and in-place mark: ``aten.relu_.default`` -> ``relu``."""
-    target = node.target
-    name = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
 
 
 def _writes(node):
@@ -191,6 +184,12 @@ class Converter:
     def opname(self, node):
         return opname(node)
 
+    def computed(self, arg):
+        """Whether ``arg`` stands for an activation (a layer's output, the data, or a refused node's), not a
+        parameter."""
+        value = self.values.get(arg)
+        return isinstance(value, _Value) and value.param is None
+
     def value(self, node, arg, several=False):
         """What ``arg`` stands for, as ``node`` reads it (``several``: it may be an operator's several outputs)."""
         if not hasattr(arg, "op") or arg not in self.values:
@@ -288,6 +287,11 @@ class Converter:
     def _refusal_message(self):
         """One line naming every refused node: those refused for the same reason, of one operator and module type,
         together (a few of their names, and how many); where some map to nothing, what does map, once."""
+        attention = [(label, name) for _, label, name, why in self.refusals if why == ATTENTION]
+        if attention:                   # a transformer: that, not each of its other operators, is what to say
+            modules = sorted({label[1] or "" for label, _ in attention} - {""})
+            return (f"{self.source}: it is built on attention over activations ({len(attention)} nodes, in "
+                    f"{', '.join(modules) or 'its forward'}): spmdcnn imports convolutional networks")
         known = ""
         if any(why == UNKNOWN for *_, why in self.refusals):
             known = "; spmdcnn maps the ATen operators " + ", ".join(sorted(ATEN)) + \

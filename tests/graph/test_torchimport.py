@@ -220,6 +220,8 @@ def test_the_shipped_models_are_the_importers_and_move_torchvision_weights_both_
     ("absent", ["2", "6", "6"], ["has no function or class 'absent'"]),
     ("pooled_last", ["4", "4", "3"], ["aten.adaptive_avg_pool2d (node 'adaptive_avg_pool2d')",
                                       "channels second"]),
+    ("attending", ["2", "4", "4"], ["it is built on attention over activations (", "MultiheadAttention",
+                                     "spmdcnn imports convolutional networks"]),
     ("unmapped", ["4", "3", "3"], ["3 nodes are refused: (1) aten.pixel_shuffle in module 'shuffle' (PixelShuffle)",
                                    "(2) aten.softplus in module 'soft' (Softplus)", "(3) aten.logsumexp (node "]),
 ])

@@ -282,3 +282,22 @@ def stochastic():
     load_torchvision()
     torch.manual_seed(11)
     return randomized(Stochastic(), 11).eval()          # given in evaluation mode: imported as it trains
+
+
+class Attending(nn.Module):
+    """A transformer's block on a convolution's patches: refused as attention over activations, in one line."""
+
+    def __init__(self):
+        super().__init__()
+        self.patches = nn.Conv2d(2, 8, 2, stride=2)
+        self.attention = nn.MultiheadAttention(8, 2, batch_first=True)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        tokens = self.patches(x).flatten(2).transpose(1, 2)
+        attended, _ = self.attention(tokens, tokens, tokens)
+        return self.fc(attended.mean(1))
+
+
+def attending():
+    return Attending()
