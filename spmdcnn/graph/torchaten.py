@@ -7,41 +7,8 @@ A handler reads its node's arguments by name (:func:`arguments`: the operator's 
 ``aten.conv2d(x, w, None, [2, 2])`` and its keyword spellings read alike.
 """
 
-
-def arguments(node):
-    """``{name: value}`` of an ATen node's arguments, by its operator's schema, defaults filled in; its first is
-    ``input`` and ``self`` too, whichever the operator calls it (``dropout`` and ``dropout_`` differ)."""
-    got = {}
-    for index, argument in enumerate(node.target._schema.arguments):
-        if index < len(node.args):
-            got[argument.name] = node.args[index]
-        elif argument.name in node.kwargs:
-            got[argument.name] = node.kwargs[argument.name]
-        else:
-            got[argument.name] = argument.default_value if argument.has_default_value() else None
-    first = next(iter(got.values()), None)
-    got.setdefault("input", first)
-    got.setdefault("self", first)
-    return got
-
-
-def _pair_list(values):
-    values = list(values) if isinstance(values, (tuple, list)) else [values]
-    return values[0] if len(set(values)) == 1 else values
-
-
-def _spatial_rank(converter, node, value, tensor=None):
-    shape = converter.shape(tensor if tensor is not None else arguments(node)["input"])
-    rank = len(shape) - 2
-    if value.last or rank not in (1, 2, 3):
-        converter.refuse(node, f"runs on shape {shape}; spmdcnn takes (N, C, W), (N, C, H, W) or (N, C, D, H, W) "
-                               "with the channels second")
-    return rank
-
-
-def _input(converter, node, key="input"):
-    (value,) = converter.tensors(node, [arguments(node)[key]])
-    return value
+from .torchargs import arguments, first_input, pair_list, spatial_rank
+from .torchshapes import SHAPES
 
 
 # -- layers with parameters ---------------------------------------------------------------------------------------
@@ -51,24 +18,24 @@ def _conv(converter, node):
     ``aten.convolution``."""
     a = arguments(node)
     transposed = bool(a.get("transposed")) or "transpose" in converter.opname(node)
-    value = _input(converter, node)
-    rank = _spatial_rank(converter, node, value)
+    value = first_input(converter, node)
+    rank = spatial_rank(converter, node, value)
     weight = converter.parameter(node, a["weight"])
     bias = converter.parameter(node, a["bias"]) if a["bias"] is not None else None
     shape = converter.shape(a["weight"])
     entry = {"op": f"conv{'_transpose' if transposed else ''}{rank}d", "out_channels": converter.shape(node)[1],
-             "kernel": _pair_list(shape[2:])}
-    if _pair_list(a["stride"]) != 1:
-        entry["stride"] = _pair_list(a["stride"])
+             "kernel": pair_list(shape[2:])}
+    if pair_list(a["stride"]) != 1:
+        entry["stride"] = pair_list(a["stride"])
     padding = a["padding"]
     if padding == "same":
         entry["padding"] = "same"
-    elif padding != "valid" and _pair_list(padding) != 0:
-        entry["padding"] = _pair_list(padding)
-    if transposed and _pair_list(a.get("output_padding", 0)) != 0:
-        entry["output_padding"] = _pair_list(a["output_padding"])
-    if _pair_list(a["dilation"]) != 1:
-        entry["dilation"] = _pair_list(a["dilation"])
+    elif padding != "valid" and pair_list(padding) != 0:
+        entry["padding"] = pair_list(padding)
+    if transposed and pair_list(a.get("output_padding", 0)) != 0:
+        entry["output_padding"] = pair_list(a["output_padding"])
+    if pair_list(a["dilation"]) != 1:
+        entry["dilation"] = pair_list(a["dilation"])
     if a["groups"] != 1:
         entry["groups"] = a["groups"]
     if bias is None:
@@ -78,7 +45,7 @@ def _conv(converter, node):
 
 def _linear(converter, node):
     a = arguments(node)
-    value = _input(converter, node)
+    value = first_input(converter, node)
     shape = converter.shape(a["input"])
     tensors = {"weight": converter.parameter(node, a["weight"]),
                "bias": converter.parameter(node, a["bias"]) if a["bias"] is not None else None}
@@ -101,8 +68,8 @@ def _linear(converter, node):
 
 def _batch_norm(converter, node):
     a = arguments(node)
-    value = _input(converter, node)
-    rank = _spatial_rank(converter, node, value)
+    value = first_input(converter, node)
+    rank = spatial_rank(converter, node, value)
     if a["weight"] is None or a["running_mean"] is None:
         converter.refuse(node, "keeps no affine parameters or no running statistics; spmdcnn's batchnorm has both")
     if not a["training"]:
@@ -128,8 +95,8 @@ def _norm_tensors(converter, node, a):
 
 def _group_norm(converter, node):
     a = arguments(node)
-    value = _input(converter, node)
-    _spatial_rank(converter, node, value)
+    value = first_input(converter, node)
+    spatial_rank(converter, node, value)
     tensors = _norm_tensors(converter, node, a)
     if (tensors["weight"] is None) != (tensors["bias"] is None):
         converter.refuse(node, "has a weight but no bias (or a bias alone); spmdcnn's groupnorm has both or neither")
@@ -143,8 +110,8 @@ def _group_norm(converter, node):
 
 def _instance_norm(converter, node):
     a = arguments(node)
-    value = _input(converter, node)
-    _spatial_rank(converter, node, value)
+    value = first_input(converter, node)
+    spatial_rank(converter, node, value)
     if a["running_mean"] is not None or not a["use_input_stats"]:
         converter.refuse(node, "keeps running statistics; spmdcnn's instancenorm normalises each sample alone")
     tensors = _norm_tensors(converter, node, a)
@@ -161,7 +128,7 @@ def _instance_norm(converter, node):
 
 def _layer_norm(converter, node):
     a = arguments(node)
-    value = _input(converter, node)
+    value = first_input(converter, node)
     shape = converter.shape(a["input"])
     channels = shape[-1] if value.last else (shape[1] if len(shape) == 2 else None)
     if tuple(a["normalized_shape"]) != (channels,):
@@ -279,7 +246,7 @@ def _layer_scale(converter, node, param, value, placeholder):
 def _prelu(converter, node):
     """``aten.prelu``: one slope shared by every channel (``nn.PReLU()``) or one per channel (``nn.PReLU(C)``)."""
     a = arguments(node)
-    value = _input(converter, node)
+    value = first_input(converter, node)
     shape = converter.shape(a["self"])
     if value.last or len(shape) < 2:
         converter.refuse(node, f"runs on shape {shape}; spmdcnn's prelu takes its channels second")
@@ -296,207 +263,11 @@ def _prelu(converter, node):
 
 def _dropout(converter, node):
     a = arguments(node)
-    value = _input(converter, node)
+    value = first_input(converter, node)
     if not a["train"]:                                  # PyTorch's identity then
         converter.alias(node, value)
         return
     converter.add(node, {"op": "dropout", "p": a["p"]}, [value], last=value.last)
-
-
-# -- shapes -------------------------------------------------------------------------------------------------------
-
-def _permute(converter, node):
-    a = arguments(node)
-    value = _input(converter, node, "self")
-    dims = list(a["dims"])
-    rank = len(converter.shape(a["self"]))
-    dims = [dim % rank for dim in dims]
-    last = [0] + list(range(2, rank)) + [1]             # channels to the end
-    first = [0, rank - 1] + list(range(1, rank - 1))    # and back
-    if dims == last and not value.last:
-        converter.alias(node, value, last=True)
-    elif dims == first and value.last:
-        converter.alias(node, value, last=False)
-    else:
-        converter.refuse(node, f"permutes the axes {dims}; spmdcnn follows only a permute of the channels to the "
-                               "last axis and back")
-
-
-def _flatten(converter, node):
-    a = arguments(node)
-    value = _input(converter, node, "self")
-    rank = len(converter.shape(a["self"]))
-    if a["start_dim"] % rank != 1 or a["end_dim"] % rank != rank - 1:
-        converter.refuse(node, "flattens other axes than all but the batch; spmdcnn's flatten keeps the batch axis "
-                               "alone")
-    flatten_value(converter, node, value, a["self"])
-
-
-def _reshape(converter, node):
-    """``view``/``reshape`` to the shape it has (an identity) or to (N, features) (a flatten)."""
-    a = arguments(node)
-    value = _input(converter, node, "self")
-    before, after = converter.shape(a["self"]), converter.shape(node)
-    if tuple(before) == tuple(after):
-        converter.alias(node, value)
-        return
-    if len(after) != 2 or after[0] != before[0]:
-        converter.refuse(node, f"reshapes {tuple(before)} to {tuple(after)}; spmdcnn reshapes only to flatten all "
-                               "but the batch axis")
-    flatten_value(converter, node, value, a["self"])
-
-
-def flatten_value(converter, node, value, tensor):
-    if value.last:
-        converter.refuse(node, "flattens channels-last values; permute back first")
-    if len(converter.shape(tensor)) == 2:
-        converter.alias(node, value)
-        return
-    converter.add(node, {"op": "flatten"}, [value])
-
-
-def _same(converter, node):
-    """``contiguous``, ``clone``, ``alias``: the value itself."""
-    converter.alias(node, _input(converter, node, "self"))
-
-
-def _pad(converter, node):
-    """``aten.pad`` of nothing (MONAI's ``UpCat`` pads a skip connection to its partner's size, which is the same
-    at most sizes): the value itself."""
-    a = arguments(node)
-    value = _input(converter, node)
-    if any(a["pad"]):
-        converter.refuse(node, f"pads by {list(a['pad'])} ('{a['mode']}'); spmdcnn pads inside its convolutions and "
-                               "poolings")
-    converter.alias(node, value)
-
-
-def _cat(converter, node):
-    a = arguments(node)
-    values = converter.tensors(node, list(a["tensors"]))
-    if len(values) == 1:                # a concatenation of one tensor is that tensor (DenseNet's first layer)
-        converter.alias(node, values[0])
-        return
-    rank = len(converter.shape(node))
-    if a["dim"] % rank != 1 or any(value.last for value in values):
-        converter.refuse(node, f"concatenates along axis {a['dim']}; spmdcnn's concat joins channels (axis 1)")
-    converter.add(node, {"op": "concat"}, values)
-
-
-def _getitem(converter, node):
-    """One output of an operator giving several (a max pooling's values, not its indices)."""
-    source, index = node.args
-    values = converter.value(node, source, several=True)
-    if not isinstance(values, tuple) or values[index] is None:
-        converter.refuse(node, f"reads output {index} of '{source}'; spmdcnn takes only its first")
-    converter.values[node] = values[index]
-
-
-# -- pooling and resampling ---------------------------------------------------------------------------------------
-
-def _pool(kind):
-    """``aten.max_pool{1,2,3}d`` (with indices: its values), ``aten.avg_pool{1,2,3}d``."""
-    def handle(converter, node):
-        a = arguments(node)
-        value = _input(converter, node, "self")
-        rank = _spatial_rank(converter, node, value, a["self"])
-        if kind == "max" and _pair_list(a["dilation"]) != 1:
-            converter.refuse(node, "dilates its window; spmdcnn's maxpool does not")
-        if kind == "avg" and (not a["count_include_pad"] or a.get("divisor_override") is not None):
-            converter.refuse(node, "leaves the padding out of its divisor (or overrides it); spmdcnn's avgpool "
-                                   "counts the padding, as PyTorch's default does")
-        entry = {"op": f"{kind}pool{rank}d", "kernel": _pair_list(a["kernel_size"])}
-        stride = a["stride"] if a["stride"] not in (None, [], ()) else a["kernel_size"]
-        if _pair_list(stride) != entry["kernel"]:
-            entry["stride"] = _pair_list(stride)
-        if _pair_list(a["padding"]) != 0:
-            entry["padding"] = _pair_list(a["padding"])
-        if a["ceil_mode"]:
-            entry["ceil_mode"] = True
-        converter.add(node, entry, [value])
-        if "with_indices" in converter.opname(node):
-            converter.values[node] = (converter.values[node], None)
-    return handle
-
-
-def _adaptive_avg_pool(converter, node):
-    """To one position: a global average pooling; to the input's own size: the value itself (AlexNet's and VGG's
-    at 224x224); to a size that divides the input's along every axis: an average pooling of that window."""
-    a = arguments(node)
-    value = _input(converter, node, "self")
-    rank = _spatial_rank(converter, node, value, a["self"])
-    before, out = converter.shape(a["self"])[2:], converter.shape(node)[2:]
-    if all(size == 1 for size in out):
-        converter.add(node, {"op": "global_avgpool"}, [value])
-    elif tuple(out) == tuple(before):
-        converter.alias(node, value)
-    elif all(size % target == 0 for size, target in zip(before, out)):
-        window = _pair_list([size // target for size, target in zip(before, out)])
-        converter.add(node, {"op": f"avgpool{rank}d", "kernel": window}, [value])
-    else:
-        converter.refuse(node, f"pools {tuple(before)} to {tuple(out)} positions, windows of uneven sizes; spmdcnn "
-                               "pools adaptively to one position or to sizes that divide the input's")
-
-
-ATTENTION = "is attention over activations; spmdcnn imports convolutional networks (no op of it computes attention)"
-
-
-def _attention(converter, node):
-    """``aten.scaled_dot_product_attention``, a product of two activations (``q @ k.transpose(-2, -1)``,
-    ``bmm``): a transformer's attention, refused as such."""
-    tensors = [arg for arg in node.all_input_nodes if converter.computed(arg)]
-    if opname(node) == "scaled_dot_product_attention" or len(tensors) >= 2:
-        converter.refuse(node, ATTENTION)
-    converter.refuse(node, "multiplies matrices of an activation; spmdcnn's linear and convolutions take a "
-                           "layer's weight")
-
-
-def opname(node):
-    """The operator's name without its overload and in-place mark: ``aten.relu_.default`` -> ``relu``."""
-    target = node.target
-    name = getattr(target, "_opname", None) or getattr(target, "__name__", str(target))
-    return name[:-1] if name.endswith("_") and not name.endswith("__") else name
-
-
-def _mean(converter, node):
-    """``x.mean((2, 3))``, ``torch.mean(x, dim=[-2, -1], keepdim=True)``: a mean over every spatial axis is a
-    global average pooling (and a flatten of its (C, 1, ...) without ``keepdim``)."""
-    a = arguments(node)
-    value = _input(converter, node, "self")
-    shape = converter.shape(a["self"])
-    dims = list(a["dim"] or [])
-    spatial = set(range(2, len(shape)))
-    if value.last or {dim % len(shape) for dim in dims} != spatial or not spatial or a.get("dtype") is not None:
-        converter.refuse(node, f"averages over the axes {dims} of shape {shape}; spmdcnn averages over every "
-                               "spatial axis at once (a global average pooling)")
-    if a["keepdim"]:
-        converter.add(node, {"op": "global_avgpool"}, [value])
-        return
-    pooled = converter.add(node, {"op": "global_avgpool"}, [value])
-    converter.shapes[pooled] = (shape[1],) + (1,) * len(spatial)
-    converter.add(node, {"op": "flatten"}, [converter.values[node]], name=f"{pooled}_flatten")
-
-
-def _upsample(mode):
-    """``aten.upsample_nearest{1,2,3}d``, ``upsample_linear1d``, ``upsample_bilinear2d``,
-    ``upsample_trilinear3d``: by a factor or to a size, where it is a whole multiple of the input's along every
-    axis."""
-    def handle(converter, node):
-        a = arguments(node)
-        value = _input(converter, node)
-        _spatial_rank(converter, node, value)
-        before, after = converter.shape(a["input"])[2:], converter.shape(node)[2:]
-        factors = a.get("scale_factors")
-        if any(out % size for out, size in zip(after, before)) or \
-                factors and any(float(f) != out // size for f, out, size in zip(factors, after, before)):
-            converter.refuse(node, f"resizes {tuple(before)} to {tuple(after)}; spmdcnn upsamples by whole factors")
-        entry = {"op": "upsample", "scale": _pair_list([out // size for out, size in zip(after, before)])}
-        if mode == "linear":
-            entry["mode"] = "linear"
-            if a["align_corners"]:
-                entry["align_corners"] = True
-        converter.add(node, entry, [value])
-    return handle
 
 
 # -- whole modules ------------------------------------------------------------------------------------------------
@@ -526,14 +297,5 @@ ATEN = {
     "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"),
     "leaky_relu": _activation("leaky_relu", negative_slope=("negative_slope", 0.01)),
     "prelu": _prelu, "add": _add, "mul": _mul, "div": _div, "dropout": _dropout,
-    "permute": _permute, "flatten": _flatten, "view": _reshape, "reshape": _reshape, "_unsafe_view": _reshape,
-    "contiguous": _same, "pad": _pad, "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
-    **{f"{kind}_pool{rank}d": _pool(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
-    **{f"max_pool{rank}d_with_indices": _pool("max") for rank in (1, 2, 3)},
-    **{f"adaptive_avg_pool{rank}d": _adaptive_avg_pool for rank in (1, 2, 3)}, "mean": _mean,
-    **{name: _attention for name in ("scaled_dot_product_attention", "matmul", "bmm", "baddbmm", "einsum",
-                                     "_native_multi_head_attention")},
-    **{f"upsample_nearest{rank}d": _upsample("nearest") for rank in (1, 2, 3)},
-    "upsample_linear1d": _upsample("linear"), "upsample_bilinear2d": _upsample("linear"),
-    "upsample_trilinear3d": _upsample("linear"),
+    **SHAPES,
 }

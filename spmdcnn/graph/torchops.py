@@ -19,7 +19,9 @@ layer whose weight's PyTorch key goes in ``torch_names``. A module whose whole f
 
 
 from ..io.yamlfile import FormatError
-from .torchaten import ATEN, ATTENTION, MODULES, opname
+from .torchargs import opname
+from .torchaten import ATEN, MODULES
+from .torchshapes import ATTENTION
 
 
 class ImportFailure(FormatError):
