@@ -7,21 +7,25 @@ A handler reads its node's arguments by name (:func:`arguments`: the operator's 
 ``aten.conv2d(x, w, None, [2, 2])`` and its keyword spellings read alike.
 """
 
-from .torchargs import arguments, first_input, pair_list, spatial_rank
+from .torchargs import arguments, first_input, opname, pair_list, spatial_rank
 from .torchshapes import SHAPES
 
 
 # -- layers with parameters ---------------------------------------------------------------------------------------
 
+def _weight_and_bias(converter, node, a):
+    """``{"weight": key, "bias": key}`` of the parameters the node reads, None for one it has not."""
+    return {key: converter.parameter(node, a[key]) if a[key] is not None else None for key in ("weight", "bias")}
+
+
 def _conv(converter, node):
     """``aten.conv{1,2,3}d`` (a padding of numbers or 'same'/'valid'), ``aten.conv_transpose{1,2,3}d`` and
     ``aten.convolution``."""
     a = arguments(node)
-    transposed = bool(a.get("transposed")) or "transpose" in converter.opname(node)
+    transposed = bool(a.get("transposed")) or "transpose" in opname(node)
     value = first_input(converter, node)
     rank = spatial_rank(converter, node, value)
-    weight = converter.parameter(node, a["weight"])
-    bias = converter.parameter(node, a["bias"]) if a["bias"] is not None else None
+    tensors = _weight_and_bias(converter, node, a)
     shape = converter.shape(a["weight"])
     entry = {"op": f"conv{'_transpose' if transposed else ''}{rank}d", "out_channels": converter.shape(node)[1],
              "kernel": pair_list(shape[2:])}
@@ -38,17 +42,16 @@ def _conv(converter, node):
         entry["dilation"] = pair_list(a["dilation"])
     if a["groups"] != 1:
         entry["groups"] = a["groups"]
-    if bias is None:
+    if tensors["bias"] is None:
         entry["bias"] = False
-    converter.add(node, entry, [value], tensors={"weight": weight, "bias": bias})
+    converter.add(node, entry, [value], tensors=tensors)
 
 
 def _linear(converter, node):
     a = arguments(node)
     value = first_input(converter, node)
     shape = converter.shape(a["input"])
-    tensors = {"weight": converter.parameter(node, a["weight"]),
-               "bias": converter.parameter(node, a["bias"]) if a["bias"] is not None else None}
+    tensors = _weight_and_bias(converter, node, a)
     out = converter.shape(node)[-1]
     if value.last:                  # over channels last: a 1x1 convolution, PyTorch's (out, in) weight kept
         entry = {"op": f"conv{len(shape) - 2}d", "out_channels": out, "kernel": 1}
@@ -89,15 +92,13 @@ def _batch_norm(converter, node):
     converter.add(node, entry, [value], tensors=tensors)
 
 
-def _norm_tensors(converter, node, a):
-    return {key: converter.parameter(node, a[key]) if a[key] is not None else None for key in ("weight", "bias")}
 
 
 def _group_norm(converter, node):
     a = arguments(node)
     value = first_input(converter, node)
     spatial_rank(converter, node, value)
-    tensors = _norm_tensors(converter, node, a)
+    tensors = _weight_and_bias(converter, node, a)
     if (tensors["weight"] is None) != (tensors["bias"] is None):
         converter.refuse(node, "has a weight but no bias (or a bias alone); spmdcnn's groupnorm has both or neither")
     entry = {"op": "groupnorm", "groups": a["num_groups"]}
@@ -114,7 +115,7 @@ def _instance_norm(converter, node):
     spatial_rank(converter, node, value)
     if a["running_mean"] is not None or not a["use_input_stats"]:
         converter.refuse(node, "keeps running statistics; spmdcnn's instancenorm normalises each sample alone")
-    tensors = _norm_tensors(converter, node, a)
+    tensors = _weight_and_bias(converter, node, a)
     if (tensors["weight"] is None) != (tensors["bias"] is None):
         converter.refuse(node, "has a weight but no bias (or a bias alone); spmdcnn's instancenorm has both or "
                                "neither")
@@ -135,7 +136,7 @@ def _layer_norm(converter, node):
         converter.refuse(node, f"normalises over {tuple(a['normalized_shape'])} of shape {shape}; spmdcnn's "
                                "layernorm normalises over the channels (after a permute to channels last, or of "
                                "features)")
-    tensors = _norm_tensors(converter, node, a)
+    tensors = _weight_and_bias(converter, node, a)
     if tensors["weight"] is not None and tensors["bias"] is None:
         converter.refuse(node, "has a weight but no bias; spmdcnn's layernorm has both or neither")
     if tensors["weight"] is None and tensors["bias"] is not None:
@@ -206,7 +207,7 @@ def _mul(converter, node):
         if one.param and two.param:
             converter.refuse(node, "multiplies two parameters")
         param, value = (one, two) if one.param else (two, one)
-        _layer_scale(converter, node, param, value, first if one.param else second)
+        _layer_scale(converter, node, param, value)
         return
     if one.last != two.last:
         converter.refuse(node, "multiplies a channels-last value by a channels-first one")
@@ -220,7 +221,7 @@ def _div(converter, node):
     _scale(converter, node, converter.tensors(node, [a["self"]])[0], 1.0 / a["other"])
 
 
-def _layer_scale(converter, node, param, value, placeholder):
+def _layer_scale(converter, node, param, value):
     if param.buffer:
         converter.refuse(node, f"multiplies by '{param.param}', which is a buffer, not a parameter; spmdcnn learns a "
                                "layer scale's factors")

@@ -183,9 +183,6 @@ class Converter:
             self.refuse(node, "gives no single tensor (spmdcnn layers give one)")
         return shape
 
-    def opname(self, node):
-        return opname(node)
-
     def computed(self, arg):
         """Whether ``arg`` stands for an activation (a layer's output, the data, or a refused node's), not a
         parameter."""
@@ -277,8 +274,9 @@ class Converter:
 
     def unread_keys(self):
         """The state-dict keys of the parameters no node of the graph reads (a module the forward never calls)."""
+        keys = self.state_keys()
         return [spec.target for spec in self.program.graph_signature.input_specs
-                if spec.kind.name == "PARAMETER" and spec.target in self.state_keys()
+                if spec.kind.name == "PARAMETER" and spec.target in keys
                 and not self._placeholders[spec.arg.name].users]
 
     def kept_keys(self):

@@ -115,7 +115,7 @@ def _pool(kind):
         if a["ceil_mode"]:
             entry["ceil_mode"] = True
         converter.add(node, entry, [value])
-        if "with_indices" in converter.opname(node):
+        if "with_indices" in opname(node):
             converter.values[node] = (converter.values[node], None)
     return handle
 

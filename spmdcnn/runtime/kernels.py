@@ -338,24 +338,18 @@ def _batchnorm(kernel):
     return forward, backward
 
 
-def _layer_scale(kernel):
-    views = kernel.views
+def _one_weight(forward, backward):
+    """A layer whose one parameter is its ``weight`` (a layer scale's factors, a PReLU's slopes):
+    ``forward(x, weight) -> (y, saved)``, ``backward(gy, saved, weight) -> (gx, gweight)``."""
+    def bind(kernel):
+        views = kernel.views
 
-    def backward(gy, saved):
-        gx, ggamma = layer_scale.layer_scale_backward(gy, saved, views.params["weight"])
-        views.grads["weight"][...] = ggamma
-        return [gx]
-    return (lambda xs, run: layer_scale.layer_scale_forward(xs[0], views.params["weight"])), backward
-
-
-def _prelu(kernel):
-    views = kernel.views
-
-    def backward(gy, saved):
-        gx, gweight = prelu.prelu_backward(gy, saved, views.params["weight"])
-        views.grads["weight"][...] = gweight
-        return [gx]
-    return (lambda xs, run: prelu.prelu_forward(xs[0], views.params["weight"])), backward
+        def backward_(gy, saved):
+            gx, gweight = backward(gy, saved, views.params["weight"])
+            views.grads["weight"][...] = gweight
+            return [gx]
+        return (lambda xs, run: forward(xs[0], views.params["weight"])), backward_
+    return bind
 
 
 def _masked(function):
@@ -454,7 +448,8 @@ BIND = {
     "layernorm": _layernorm,
     "dropout": _masked(dropout.dropout_forward),
     "stochastic_depth": _masked(dropout.stochastic_depth_forward),
-    "layer_scale": _layer_scale, "prelu": _prelu,
+    "layer_scale": _one_weight(layer_scale.layer_scale_forward, layer_scale.layer_scale_backward),
+    "prelu": _one_weight(prelu.prelu_forward, prelu.prelu_backward),
     "softmax_cross_entropy": _loss(loss.softmax_cross_entropy_forward, loss.softmax_cross_entropy_backward),
     "dice_loss": _dice,
     "mse_loss": _loss(mse.mse_loss_forward, mse.mse_loss_backward),

@@ -276,6 +276,19 @@ def _library(name):
         pytest.skip(f"{name} is not installed (pip install -e .[test] installs it)")
 
 
+MONAI_UNET = "monai.networks.nets.UNet(3, 1, 3, (4, 6, 8), (2, 2), num_res_units=1)"
+
+
+def test_the_mpi_suites_monai_unet_is_the_importers(tmp_path):
+    """tests/mpi/monai_unet.yaml (trained under random plans on the ranks) is what the importer writes today."""
+    monai = _library("monai")
+    written = tmp_path / "monai_unet.yaml"
+    module = monai.networks.nets.UNet(3, 1, 3, (4, 6, 8), (2, 2), num_res_units=1)
+    import_module(module, written, (1, 8, 8, 8), source=MONAI_UNET)
+    with open(os.path.join(HERE, "..", "mpi", "monai_unet.yaml")) as file:
+        assert written.read_text() == file.read(), "tests/mpi/monai_unet.yaml is not what the importer writes today"
+
+
 @pytest.mark.parametrize("library, build, shape", [
     ("monai", lambda m: m.networks.nets.UNet(3, 1, 3, (4, 8, 16), (2, 2), num_res_units=2), (1, 16, 16, 16)),
     ("monai", lambda m: m.networks.nets.BasicUNet(3, 1, 2, features=(4, 4, 4, 8, 8, 4)), (1, 32, 32, 32)),
