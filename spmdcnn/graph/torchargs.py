@@ -24,8 +24,9 @@ def pair_list(values):
     return values[0] if len(set(values)) == 1 else values
 
 
-def spatial_rank(converter, node, value, tensor=None):
-    shape = converter.shape(tensor if tensor is not None else arguments(node)["input"])
+def spatial_rank(converter, node, value):
+    """The spatial axes of the node's first argument (``value``), refusing what is not (N, C, S...)."""
+    shape = converter.shape(arguments(node)["input"])
     rank = len(shape) - 2
     if value.last or rank not in (1, 2, 3):
         converter.refuse(node, f"runs on shape {shape}; spmdcnn takes (N, C, W), (N, C, H, W) or (N, C, D, H, W) "
@@ -33,8 +34,9 @@ def spatial_rank(converter, node, value, tensor=None):
     return rank
 
 
-def first_input(converter, node, key="input"):
-    (value,) = converter.tensors(node, [arguments(node)[key]])
+def first_input(converter, node):
+    """What the node's first argument stands for (a layer's output or the data, never a parameter)."""
+    (value,) = converter.tensors(node, [arguments(node)["input"]])
     return value
 
 

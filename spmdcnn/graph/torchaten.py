@@ -92,8 +92,6 @@ def _batch_norm(converter, node):
     converter.add(node, entry, [value], tensors=tensors)
 
 
-
-
 def _group_norm(converter, node):
     a = arguments(node)
     value = first_input(converter, node)

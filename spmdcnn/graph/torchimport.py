@@ -164,7 +164,8 @@ def _first_line(error):
 
 def _check_input(module, source, input_shape, example):
     """Run the network on ``example`` (evaluation mode, no gradients: nothing of it changes) and name the module
-    where an input of ``input_shape`` does not fit."""
+    where an input of ``input_shape`` does not fit; where it fits, nothing (the capture failed for another
+    reason)."""
     torch = _torch()
     running = []
 
@@ -200,7 +201,6 @@ def capture(module, source, input_shape):
     not a tensor). The module is left as it was: its mode, parameters and statistics."""
     torch = _torch()
     example = torch.zeros((2,) + tuple(input_shape))
-    _check_input(module, source, input_shape, example)
     training = module.training
     module.train()
     quiet = [logging.getLogger(name) for name in _EXPORT_LOGGERS]
@@ -212,6 +212,8 @@ def capture(module, source, input_shape):
             warnings.simplefilter("ignore")                                         # it stops, and warns
             program = torch.export.export(module, (example,))
     except Exception as error:
+        module.train(training)
+        _check_input(module, source, input_shape, example)     # an input that does not fit: say where
         line = re.search(r"The following call raised this error:\s*File \"([^\"]+)\", line (\d+)[^\n]*\n\s*([^\n]*)",
                          str(error))
         where = f" at {line.group(1)}:{line.group(2)} ({line.group(3).split('#')[0].strip()})" if line else ""

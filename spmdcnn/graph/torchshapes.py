@@ -8,7 +8,7 @@ from .torchargs import arguments, first_input, opname, pair_list, spatial_rank
 
 def _permute(converter, node):
     a = arguments(node)
-    value = first_input(converter, node, "self")
+    value = first_input(converter, node)
     dims = list(a["dims"])
     rank = len(converter.shape(a["self"]))
     dims = [dim % rank for dim in dims]
@@ -25,7 +25,7 @@ def _permute(converter, node):
 
 def _flatten(converter, node):
     a = arguments(node)
-    value = first_input(converter, node, "self")
+    value = first_input(converter, node)
     rank = len(converter.shape(a["self"]))
     if a["start_dim"] % rank != 1 or a["end_dim"] % rank != rank - 1:
         converter.refuse(node, "flattens other axes than all but the batch; spmdcnn's flatten keeps the batch axis "
@@ -36,7 +36,7 @@ def _flatten(converter, node):
 def _reshape(converter, node):
     """``view``/``reshape`` to the shape it has (an identity) or to (N, features) (a flatten)."""
     a = arguments(node)
-    value = first_input(converter, node, "self")
+    value = first_input(converter, node)
     before, after = converter.shape(a["self"]), converter.shape(node)
     if tuple(before) == tuple(after):
         converter.alias(node, value)
@@ -58,7 +58,7 @@ def flatten_value(converter, node, value, tensor):
 
 def _same(converter, node):
     """``contiguous``, ``clone``, ``alias``: the value itself."""
-    converter.alias(node, first_input(converter, node, "self"))
+    converter.alias(node, first_input(converter, node))
 
 
 def _pad(converter, node):
@@ -99,8 +99,8 @@ def _pool(kind):
     """``aten.max_pool{1,2,3}d`` (with indices: its values), ``aten.avg_pool{1,2,3}d``."""
     def handle(converter, node):
         a = arguments(node)
-        value = first_input(converter, node, "self")
-        rank = spatial_rank(converter, node, value, a["self"])
+        value = first_input(converter, node)
+        rank = spatial_rank(converter, node, value)
         if kind == "max" and pair_list(a["dilation"]) != 1:
             converter.refuse(node, "dilates its window; spmdcnn's maxpool does not")
         if kind == "avg" and (not a["count_include_pad"] or a.get("divisor_override") is not None):
@@ -124,8 +124,8 @@ def _adaptive_avg_pool(converter, node):
     """To one position: a global average pooling; to the input's own size: the value itself (AlexNet's and VGG's
     at 224x224); to a size that divides the input's along every axis: an average pooling of that window."""
     a = arguments(node)
-    value = first_input(converter, node, "self")
-    rank = spatial_rank(converter, node, value, a["self"])
+    value = first_input(converter, node)
+    rank = spatial_rank(converter, node, value)
     before, out = converter.shape(a["self"])[2:], converter.shape(node)[2:]
     if all(size == 1 for size in out):
         converter.add(node, {"op": "global_avgpool"}, [value])
@@ -152,13 +152,11 @@ def _attention(converter, node):
                            "layer's weight")
 
 
-
-
 def _mean(converter, node):
     """``x.mean((2, 3))``, ``torch.mean(x, dim=[-2, -1], keepdim=True)``: a mean over every spatial axis is a
     global average pooling (and a flatten of its (C, 1, ...) without ``keepdim``)."""
     a = arguments(node)
-    value = first_input(converter, node, "self")
+    value = first_input(converter, node)
     shape = converter.shape(a["self"])
     dims = list(a["dim"] or [])
     spatial = set(range(2, len(shape)))
