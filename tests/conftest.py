@@ -4,8 +4,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MODELS = os.path.join(ROOT, "models")
-REPORTED = ("numpy", "mpi4py", "h5py", "PyYAML", "torch", "torchvision", "mpich", "numba", "onednn-cpu-gomp",
-            "threadpoolctl")
+REPORTED = ("numpy", "mpi4py", "h5py", "PyYAML", "torch", "torchvision", "timm", "monai",
+            "segmentation-models-pytorch", "mpich", "numba", "onednn-cpu-gomp", "threadpoolctl")
 
 
 def pytest_configure(config):
