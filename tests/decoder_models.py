@@ -110,3 +110,36 @@ SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers":
     {"name": "skip", "op": "add", "inputs": ["up", "a1"]},
     {"name": "head", "op": "conv3d", "out_channels": 4, "kernel": 1},
     {"name": "loss", "op": "dice_loss", "dice": 0.5, "cross_entropy": 0.5, "include_background": False}]}
+
+
+# the idioms of today's imported CNNs: a constant pad (per side, a value other than 0, cropping a side), average pooling that leaves
+# the padding out of its divisors (with ceil mode), channel slices (Res2Net's and CSPNet's splits, ReXNet's partial
+# residual: a slice added to a slice), ShuffleNet's channel shuffle, over images and volumes
+IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
+    {"name": "c1", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
+    {"name": "padded", "op": "pad", "padding": [[1, 2], [-1, 1]], "value": 0.25},
+    {"name": "avg", "op": "avgpool2d", "kernel": 3, "stride": 2, "padding": 1, "count_include_pad": False,
+     "ceil_mode": True},
+    {"name": "first", "op": "slice", "start": 0, "stop": 2},
+    {"name": "rest", "op": "slice", "start": 2, "stop": 6, "inputs": ["avg"]},
+    {"name": "c2", "op": "conv2d", "out_channels": 2, "kernel": 3, "padding": 1},
+    {"name": "joined", "op": "concat", "inputs": ["first", "c2", "rest"]},
+    {"name": "shuffled", "op": "channel_shuffle", "groups": 4},
+    {"name": "a", "op": "slice", "start": 1, "stop": 4},
+    {"name": "b", "op": "slice", "start": 5, "stop": 8, "inputs": ["shuffled"]},
+    {"name": "partial", "op": "add", "inputs": ["a", "b"]},
+    {"name": "act", "op": "relu"},
+    {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
+    {"name": "fc", "op": "linear", "out_features": 3},
+    {"name": "loss", "op": "softmax_cross_entropy"}]}
+
+IDIOMS_VOLUME = {"name": "idioms_volume", "input": [4, 5, 6, 4], "layers": [
+    {"name": "padded", "op": "pad", "padding": [[0, 1], [2, -1], [1, 1]]},
+    {"name": "shifted", "op": "pad", "padding": [[-1, 1], [0, 0], [0, 0]]},      # NASNet's shift
+    {"name": "avg", "op": "avgpool3d", "kernel": [3, 2, 3], "stride": [2, 1, 2], "padding": [1, 1, 1],
+     "count_include_pad": False},
+    {"name": "c1", "op": "conv3d", "out_channels": 6, "kernel": 1},
+    {"name": "shuffled", "op": "channel_shuffle", "groups": 3},
+    {"name": "part", "op": "slice", "start": 1, "stop": 5},
+    {"name": "head", "op": "conv3d", "out_channels": 3, "kernel": 3, "padding": 1},
+    {"name": "loss", "op": "softmax_cross_entropy"}]}

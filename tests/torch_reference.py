@@ -88,11 +88,15 @@ class TorchNet(torch.nn.Module):
             scale = a["scale"] if isinstance(a["scale"], list) else [a["scale"]] * rank
             return F.interpolate(x, scale_factor=[float(s) for s in scale], mode=mode,
                                  align_corners=a["align_corners"] if mode != "nearest" else None)
-        if family in ("maxpool", "avgpool") and a.get("ceil_mode") and decision is None:
-            g = window(a, rank)         # PyTorch's own ceil mode, over the padding as written (symmetric)
+        if family in ("maxpool", "avgpool") and (a.get("ceil_mode") or not a.get("count_include_pad", True)) \
+                and decision is None:
+            g = window(a, rank)         # PyTorch's own ceil mode and divisors, over the padding as written
             assert all(before == after for before, after in g.padding), "PyTorch pads both sides alike"
-            pool = getattr(F, f"{'max' if family == 'maxpool' else 'avg'}_pool{rank}d")
-            return pool(x, g.kernel, g.stride, padding=[before for before, _ in g.padding], ceil_mode=True)
+            if family == "maxpool":
+                return getattr(F, f"max_pool{rank}d")(x, g.kernel, g.stride, [b for b, _ in g.padding],
+                                                      ceil_mode=a["ceil_mode"])
+            return getattr(F, f"avg_pool{rank}d")(x, g.kernel, g.stride, [b for b, _ in g.padding],
+                                                  ceil_mode=a["ceil_mode"], count_include_pad=a["count_include_pad"])
         if family == "maxpool":
             g = layer.window
             x = padded(x, g.padding, -float("inf"))
@@ -160,6 +164,14 @@ class TorchNet(torch.nn.Module):
             return x * mask / (1.0 - a["p"]) if a["p"] < 1 else x * 0
         if family == "flatten":
             return torch.flatten(x, 1)
+        if family == "slice":
+            return x[:, a["start"]:a["stop"]]
+        if family == "channel_shuffle":     # ShuffleNet's, as torchvision writes it
+            n, c = x.shape[:2]
+            return x.view((n, a["groups"], c // a["groups"]) + tuple(x.shape[2:])).transpose(1, 2).reshape(x.shape)
+        if family == "pad":
+            g = layer.window
+            return F.pad(x, [v for pair in reversed(g.padding) for v in pair], value=a["value"])
         if family == "linear":
             return F.linear(x, self.param(f"{name}.weight"), self.param(f"{name}.bias"))
         if family == "concat":

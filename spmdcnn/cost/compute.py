@@ -77,7 +77,7 @@ def _pool_work(shape, out, ins, itemsize):
 
 
 def _copies(shape, out, ins, itemsize):
-    """Ops that move data: concat, add, flatten, global pooling."""
+    """Ops that move data: concat, add, flatten, slice, channel shuffle, pad, global pooling."""
     return 2, 0, itemsize * 2 * (ins + out)
 
 
@@ -135,6 +135,9 @@ WORK = {
     "add": _copies,
     "mul": lambda shape, out, ins, itemsize: (3, 3 * out, itemsize * 6 * out),
     "flatten": _copies,
+    "slice": _copies,
+    "channel_shuffle": _copies,
+    "pad": _copies,
     "global_avgpool": _copies,
 }
 

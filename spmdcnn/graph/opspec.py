@@ -18,7 +18,7 @@ from ..io.samples import axis_names
 from ..io.yamlfile import FormatError
 from ..ops.conv_transpose import output_padding_error, transposed_extents
 from ..ops.upsample import MODES as UPSAMPLE_MODES
-from ..ops.window import ntuple, output_extents
+from ..ops.window import ntuple, output_extents, padded_extents
 from .optable import ANSWERS_LABELS, OPS, SPATIAL_NAMES, window
 
 _NO_DEFAULT = object()
@@ -31,7 +31,7 @@ KEYS = {
     "conv_transpose": {"out_channels": _NO_DEFAULT, "kernel": _NO_DEFAULT, "stride": 1, "padding": 0,
                        "output_padding": 0, "dilation": 1, "groups": 1, "bias": True},
     "maxpool": {**_WINDOW, "ceil_mode": False},
-    "avgpool": {**_WINDOW, "ceil_mode": False},
+    "avgpool": {**_WINDOW, "ceil_mode": False, "count_include_pad": True},
     "global_avgpool": {},
     "upsample": {"scale": _NO_DEFAULT, "mode": "nearest", "align_corners": False},
     "relu": {},
@@ -53,6 +53,9 @@ KEYS = {
     "layer_scale": {"init": 1e-6},
     "prelu": {"init": 0.25, "shared": True},
     "flatten": {},
+    "slice": {"start": _NO_DEFAULT, "stop": _NO_DEFAULT},
+    "channel_shuffle": {"groups": _NO_DEFAULT},
+    "pad": {"padding": _NO_DEFAULT, "value": 0.0},
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
     "concat": {},
     "add": {},
@@ -107,6 +110,12 @@ def keys_of(op):
     return KEYS[OPS[op].family]
 
 
+def _int(value, key, where):
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise LayerError(f"{where}: '{key}' must be an integer, got {value!r}")
+    return value
+
+
 def _positive_int(value, key, where, allow_zero=False):
     if isinstance(value, bool) or not isinstance(value, int) or value < (0 if allow_zero else 1):
         kind = "a non-negative" if allow_zero else "a positive"
@@ -128,14 +137,17 @@ def _per_axis(value, key, where, rank, allow_zero=False):
     return _positive_int(value, key, where, allow_zero)
 
 
-def _padding(value, where, rank, same):
-    """An int, one int per axis, one ``[before, after]`` pair per axis, or (convolutions) ``same``."""
+def _padding(value, where, rank, same, crops=False):
+    """An int, one int per axis, one ``[before, after]`` pair per axis, or (convolutions) ``same``; ``crops``: a
+    side may be negative (a pad's, cropping it)."""
     if value == "same" and same:
         return value
     if isinstance(value, (list, tuple)) and value and all(isinstance(v, (list, tuple)) for v in value):
         if len(value) != rank or any(len(v) != 2 for v in value):
             raise LayerError(f"{where}: 'padding' per side must be {rank} [before, after] pair"
                              f"{'s' * (rank != 1)} (one per spatial axis), got {value!r}")
+        if crops:
+            return [[_int(v, "padding", where) for v in pair] for pair in value]
         return [[_positive_int(v, "padding", where, True) for v in pair] for pair in value]
     if isinstance(value, str):
         allowed = "'same', " if same else ""
@@ -176,10 +188,11 @@ def normalise(op, given, where, rank=2):
         if error:
             raise LayerError(f"{where}: {error} (as in PyTorch)")
     if "padding" in attrs:
-        attrs["padding"] = _padding(attrs["padding"], where, rank, same=OPS[op].family == "conv")
+        attrs["padding"] = _padding(attrs["padding"], where, rank, same=OPS[op].family == "conv",
+                                    crops=OPS[op].family == "pad")
         if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
             raise LayerError(f"{where}: padding 'same' needs stride 1 (as in PyTorch), got stride {attrs['stride']}")
-    for key in ("bias", "align_corners", "affine", "include_background", "batch", "ceil_mode"):
+    for key in ("bias", "align_corners", "affine", "include_background", "batch", "ceil_mode", "count_include_pad"):
         if key in attrs and not isinstance(attrs[key], bool):
             raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
     if "scale" in attrs and OPS[op].family == "upsample":
@@ -195,12 +208,17 @@ def normalise(op, given, where, rank=2):
                                     or not isinstance(attrs["ignore_index"], int)):
         raise LayerError(f"{where}: 'ignore_index' must be an integer (a label that counts for nothing), got "
                          f"{attrs['ignore_index']!r}")
-    for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth", "init"):
+    for key in ("start", "stop"):
+        if key in attrs:
+            _positive_int(attrs[key], key, where, allow_zero=True)
+    for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth", "init",
+                "value"):
         if key in attrs:
             value = attrs[key]
+            infinite = key == "value"       # a pad's may be -inf or inf (before a max pooling: timm's 'same')
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-                    or abs(value) == float("inf"):
-                raise LayerError(f"{where}: '{key}' must be a finite number, got {value!r}")
+                    or (abs(value) == float("inf") and not infinite):
+                raise LayerError(f"{where}: '{key}' must be a {'' if infinite else 'finite '}number, got {value!r}")
             attrs[key] = float(value)
     if op in ("dropout", "stochastic_depth") and not 0.0 <= attrs["p"] <= 1.0:
         raise LayerError(f"{where}: {op} 'p' must lie in [0, 1], got {attrs['p']}")
@@ -371,6 +389,33 @@ def _flatten(op, attrs, in_shapes, where):
     return (prod(in_shapes[0]),), {}, {}, 0
 
 
+def _slice(op, attrs, in_shapes, where):
+    """Channels (or features) ``[start, stop)`` of its input."""
+    shape = in_shapes[0]
+    start, stop = attrs["start"], attrs["stop"]
+    if not len(shape) or not 0 <= start < stop <= shape[0]:
+        raise LayerError(f"{where}: slice [{start}, {stop}) must hold at least one of the {shape[0] if len(shape) else 0} "
+                         "channels of its input (0 <= start < stop <= channels)")
+    return (stop - start,) + tuple(shape[1:]), {}, {}, 0
+
+
+def _channel_shuffle(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    if shape[0] % attrs["groups"]:
+        raise LayerError(f"{where}: 'groups' {attrs['groups']} must divide the {shape[0]} channels of its input")
+    return shape, {}, {}, 0
+
+
+def _pad(op, attrs, in_shapes, where):
+    """The spatial extents grown by the padding before and after along each axis (shrunk where negative)."""
+    shape = _spatial(in_shapes[0], op, where)
+    geometry = window(attrs, len(shape) - 1)
+    out = padded_extents(shape[1:], geometry.padding)
+    if min(out) <= 0:
+        raise LayerError(f"{where}: padding {attrs['padding']} crops all of input {'x'.join(map(str, shape[1:]))}")
+    return (shape[0],) + out, {}, {}, 0
+
+
 def _linear(op, attrs, in_shapes, where):
     x = in_shapes[0]
     if len(x) != 1:
@@ -431,11 +476,13 @@ def _loss(op, attrs, in_shapes, where):
 
 INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool,
          "global_avgpool": _global_avgpool, "upsample": _upsample, "batchnorm": _batchnorm, "groupnorm": _groupnorm,
-         "instancenorm": _groupnorm, "layernorm": _layernorm, "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise,
-         "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise, "hardswish": _elementwise,
-         "hardsigmoid": _elementwise, "relu6": _elementwise,
-         "scale": _elementwise, "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "prelu": _prelu, "flatten": _flatten, "linear": _linear, "concat": _concat,
-         "add": _add, "mul": _mul, "softmax_cross_entropy": _loss, "dice_loss": _loss, "mse_loss": _loss}
+         "instancenorm": _groupnorm, "layernorm": _layernorm, "relu": _elementwise, "leaky_relu": _elementwise,
+         "tanh": _elementwise, "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise,
+         "hardswish": _elementwise, "hardsigmoid": _elementwise, "relu6": _elementwise, "scale": _elementwise,
+         "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "prelu": _prelu,
+         "flatten": _flatten, "slice": _slice, "channel_shuffle": _channel_shuffle, "pad": _pad, "linear": _linear,
+         "concat": _concat, "add": _add, "mul": _mul, "softmax_cross_entropy": _loss, "dice_loss": _loss,
+         "mse_loss": _loss}
 
 
 def infer(op, attrs, in_shapes, where):

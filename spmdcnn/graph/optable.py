@@ -31,6 +31,7 @@ READS_PLANE = "plane"                   # every position of the spatial axes, th
 READS_SAMPLE = "sample"                 # every feature of the output's samples
 READS_POSITIONS = "positions"           # every channel at the output's positions (a loss per sample or pixel)
 READS_CHANNEL_PARTS = "channel parts"   # from each input the part of the output's channels it supplies (concat)
+READS_CHANNEL_SLICE = "channel slice"   # the output's box moved along the channels by the layer's start (slice)
 READS_BOX = "box"                       # the output's own box (element-wise)
 READS_BROADCAST = "broadcast"           # the output's box, one element along an input's axes of size 1 (mul)
 
@@ -130,6 +131,11 @@ OPS = {spec.name: spec for spec in (
     # one slope shared by every channel (shared: true) holds no row per channel: its channels are never split
     OpSpec("prelu", READS_BOX, KEEPS_INPUT, unit_init=True, tile_attrs=("init", "shared")),
     OpSpec("flatten", READS_SAMPLE, splits=("n",), view=True),
+    OpSpec("slice", READS_CHANNEL_SLICE, view=True),
+    # any output channels read channels of every group: its channels are never split
+    OpSpec("channel_shuffle", READS_POSITIONS, splits=("n",) + AXES, tile_attrs=("groups",)),
+    # a window of kernel 1 whose padding is the pad's: a tile pads where it meets the tensor's sides
+    OpSpec("pad", READS_CHANNEL_WINDOW, view=True, tile_attrs=("value",)),
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
     OpSpec("concat", READS_CHANNEL_PARTS, multi_input=True),
     OpSpec("add", READS_BOX, multi_input=True, inplace=True),
@@ -161,13 +167,14 @@ def same_padding(kernel, dilation):
 
 
 def window(attrs, rank, spatial=None):
-    """The :class:`Window` of a convolution's or pooling's attributes over ``rank`` spatial axes: a stride left out
-    (``None``) is the kernel's size, as PyTorch's pooling has it, a dilation left out is 1 (pooling has none),
+    """The :class:`Window` of a convolution's, pooling's or pad's attributes over ``rank`` spatial axes: a kernel
+    left out is 1 (a pad), a stride left out (``None``) is the kernel's size, as PyTorch's pooling has it, a
+    dilation left out is 1 (pooling has none),
     and padding ``same`` is :func:`same_padding`. Pooling's ``ceil_mode`` over an input of ``spatial`` extents is
     floor mode with the positions its last windows reach past the padded end added to the padding after
     (``ops/window.ceil_extra``; they count for nothing: -inf for max pooling, left out of average pooling's
     divisors); without ``spatial``, the padding as written."""
-    kernel = ntuple(attrs["kernel"], rank, "kernel")
+    kernel = ntuple(attrs.get("kernel", 1), rank, "kernel")        # a pad has none: 1
     stride = kernel if attrs.get("stride") is None else ntuple(attrs["stride"], rank, "stride")
     dilation = ntuple(attrs.get("dilation", 1), rank, "dilation")
     padding = attrs.get("padding", 0)

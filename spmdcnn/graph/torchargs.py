@@ -34,9 +34,10 @@ def spatial_rank(converter, node, value):
     return rank
 
 
-def first_input(converter, node):
-    """What the node's first argument stands for (a layer's output or the data, never a parameter)."""
-    (value,) = converter.tensors(node, [arguments(node)["input"]])
+def first_input(converter, node, grouped=False):
+    """What the node's first argument stands for (a layer's output or the data, never a parameter; ``grouped``:
+    perhaps with its channels viewed as groups, where the node is a reshape or a transpose)."""
+    (value,) = converter.tensors(node, [arguments(node)["input"]], grouped=grouped)
     return value
 
 

@@ -177,6 +177,10 @@ def _number(value):
 
 def _add(converter, node):
     a = arguments(node)
+    if a.get("alpha", 1) == 1 and any(_number(term) and term == 0 for term in (a["self"], a["other"])):
+        tensor = a["other"] if _number(a["self"]) else a["self"]      # + 0 (MobileOne's branches that are none)
+        converter.alias(node, converter.tensors(node, [tensor])[0])
+        return
     if not (hasattr(a["self"], "op") and hasattr(a["other"], "op")) or a.get("alpha", 1) != 1:
         converter.refuse(node, "adds a number (or scales a term); spmdcnn's add sums tensors")
     values = converter.tensors(node, [a["self"], a["other"]])
@@ -226,11 +230,12 @@ def _layer_scale(converter, node, param, value):
     tensor = converter.tensor(param.param)
     shape = converter.shape(node)
     axis = len(shape) - 1 if value.last else 1
-    aligned = (1,) * (len(shape) - tensor.dim()) + tuple(tensor.shape)     # as it broadcasts against the value
+    seen = param.view or tuple(tensor.shape)            # as the graph reshaped it
+    aligned = (1,) * (len(shape) - len(seen)) + seen    # as it broadcasts against the value
     channels = shape[axis]
-    if tensor.dim() > len(shape) or aligned[axis] != channels or tensor.numel() != channels:
-        converter.refuse(node, f"multiplies by parameter '{param.param}' of shape {tuple(tensor.shape)}; spmdcnn "
-                               f"takes a factor per channel ({channels}) as a layer_scale")
+    if len(seen) > len(shape) or aligned[axis] != channels or tensor.numel() != channels:
+        converter.refuse(node, f"multiplies by parameter '{param.param}' of shape {seen}; spmdcnn takes a factor "
+                               f"per channel ({channels}) as a layer_scale")
     values = tensor.detach().reshape(-1)
     entry = {"op": "layer_scale"}
     # its value at construction where all channels share one (as written: 1e-06, not float32's 9.99999997e-07)

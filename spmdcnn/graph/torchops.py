@@ -30,10 +30,14 @@ class ImportFailure(FormatError):
 
 class _Value:
     """What a graph node stands for: an spmdcnn layer's output (``name``; ``last``: its channels are the last axis,
-    after a permute), or a parameter or buffer (``param``: its state-dict key; ``buffer``: it is a buffer)."""
+    after a permute), or a parameter or buffer (``param``: its state-dict key; ``buffer``: it is a buffer).
+    ``grouped``: the output's channels viewed as (groups, channels per group) on an axis of their own, ``(first,
+    second, swapped)`` (ShuffleNet's reshape before its transpose; only a reshape back or a transpose reads it).
+    ``view``: the shape a parameter is reshaped to (``gamma.reshape(1, -1, 1, 1)``), None for its own."""
 
-    def __init__(self, name=None, last=False, param=None, buffer=False):
-        self.name, self.last, self.param, self.buffer = name, last, param, buffer
+    def __init__(self, name=None, last=False, param=None, buffer=False, grouped=None, view=None):
+        self.name, self.last, self.param, self.buffer, self.grouped = name, last, param, buffer, grouped
+        self.view = view
 
 
 class _Refused(Exception):
@@ -129,7 +133,7 @@ class Converter:
             prefixes = {key.rpartition(".")[0] for key in keys.values()}
             if len(prefixes) == 1 and all(key.rpartition(".")[2] == tensor for tensor, key in keys.items()):
                 module = prefixes.pop()
-        name = self.fresh(name or module or self._node_name(node))
+        name = self.fresh(name or module or self.node_name(node))
         if keys and name != module:     # its tensors keep their keys: its module's, or each its own
             self.torch_names[name] = module if module else dict(keys)
         for key in keys.values():
@@ -150,7 +154,7 @@ class Converter:
     def _stack(node):
         return list((node.meta.get("nn_module_stack") or {}).values())
 
-    def _node_name(self, node):
+    def node_name(self, node):
         """The path of the ``torch.nn`` module computing it; for a function, the path of the module whose forward
         calls it and the operator's name (``features.2.0.add``), or the operator's name at the top level."""
         base = opname(node).lstrip("_")
@@ -189,8 +193,9 @@ class Converter:
         value = self.values.get(arg)
         return isinstance(value, _Value) and value.param is None
 
-    def value(self, node, arg, several=False):
-        """What ``arg`` stands for, as ``node`` reads it (``several``: it may be an operator's several outputs)."""
+    def value(self, node, arg, several=False, grouped=False):
+        """What ``arg`` stands for, as ``node`` reads it (``several``: it may be an operator's several outputs;
+        ``grouped``: its channels may be viewed as groups)."""
         if not hasattr(arg, "op") or arg not in self.values:
             self.refuse(node, f"takes {arg!r}, which is not a tensor spmdcnn computes")
         value = self.values[arg]
@@ -201,10 +206,14 @@ class Converter:
                               "input; spmdcnn's layers read their inputs and parameters")
         if isinstance(value, tuple) and not several:
             self.refuse(node, f"takes all of '{arg.name}', which gives several tensors")
+        if isinstance(value, _Value) and value.grouped and not grouped:
+            self.refuse(node, f"reads channels reshaped into groups {value.grouped[:2]} on an axis of their own; "
+                              "spmdcnn follows that only into a channel shuffle (a transpose of the two axes and a "
+                              "reshape back)")
         return value
 
-    def tensors(self, node, args):
-        values = [self.value(node, arg) for arg in args]
+    def tensors(self, node, args, grouped=False):
+        values = [self.value(node, arg, grouped=grouped) for arg in args]
         if any(value.param for value in values):
             self.refuse(node, "reads a parameter directly; spmdcnn takes a parameter only as a layer's weight, "
                               "bias or scale")
@@ -228,8 +237,14 @@ class Converter:
         except AttributeError:
             return None
 
-    def alias(self, node, value, last=None):
-        self.values[node] = _Value(value.name, value.last if last is None else last)
+    def viewed(self, node, value, shape):
+        """The node stands for parameter ``value`` reshaped to ``shape``."""
+        self.values[node] = _Value(param=value.param, buffer=value.buffer, view=tuple(shape))
+
+    def alias(self, node, value, last=None, grouped=None):
+        """The node stands for ``value`` (its channels last or not, as ``last`` says; ``grouped``: viewed as
+        groups, a :class:`_Value`'s ``grouped``)."""
+        self.values[node] = _Value(value.name, value.last if last is None else last, grouped=grouped)
 
     # -- the walk ------------------------------------------------------------------------------------------------
 

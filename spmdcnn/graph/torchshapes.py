@@ -8,13 +8,25 @@ from .torchargs import arguments, first_input, opname, pair_list, spatial_rank
 
 def _permute(converter, node):
     a = arguments(node)
-    value = first_input(converter, node)
-    dims = list(a["dims"])
     rank = len(converter.shape(a["self"]))
-    dims = [dim % rank for dim in dims]
+    if opname(node) == "transpose":
+        dims = list(range(rank))
+        dims[a["dim0"] % rank], dims[a["dim1"] % rank] = dims[a["dim1"] % rank], dims[a["dim0"] % rank]
+    else:
+        dims = [dim % rank for dim in a["dims"]]
+    value = first_input(converter, node, grouped=True)
+    if value.grouped:                                   # ShuffleNet's transpose of the groups and their channels
+        if dims != [0, 2, 1] + list(range(3, rank)):
+            converter.refuse(node, f"permutes the axes {dims} of channels viewed as groups; spmdcnn follows only "
+                                   "the swap of the groups and their channels (a channel shuffle)")
+        first, second, swapped = value.grouped
+        converter.alias(node, value, grouped=(second, first, not swapped))
+        return
     last = [0] + list(range(2, rank)) + [1]             # channels to the end
     first = [0, rank - 1] + list(range(1, rank - 1))    # and back
-    if dims == last and not value.last:
+    if dims == list(range(rank)):
+        converter.alias(node, value)
+    elif dims == last and not value.last:
         converter.alias(node, value, last=True)
     elif dims == first and value.last:
         converter.alias(node, value, last=False)
@@ -25,8 +37,14 @@ def _permute(converter, node):
 
 def _flatten(converter, node):
     a = arguments(node)
-    value = first_input(converter, node)
+    value = first_input(converter, node, grouped=True)
     rank = len(converter.shape(a["self"]))
+    if value.grouped:
+        if (a["start_dim"] % rank, a["end_dim"] % rank) != (1, 2):
+            converter.refuse(node, "flattens channels viewed as groups with other axes; spmdcnn follows only their "
+                                   "flattening back into channels")
+        _ungrouped(converter, node, value)
+        return
     if a["start_dim"] % rank != 1 or a["end_dim"] % rank != rank - 1:
         converter.refuse(node, "flattens other axes than all but the batch; spmdcnn's flatten keeps the batch axis "
                                "alone")
@@ -34,17 +52,43 @@ def _flatten(converter, node):
 
 
 def _reshape(converter, node):
-    """``view``/``reshape`` to the shape it has (an identity) or to (N, features) (a flatten)."""
+    """``view``/``reshape`` to the shape it has (an identity), to (N, features) (a flatten), of the channels into
+    (groups, channels per group) on an axis of their own and back (ShuffleNet's channel shuffle, with the
+    transpose between); of a parameter, that parameter seen in the new shape (as a layer scale's factors)."""
     a = arguments(node)
-    value = first_input(converter, node)
+    source = converter.value(node, a["self"], grouped=True)
+    if source.param:                                    # a parameter shaped to broadcast (a layer scale's)
+        converter.viewed(node, source, converter.shape(node))
+        return
+    value = first_input(converter, node, grouped=True)
     before, after = converter.shape(a["self"]), converter.shape(node)
+    if value.grouped:
+        if tuple(after) != (before[0], before[1] * before[2]) + tuple(before[3:]):
+            converter.refuse(node, f"reshapes channels viewed as groups {tuple(before)} to {tuple(after)}; spmdcnn "
+                                   "follows only their reshape back into channels")
+        _ungrouped(converter, node, value)
+        return
     if tuple(before) == tuple(after):
         converter.alias(node, value)
         return
+    if not value.last and len(before) >= 3 and len(after) == len(before) + 1 and after[0] == before[0] and \
+            after[1] * after[2] == before[1] and tuple(after[3:]) == tuple(before[2:]):
+        converter.alias(node, value, grouped=(after[1], after[2], False))
+        return
     if len(after) != 2 or after[0] != before[0]:
         converter.refuse(node, f"reshapes {tuple(before)} to {tuple(after)}; spmdcnn reshapes only to flatten all "
-                               "but the batch axis")
+                               "but the batch axis, or the channels into groups for a channel shuffle")
     flatten_value(converter, node, value, a["self"])
+
+
+def _ungrouped(converter, node, value):
+    """Channels viewed as (groups, per group) back into channels: themselves, or after the swap of the two axes, a
+    channel shuffle of the first view's groups."""
+    first, second, swapped = value.grouped
+    if not swapped:
+        converter.alias(node, value)
+        return
+    converter.add(node, {"op": "channel_shuffle", "groups": second}, [value])
 
 
 def flatten_value(converter, node, value, tensor):
@@ -58,18 +102,90 @@ def flatten_value(converter, node, value, tensor):
 
 def _same(converter, node):
     """``contiguous``, ``clone``, ``alias``: the value itself."""
-    converter.alias(node, first_input(converter, node))
+    value = first_input(converter, node, grouped=True)
+    converter.alias(node, value, grouped=value.grouped)
 
 
 def _pad(converter, node):
-    """``aten.pad`` of nothing (MONAI's ``UpCat`` pads a skip connection to its partner's size, which is the same
-    at most sizes): the value itself."""
+    """``F.pad`` with a constant (``aten.pad`` in mode 'constant', ``aten.constant_pad_nd``) of the spatial axes,
+    cropping where negative (NASNet's shift by a row and a column): a ``pad`` layer (none where it pads by nothing: MONAI's ``UpCat`` pads a skip connection to its partner's size,
+    which it mostly has)."""
     a = arguments(node)
     value = first_input(converter, node)
-    if any(a["pad"]):
-        converter.refuse(node, f"pads by {list(a['pad'])} ('{a['mode']}'); spmdcnn pads inside its convolutions and "
-                               "poolings")
-    converter.alias(node, value)
+    sizes, shape = list(a["pad"]), converter.shape(a["self"])
+    mode = a.get("mode") or "constant"
+    if not any(sizes):
+        converter.alias(node, value)
+        return
+    if mode != "constant":
+        converter.refuse(node, f"pads in mode '{mode}'; spmdcnn pads with a constant")
+    rank = spatial_rank(converter, node, value)
+    padding = [[0, 0] for _ in range(rank)]
+    for index in range(0, len(sizes), 2):           # PyTorch's pairs run from the last axis back
+        axis = len(shape) - 1 - index // 2
+        if axis < 2 and (sizes[index] or sizes[index + 1]):
+            converter.refuse(node, f"pads axis {axis} of shape {shape}; spmdcnn pads the spatial axes")
+        if axis >= 2:
+            padding[axis - 2] = [sizes[index], sizes[index + 1]]
+    entry = {"op": "pad", "padding": padding}
+    if len({side for pair in padding for side in pair}) == 1 and padding[0][0] >= 0:
+        entry["padding"] = padding[0][0]
+    if a.get("value"):
+        entry["value"] = float(a["value"])
+    converter.add(node, entry, [value])
+
+
+def _slice_of(converter, node, value, tensor, dim, start, stop, name=None):
+    """``tensor[..., start:stop]`` along ``dim`` (Python's rules: None, negative, past the end): a ``slice`` layer
+    along the channels (or features), the value itself for the whole of any axis."""
+    shape = converter.shape(tensor)
+    dim %= len(shape)
+    start, stop, _ = slice(start, stop).indices(shape[dim])
+    if (start, stop) == (0, shape[dim]):
+        converter.alias(node, value)
+        return
+    channels = len(shape) - 1 if value.last else 1
+    if dim != channels:
+        converter.refuse(node, f"slices [{start}:{stop}] of axis {dim} of shape {tuple(shape)}; spmdcnn slices the "
+                               "channels")
+    if stop <= start:
+        converter.refuse(node, f"slices [{start}:{stop}] of the channels, which holds none")
+    converter.add(node, {"op": "slice", "start": start, "stop": stop}, [value], last=value.last, name=name)
+
+
+def _slice(converter, node):
+    """``x[:, a:b]`` (``aten.slice``; a step of 1), ``x.narrow(1, start, length)``."""
+    a = arguments(node)
+    value = first_input(converter, node)
+    if opname(node) == "narrow":
+        _slice_of(converter, node, value, a["self"], a["dim"], a["start"], a["start"] + a["length"])
+        return
+    if a["step"] != 1:
+        converter.refuse(node, f"slices with a step of {a['step']}; spmdcnn slices consecutive channels")
+    _slice_of(converter, node, value, a["self"], a["dim"], a["start"], a["end"])
+
+
+class _Piece:
+    """One part of a split, made a ``slice`` layer where a node reads it (``getitem``)."""
+
+    def __init__(self, value, tensor, dim, start, stop):
+        self.value, self.tensor, self.dim, self.start, self.stop = value, tensor, dim, start, stop
+
+
+def _split(converter, node):
+    """``torch.split`` (``aten.split`` by a size, ``aten.split_with_sizes``), ``torch.chunk``: its parts."""
+    a = arguments(node)
+    value = first_input(converter, node)
+    dim = a["dim"] % len(converter.shape(a["self"]))
+    size = converter.shape(a["self"])[dim]
+    if opname(node) == "split_with_sizes":
+        sizes = list(a["split_sizes"])
+    else:
+        step = a["split_size"] if opname(node) == "split" else -(-size // a["chunks"])
+        sizes = [min(step, size - start) for start in range(0, size, step)]
+    starts = [sum(sizes[:index]) for index in range(len(sizes))]
+    converter.values[node] = tuple(_Piece(value, a["self"], dim, start, start + count)
+                                   for start, count in zip(starts, sizes))
 
 
 def _cat(converter, node):
@@ -79,18 +195,27 @@ def _cat(converter, node):
         converter.alias(node, values[0])
         return
     rank = len(converter.shape(node))
-    if a["dim"] % rank != 1 or any(value.last for value in values):
-        converter.refuse(node, f"concatenates along axis {a['dim']}; spmdcnn's concat joins channels (axis 1)")
-    converter.add(node, {"op": "concat"}, values)
+    last = values[0].last
+    if any(value.last != last for value in values):
+        converter.refuse(node, "concatenates channels-last values with channels-first ones")
+    if a["dim"] % rank != (rank - 1 if last else 1):
+        converter.refuse(node, f"concatenates along axis {a['dim']}; spmdcnn's concat joins channels (axis 1, or "
+                               "the last axis of channels-last values)")
+    converter.add(node, {"op": "concat"}, values, last=last)
 
 
 def _getitem(converter, node):
-    """One output of an operator giving several (a max pooling's values, not its indices)."""
+    """One output of an operator giving several (a max pooling's values, not its indices; a part of a split)."""
     source, index = node.args
     values = converter.value(node, source, several=True)
     if not isinstance(values, tuple) or values[index] is None:
         converter.refuse(node, f"reads output {index} of '{source}'; spmdcnn takes only its first")
-    converter.values[node] = values[index]
+    piece = values[index]
+    if isinstance(piece, _Piece):
+        _slice_of(converter, node, piece.value, piece.tensor, piece.dim, piece.start, piece.stop,
+                  name=converter.node_name(source))         # named as the split is
+        return
+    converter.values[node] = piece
 
 
 # -- pooling and resampling ---------------------------------------------------------------------------------------
@@ -103,9 +228,9 @@ def _pool(kind):
         rank = spatial_rank(converter, node, value)
         if kind == "max" and pair_list(a["dilation"]) != 1:
             converter.refuse(node, "dilates its window; spmdcnn's maxpool does not")
-        if kind == "avg" and (not a["count_include_pad"] or a.get("divisor_override") is not None):
-            converter.refuse(node, "leaves the padding out of its divisor (or overrides it); spmdcnn's avgpool "
-                                   "counts the padding, as PyTorch's default does")
+        if kind == "avg" and a.get("divisor_override") is not None:
+            converter.refuse(node, "divides by a number of its own (divisor_override); spmdcnn's avgpool divides by "
+                                   "the positions it counts")
         entry = {"op": f"{kind}pool{rank}d", "kernel": pair_list(a["kernel_size"])}
         stride = a["stride"] if a["stride"] not in (None, [], ()) else a["kernel_size"]
         if pair_list(stride) != entry["kernel"]:
@@ -114,6 +239,8 @@ def _pool(kind):
             entry["padding"] = pair_list(a["padding"])
         if a["ceil_mode"]:
             entry["ceil_mode"] = True
+        if kind == "avg" and not a["count_include_pad"] and pair_list(a["padding"]) != 0:
+            entry["count_include_pad"] = False
         converter.add(node, entry, [value])
         if "with_indices" in opname(node):
             converter.values[node] = (converter.values[node], None)
@@ -153,21 +280,22 @@ def _attention(converter, node):
 
 
 def _mean(converter, node):
-    """``x.mean((2, 3))``, ``torch.mean(x, dim=[-2, -1], keepdim=True)``: a mean over every spatial axis is a
-    global average pooling (and a flatten of its (C, 1, ...) without ``keepdim``)."""
+    """``x.mean((2, 3))``, ``torch.mean(x, dim=[-2, -1], keepdim=True)`` (or over the axes between the batch and
+    channels last): a mean over every spatial axis is a global average pooling (and a flatten of its (C, 1, ...)
+    without ``keepdim``)."""
     a = arguments(node)
     value = first_input(converter, node)
     shape = converter.shape(a["self"])
     dims = list(a["dim"] or [])
-    spatial = set(range(2, len(shape)))
-    if value.last or {dim % len(shape) for dim in dims} != spatial or not spatial or a.get("dtype") is not None:
+    spatial = set(range(1, len(shape) - 1)) if value.last else set(range(2, len(shape)))
+    if {dim % len(shape) for dim in dims} != spatial or not spatial or a.get("dtype") is not None:
         converter.refuse(node, f"averages over the axes {dims} of shape {shape}; spmdcnn averages over every "
                                "spatial axis at once (a global average pooling)")
     if a["keepdim"]:
-        converter.add(node, {"op": "global_avgpool"}, [value])
+        converter.add(node, {"op": "global_avgpool"}, [value], last=value.last)
         return
     pooled = converter.add(node, {"op": "global_avgpool"}, [value])
-    converter.shapes[pooled] = (shape[1],) + (1,) * len(spatial)
+    converter.shapes[pooled] = (shape[-1 if value.last else 1],) + (1,) * len(spatial)
     converter.add(node, {"op": "flatten"}, [converter.values[node]], name=f"{pooled}_flatten")
 
 
@@ -195,7 +323,9 @@ def _upsample(mode):
 
 SHAPES = {      # graph/torchaten.py's table holds these rows
     "permute": _permute, "flatten": _flatten, "view": _reshape, "reshape": _reshape, "_unsafe_view": _reshape,
-    "contiguous": _same, "pad": _pad, "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
+    "contiguous": _same, "pad": _pad, "constant_pad_nd": _pad,
+    "slice": _slice, "narrow": _slice, "split": _split, "split_with_sizes": _split, "chunk": _split,
+    "transpose": _permute, "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
     **{f"{kind}_pool{rank}d": _pool(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
     **{f"max_pool{rank}d_with_indices": _pool("max") for rank in (1, 2, 3)},
     **{f"adaptive_avg_pool{rank}d": _adaptive_avg_pool for rank in (1, 2, 3)}, "mean": _mean,

@@ -5,8 +5,10 @@ Floor mode; max pooling pads with -inf (padding never wins) and picks the first 
 order on ties, as PyTorch's CPU kernel does; average pooling counts the padding, so every window divides by
 prod(kernel) (with floor mode no window leaves the padded input). Ceil mode is floor mode over more padding after
 (``graph/optable.window``): the positions a last window reaches past the padded input count for nothing, so those
-windows divide by the positions they hold inside it (PyTorch's ``ceil_mode=True``, ``count_include_pad=True``):
-``PoolGeometry.counts`` gives them, and average pooling rescales those outputs.
+windows divide by the positions they hold inside it (PyTorch's ``ceil_mode=True``, ``count_include_pad=True``);
+with ``count_include_pad: false`` every window divides by the positions it holds inside the input.
+``PoolGeometry.counts`` gives them per axis (a window's count is their product), and average pooling rescales
+those outputs.
 """
 
 from math import prod
@@ -201,10 +203,11 @@ def avgpool_backward(gy, saved):
     return xp.ascontiguousarray(gxpad[interior(geometry.padding, x_shape[2:])])
 
 
-def window_counts(o0, o1, kernel, stride, limit):
-    """The positions each window of outputs ``[o0, o1)`` along one axis holds before ``limit`` (the padded input's
-    extent; a ceil-mode window may reach past it), in the padded input's coordinates."""
-    return tuple(min(o * stride + kernel, limit) - o * stride for o in range(o0, o1))
+def window_counts(o0, o1, kernel, stride, first, limit):
+    """The positions each window of outputs ``[o0, o1)`` along one axis holds inside ``[first, limit)`` of the
+    padded input (the padded input itself: a ceil-mode window may reach past it; or the input alone: the padding
+    left out of the divisor)."""
+    return tuple(min(o * stride + kernel, limit) - max(o * stride, first) for o in range(o0, o1))
 
 
 def global_avgpool_forward(x):

@@ -28,9 +28,9 @@ import numpy as np
 
 from .. import backend
 from ..graph.optable import group_channels, layer_groups, tile_groups, window
-from ..ops import (activations, add, batchnorm, concat, conv, conv_transpose, dice, dropout, flatten, groupnorm,
-                   layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pool, prelu, relu, scale, tanh,
-                   upsample)
+from ..ops import (activations, add, batchnorm, channels, concat, conv, conv_transpose, dice, dropout, flatten,
+                   groupnorm, layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pad, pool, prelu, relu,
+                   scale, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -106,24 +106,45 @@ class TileKernel:
         return f"TileKernel({self.layer.name!r}, {self.layer.op}, input_grad={self.input_grad})"
 
 
-def _ceil_counts(layer, tile):
-    """Per spatial axis, the positions inside the padded input of each of the tile's windows, where ceil mode's last
-    windows reach past it (``ops/pool.py``); None where every window is whole."""
+def _window_counts(layer, tile):
+    """Per spatial axis, the positions each of the tile's windows counts, where some windows count fewer than the
+    kernel's (``ops/pool.py``): those inside the padded input where ceil mode's last windows reach past it, those
+    inside the input itself where the padding is left out of the divisor (``count_include_pad: false``); None
+    where every window counts the whole kernel."""
     written = window(layer.attrs, layer.spatial_rank)
-    if written.padding == layer.window.padding:
+    include = layer.attrs.get("count_include_pad", True)
+    if written.padding == layer.window.padding and (include or not any(map(any, written.padding))):
         return None
-    return tuple(pool.window_counts(o0, o1, k, s, size + before + after) for (o0, o1), k, s, (before, after), size
-                 in zip(tile.box[2:], written.kernel, written.stride, written.padding, layer.in_shapes[0][1:]))
+    counts = []
+    for (o0, o1), k, s, (before, after), size in zip(tile.box[2:], written.kernel, written.stride, written.padding,
+                                                      layer.in_shapes[0][1:]):
+        first, limit = (0, size + before + after) if include else (before, before + size)
+        counts.append(pool.window_counts(o0, o1, k, s, first, limit))
+    return tuple(counts)
 
 
 def _pool(function, backward):
     def bind(kernel):
         geometry = kernel.layer.window
-        counts = _ceil_counts(kernel.layer, kernel.tile) if kernel.layer.attrs.get("ceil_mode") else None
+        counts = _window_counts(kernel.layer, kernel.tile) if kernel.layer.spec.family == "avgpool" else None
         geometry = pool.PoolGeometry(geometry.kernel, kernel.tile.stride(geometry.stride), kernel.tile.padding,
                                      counts=counts)
         return (lambda xs, run: function(xs[0], geometry)), (lambda gy, saved: [backward(gy, saved)])
     return bind
+
+
+def _pad(kernel):
+    padding, value = kernel.tile.padding, kernel.layer.attrs["value"]
+
+    def backward(gy, spatial):
+        return [pad.pad_backward(gy, spatial, padding)]
+    return (lambda xs, run: pad.pad_forward(xs[0], padding, value)), backward
+
+
+def _channel_shuffle(kernel):
+    groups = kernel.layer.attrs["groups"]
+    return (lambda xs, run: channels.channel_shuffle_forward(xs[0], groups)), \
+        (lambda gy, saved: [channels.channel_shuffle_backward(gy, saved)])
 
 
 def _plain(function, backward):
@@ -429,6 +450,8 @@ BIND = {
     "global_avgpool": _plain(pool.global_avgpool_forward, pool.global_avgpool_backward),
     "upsample": _upsample,
     "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
+    "slice": _plain(channels.slice_forward, channels.slice_backward),
+    "channel_shuffle": _channel_shuffle, "pad": _pad,
     "relu": _elementwise(relu.relu_forward, relu.relu_backward),
     "leaky_relu": _elementwise(leaky_relu.leaky_relu_forward, leaky_relu.leaky_relu_backward, "negative_slope"),
     "tanh": _elementwise(tanh.tanh_forward, tanh.tanh_backward),

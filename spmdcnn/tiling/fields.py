@@ -17,15 +17,18 @@ and channels' gates, whatever the tile's positions).
 Convolutions read all input channels (with groups, those of the groups the tile's output channels fall in: a
 split over ``c`` keeps groups whole, ``tiling/config.py``), pooling the output's channels; linear and flatten read
 every feature of their samples; the cross-entropy every class at its samples' positions (its output has one
-channel); element-wise ops and add read the output's own box; concat reads, from each input, the part of the
-output's channel range that input supplies (possibly nothing).
+channel), and so does a channel shuffle (every channel at the output's samples and positions); element-wise ops
+and add read the output's own box; concat reads, from each input, the part of the output's channel range that input supplies
+(possibly nothing); a slice reads the output's box moved along the channels by its start (the input channels its
+output's are). A pad is a window of kernel 1: a tile reads its own positions inside the tensor and pads where it
+meets the tensor's sides.
 """
 
 from dataclasses import dataclass
 
-from ..graph.optable import (READS_BROADCAST, READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_INTERPOLATED,
-                              READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW,
-                              layer_groups)
+from ..graph.optable import (READS_BROADCAST, READS_CHANNEL_PARTS, READS_CHANNEL_SLICE, READS_CHANNEL_WINDOW,
+                              READS_INTERPOLATED, READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED,
+                              READS_WINDOW, layer_groups)
 from ..ops.conv import group_inputs
 from ..ops.upsample import source_range
 from ..ops.window import ntuple
@@ -153,6 +156,9 @@ def needs(layer, out_box, in_shapes):
             result.append(Need((n, _concat_range(c0, c1, offset, shape[1])) + tuple(out_box[2:])))
             offset += shape[1]
         return result
+    if reads == READS_CHANNEL_SLICE:    # the input channels the output's are
+        start = layer.attrs["start"]
+        return [Need((n, (start + out_box[1][0], start + out_box[1][1])) + tuple(out_box[2:]))]
     if reads == READS_BROADCAST:        # an axis of size 1 the output's is longer than: its one element
         return [Need((n,) + tuple((0, 1) if extent == 1 else span for extent, span in zip(shape[1:], out_box[1:])))
                 for shape in in_shapes]

@@ -335,6 +335,17 @@ def test_scale_needs_a_factor(tmp_path):
     ("{name: p, op: maxpool2d, kernel: 3, ceil_mode: yes please}", ["'ceil_mode' must be true or false"]),
     ("{name: up, op: conv_transpose2d, out_channels: 4, kernel: 2, groups: 3}",
      ["layer 'up'", "'groups' 3 must divide its 4 out_channels (as in PyTorch)"]),
+    ("{name: s, op: slice, start: 2, stop: 5}",
+     ["layer 's'", "slice [2, 5) must hold at least one of the 3 channels of its input"]),
+    ("{name: s, op: slice, start: 2, stop: 2}", ["slice [2, 2) must hold at least one"]),
+    ("{name: s, op: slice, start: -1, stop: 2}", ["'start' must be a non-negative integer, got -1"]),
+    ("{name: s, op: slice, stop: 2}", ["op 'slice' needs the key 'start'"]),
+    ("{name: shuffle, op: channel_shuffle, groups: 2}", ["'groups' 2 must divide the 3 channels of its input"]),
+    ("{name: p, op: pad, padding: [[-8, 0], [0, 0]]}", ["padding [[-8, 0], [0, 0]] crops all of input 8x8"]),
+    ("{name: p, op: pad, padding: -1}", ["'padding' must be a non-negative integer, got -1"]),
+    ("{name: p, op: pad, padding: 1, value: .nan}", ["'value' must be a number, got nan"]),
+    ("{name: p, op: avgpool2d, kernel: 3, padding: 1, count_include_pad: 0}",
+     ["'count_include_pad' must be true or false"]),
 ])
 def test_bad_decoder_layers_name_the_layer_and_the_rule(tmp_path, layer, fragments):
     layers = f"  - {layer}\n  - {{name: flat, op: flatten}}\n  - {{name: fc, op: linear, out_features: 3}}\n" \

@@ -8,7 +8,7 @@ from spmdcnn.graph import opspec
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.graph.optable import (ANSWERS_LABELS, ANSWERS_TARGETS, FAMILIES, KEEPS_INDICES, KEEPS_INPUT,
                                    KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_BROADCAST,
-                                   READS_CHANNEL_PARTS, READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE,
+                                   READS_CHANNEL_PARTS, READS_CHANNEL_SLICE, READS_CHANNEL_WINDOW, READS_INTERPOLATED, READS_PLANE,
                                    READS_POSITIONS, READS_SAMPLE, READS_TRANSPOSED, READS_WINDOW, needs_gradient)
 from spmdcnn.runtime import kernels
 from spmdcnn.tiling.config import NAMES, dims_of, names_of
@@ -20,7 +20,10 @@ EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "pa
             {"name": "avg", "op": "avgpool2d", "kernel": 3, "stride": 1, "padding": 1, "inputs": ["relu"]},
             {"name": "cat", "op": "concat", "inputs": ["max", "max"]},
             {"name": "sum", "op": "add", "inputs": ["cat", "cat"]},
-            {"name": "drop", "op": "dropout", "p": 0.5, "inputs": ["avg"]},
+            {"name": "padded", "op": "pad", "padding": [[1, 0], [0, 2]], "value": -0.5, "inputs": ["avg"]},
+            {"name": "part", "op": "slice", "start": 1, "stop": 3},
+            {"name": "shuffled", "op": "channel_shuffle", "groups": 2},
+            {"name": "drop", "op": "dropout", "p": 0.5},
             {"name": "up", "op": "conv_transpose2d", "out_channels": 3, "kernel": 3, "stride": 2, "padding": 1,
              "output_padding": 1, "inputs": ["sum"]},
             {"name": "larger", "op": "upsample", "scale": [2, 1], "mode": "linear", "align_corners": True},
@@ -92,7 +95,8 @@ def test_the_rows_are_consistent():
     assert all((spec.answers in (ANSWERS_LABELS, ANSWERS_TARGETS)) == spec.loss for spec in OPS.values())
     for name, spec in OPS.items():
         assert spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED, READS_INTERPOLATED,
-                              READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_CHANNEL_PARTS, READS_BOX, READS_BROADCAST), name
+                              READS_PLANE, READS_POSITIONS, READS_SAMPLE, READS_CHANNEL_PARTS, READS_CHANNEL_SLICE,
+                              READS_BOX, READS_BROADCAST), name
         assert spec.keeps in (KEEPS_INPUT, KEEPS_MASK, KEEPS_INDICES, KEEPS_OUTPUT, KEEPS_NOTHING), name
         assert spec.splits is None or set(spec.splits) <= set(NAMES), name
         assert spec.window == (spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED)), name

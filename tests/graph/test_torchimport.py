@@ -313,3 +313,22 @@ def test_networks_of_other_libraries_take_one_training_step_as_they_do(tmp_path,
         assert len(said) == 1 and said[0].startswith(f"model import: {library} never reads {unread:,} of its "
                                                      "parameters (in encoder.layer3.0.bn1, ") and \
             said[0].endswith(" more modules); the model leaves them out"), said
+
+
+def test_splits_slices_shuffles_and_pads_import_as_the_network_trains(tmp_path):
+    """Res2Net's and CSPNet's channel splits, slices, ShuffleNet's channel shuffle, a constant pad, average pooling
+    that leaves the padding out: the layers they are, one SGD step as the network takes it."""
+    module, _ = load_module(f"{NETWORKS}:idioms")
+    graph = import_module(module, tmp_path / "idioms.yaml", (2, 9, 9), source="idioms", check=checked)
+    kinds = [(layer.op, {key: value for key, value in layer.attrs.items() if key in ("start", "stop", "groups",
+                                                                                      "padding", "value",
+                                                                                      "count_include_pad")})
+             for layer in graph.layers if layer.op in ("slice", "channel_shuffle", "pad", "avgpool2d")]
+    assert kinds == [("avgpool2d", {"padding": 1, "count_include_pad": False}),
+                     ("slice", {"start": 0, "stop": 4}), ("slice", {"start": 4, "stop": 8}),
+                     ("slice", {"start": 0, "stop": 2}), ("slice", {"start": 2, "stop": 4}),
+                     ("channel_shuffle", {"groups": 2}),
+                     ("pad", {"padding": [[0, 1], [0, 1]], "value": 0.1}),
+                     ("slice", {"start": 0, "stop": 6}), ("slice", {"start": 2, "stop": 8})]
+    assert [layer.name for layer in graph.layers if layer.op == "slice"] == [
+        "split_with_sizes", "split_with_sizes_1", "chunk", "chunk_1", "slice", "narrow"]

@@ -301,3 +301,33 @@ class Attending(nn.Module):
 
 def attending():
     return Attending()
+
+
+class Idioms(nn.Module):
+    """Today's CNN idioms: Res2Net's split, CSPNet's chunk, a slice and a narrow (ReXNet's partial residual),
+    ShuffleNet's channel shuffle, a TF-'same' constant pad, Inception-v4's average pooling that leaves the padding
+    out of its divisors, MobileOne's branch that is 0."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(2, 8, 3, padding=1)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        self.left = nn.Conv2d(4, 4, 3, padding=1)
+        self.mix = nn.Conv2d(8, 8, 3, stride=2)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        x = self.pool(self.stem(x) + 0)
+        a, b = torch.split(x, [4, 4], dim=1)
+        c, d = b.chunk(2, 1)
+        x = torch.cat([self.left(a), d, c], 1)
+        n, channels, h, w = x.shape
+        x = x.view(n, 2, channels // 2, h, w).transpose(1, 2).contiguous().view(n, -1, h, w)
+        x = self.mix(nn.functional.pad(x, (0, 1, 0, 1), value=0.1))
+        x = nn.functional.relu(x[:, :6] + x.narrow(1, 2, 6))
+        return self.head(x.mean((2, 3)))
+
+
+def idioms():
+    torch.manual_seed(5)
+    return Idioms()

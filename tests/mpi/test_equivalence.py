@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from conftest import agree
-from decoder_models import DECODER, DECODER_SEQUENCE, DECODER_VOLUME, SEGMENTER, SEGMENTER_VOLUME
+from decoder_models import (DECODER, DECODER_SEQUENCE, DECODER_VOLUME, IDIOMS, IDIOMS_VOLUME, SEGMENTER,
+                            SEGMENTER_VOLUME)
 from plans import answers, random_plan, uniform_plan
 from spmdcnn.backend import to_numpy
 from spmdcnn.graph import load_model
@@ -78,7 +79,7 @@ SEQUENCE = {"name": "sequence", "input": [3, 17], "layers": [
 
 
 INLINE = {model["name"]: model for model in (STRIDED, STRIDED_VOLUME, SEQUENCE, DECODER, DECODER_VOLUME,
-                                             DECODER_SEQUENCE, SEGMENTER, SEGMENTER_VOLUME)}
+                                             DECODER_SEQUENCE, SEGMENTER, SEGMENTER_VOLUME, IDIOMS, IDIOMS_VOLUME)}
 
 
 # torchvision's modern CNNs as model import wrote them, one of each kind of block: ResNeXt-50's grouped bottlenecks
@@ -206,7 +207,7 @@ def check_plan(world, name, plan, dtype=np.float64, rtol=1e-10, xp=np, later=Non
 
 MODELS_UNDER_TEST = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn", "strided", "tiny_volume",
                      "strided_volume", "sequence", "decoder", "decoder_volume", "decoder_sequence", "segmenter",
-                     "segmenter_volume"]
+                     "segmenter_volume", "idioms", "idioms_volume"]
 
 
 @pytest.mark.parametrize("name", MODELS_UNDER_TEST)

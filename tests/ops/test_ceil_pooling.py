@@ -31,7 +31,7 @@ def geometry_of(case):
     written, ceil = window(attrs, rank), window(attrs, rank, x_shape[2:])
     out = [(size + before + after - k) // s + 1 for size, k, s, (before, after) in
            zip(x_shape[2:], ceil.kernel, ceil.stride, ceil.padding)]
-    counts = tuple(window_counts(0, o, k, s, size + before + after) for o, k, s, (before, after), size
+    counts = tuple(window_counts(0, o, k, s, 0, size + before + after) for o, k, s, (before, after), size
                    in zip(out, written.kernel, written.stride, written.padding, x_shape[2:]))
     return PoolGeometry(ceil.kernel, ceil.stride, ceil.padding, counts=counts), written
 
@@ -65,5 +65,5 @@ def test_ceil_mode_adds_a_window_only_where_the_floor_leaves_input_unread():
 
 
 def test_window_counts_leave_out_what_lies_past_the_padded_input():
-    assert window_counts(0, 4, 3, 2, 8) == (3, 3, 3, 2)
-    assert window_counts(2, 4, 3, 2, 8) == (3, 2)
+    assert window_counts(0, 4, 3, 2, 0, 8) == (3, 3, 3, 2)
+    assert window_counts(2, 4, 3, 2, 0, 8) == (3, 2)

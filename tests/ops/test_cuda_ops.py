@@ -11,8 +11,8 @@ import pytest
 from op_cases import CONV_CASES, GROUPED_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
-from spmdcnn.ops import (activations, batchnorm, conv, conv_transpose, dice, dropout, groupnorm, layer_scale, linear,
-                         loss, pool, prelu, relu, upsample)
+from spmdcnn.ops import (activations, batchnorm, channels, conv, conv_transpose, dice, dropout, groupnorm, layer_scale,
+                         linear, loss, pad, pool, prelu, relu, upsample)
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -331,6 +331,40 @@ def test_layer_scale_and_stochastic_depth_on_the_gpu(dtype):
     _close(dropout.stochastic_depth_backward(on(gy), saved2), dropout.stochastic_depth_backward(gy.astype(dtype),
                                                                                                 saved), dtype,
            "stochastic depth gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, padding", [((2, 4, 5, 6), ((1, 2), (0, 3))), ((1, 6, 3, 4, 5), ((2, 0), (1, 1),
+                                                                                             (0, 2)))])
+def test_pad_and_channel_shuffle_on_the_gpu(dtype, shape, padding):
+    rng = _rng(19)
+    x = rng.standard_normal(shape).astype(dtype)
+    y, spatial = pad.pad_forward(x, padding, -0.5)
+    y2, spatial2 = pad.pad_forward(cp.asarray(x), padding, -0.5)
+    _close(y2, y, dtype, "pad y")
+    gy = rng.standard_normal(y.shape).astype(dtype)
+    _close(pad.pad_backward(cp.asarray(gy), spatial2, padding), pad.pad_backward(gy, spatial, padding), dtype,
+           "pad gx")
+    y, saved = channels.channel_shuffle_forward(x, 2)
+    y2, saved2 = channels.channel_shuffle_forward(cp.asarray(x), 2)
+    _close(y2, y, dtype, "channel shuffle y")
+    _close(channels.channel_shuffle_backward(cp.asarray(x), saved2), channels.channel_shuffle_backward(x, saved),
+           dtype, "channel shuffle gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_average_pooling_leaving_the_padding_out_on_the_gpu(dtype):
+    """Windows divided by the positions they hold inside the input (``count_include_pad: false``): the counts
+    rescale the CUDA kernel's outputs and gradients as they do NumPy's."""
+    rng = _rng(23)
+    x = rng.standard_normal((2, 3, 7, 6)).astype(dtype)
+    counts = tuple(pool.window_counts(0, out, 3, 2, 1, 1 + size) for out, size in ((4, 7), (3, 6)))
+    geometry = pool.PoolGeometry((3, 3), (2, 2), 1, counts=counts)
+    y, saved = pool.avgpool_forward(x, geometry)
+    y2, saved2 = pool.avgpool_forward(cp.asarray(x), pool.PoolGeometry((3, 3), (2, 2), 1, counts=counts))
+    _close(y2, y, dtype, "avgpool y")
+    gy = rng.standard_normal(y.shape).astype(dtype)
+    _close(pool.avgpool_backward(cp.asarray(gy), saved2), pool.avgpool_backward(gy, saved), dtype, "avgpool gx")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

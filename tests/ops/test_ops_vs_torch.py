@@ -1080,3 +1080,41 @@ def test_prelu(shape, slopes, dtype):
     assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
     assert_close(gx, t.grad.numpy().astype(dtype), dtype, "gx")
     assert_close(gweight, tw.grad.numpy().astype(dtype), dtype, "gweight")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, padding, value", [((2, 3, 5, 4), ((1, 2), (0, 3)), 0.0),
+                                                   ((1, 2, 3, 4, 5), ((2, 0), (-1, 1), (0, 2)), -0.75),
+                                                   ((3, 2, 6), ((-2, 1),), 1.5)])
+def test_pad_is_pytorchs(shape, padding, value, dtype):
+    """A constant pad over the spatial axes (a negative side crops) as ``F.pad``, forward and backward, on the
+    whole tensor (a tile's padding is never negative: its need moves instead, tiling/fields.py)."""
+    from spmdcnn.ops.pad import pad_backward, pad_forward
+    rng = np.random.default_rng(59)
+    x = rng.standard_normal(shape).astype(dtype)
+    crop = tuple(slice(-min(before, 0), size + min(after, 0)) for (before, after), size in zip(padding, shape[2:]))
+    inside = tuple((max(before, 0), max(after, 0)) for before, after in padding)
+    y, spatial = pad_forward(x[(slice(None), slice(None)) + crop], inside, value)
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    ty = F.pad(t, [side for pair in reversed(padding) for side in pair], value=value)
+    gy = rng.standard_normal(tuple(ty.shape)).astype(dtype)
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+    gx = np.zeros_like(x)
+    gx[(slice(None), slice(None)) + crop] = pad_backward(gy, spatial, inside)
+    assert_close(gx, t.grad.numpy().astype(dtype), dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, groups", [((2, 6, 3, 4), 2), ((2, 6, 3, 4), 3), ((1, 8, 2, 3, 2), 4), ((3, 4, 5), 4)])
+def test_channel_shuffle_is_shufflenets(shape, groups, dtype):
+    from spmdcnn.ops.channels import channel_shuffle_backward, channel_shuffle_forward
+    rng = np.random.default_rng(61)
+    x, gy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    y, saved = channel_shuffle_forward(x, groups)
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    n, c = shape[:2]
+    ty = t.view((n, groups, c // groups) + shape[2:]).transpose(1, 2).contiguous().view(shape)
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+    assert_close(channel_shuffle_backward(gy, saved), t.grad.numpy().astype(dtype), dtype, "gx")

@@ -40,7 +40,8 @@ import torch
 import torch.nn.functional as F
 
 from float32_bounds import UNIT_ROUNDOFF, budget, forward_budget, gradient_budgets, layer_sums
-from decoder_models import DECODER, DECODER_SEQUENCE, DECODER_VOLUME, SEGMENTER, SEGMENTER_VOLUME, answers
+from decoder_models import (DECODER, DECODER_SEQUENCE, DECODER_VOLUME, IDIOMS, IDIOMS_VOLUME, SEGMENTER,
+                            SEGMENTER_VOLUME, answers)
 from spmdcnn.graph import load_model
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.runtime.executor import Executor
@@ -51,7 +52,7 @@ SMALL = ["tiny_cnn", "small_inception", "small_resnet", "cifar_cnn"]
 VOLUMES = ["tiny_volume"]
 LARGE = ["alexnet", "vgg16", "inception_v3", "resnet50"]
 DECODERS = {model["name"]: model for model in (DECODER, DECODER_VOLUME, DECODER_SEQUENCE, SEGMENTER,
-                                                SEGMENTER_VOLUME)}
+                                                SEGMENTER_VOLUME, IDIOMS, IDIOMS_VOLUME)}
 SOFTMAX_JACOBIAN_L1 = 2    # d loss / d logits = (softmax - onehot) / N: each row's absolute values sum to <= 2
 
 
