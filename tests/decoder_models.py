@@ -114,7 +114,8 @@ SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers":
 
 # the idioms of today's imported CNNs: a constant pad (per side, a value other than 0, cropping a side), average pooling that leaves
 # the padding out of its divisors (with ceil mode), channel slices (Res2Net's and CSPNet's splits, ReXNet's partial
-# residual: a slice added to a slice), ShuffleNet's channel shuffle, over images and volumes
+# residual: a slice added to a slice), ShuffleNet's channel shuffle, adaptive average pooling to sizes that do not
+# divide (uneven windows), over images and volumes
 IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
     {"name": "padded", "op": "pad", "padding": [[1, 2], [-1, 1]], "value": 0.25},
@@ -129,7 +130,8 @@ IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "b", "op": "slice", "start": 5, "stop": 8, "inputs": ["shuffled"]},
     {"name": "partial", "op": "add", "inputs": ["a", "b"]},
     {"name": "act", "op": "relu"},
-    {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
+    {"name": "adaptive", "op": "adaptive_avgpool2d", "output_size": [3, 4]},      # 7x5 to 3x4: uneven windows
+    {"name": "flat", "op": "flatten"},
     {"name": "fc", "op": "linear", "out_features": 3},
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 
@@ -141,5 +143,6 @@ IDIOMS_VOLUME = {"name": "idioms_volume", "input": [4, 5, 6, 4], "layers": [
     {"name": "c1", "op": "conv3d", "out_channels": 6, "kernel": 1},
     {"name": "shuffled", "op": "channel_shuffle", "groups": 3},
     {"name": "part", "op": "slice", "start": 1, "stop": 5},
+    {"name": "adaptive", "op": "adaptive_avgpool3d", "output_size": [2, 5, 3]},    # uneven along d and h
     {"name": "head", "op": "conv3d", "out_channels": 3, "kernel": 3, "padding": 1},
     {"name": "loss", "op": "softmax_cross_entropy"}]}

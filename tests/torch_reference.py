@@ -106,6 +106,8 @@ class TorchNet(torch.nn.Module):
         if family == "avgpool":
             g = layer.window
             return getattr(F, f"avg_pool{rank}d")(padded(x, g.padding), g.kernel, g.stride)
+        if family == "adaptive_avgpool":
+            return getattr(F, f"adaptive_avg_pool{rank}d")(x, a["output_size"])
         if family == "global_avgpool":
             return getattr(F, f"adaptive_avg_pool{rank}d")(x, 1)
         if family == "relu":

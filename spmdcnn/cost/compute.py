@@ -113,6 +113,7 @@ WORK = {
     "linear": _linear_work,
     "maxpool": _pool_work,
     "avgpool": _pool_work,
+    "adaptive_avgpool": lambda shape, out, ins, itemsize: (6, 4 * ins, itemsize * 4 * (ins + out)),
     "batchnorm": lambda shape, out, ins, itemsize: (8, 12 * out, itemsize * 9 * out),
     "relu": _elementwise_work,
     "leaky_relu": _elementwise_work,

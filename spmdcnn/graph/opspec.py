@@ -32,6 +32,7 @@ KEYS = {
                        "output_padding": 0, "dilation": 1, "groups": 1, "bias": True},
     "maxpool": {**_WINDOW, "ceil_mode": False},
     "avgpool": {**_WINDOW, "ceil_mode": False, "count_include_pad": True},
+    "adaptive_avgpool": {"output_size": _NO_DEFAULT},
     "global_avgpool": {},
     "upsample": {"scale": _NO_DEFAULT, "mode": "nearest", "align_corners": False},
     "relu": {},
@@ -72,8 +73,10 @@ class LayerError(FormatError):
 
 
 def _adaptive_avgpool(rank):
-    """``adaptive_avgpool<rank>d {output_size}``: PyTorch's ``AdaptiveAvgPool`` where the output size divides the
-    input's, which is average pooling of kernel and stride input / output (the same windows, the same sums)."""
+    """``adaptive_avgpool<rank>d {output_size}``: PyTorch's ``AdaptiveAvgPool``; where the output size divides the
+    input's, average pooling of kernel and stride input / output (the same windows, the same sums, and every split
+    a window op takes), else the op ``adaptive_avgpool<rank>d`` itself (windows of uneven sizes that may overlap:
+    split over samples and channels only)."""
     def rewrite(given, in_shapes, where):
         unknown = sorted(set(given) - {"output_size"})
         if unknown or "output_size" not in given:
@@ -86,10 +89,8 @@ def _adaptive_avgpool(rank):
                              f"{describe_shape(shape)}{hint}")
         out = _per_axis(given["output_size"], "output_size", where, rank)
         out = ntuple(out, rank, "output_size")
-        if any(size % o for size, o in zip(shape[1:], out)):
-            raise LayerError(f"{where}: adaptive_avgpool{rank}d's output_size {list(out)} must divide the input's "
-                             f"{list(shape[1:])} (the windows PyTorch takes for sizes that do not divide overlap "
-                             "unevenly: use avgpool with a kernel and stride of your choice)")
+        if any(size % o for size, o in zip(shape[1:], out)):      # PyTorch's uneven windows: the op itself
+            return f"adaptive_avgpool{rank}d", {"output_size": list(out)}
         kernel = [size // o for size, o in zip(shape[1:], out)]
         return f"avgpool{rank}d", {"kernel": kernel, "stride": kernel}
     return rewrite
@@ -326,6 +327,12 @@ def _pool(op, attrs, in_shapes, where):
     return (shape[0],) + out, {}, {}, shape[0] * prod(out) * prod(geometry.kernel)
 
 
+def _adaptive(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    out = ntuple(attrs["output_size"], len(shape) - 1, "output_size")
+    return (shape[0],) + out, {}, {}, prod(shape)
+
+
 def _global_avgpool(op, attrs, in_shapes, where):
     shape = _spatial(in_shapes[0], op, where)
     return (shape[0],) + (1,) * (len(shape) - 1), {}, {}, prod(shape)
@@ -475,7 +482,7 @@ def _loss(op, attrs, in_shapes, where):
 
 
 INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool,
-         "global_avgpool": _global_avgpool, "upsample": _upsample, "batchnorm": _batchnorm, "groupnorm": _groupnorm,
+         "adaptive_avgpool": _adaptive, "global_avgpool": _global_avgpool, "upsample": _upsample, "batchnorm": _batchnorm, "groupnorm": _groupnorm,
          "instancenorm": _groupnorm, "layernorm": _layernorm, "relu": _elementwise, "leaky_relu": _elementwise,
          "tanh": _elementwise, "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise,
          "hardswish": _elementwise, "hardsigmoid": _elementwise, "relu6": _elementwise, "scale": _elementwise,

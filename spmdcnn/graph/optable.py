@@ -108,6 +108,8 @@ OPS = {spec.name: spec for spec in (
     *_ranked("conv_transpose", READS_TRANSPOSED, KEEPS_INPUT, param_axes=(("weight", 1),), grouped=True),
     *_ranked("maxpool", READS_CHANNEL_WINDOW, KEEPS_INDICES),
     *_ranked("avgpool", READS_CHANNEL_WINDOW),
+    # PyTorch's windows where the output size does not divide the input's: uneven, overlapping
+    *_ranked("adaptive_avgpool", READS_PLANE, splits=("n", "c"), tile_attrs=("output_size",)),
     OpSpec("global_avgpool", READS_PLANE),
     OpSpec("upsample", READS_INTERPOLATED, tile_attrs=("align_corners", "mode", "scale")),
     OpSpec("relu", READS_BOX, KEEPS_MASK, inplace=True, inherits=True),

@@ -249,7 +249,8 @@ def _pool(kind):
 
 def _adaptive_avg_pool(converter, node):
     """To one position: a global average pooling; to the input's own size: the value itself (AlexNet's and VGG's
-    at 224x224); to a size that divides the input's along every axis: an average pooling of that window."""
+    at 224x224); to a size that divides the input's along every axis: an average pooling of that window; to any
+    other size: an adaptive average pooling of PyTorch's uneven windows."""
     a = arguments(node)
     value = first_input(converter, node)
     rank = spatial_rank(converter, node, value)
@@ -261,9 +262,8 @@ def _adaptive_avg_pool(converter, node):
     elif all(size % target == 0 for size, target in zip(before, out)):
         window = pair_list([size // target for size, target in zip(before, out)])
         converter.add(node, {"op": f"avgpool{rank}d", "kernel": window}, [value])
-    else:
-        converter.refuse(node, f"pools {tuple(before)} to {tuple(out)} positions, windows of uneven sizes; spmdcnn "
-                               "pools adaptively to one position or to sizes that divide the input's")
+    else:                           # PyTorch's uneven windows (VGG's 7x7 from a smaller input)
+        converter.add(node, {"op": f"adaptive_avgpool{rank}d", "output_size": pair_list(list(out))}, [value])
 
 
 ATTENTION = "is attention over activations; spmdcnn imports convolutional networks (no op of it computes attention)"

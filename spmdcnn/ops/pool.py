@@ -13,6 +13,8 @@ those outputs.
 
 from math import prod
 
+import numpy as np
+
 from .. import backend
 from . import compiled
 from .cuda import kernels as cuda
@@ -208,6 +210,37 @@ def window_counts(o0, o1, kernel, stride, first, limit):
     padded input (the padded input itself: a ceil-mode window may reach past it; or the input alone: the padding
     left out of the divisor)."""
     return tuple(min(o * stride + kernel, limit) - max(o * stride, first) for o in range(o0, o1))
+
+
+def adaptive_weights(size, out):
+    """The (out, size) matrix averaging PyTorch's adaptive window of each output along one axis: output ``i`` over
+    inputs ``[floor(i * size / out), ceil((i + 1) * size / out))``."""
+    weights = np.zeros((out, size))
+    for i in range(out):
+        start, stop = i * size // out, -(-(i + 1) * size // out)
+        weights[i, start:stop] = 1.0 / (stop - start)
+    return weights
+
+
+def _along_axes(x, matrices):
+    """``x`` (N, C, S...) with spatial axis ``k`` multiplied by ``matrices[k]`` (out, in): a box average is the
+    product of the averages along its axes."""
+    for axis, matrix in enumerate(matrices):
+        moved = backend.array_module(x).moveaxis(x, 2 + axis, -1)
+        x = backend.array_module(x).moveaxis(moved @ matrix.T, -1, 2 + axis)
+    return x
+
+
+def adaptive_avgpool_forward(x, output_size):
+    """PyTorch's adaptive average pooling to ``output_size`` (one per spatial axis), any sizes."""
+    xp = backend.array_module(x)
+    matrices = [xp.asarray(adaptive_weights(size, out), dtype=x.dtype) for size, out in zip(x.shape[2:],
+                                                                                          output_size)]
+    return xp.ascontiguousarray(_along_axes(x, matrices)), matrices
+
+
+def adaptive_avgpool_backward(gy, matrices):
+    return backend.array_module(gy).ascontiguousarray(_along_axes(gy, [matrix.T for matrix in matrices]))
 
 
 def global_avgpool_forward(x):

@@ -133,6 +133,12 @@ def _pool(function, backward):
     return bind
 
 
+def _adaptive_avgpool(kernel):
+    size = ntuple(kernel.layer.attrs["output_size"], kernel.layer.spatial_rank)
+    return (lambda xs, run: pool.adaptive_avgpool_forward(xs[0], size)), \
+        (lambda gy, saved: [pool.adaptive_avgpool_backward(gy, saved)])
+
+
 def _pad(kernel):
     padding, value = kernel.tile.padding, kernel.layer.attrs["value"]
 
@@ -448,6 +454,7 @@ BIND = {
     "maxpool": _pool(pool.maxpool_forward, pool.maxpool_backward),
     "avgpool": _pool(pool.avgpool_forward, pool.avgpool_backward),
     "global_avgpool": _plain(pool.global_avgpool_forward, pool.global_avgpool_backward),
+    "adaptive_avgpool": _adaptive_avgpool,
     "upsample": _upsample,
     "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
     "slice": _plain(channels.slice_forward, channels.slice_backward),

@@ -23,6 +23,7 @@ EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "pa
             {"name": "padded", "op": "pad", "padding": [[1, 0], [0, 2]], "value": -0.5, "inputs": ["avg"]},
             {"name": "part", "op": "slice", "start": 1, "stop": 3},
             {"name": "shuffled", "op": "channel_shuffle", "groups": 2},
+            {"name": "adapt", "op": "adaptive_avgpool2d", "output_size": [3, 2]},
             {"name": "drop", "op": "dropout", "p": 0.5},
             {"name": "up", "op": "conv_transpose2d", "out_channels": 3, "kernel": 3, "stride": 2, "padding": 1,
              "output_padding": 1, "inputs": ["sum"]},
@@ -44,13 +45,15 @@ EVERY_VOLUME_OP = [
                                      "stride": 2},
     {"name": "gap", "op": "global_avgpool"}, {"name": "flat", "op": "flatten"},
     {"name": "fc", "op": "linear", "out_features": 3}, {"name": "scaled", "op": "scale", "factor": 1.2},
-    {"name": "skip", "op": "global_avgpool", "inputs": ["max"]}, {"name": "flat2", "op": "flatten"},
+    {"name": "skip", "op": "adaptive_avgpool3d", "output_size": [3, 2, 2], "inputs": ["max"]},
+    {"name": "flat2", "op": "flatten"},
     {"name": "fc2", "op": "linear", "out_features": 3}, {"name": "both", "op": "add", "inputs": ["scaled", "fc2"]},
     {"name": "loss", "op": "mse_loss"}]
 
 EVERY_SEQUENCE_OP = [
     {"name": "conv", "op": "conv1d", "out_channels": 4, "kernel": 3, "padding": 1},
     {"name": "bn", "op": "batchnorm1d"}, {"name": "max", "op": "maxpool1d", "kernel": 2},
+    {"name": "adapt", "op": "adaptive_avgpool1d", "output_size": 3},
     {"name": "avg", "op": "avgpool1d", "kernel": 2},
     {"name": "up", "op": "conv_transpose1d", "out_channels": 2, "kernel": 3, "stride": 2, "dilation": 2},
     {"name": "flat", "op": "flatten"},

@@ -368,6 +368,18 @@ def test_average_pooling_leaving_the_padding_out_on_the_gpu(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_adaptive_average_pooling_of_uneven_windows_on_the_gpu(dtype):
+    rng = _rng(29)
+    x = rng.standard_normal((2, 3, 7, 5, 4)).astype(dtype)
+    y, saved = pool.adaptive_avgpool_forward(x, (3, 4, 3))
+    y2, saved2 = pool.adaptive_avgpool_forward(cp.asarray(x), (3, 4, 3))
+    _close(y2, y, dtype, "adaptive avgpool y")
+    gy = rng.standard_normal(y.shape).astype(dtype)
+    _close(pool.adaptive_avgpool_backward(cp.asarray(gy), saved2), pool.adaptive_avgpool_backward(gy, saved), dtype,
+           "adaptive avgpool gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("slopes", [1, 3])
 def test_prelu_on_the_gpu(dtype, slopes):
     rng = _rng(17)

@@ -1118,3 +1118,29 @@ def test_channel_shuffle_is_shufflenets(shape, groups, dtype):
     ty.backward(torch.from_numpy(gy.astype(np.float64)))
     assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
     assert_close(channel_shuffle_backward(gy, saved), t.grad.numpy().astype(dtype), dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, output_size", [((2, 3, 2, 2), (7, 7)), ((1, 2, 7, 5), (3, 4)),
+                                                ((2, 2, 5, 6, 7), (3, 4, 2)), ((3, 2, 10), (4,)), ((1, 1, 13, 3), (5, 3))])
+def test_adaptive_avgpool_of_uneven_windows_is_pytorchs(shape, output_size, dtype):
+    """Output sizes that do not divide the input's: PyTorch's uneven (overlapping, or repeating when it grows)
+    windows, forward and backward; a model with such an output size takes the op itself."""
+    from spmdcnn.graph.graph import parse_model
+    from spmdcnn.ops.pool import adaptive_avgpool_backward, adaptive_avgpool_forward
+    rng = np.random.default_rng(67)
+    x = rng.standard_normal(shape).astype(dtype)
+    y, saved = adaptive_avgpool_forward(x, output_size)
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    ty = getattr(F, f"adaptive_avg_pool{len(shape) - 2}d")(t, output_size)
+    gy = rng.standard_normal(tuple(ty.shape)).astype(dtype)
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+    assert_close(adaptive_avgpool_backward(gy, saved), t.grad.numpy().astype(dtype), dtype, "gx")
+    rank = len(shape) - 2
+    graph = parse_model({"name": "a", "input": list(shape[1:]), "layers": [
+        {"name": "pool", "op": f"adaptive_avgpool{rank}d", "output_size": list(output_size)},
+        {"name": "flat", "op": "flatten"}, {"name": "fc", "op": "linear", "out_features": 2},
+        {"name": "loss", "op": "softmax_cross_entropy"}]})
+    assert graph.by_name["pool"].op == f"adaptive_avgpool{rank}d"
+    assert graph.by_name["pool"].out_shape == (shape[1],) + tuple(output_size)
