@@ -24,6 +24,9 @@ try:
 except ImportFailure as missing:        # CI installs it (the test extra); elsewhere these tests say what is missing
     pytest.skip(f"spmdcnn model import's tests need torchvision: {missing}", allow_module_level=True)
 
+from imported_networks import NETWORKS as IMPORTED_NETWORKS  # noqa: E402
+from imported_networks import build as build_imported  # noqa: E402
+from imported_networks import path as imported_path  # noqa: E402
 from torch_networks import ZOO  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -276,26 +279,25 @@ def _library(name):
         pytest.skip(f"{name} is not installed (pip install -e .[test] installs it)")
 
 
-MONAI_UNET = "monai.networks.nets.UNet(3, 1, 3, (4, 6, 8), (2, 2), num_res_units=1)"
-
-
-def test_the_mpi_suites_monai_unet_is_the_importers(tmp_path):
-    """tests/mpi/monai_unet.yaml (trained under random plans on the ranks) is what the importer writes today."""
-    monai = _library("monai")
-    written = tmp_path / "monai_unet.yaml"
-    module = monai.networks.nets.UNet(3, 1, 3, (4, 6, 8), (2, 2), num_res_units=1)
-    import_module(module, written, (1, 8, 8, 8), source=MONAI_UNET)
-    with open(os.path.join(HERE, "..", "mpi", "monai_unet.yaml")) as file:
-        assert written.read_text() == file.read(), "tests/mpi/monai_unet.yaml is not what the importer writes today"
+@pytest.mark.parametrize("name", sorted(IMPORTED_NETWORKS))
+def test_the_mpi_suites_imported_networks_are_the_importers(tmp_path, name):
+    """tests/mpi/imported/NAME.yaml (trained under random plans on the ranks) is what the importer writes today, and
+    the network takes one SGD step as the import does: MONAI's UNet, BasicUNet, SegResNet, DynUNet, DenseNet and
+    ResNet in 3D, smp's U-Net."""
+    library, call, shape = IMPORTED_NETWORKS[name]
+    _library(library)
+    written = tmp_path / f"{name}.yaml"
+    import_module(build_imported(name), written, shape, source=call, check=checked)
+    with open(imported_path(name)) as file:
+        assert written.read_text() == file.read(), f"{imported_path(name)} is not what the importer writes today"
 
 
 @pytest.mark.parametrize("library, build, shape", [
     ("monai", lambda m: m.networks.nets.UNet(3, 1, 3, (4, 8, 16), (2, 2), num_res_units=2), (1, 16, 16, 16)),
-    ("monai", lambda m: m.networks.nets.BasicUNet(3, 1, 2, features=(4, 4, 4, 8, 8, 4)), (1, 32, 32, 32)),
     ("segmentation_models_pytorch", lambda m: m.Unet("resnet18", encoder_weights=None, encoder_depth=3,
                                                      decoder_channels=(16, 8, 4), classes=3), (3, 32, 32)),
     ("timm", lambda m: m.create_model("mobilenetv2_035", num_classes=5), (3, 32, 32)),
-], ids=["monai-UNet", "monai-BasicUNet", "smp-Unet", "timm-mobilenetv2"])
+], ids=["monai-UNet", "smp-Unet", "timm-mobilenetv2"])
 def test_networks_of_other_libraries_take_one_training_step_as_they_do(tmp_path, library, build, shape):
     """MONAI's 3D U-Nets (PReLU, instance norm, transposed convolutions, UpCat's padding), smp's U-Net (its
     decoder's interpolation to its skip's size), timm's MobileNetV2 (its BatchNormAct2d): imported as they train,
