@@ -37,4 +37,4 @@ def build(name):
     import torch
     library, call, _ = NETWORKS[name]
     torch.manual_seed(0)
-    return eval(call, {library: importlib.import_module(library)})      # noqa: S307: our own table
+    return eval(call, {library: importlib.import_module(library)})      # noqa: S307 (our own table)
