@@ -115,7 +115,8 @@ SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers":
 # the idioms of today's imported CNNs: a constant pad (per side, a value other than 0, cropping a side), average pooling that leaves
 # the padding out of its divisors (with ceil mode), channel slices (Res2Net's and CSPNet's splits, ReXNet's partial
 # residual: a slice added to a slice), ShuffleNet's channel shuffle, adaptive average pooling to sizes that do not
-# divide (uneven windows), over images and volumes
+# divide (uneven windows), batch norm of features, a factor and a shift shared by every channel and a shift per
+# channel, over images and volumes
 IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
     {"name": "padded", "op": "pad", "padding": [[1, 2], [-1, 1]], "value": 0.25},
@@ -129,9 +130,13 @@ IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "a", "op": "slice", "start": 1, "stop": 4},
     {"name": "b", "op": "slice", "start": 5, "stop": 8, "inputs": ["shuffled"]},
     {"name": "partial", "op": "add", "inputs": ["a", "b"]},
+    {"name": "factor", "op": "layer_scale", "shared": True, "init": 0.5},      # HGNetV2's learnable affine
+    {"name": "shift", "op": "bias", "shared": True},
+    {"name": "channel_shift", "op": "bias"},
     {"name": "act", "op": "relu"},
     {"name": "adaptive", "op": "adaptive_avgpool2d", "output_size": [3, 4]},      # 7x5 to 3x4: uneven windows
     {"name": "flat", "op": "flatten"},
+    {"name": "features_bn", "op": "batchnorm1d"},           # of features (N, F): RepViT's head
     {"name": "fc", "op": "linear", "out_features": 3},
     {"name": "loss", "op": "softmax_cross_entropy"}]}
 

@@ -148,6 +148,8 @@ class TorchNet(torch.nn.Module):
             return F.prelu(x, self.param(f"{name}.weight"))
         if family == "layer_scale":
             return x * self.param(f"{name}.weight").reshape((1, -1) + (1,) * (x.dim() - 2))
+        if family == "bias":
+            return x + self.param(f"{name}.bias").reshape((1, -1) + (1,) * (x.dim() - 2))
         if family == "stochastic_depth":     # torchvision's StochasticDepth(p, "row"), with spmdcnn's samples kept
             if not self.training or a["p"] == 0:
                 return x

@@ -129,6 +129,7 @@ WORK = {
     "stochastic_depth": _elementwise_work,
     "layer_scale": lambda shape, out, ins, itemsize: (3, 3 * out, itemsize * 5 * out),
     "prelu": lambda shape, out, ins, itemsize: (3, 4 * out, itemsize * 5 * out),
+    "bias": lambda shape, out, ins, itemsize: (2, 2 * out, itemsize * 4 * out),
     "softmax_cross_entropy": lambda shape, out, ins, itemsize: (4, 10 * ins, itemsize * 6 * ins),
     "dice_loss": lambda shape, out, ins, itemsize: (7, 20 * ins, itemsize * 11 * ins),
     "mse_loss": lambda shape, out, ins, itemsize: (4, 4 * ins, itemsize * 6 * ins),

@@ -51,7 +51,8 @@ KEYS = {
     "layernorm": {"eps": 1e-5, "affine": True},
     "dropout": {"p": 0.5},
     "stochastic_depth": {"p": _NO_DEFAULT},
-    "layer_scale": {"init": 1e-6},
+    "layer_scale": {"init": 1e-6, "shared": False},
+    "bias": {"shared": False},
     "prelu": {"init": 0.25, "shared": True},
     "flatten": {},
     "slice": {"start": _NO_DEFAULT, "stop": _NO_DEFAULT},
@@ -193,7 +194,8 @@ def normalise(op, given, where, rank=2):
                                     crops=OPS[op].family == "pad")
         if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
             raise LayerError(f"{where}: padding 'same' needs stride 1 (as in PyTorch), got stride {attrs['stride']}")
-    for key in ("bias", "align_corners", "affine", "include_background", "batch", "ceil_mode", "count_include_pad"):
+    for key in ("bias", "align_corners", "affine", "include_background", "batch", "ceil_mode", "count_include_pad",
+                "shared"):
         if key in attrs and not isinstance(attrs[key], bool):
             raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
     if "scale" in attrs and OPS[op].family == "upsample":
@@ -347,7 +349,10 @@ def _upsample(op, attrs, in_shapes, where):
 
 
 def _batchnorm(op, attrs, in_shapes, where):
-    shape = _spatial(in_shapes[0], op, where)
+    """Over (C, S...) of its rank; ``batchnorm1d`` also over features (F,) (PyTorch's ``BatchNorm1d`` of (N, F))."""
+    shape = in_shapes[0]
+    if not (OPS[op].spatial == 1 and len(shape) == 1):
+        shape = _spatial(shape, op, where)
     C = shape[0]
     return shape, {"weight": (C,), "bias": (C,)}, {"running_mean": (C,), "running_var": (C,)}, 4 * prod(shape)
 
@@ -375,11 +380,13 @@ def _layernorm(op, attrs, in_shapes, where):
 
 
 def _layer_scale(op, attrs, in_shapes, where):
-    """A factor per channel (or feature): ``weight`` of (C,)."""
+    """A factor per channel (or feature), ``weight`` of (C,), or one shared by every channel (of (1,)); a bias
+    likewise (``bias``)."""
     shape = in_shapes[0]
     if not len(shape):
-        raise LayerError(f"{where}: layer_scale needs channels or features, got a scalar")
-    return shape, {"weight": (shape[0],)}, {}, prod(shape)
+        raise LayerError(f"{where}: {op} needs channels or features, got a scalar")
+    name = "bias" if op == "bias" else "weight"
+    return shape, {name: (1,) if attrs["shared"] else (shape[0],)}, {}, prod(shape)
 
 
 def _prelu(op, attrs, in_shapes, where):
@@ -486,7 +493,8 @@ INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "av
          "instancenorm": _groupnorm, "layernorm": _layernorm, "relu": _elementwise, "leaky_relu": _elementwise,
          "tanh": _elementwise, "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise,
          "hardswish": _elementwise, "hardsigmoid": _elementwise, "relu6": _elementwise, "scale": _elementwise,
-         "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "prelu": _prelu,
+         "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "bias": _layer_scale,
+         "prelu": _prelu,
          "flatten": _flatten, "slice": _slice, "channel_shuffle": _channel_shuffle, "pad": _pad, "linear": _linear,
          "concat": _concat, "add": _add, "mul": _mul, "softmax_cross_entropy": _loss, "dice_loss": _loss,
          "mse_loss": _loss}

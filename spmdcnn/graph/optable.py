@@ -129,8 +129,10 @@ OPS = {spec.name: spec for spec in (
     OpSpec("layernorm", READS_BOX, KEEPS_INPUT, unit_init=True, statistics=STATISTICS_CHANNELS, tile_attrs=("eps",)),
     OpSpec("dropout", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
     OpSpec("stochastic_depth", READS_BOX, KEEPS_MASK, inplace=True, view=True, inherits=True, tile_attrs=("p",)),
-    OpSpec("layer_scale", READS_BOX, KEEPS_INPUT, unit_init=True, tile_attrs=("init",)),
-    # one slope shared by every channel (shared: true) holds no row per channel: its channels are never split
+    OpSpec("layer_scale", READS_BOX, KEEPS_INPUT, unit_init=True, tile_attrs=("init", "shared")),
+    OpSpec("bias", READS_BOX, unit_init=True, tile_attrs=("shared",)),
+    # one slope (a layer scale's factor, a bias) shared by every channel (shared: true) holds no row per channel:
+    # its channels are never split
     OpSpec("prelu", READS_BOX, KEEPS_INPUT, unit_init=True, tile_attrs=("init", "shared")),
     OpSpec("flatten", READS_SAMPLE, splits=("n",), view=True),
     OpSpec("slice", READS_CHANNEL_SLICE, view=True),

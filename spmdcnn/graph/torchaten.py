@@ -70,9 +70,11 @@ def _linear(converter, node):
 
 
 def _batch_norm(converter, node):
+    """Over channels (N, C, S...), or over features (N, F): ``batchnorm1d`` (RepViT's head)."""
     a = arguments(node)
     value = first_input(converter, node)
-    rank = spatial_rank(converter, node, value)
+    features = len(converter.shape(a["input"])) == 2 and not value.last
+    rank = 1 if features else spatial_rank(converter, node, value)
     if a["weight"] is None or a["running_mean"] is None:
         converter.refuse(node, "keeps no affine parameters or no running statistics; spmdcnn's batchnorm has both")
     if not a["training"]:
@@ -183,6 +185,12 @@ def _add(converter, node):
         return
     if not (hasattr(a["self"], "op") and hasattr(a["other"], "op")) or a.get("alpha", 1) != 1:
         converter.refuse(node, "adds a number (or scales a term); spmdcnn's add sums tensors")
+    one, two = converter.value(node, a["self"]), converter.value(node, a["other"])
+    if one.param or two.param:                          # a learned shift
+        if one.param and two.param:
+            converter.refuse(node, "adds two parameters")
+        _bias(converter, node, *((one, two) if one.param else (two, one)))
+        return
     values = converter.tensors(node, [a["self"], a["other"]])
     if values[0].last != values[1].last:
         converter.refuse(node, "adds a channels-last value to a channels-first one")
@@ -230,21 +238,47 @@ def _layer_scale(converter, node, param, value):
     tensor = converter.tensor(param.param)
     shape = converter.shape(node)
     axis = len(shape) - 1 if value.last else 1
-    seen = param.view or tuple(tensor.shape)            # as the graph reshaped it
-    aligned = (1,) * (len(shape) - len(seen)) + seen    # as it broadcasts against the value
-    channels = shape[axis]
-    if len(seen) > len(shape) or aligned[axis] != channels or tensor.numel() != channels:
-        converter.refuse(node, f"multiplies by parameter '{param.param}' of shape {seen}; spmdcnn takes a factor "
-                               f"per channel ({channels}) as a layer_scale")
+    shared = _per_channel(converter, node, param, value, "multiplies by", "a factor")
     values = tensor.detach().reshape(-1)
     entry = {"op": "layer_scale"}
+    if shared:
+        entry["shared"] = True
     # its value at construction where all channels share one (as written: 1e-06, not float32's 9.99999997e-07)
     first = float(f"{float(values[0]):.7g}") if bool((values == values[0]).all()) else 1e-6
     if first != 1e-6:
         entry["init"] = first
     name = converter.add(node, entry, [value], tensors={"weight": param.param}, name=param.param, last=value.last)
-    if tuple(tensor.shape) != (channels,):
+    if tuple(tensor.shape) != ((1,) if shared else (shape[axis],)):
         converter.torch_shapes[f"{name}.weight"] = list(tensor.shape)
+
+
+def _per_channel(converter, node, param, value, verb, what):
+    """Whether parameter ``param``, read by ``node`` with ``value``, is one number shared by every channel (else
+    it holds one per channel, or the node is refused)."""
+    tensor = converter.tensor(param.param)
+    shape = converter.shape(node)
+    axis = len(shape) - 1 if value.last else 1
+    seen = param.view or tuple(tensor.shape)            # as the graph reshaped it
+    aligned = (1,) * (len(shape) - len(seen)) + seen    # as it broadcasts against the value
+    channels = shape[axis]
+    if tensor.numel() == 1 and len(seen) <= len(shape):
+        return True
+    if len(seen) > len(shape) or aligned[axis] != channels or tensor.numel() != channels:
+        converter.refuse(node, f"{verb} parameter '{param.param}' of shape {seen}; spmdcnn takes {what} per channel "
+                               f"({channels}) or one for all")
+    return False
+
+
+def _bias(converter, node, param, value):
+    """A value plus a learned shift per channel, or one for every channel (HGNetV2's learnable affine)."""
+    if param.buffer:
+        converter.refuse(node, f"adds '{param.param}', which is a buffer, not a parameter; spmdcnn learns a bias")
+    shared = _per_channel(converter, node, param, value, "adds", "a shift")
+    name = converter.add(node, {"op": "bias", **({"shared": True} if shared else {})}, [value],
+                         tensors={"bias": param.param}, name=param.param, last=value.last)
+    tensor = converter.tensor(param.param)
+    if tuple(tensor.shape) != ((1,) if shared else (converter.shape(node)[-1 if value.last else 1],)):
+        converter.torch_shapes[f"{name}.bias"] = list(tensor.shape)
 
 
 def _prelu(converter, node):

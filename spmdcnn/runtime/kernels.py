@@ -28,7 +28,7 @@ import numpy as np
 
 from .. import backend
 from ..graph.optable import group_channels, layer_groups, tile_groups, window
-from ..ops import (activations, add, batchnorm, channels, concat, conv, conv_transpose, dice, dropout, flatten,
+from ..ops import (activations, add, batchnorm, bias, channels, concat, conv, conv_transpose, dice, dropout, flatten,
                    groupnorm, layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pad, pool, prelu, relu,
                    scale, tanh, upsample)
 from ..ops.window import ntuple
@@ -365,17 +365,17 @@ def _batchnorm(kernel):
     return forward, backward
 
 
-def _one_weight(forward, backward):
-    """A layer whose one parameter is its ``weight`` (a layer scale's factors, a PReLU's slopes):
-    ``forward(x, weight) -> (y, saved)``, ``backward(gy, saved, weight) -> (gx, gweight)``."""
+def _one_weight(forward, backward, name="weight"):
+    """A layer whose one parameter is ``name`` (a layer scale's factors, a PReLU's slopes, a bias):
+    ``forward(x, parameter) -> (y, saved)``, ``backward(gy, saved, parameter) -> (gx, gparameter)``."""
     def bind(kernel):
         views = kernel.views
 
         def backward_(gy, saved):
-            gx, gweight = backward(gy, saved, views.params["weight"])
-            views.grads["weight"][...] = gweight
+            gx, gweight = backward(gy, saved, views.params[name])
+            views.grads[name][...] = gweight
             return [gx]
-        return (lambda xs, run: forward(xs[0], views.params["weight"])), backward_
+        return (lambda xs, run: forward(xs[0], views.params[name])), backward_
     return bind
 
 
@@ -480,6 +480,7 @@ BIND = {
     "stochastic_depth": _masked(dropout.stochastic_depth_forward),
     "layer_scale": _one_weight(layer_scale.layer_scale_forward, layer_scale.layer_scale_backward),
     "prelu": _one_weight(prelu.prelu_forward, prelu.prelu_backward),
+    "bias": _one_weight(bias.bias_forward, bias.bias_backward, "bias"),
     "softmax_cross_entropy": _loss(loss.softmax_cross_entropy_forward, loss.softmax_cross_entropy_backward),
     "dice_loss": _dice,
     "mse_loss": _loss(mse.mse_loss_forward, mse.mse_loss_backward),

@@ -16,7 +16,7 @@ import numpy as np
 from .executor import Executor
 from .optimizer import SGD
 
-_CHECKED_LOSSES = ("softmax_cross_entropy", "mse_loss")
+_CHECKED_LOSSES = ("softmax_cross_entropy", "dice_loss", "mse_loss")
 TOLERANCE = 1e-8                # the relative error within which the model computes what the network does
 
 
@@ -33,6 +33,22 @@ def _quiet_torch_function_mode(torch):
                 return args[0] if args else kwargs["input"]
             return func(*args, **(kwargs or {}))
     return NoDropout()
+
+
+def _dice_ce(torch, logits, labels, attrs):
+    """spmdcnn's ``dice_loss`` (MONAI's ``DiceCELoss(softmax=True, to_onehot_y=True)`` with its weights) in
+    PyTorch, every position labelled."""
+    functional = torch.nn.functional
+    spatial = tuple(range(2, logits.dim()))
+    p = logits.softmax(1)
+    onehot = functional.one_hot(labels, logits.shape[1]).movedim(-1, 1).to(p.dtype)
+    sums = (p * onehot).sum(spatial), p.sum(spatial), onehot.sum(spatial)
+    if attrs["batch"]:
+        sums = tuple(t.sum(0, keepdim=True) for t in sums)
+    intersection, predicted, labelled = sums
+    score = (2 * intersection + attrs["smooth"]) / (predicted + labelled + attrs["smooth"])
+    dice = (1 - score)[:, 0 if attrs["include_background"] else 1:].mean()
+    return attrs["dice"] * dice + attrs["cross_entropy"] * functional.cross_entropy(logits, labels)
 
 
 def _without_stochastic_depth(module):
@@ -58,7 +74,8 @@ def check_import(module, graph, arrays, input_shape, lr=0.01, seed=1):
     from ..graph.torchops import main_output
     loss_op = graph.layers[-1].op
     if loss_op not in _CHECKED_LOSSES:
-        raise ValueError(f"the check compares a cross-entropy or a mean squared error; this model ends in {loss_op}")
+        raise ValueError(f"the check compares a cross-entropy, a Dice loss or a mean squared error; this model ends "
+                         f"in {loss_op}")
     rng = np.random.default_rng(seed)
     images = rng.standard_normal((2,) + tuple(input_shape))
 
@@ -71,7 +88,11 @@ def check_import(module, graph, arrays, input_shape, lr=0.01, seed=1):
         score = lambda out: torch.nn.functional.mse_loss(out, torch.from_numpy(answers))  # noqa: E731
     else:
         answers = rng.integers(0, output.shape[1], (2,) + tuple(output.shape[2:]))
-        score = lambda out: torch.nn.functional.cross_entropy(out, torch.from_numpy(answers))  # noqa: E731
+        if loss_op == "dice_loss":
+            attrs = graph.layers[-1].attrs
+            score = lambda out: _dice_ce(torch, out, torch.from_numpy(answers), attrs)  # noqa: E731
+        else:
+            score = lambda out: torch.nn.functional.cross_entropy(out, torch.from_numpy(answers))  # noqa: E731
     loss = score(output)
     loss.backward()
     optimizer.step()

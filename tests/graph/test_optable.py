@@ -64,6 +64,7 @@ EVERY_PER_PIXEL_OP = [{"name": "head", "op": "conv2d", "out_channels": 3, "kerne
                       {"name": "a3", "op": "hardswish"}, {"name": "a4", "op": "hardsigmoid"},
                       {"name": "a5", "op": "relu6"}, {"name": "a6", "op": "sigmoid"},
                       {"name": "ls", "op": "layer_scale"}, {"name": "pr", "op": "prelu"},
+                      {"name": "shift", "op": "bias"}, {"name": "shared_shift", "op": "bias", "shared": True},
                       {"name": "pr2", "op": "prelu", "shared": False, "init": 0.1},
                       {"name": "sd", "op": "stochastic_depth", "p": 0.1},
                       {"name": "pool", "op": "avgpool2d", "kernel": [4, 3]},

@@ -319,7 +319,8 @@ def test_networks_of_other_libraries_take_one_training_step_as_they_do(tmp_path,
 
 def test_splits_slices_shuffles_and_pads_import_as_the_network_trains(tmp_path):
     """Res2Net's and CSPNet's channel splits, slices, ShuffleNet's channel shuffle, a constant pad, average pooling
-    that leaves the padding out: the layers they are, one SGD step as the network takes it."""
+    that leaves the padding out, learned factors and shifts shared by every channel or per channel, batch norm of
+    features: the layers they are, one SGD step as the network takes it."""
     module, _ = load_module(f"{NETWORKS}:idioms")
     graph = import_module(module, tmp_path / "idioms.yaml", (2, 9, 9), source="idioms", check=checked)
     kinds = [(layer.op, {key: value for key, value in layer.attrs.items() if key in ("start", "stop", "groups",
@@ -334,3 +335,8 @@ def test_splits_slices_shuffles_and_pads_import_as_the_network_trains(tmp_path):
                      ("slice", {"start": 0, "stop": 6}), ("slice", {"start": 2, "stop": 8})]
     assert [layer.name for layer in graph.layers if layer.op == "slice"] == [
         "split_with_sizes", "split_with_sizes_1", "chunk", "chunk_1", "slice", "narrow"]
+    shifts = [(layer.op, layer.name, layer.attrs.get("shared")) for layer in graph.layers
+              if layer.op in ("layer_scale", "bias", "batchnorm1d")]
+    assert shifts == [("layer_scale", "gain", True), ("bias", "offset", True), ("bias", "channel_bias", False),
+                      ("batchnorm1d", "norm", None)]
+    assert graph.torch_shapes == {}

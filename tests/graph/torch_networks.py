@@ -306,7 +306,8 @@ def attending():
 class Idioms(nn.Module):
     """Today's CNN idioms: Res2Net's split, CSPNet's chunk, a slice and a narrow (ReXNet's partial residual),
     ShuffleNet's channel shuffle, a TF-'same' constant pad, Inception-v4's average pooling that leaves the padding
-    out of its divisors, MobileOne's branch that is 0."""
+    out of its divisors, MobileOne's branch that is 0, HGNetV2's learned factor and shift of one number each, a
+    learned shift per channel, RepViT's batch norm of features."""
 
     def __init__(self):
         super().__init__()
@@ -314,6 +315,9 @@ class Idioms(nn.Module):
         self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
         self.left = nn.Conv2d(4, 4, 3, padding=1)
         self.mix = nn.Conv2d(8, 8, 3, stride=2)
+        self.gain, self.offset = nn.Parameter(torch.tensor([1.5])), nn.Parameter(torch.tensor([0.1]))
+        self.channel_bias = nn.Parameter(torch.linspace(-0.5, 0.5, 6))
+        self.norm = nn.BatchNorm1d(6)
         self.head = nn.Linear(6, 3)
 
     def forward(self, x):
@@ -324,8 +328,9 @@ class Idioms(nn.Module):
         n, channels, h, w = x.shape
         x = x.view(n, 2, channels // 2, h, w).transpose(1, 2).contiguous().view(n, -1, h, w)
         x = self.mix(nn.functional.pad(x, (0, 1, 0, 1), value=0.1))
-        x = nn.functional.relu(x[:, :6] + x.narrow(1, 2, 6))
-        return self.head(x.mean((2, 3)))
+        x = self.gain * (x[:, :6] + x.narrow(1, 2, 6)) + self.offset       # HGNetV2's learnable affine
+        x = nn.functional.relu(x + self.channel_bias.view(1, -1, 1, 1))
+        return self.head(self.norm(x.mean((2, 3))))                         # RepViT's batch norm of features
 
 
 def idioms():

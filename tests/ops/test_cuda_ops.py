@@ -11,8 +11,8 @@ import pytest
 from op_cases import CONV_CASES, GROUPED_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
-from spmdcnn.ops import (activations, batchnorm, channels, conv, conv_transpose, dice, dropout, groupnorm, layer_scale,
-                         linear, loss, pad, pool, prelu, relu, upsample)
+from spmdcnn.ops import (activations, batchnorm, bias, channels, conv, conv_transpose, dice, dropout, groupnorm,
+                         layer_scale, linear, loss, pad, pool, prelu, relu, upsample)
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -377,6 +377,22 @@ def test_adaptive_average_pooling_of_uneven_windows_on_the_gpu(dtype):
     gy = rng.standard_normal(y.shape).astype(dtype)
     _close(pool.adaptive_avgpool_backward(cp.asarray(gy), saved2), pool.adaptive_avgpool_backward(gy, saved), dtype,
            "adaptive avgpool gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_bias_and_a_shared_layer_scale_on_the_gpu(dtype, count):
+    rng = _rng(31)
+    x, gy, weight = rng.standard_normal((4, 3, 5, 6)), rng.standard_normal((4, 3, 5, 6)), rng.uniform(-1, 1, count)
+    on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
+    for op, forward, backward in (("bias", bias.bias_forward, bias.bias_backward),
+                                  ("layer scale", layer_scale.layer_scale_forward, layer_scale.layer_scale_backward)):
+        y, saved = forward(x.astype(dtype), weight.astype(dtype))
+        y2, saved2 = forward(on(x), on(weight))
+        _close(y2, y, dtype, f"{op} y")
+        for what, a, e in zip(("gx", "gweight"), backward(on(gy), saved2, on(weight)),
+                              backward(gy.astype(dtype), saved, weight.astype(dtype))):
+            _close(a, e, dtype, f"{op} {what}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

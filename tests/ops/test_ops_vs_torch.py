@@ -1144,3 +1144,27 @@ def test_adaptive_avgpool_of_uneven_windows_is_pytorchs(shape, output_size, dtyp
         {"name": "loss", "op": "softmax_cross_entropy"}]})
     assert graph.by_name["pool"].op == f"adaptive_avgpool{rank}d"
     assert graph.by_name["pool"].out_shape == (shape[1],) + tuple(output_size)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, shared", [((3, 4, 5, 2), True), ((2, 3, 4, 2, 3), False), ((4, 6), False),
+                                           ((2, 3, 7), True)])
+def test_a_bias_and_a_shared_layer_scale(shape, shared, dtype):
+    """A learned shift, and a learned factor, per channel or one for every channel, against PyTorch's broadcast."""
+    from spmdcnn.ops.bias import bias_backward, bias_forward
+    from spmdcnn.ops.layer_scale import layer_scale_backward, layer_scale_forward
+    rng = np.random.default_rng(71)
+    x, gy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    count = 1 if shared else shape[1]
+    for forward, backward, combine in ((bias_forward, bias_backward, torch.add),
+                                       (layer_scale_forward, layer_scale_backward, torch.mul)):
+        weight = rng.uniform(-1, 1, count).astype(dtype)
+        y, saved = forward(x, weight)
+        gx, gweight = backward(gy, saved, weight)
+        t, tw = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, weight))
+        ty = combine(t, tw.reshape((1, -1) + (1,) * (len(shape) - 2)))
+        ty.backward(torch.from_numpy(gy.astype(np.float64)))
+        assert gweight.shape == weight.shape
+        assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+        assert_close(gx, t.grad.numpy().astype(dtype), dtype, "gx")
+        assert_close(gweight, tw.grad.numpy().astype(dtype), dtype, "gweight")
