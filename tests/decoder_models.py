@@ -116,7 +116,7 @@ SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers":
 # the padding out of its divisors (with ceil mode), channel slices (Res2Net's and CSPNet's splits, ReXNet's partial
 # residual: a slice added to a slice), ShuffleNet's channel shuffle, adaptive average pooling to sizes that do not
 # divide (uneven windows), batch norm of features, a factor and a shift shared by every channel and a shift per
-# channel, over images and volumes
+# channel, space to depth in both orders, over images and volumes
 IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
     {"name": "padded", "op": "pad", "padding": [[1, 2], [-1, 1]], "value": 0.25},
@@ -135,6 +135,14 @@ IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "channel_shift", "op": "bias"},
     {"name": "act", "op": "relu"},
     {"name": "adaptive", "op": "adaptive_avgpool2d", "output_size": [3, 4]},      # 7x5 to 3x4: uneven windows
+    {"name": "s2d", "op": "space_to_depth", "size": 2, "order": "blocks", "inputs": ["padded"]},  # TResNet's stem
+    {"name": "unshuffled", "op": "space_to_depth", "size": 2, "inputs": ["padded"]},       # PixelUnshuffle(2)
+    {"name": "c3", "op": "conv2d", "out_channels": 3, "kernel": 3, "padding": 1, "bias": False, "inputs": ["s2d"]},
+    {"name": "c4", "op": "conv2d", "out_channels": 3, "kernel": [3, 1], "padding": [1, 0], "bias": False,
+     "inputs": ["unshuffled"]},
+    {"name": "both", "op": "add", "inputs": ["c3", "c4"]},
+    {"name": "pooled", "op": "adaptive_avgpool2d", "output_size": [3, 4]},
+    {"name": "joined_paths", "op": "add", "inputs": ["adaptive", "pooled"]},
     {"name": "flat", "op": "flatten"},
     {"name": "features_bn", "op": "batchnorm1d"},           # of features (N, F): RepViT's head
     {"name": "fc", "op": "linear", "out_features": 3},

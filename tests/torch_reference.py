@@ -173,6 +173,13 @@ class TorchNet(torch.nn.Module):
         if family == "channel_shuffle":     # ShuffleNet's, as torchvision writes it
             n, c = x.shape[:2]
             return x.view((n, a["groups"], c // a["groups"]) + tuple(x.shape[2:])).transpose(1, 2).reshape(x.shape)
+        if family == "space_to_depth":
+            n, c, *spatial = x.shape
+            b, r = a["size"], len(spatial)
+            split = x.reshape([n, c] + [v for size in spatial for v in (size // b, b)])
+            inner, outer = [3 + 2 * k for k in range(r)], [2 + 2 * k for k in range(r)]
+            order = [0] + ([1] + inner if a["order"] == "channels" else inner + [1]) + outer
+            return split.permute(order).reshape([n, c * b ** r] + [size // b for size in spatial])
         if family == "pad":
             g = layer.window
             return F.pad(x, [v for pair in reversed(g.padding) for v in pair], value=a["value"])

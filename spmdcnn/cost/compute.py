@@ -77,7 +77,7 @@ def _pool_work(shape, out, ins, itemsize):
 
 
 def _copies(shape, out, ins, itemsize):
-    """Ops that move data: concat, add, flatten, slice, channel shuffle, pad, global pooling."""
+    """Ops that move data: concat, add, flatten, slice, channel shuffle, space to depth, pad, global pooling."""
     return 2, 0, itemsize * 2 * (ins + out)
 
 
@@ -139,6 +139,7 @@ WORK = {
     "flatten": _copies,
     "slice": _copies,
     "channel_shuffle": _copies,
+    "space_to_depth": _copies,
     "pad": _copies,
     "global_avgpool": _copies,
 }

@@ -350,12 +350,12 @@ def tile_shape(layer, box, needs):
             shape = shape[:2] + padded_extents(shape[2:], need.pads)
         inputs.append(shape)
     attrs = ()              # (key, value) pairs sorted by key
+    attrs = tuple((key, _tuple(a[key])) for key in layer.spec.tile_attrs)
     if window:
         geometry = layer.window
-        attrs = (("dilation", geometry.dilation), ("kernel", geometry.kernel),
-                 ("stride", needs[0].stride(geometry.stride)))
-    else:
-        attrs = tuple((key, _tuple(a[key])) for key in sorted(layer.spec.tile_attrs))
+        attrs += (("dilation", geometry.dilation), ("kernel", geometry.kernel),
+                  ("stride", needs[0].stride(geometry.stride)))
+    attrs = tuple(sorted(attrs))
     if layer.spec.statistics == STATISTICS_GROUPS:      # channels per group: the tile's groups, whatever its channels
         attrs = tuple(sorted(attrs + (("group_channels", group_channels(layer)),)))
     channels = box[1] if len(box) > 1 else (0, 1)

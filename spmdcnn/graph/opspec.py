@@ -57,6 +57,7 @@ KEYS = {
     "flatten": {},
     "slice": {"start": _NO_DEFAULT, "stop": _NO_DEFAULT},
     "channel_shuffle": {"groups": _NO_DEFAULT},
+    "space_to_depth": {"size": _NO_DEFAULT, "order": "channels"},
     "pad": {"padding": _NO_DEFAULT, "value": 0.0},
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
     "concat": {},
@@ -177,6 +178,10 @@ def normalise(op, given, where, rank=2):
     for key in ("out_channels", "out_features", "groups"):
         if key in attrs:
             _positive_int(attrs[key], key, where)
+    if "order" in attrs and attrs["order"] not in ("channels", "blocks"):
+        raise LayerError(f"{where}: 'order' must be channels (PyTorch's PixelUnshuffle: each channel's block "
+                         f"positions together) or blocks (TResNet's: each block position's channels together), "
+                         f"got {attrs['order']!r}")
     rank = max(rank, 1)
     for key in ("kernel", "dilation"):
         if key in attrs:
@@ -420,6 +425,15 @@ def _channel_shuffle(op, attrs, in_shapes, where):
     return shape, {}, {}, 0
 
 
+def _space_to_depth(op, attrs, in_shapes, where):
+    shape = _spatial(in_shapes[0], op, where)
+    block = _positive_int(attrs["size"], "size", where)
+    if any(size % block for size in shape[1:]):
+        raise LayerError(f"{where}: 'size' {block} must divide every spatial extent of its input "
+                         f"{'x'.join(map(str, shape[1:]))}")
+    return (shape[0] * block ** (len(shape) - 1),) + tuple(size // block for size in shape[1:]), {}, {}, 0
+
+
 def _pad(op, attrs, in_shapes, where):
     """The spatial extents grown by the padding before and after along each axis (shrunk where negative)."""
     shape = _spatial(in_shapes[0], op, where)
@@ -495,7 +509,8 @@ INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "av
          "hardswish": _elementwise, "hardsigmoid": _elementwise, "relu6": _elementwise, "scale": _elementwise,
          "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "bias": _layer_scale,
          "prelu": _prelu,
-         "flatten": _flatten, "slice": _slice, "channel_shuffle": _channel_shuffle, "pad": _pad, "linear": _linear,
+         "flatten": _flatten, "slice": _slice, "channel_shuffle": _channel_shuffle, "pad": _pad,
+         "space_to_depth": _space_to_depth, "linear": _linear,
          "concat": _concat, "add": _add, "mul": _mul, "softmax_cross_entropy": _loss, "dice_loss": _loss,
          "mse_loss": _loss}
 

@@ -138,6 +138,8 @@ OPS = {spec.name: spec for spec in (
     OpSpec("slice", READS_CHANNEL_SLICE, view=True),
     # any output channels read channels of every group: its channels are never split
     OpSpec("channel_shuffle", READS_POSITIONS, splits=("n",) + AXES, tile_attrs=("groups",)),
+    # a window of the block's size and stride reading every channel: any output channels read every input channel
+    OpSpec("space_to_depth", READS_WINDOW, splits=("n",) + AXES, tile_attrs=("size", "order")),
     # a window of kernel 1 whose padding is the pad's: a tile pads where it meets the tensor's sides
     OpSpec("pad", READS_CHANNEL_WINDOW, view=True, tile_attrs=("value",)),
     OpSpec("linear", READS_SAMPLE, KEEPS_INPUT, dense=True),
@@ -171,14 +173,14 @@ def same_padding(kernel, dilation):
 
 
 def window(attrs, rank, spatial=None):
-    """The :class:`Window` of a convolution's, pooling's or pad's attributes over ``rank`` spatial axes: a kernel
-    left out is 1 (a pad), a stride left out (``None``) is the kernel's size, as PyTorch's pooling has it, a
+    """The :class:`Window` of a convolution's, pooling's, space to depth's or pad's attributes over ``rank``
+    spatial axes: a kernel left out is the block's size (a space to depth's) or 1 (a pad), a stride left out (``None``) is the kernel's size, as PyTorch's pooling has it, a
     dilation left out is 1 (pooling has none),
     and padding ``same`` is :func:`same_padding`. Pooling's ``ceil_mode`` over an input of ``spatial`` extents is
     floor mode with the positions its last windows reach past the padded end added to the padding after
     (``ops/window.ceil_extra``; they count for nothing: -inf for max pooling, left out of average pooling's
     divisors); without ``spatial``, the padding as written."""
-    kernel = ntuple(attrs.get("kernel", 1), rank, "kernel")        # a pad has none: 1
+    kernel = ntuple(attrs.get("kernel", attrs.get("size", 1)), rank, "kernel")    # a space to depth's size; a pad's 1
     stride = kernel if attrs.get("stride") is None else ntuple(attrs["stride"], rank, "stride")
     dilation = ntuple(attrs.get("dilation", 1), rank, "dilation")
     padding = attrs.get("padding", 0)

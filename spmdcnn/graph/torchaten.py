@@ -299,6 +299,14 @@ def _prelu(converter, node):
     converter.add(node, entry, [value], tensors={"weight": key})
 
 
+def _pixel_unshuffle(converter, node):
+    """``nn.PixelUnshuffle``: each channel's block positions together."""
+    a = arguments(node)
+    value = first_input(converter, node)
+    spatial_rank(converter, node, value)
+    converter.add(node, {"op": "space_to_depth", "size": a["downscale_factor"]}, [value])
+
+
 def _dropout(converter, node):
     a = arguments(node)
     value = first_input(converter, node)
@@ -322,7 +330,12 @@ def _stochastic_depth(converter, path, module, value):
     return {"op": "stochastic_depth", "p": p}
 
 
-MODULES = {"StochasticDepth": _stochastic_depth, "DropPath": _stochastic_depth}
+def _space_to_depth(converter, path, module, value):
+    """timm's ``SpaceToDepth`` (TResNet's stem): each block position's channels together."""
+    return {"op": "space_to_depth", "size": module.bs, "order": "blocks"}
+
+
+MODULES = {"StochasticDepth": _stochastic_depth, "DropPath": _stochastic_depth, "SpaceToDepth": _space_to_depth}
 
 ATEN = {
     **{f"conv{rank}d": _conv for rank in (1, 2, 3)}, **{f"conv_transpose{rank}d": _conv for rank in (1, 2, 3)},
@@ -334,6 +347,6 @@ ATEN = {
     "hardswish": _activation("hardswish"), "hardsigmoid": _activation("hardsigmoid"),
     "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"),
     "leaky_relu": _activation("leaky_relu", negative_slope=("negative_slope", 0.01)),
-    "prelu": _prelu, "add": _add, "mul": _mul, "div": _div, "dropout": _dropout,
+    "prelu": _prelu, "pixel_unshuffle": _pixel_unshuffle, "add": _add, "mul": _mul, "div": _div, "dropout": _dropout,
     **SHAPES,
 }

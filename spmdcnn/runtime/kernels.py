@@ -147,6 +147,12 @@ def _pad(kernel):
     return (lambda xs, run: pad.pad_forward(xs[0], padding, value)), backward
 
 
+def _space_to_depth(kernel):
+    block, channels_first = kernel.layer.attrs["size"], kernel.layer.attrs["order"] == "channels"
+    return (lambda xs, run: channels.space_to_depth_forward(xs[0], block, channels_first)), \
+        (lambda gy, saved: [channels.space_to_depth_backward(gy, saved)])
+
+
 def _channel_shuffle(kernel):
     groups = kernel.layer.attrs["groups"]
     return (lambda xs, run: channels.channel_shuffle_forward(xs[0], groups)), \
@@ -458,7 +464,7 @@ BIND = {
     "upsample": _upsample,
     "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
     "slice": _plain(channels.slice_forward, channels.slice_backward),
-    "channel_shuffle": _channel_shuffle, "pad": _pad,
+    "channel_shuffle": _channel_shuffle, "pad": _pad, "space_to_depth": _space_to_depth,
     "relu": _elementwise(relu.relu_forward, relu.relu_backward),
     "leaky_relu": _elementwise(leaky_relu.leaky_relu_forward, leaky_relu.leaky_relu_backward, "negative_slope"),
     "tanh": _elementwise(tanh.tanh_forward, tanh.tanh_backward),

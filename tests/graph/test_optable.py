@@ -53,6 +53,7 @@ EVERY_VOLUME_OP = [
 EVERY_SEQUENCE_OP = [
     {"name": "conv", "op": "conv1d", "out_channels": 4, "kernel": 3, "padding": 1},
     {"name": "bn", "op": "batchnorm1d"}, {"name": "max", "op": "maxpool1d", "kernel": 2},
+    {"name": "s2d", "op": "space_to_depth", "size": 2},
     {"name": "adapt", "op": "adaptive_avgpool1d", "output_size": 3},
     {"name": "avg", "op": "avgpool1d", "kernel": 2},
     {"name": "up", "op": "conv_transpose1d", "out_channels": 2, "kernel": 3, "stride": 2, "dilation": 2},

@@ -340,3 +340,11 @@ def test_splits_slices_shuffles_and_pads_import_as_the_network_trains(tmp_path):
     assert shifts == [("layer_scale", "gain", True), ("bias", "offset", True), ("bias", "channel_bias", False),
                       ("batchnorm1d", "norm", None)]
     assert graph.torch_shapes == {}
+
+
+def test_space_to_depth_imports_in_either_order(tmp_path):
+    module, _ = load_module(f"{NETWORKS}:stems")
+    graph = import_module(module, tmp_path / "stems.yaml", (2, 8, 8), source="stems", check=checked)
+    assert [(layer.name, layer.attrs["size"], layer.attrs["order"]) for layer in graph.layers
+            if layer.op == "space_to_depth"] == [("s2d", 2, "blocks"), ("unshuffle", 2, "channels"),
+                                                 ("unshuffle_1", 2, "channels")]

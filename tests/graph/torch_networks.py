@@ -336,3 +336,37 @@ class Idioms(nn.Module):
 def idioms():
     torch.manual_seed(5)
     return Idioms()
+
+
+class SpaceToDepth(nn.Module):
+    """timm's (TResNet's stem), as timm writes it: imported by its type as one layer."""
+
+    def __init__(self, block_size=4):
+        super().__init__()
+        self.bs = block_size
+
+    def forward(self, x):
+        n, c, h, w = x.size()
+        x = x.view(n, c, h // self.bs, self.bs, w // self.bs, self.bs)
+        x = x.permute(0, 3, 5, 1, 2, 4).contiguous()
+        return x.view(n, c * self.bs * self.bs, h // self.bs, w // self.bs)
+
+
+class Stems(nn.Module):
+    """Positions moved into channels: TResNet's space to depth and PyTorch's pixel unshuffle."""
+
+    def __init__(self):
+        super().__init__()
+        self.s2d = SpaceToDepth(2)
+        self.unshuffle = nn.PixelUnshuffle(2)
+        self.conv = nn.Conv2d(8, 4, 3, padding=1)
+        self.head = nn.Linear(64, 3)
+
+    def forward(self, x):
+        x = self.conv(self.s2d(x) + self.unshuffle(x))
+        return self.head(torch.flatten(self.unshuffle(x), 1))
+
+
+def stems():
+    torch.manual_seed(7)
+    return Stems()

@@ -336,7 +336,7 @@ def test_layer_scale_and_stochastic_depth_on_the_gpu(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, padding", [((2, 4, 5, 6), ((1, 2), (0, 3))), ((1, 6, 3, 4, 5), ((2, 0), (1, 1),
                                                                                              (0, 2)))])
-def test_pad_and_channel_shuffle_on_the_gpu(dtype, shape, padding):
+def test_pad_channel_shuffle_and_space_to_depth_on_the_gpu(dtype, shape, padding):
     rng = _rng(19)
     x = rng.standard_normal(shape).astype(dtype)
     y, spatial = pad.pad_forward(x, padding, -0.5)
@@ -345,6 +345,13 @@ def test_pad_and_channel_shuffle_on_the_gpu(dtype, shape, padding):
     gy = rng.standard_normal(y.shape).astype(dtype)
     _close(pad.pad_backward(cp.asarray(gy), spatial2, padding), pad.pad_backward(gy, spatial, padding), dtype,
            "pad gx")
+    for order in (True, False):
+        y, saved = channels.space_to_depth_forward(x[..., :4, :4] if x.ndim == 4 else x[..., :2, :2, :4], 2, order)
+        y2, saved2 = channels.space_to_depth_forward(cp.asarray(x[..., :4, :4] if x.ndim == 4 else
+                                                                x[..., :2, :2, :4]), 2, order)
+        _close(y2, y, dtype, "space to depth y")
+        _close(channels.space_to_depth_backward(cp.asarray(y), saved2), channels.space_to_depth_backward(y, saved),
+               dtype, "space to depth gx")
     y, saved = channels.channel_shuffle_forward(x, 2)
     y2, saved2 = channels.channel_shuffle_forward(cp.asarray(x), 2)
     _close(y2, y, dtype, "channel shuffle y")

@@ -1168,3 +1168,29 @@ def test_a_bias_and_a_shared_layer_scale(shape, shared, dtype):
         assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
         assert_close(gx, t.grad.numpy().astype(dtype), dtype, "gx")
         assert_close(gweight, tw.grad.numpy().astype(dtype), dtype, "gweight")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, size, order", [((2, 3, 4, 6), 2, "channels"), ((2, 3, 4, 6), 2, "blocks"),
+                                                ((1, 2, 6, 3, 9), 3, "channels"), ((2, 2, 4, 2, 6), 2, "blocks"),
+                                                ((3, 2, 8), 4, "channels")])
+def test_space_to_depth_is_pixel_unshuffle_or_timms(shape, size, order, dtype):
+    """``channels``: F.pixel_unshuffle (images); ``blocks``: timm's SpaceToDepth (a view, a permute, a view);
+    volumes and sequences the same views over their axes; forward and backward."""
+    from spmdcnn.ops.channels import space_to_depth_backward, space_to_depth_forward
+    rng = np.random.default_rng(73)
+    x = rng.standard_normal(shape).astype(dtype)
+    y, saved = space_to_depth_forward(x, size, order == "channels")
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    n, c, *spatial = shape
+    if order == "channels" and len(spatial) == 2:
+        ty = F.pixel_unshuffle(t, size)
+    else:
+        split = t.reshape([n, c] + [v for extent in spatial for v in (extent // size, size)])
+        inner, outer = [3 + 2 * k for k in range(len(spatial))], [2 + 2 * k for k in range(len(spatial))]
+        axes = [0] + ([1] + inner if order == "channels" else inner + [1]) + outer
+        ty = split.permute(axes).reshape([n, c * size ** len(spatial)] + [extent // size for extent in spatial])
+    gy = rng.standard_normal(tuple(ty.shape)).astype(dtype)
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+    assert_close(space_to_depth_backward(gy, saved), t.grad.numpy().astype(dtype), dtype, "gx")
