@@ -1,7 +1,6 @@
 """MONAI's 3D U-Net, as a MONAI user builds it, for ``spmdcnn model import`` (README.md, "Bring your own network"):
 
-    spmdcnn model import examples/monai_unet3d.py:unet --input 1 32 32 32 --loss dice_ce --check \
-        -o models/monai_unet3d.yaml
+    spmdcnn model import examples/monai_unet3d.py:unet --input 1 32 32 32 --check -o out/monai_unet3d.yaml
 """
 
 

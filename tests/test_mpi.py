@@ -318,6 +318,34 @@ def test_the_segmentation_quick_start_learns_the_shapes_on_four_ranks(tmp_path):
     assert last["val_miou"] > first["val_miou"] + 0.1 and last["val_dice"] > last["val_miou"], evaluations
 
 
+def test_a_monai_unet_imported_trains_on_two_ranks_and_goes_back_to_monai(tmp_path):
+    """The README's bring-your-own-network path, in a folder of its own, the training cut to one epoch of 16
+    volumes: MONAI's U-Net imported and checked, planned under a memory limit, trained on two ranks, exported, and
+    scored in MONAI with the voxel accuracy, mean IoU and Dice spmdcnn's evaluation printed."""
+    pytest.importorskip("monai")
+    for folder in ("examples", "jobs"):
+        os.symlink(os.path.join(ROOT, folder), tmp_path / folder)
+
+    def run(*command, mpi=()):
+        command = [*mpi, *command]
+        result = subprocess.run(command, cwd=tmp_path, env={**ENV, "SPMDCNN_CACHE": str(tmp_path / "cache")},
+                                capture_output=True, text=True, timeout=300)
+        assert result.returncode == 0, result.stdout + result.stderr
+        return result.stdout
+    said = run(*spmdcnn("model", "import", "examples/monai_unet3d.py:unet", "--input", "1", "32", "32", "32",
+                        "--check", "-o", "out/monai_unet3d.yaml"))
+    assert "checked against the network" in said and "298,829 parameters" in said, said
+    run(*spmdcnn("plan", "out/monai_unet3d.yaml", "--devices", "2", "--batch", "8", "--memory", "64MiB", "-o",
+                 "out/monai_unet3d_plan.yaml"))
+    trained = run(*spmdcnn("train", "jobs/monai_unet3d.yaml", "--set", "epochs=1", "--set", "data.num_samples=16",
+                           "--set", "eval.every=2"), mpi=(MPIEXEC, "-n", "2"))
+    assert "2 ranks; out/monai_unet3d_plan.yaml" in trained, trained
+    run(*spmdcnn("checkpoint", "export", "ckpt/monai_unet3d.h5", "--torch", "out/monai_unet3d.pt"))
+    scored = run(sys.executable, "examples/evaluate_monai_unet3d.py", "out/monai_unet3d.pt", "data/shapes3d/val.h5")
+    ours = trained.rsplit("val pixel acc ", 1)[1].split()
+    assert f"voxel acc {ours[0]}  mIoU {ours[3]}  Dice {ours[6]} (4 held-out volumes)" in scored, (ours, scored)
+
+
 def test_errors_every_rank_finds_are_printed_once(tmp_path):
     result = mpiexec(2, *spmdcnn("bench", tmp_path / "absent.yaml", "--batch", "4"), timeout=120)
     assert result.returncode == 2

@@ -173,6 +173,13 @@ RUN_BY_TESTS = {
         ("tests/test_mpi.py", "test_the_volumes_quick_start_learns_the_universes_on_four_ranks"),
     "mpiexec -n 4 spmdcnn train jobs/segmentation_quickstart.yaml":
         ("tests/test_mpi.py", "test_the_segmentation_quick_start_learns_the_shapes_on_four_ranks"),
+    **{command: ("tests/test_mpi.py", "test_a_monai_unet_imported_trains_on_two_ranks_and_goes_back_to_monai")
+       for command in (
+           "spmdcnn model import examples/monai_unet3d.py:unet --input 1 32 32 32 --check -o out/monai_unet3d.yaml",
+           "spmdcnn plan out/monai_unet3d.yaml --devices 2 --batch 8 --memory 64MiB -o out/monai_unet3d_plan.yaml",
+           "mpiexec -n 2 spmdcnn train jobs/monai_unet3d.yaml",
+           "spmdcnn checkpoint export ckpt/monai_unet3d.h5 --torch out/monai_unet3d.pt",
+           "python examples/evaluate_monai_unet3d.py out/monai_unet3d.pt data/shapes3d/val.h5")},
 }
 RUN_BY_CI = {'pip install -q -e ".[test]"', "python -m pytest"}
 INSTALLS_ONLY = {'pip install -e ".[mpich]"': "mpich"}
@@ -212,8 +219,13 @@ def test_every_readme_command_is_one_the_suite_runs():
     for command, (path, name) in RUN_BY_TESTS.items():
         source = _test_source(path, name)
         words = shlex.split(command)
-        assert words[:3] == ["mpiexec", "-n", words[2]] and words[3] == "spmdcnn", command
-        for piece in ("MPIEXEC", f'"-n", "{words[2]}"', *(f'"{word}"' for word in words[4:])):
+        if words[0] == "mpiexec":
+            assert words[:3] == ["mpiexec", "-n", words[2]] and words[3] == "spmdcnn", command
+            pieces = ("MPIEXEC", f'"-n", "{words[2]}"', *(f'"{word}"' for word in words[4:]))
+        else:                           # spmdcnn ..., python FILE ...: the test calls the same words
+            assert words[0] in ("spmdcnn", "python"), command
+            pieces = tuple(f'"{word}"' for word in words[1:])
+        for piece in pieces:
             assert piece in source, f"{path}::{name} does not run {command!r}: no {piece} in its source"
     extras = configparser.ConfigParser()
     extras.read(os.path.join(ROOT, "setup.cfg"))

@@ -9,7 +9,7 @@ from . import opspec
 from .optable import ANSWERS_TARGETS, OPS, channels_whole, needs_gradient, window
 from .blocks import DATA, expand_layers
 
-_MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names", "torch_shapes"}
+_MODEL_KEYS = {"name", "input", "layers", "blocks", "description", "torch_names", "torch_shapes", "torch_aliases"}
 
 
 @dataclass
@@ -94,8 +94,11 @@ class Layer:
 class Graph:
     """A validated model. ``layers`` is in execution order (producers before consumers)."""
 
-    def __init__(self, name, input_shape, layers, source="<model>", text="", torch_names=None, torch_shapes=None):
+    def __init__(self, name, input_shape, layers, source="<model>", text="", torch_names=None, torch_shapes=None,
+                 torch_aliases=None):
         self.name = name
+        self.torch_aliases = dict(torch_aliases or {})  # PyTorch module path -> the other paths it is registered
+        #                                                 under (its state dict holds its tensors under each)
         self.torch_names = dict(torch_names or {})     # layer name -> its module's name in PyTorch (torchvision), or
         #                                                  {tensor: its PyTorch key} (a bare nn.Parameter's)
         self.torch_shapes = dict(torch_shapes or {})   # tensor name -> its shape in PyTorch, where it differs
@@ -263,7 +266,22 @@ def parse_model(data, source="<model>", text=""):
         raise FormatError(f"{source}: layer '{unused[0]}': its output is used by no layer "
                           "(every layer must lead to the loss)")
     return Graph(data["name"], input_shape, layers, source, text, _torch_names(data.get("torch_names"), layers, source),
-                 _torch_shapes(data.get("torch_shapes"), layers, source))
+                 _torch_shapes(data.get("torch_shapes"), layers, source), _torch_aliases(data.get("torch_aliases"),
+                                                                                         source))
+
+
+def _torch_aliases(aliases, source):
+    """``torch_aliases``: ``{module path: [other paths]}`` of PyTorch modules registered under several paths
+    (MONAI's DynUNet holds its encoder's blocks in ``skip_layers`` too): its state dict holds each tensor under
+    every path, so ``checkpoint export --torch`` writes them under each and ``import`` takes them."""
+    if aliases is None:
+        return {}
+    if not isinstance(aliases, dict) or not all(
+            isinstance(k, str) and k and isinstance(v, list) and v and all(isinstance(a, str) and a for a in v)
+            for k, v in aliases.items()):
+        raise FormatError(f"{source}: 'torch_aliases' must map PyTorch module paths to lists of the other paths "
+                          "each is registered under")
+    return {key: list(value) for key, value in aliases.items()}
 
 
 def _torch_names(names, layers, source):

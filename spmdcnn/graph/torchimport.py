@@ -237,7 +237,26 @@ def _flow(value):
     return text[:-len("...\n")].strip() if text.endswith("...\n") else text.strip()
 
 
-def model_text(name, input_shape, layers, torch_names, torch_shapes, source, count, blocks=None):
+def module_aliases(module, keys):
+    """``{path: [other paths]}`` of the modules registered under several paths whose tensors the model keeps under
+    ``path`` (``keys``: the state-dict keys it keeps): the shortest paths, not each of their submodules'."""
+    paths = {}
+    for path, child in module.named_modules(remove_duplicate=False):
+        paths.setdefault(id(child), []).append(path)
+    aliases = {}
+    for group in paths.values():
+        kept = [path for path in group if any(key.startswith(path + ".") for key in keys)]
+        if len(group) < 2 or len(kept) != 1:
+            continue
+        path = kept[0]
+        if any(path.startswith(outer + ".") or path == outer for outer in aliases):
+            continue                        # inside a module already aliased
+        aliases = {outer: others for outer, others in aliases.items() if not outer.startswith(path + ".")}
+        aliases[path] = [other for other in group if other != path]
+    return aliases
+
+
+def model_text(name, input_shape, layers, torch_names, torch_shapes, source, count, blocks=None, aliases=None):
     """The model YAML: its blocks (``graph/torchblocks.py``), then one layer or block instance a line, in the
     network's order."""
     lines = [f"# {name} ({count:,} parameters), written by: spmdcnn model import {source} "
@@ -262,6 +281,9 @@ def model_text(name, input_shape, layers, torch_names, torch_shapes, source, cou
     if torch_shapes:
         lines.append("torch_shapes:")
         lines += [f"  {_flow(key)}: {_flow(value)}" for key, value in torch_shapes.items()]
+    if aliases:
+        lines.append("torch_aliases:")
+        lines += [f"  {_flow(key)}: {_flow(value)}" for key, value in aliases.items()]
     return "\n".join(lines) + "\n"
 
 
@@ -324,9 +346,10 @@ def import_module(module, output, input_shape, source, weights=None, name=None, 
                 f"{', '.join(modules[:3])}{f' and {len(modules) - 3} more modules' if len(modules) > 3 else ''}); "
                 "the model leaves them out")
     names = converter.torch_names, converter.torch_shapes
+    aliases = module_aliases(module, state)
     flat = model_text(model_name, input_shape, layers, *names, source, count)
     blocks, entries = blocked(layers, _module_kinds(module))
-    text = model_text(model_name, input_shape, entries, *names, source, count, blocks)
+    text = model_text(model_name, input_shape, entries, *names, source, count, blocks, aliases)
     graph = parse_model(load_yaml_text(text, str(output)), str(output), text)
     if _layers(graph) != _layers(parse_model(load_yaml_text(flat, str(output)), str(output), flat)):
         raise ImportFailure(f"{source}: internal error: the model written with blocks is not the network")

@@ -38,9 +38,16 @@ def torch_name(graph, name):
     return f"{mapped}.{tensor}"
 
 
+def aliases_of(graph, key):
+    """The other keys PyTorch holds tensor ``key`` under, its module registered under several paths (the model's
+    ``torch_aliases``)."""
+    return [f"{other}{key[len(path):]}" for path, others in graph.torch_aliases.items()
+            if key.startswith(path + ".") for other in others]
+
+
 def state_dict(graph, params, buffers, step=0):
     """``{PyTorch key: array}`` of a model's tensors, in the order of its layers, in PyTorch's shapes (the
-    model's ``torch_shapes``)."""
+    model's ``torch_shapes``), each under its aliases too (``torch_aliases``)."""
     tensors = {**params, **buffers}
     out = {}
     for layer in graph.layers:
@@ -50,6 +57,9 @@ def state_dict(graph, params, buffers, step=0):
             out[torch_name(graph, name)] = value.reshape(graph.torch_shapes.get(name, value.shape))
         if layer.spec.normalization:
             out[torch_name(graph, f"{layer.name}.{_TRACKED}")] = np.array(step, dtype=np.int64)
+    for key in list(out):
+        for alias in aliases_of(graph, key):
+            out[alias] = out[key]
     return out
 
 
@@ -91,8 +101,14 @@ def checkpoint_arrays(loaded, graph, where):
     wanted = {torch_name(graph, name): name for name in expected}
     tracked = {torch_name(graph, f"{layer.name}.{_TRACKED}") for layer in graph.layers
                if layer.spec.normalization}
+    aliases = {alias: key for key in set(wanted) | tracked for alias in aliases_of(graph, key)}
     missing = sorted(set(wanted) - set(loaded))
-    extra = sorted(set(loaded) - set(wanted) - tracked)
+    extra = sorted(set(loaded) - set(wanted) - tracked - set(aliases))
+    differing = sorted(alias for alias, key in aliases.items() if alias in loaded and key in loaded
+                       and not torch.equal(loaded[alias], loaded[key]))
+    if differing:
+        raise CheckpointError(f"{where}: {differing[0]} and {aliases[differing[0]]} hold different tensors; model "
+                              f"'{graph.name}' has them as one (torch_aliases)")
     wrong = sorted(key for key in set(wanted) & set(loaded) if tuple(loaded[key].shape) != tuple(expected[wanted[key]]))
     if missing or extra or wrong:
         details = ([f"missing {', '.join(missing[:3])}{' ...' if len(missing) > 3 else ''}"] if missing else []) + \

@@ -14,7 +14,7 @@ from spmdcnn.graph import load_model
 from spmdcnn.graph.torchimport import (ImportFailure, import_model, import_module, load_module, load_torchvision,
                                       randomized)
 from spmdcnn.graph.torchops import main_output
-from spmdcnn.io.checkpoint import load_checkpoint
+from spmdcnn.io.checkpoint import CheckpointError, load_checkpoint
 from spmdcnn.io.torchstate import export_torch, import_torch
 from spmdcnn.runtime.executor import Executor
 from spmdcnn.runtime.torchcheck import check_import
@@ -348,3 +348,28 @@ def test_space_to_depth_imports_in_either_order(tmp_path):
     assert [(layer.name, layer.attrs["size"], layer.attrs["order"]) for layer in graph.layers
             if layer.op == "space_to_depth"] == [("s2d", 2, "blocks"), ("unshuffle", 2, "channels"),
                                                  ("unshuffle_1", 2, "channels")]
+
+
+def test_a_module_registered_twice_exports_under_both_paths_and_imports_back(tmp_path):
+    """MONAI's DynUNet holds its encoder's blocks in ``skip_layers`` too: the model names the other paths
+    (``torch_aliases``), the exported state dict loads into a fresh DynUNet strictly, and the network's own state
+    dict imports; copies that differ are refused."""
+    _library("monai")
+    module = build_imported("monai_dynunet")
+    graph = load_model(imported_path("monai_dynunet"))
+    assert graph.torch_aliases["skip_layers.downsample"] == ["input_block"]
+    torch.save(module.state_dict(), tmp_path / "state.pt")
+    import_torch(tmp_path / "state.pt", graph, tmp_path / "ckpt.h5")
+    export_torch(tmp_path / "ckpt.h5", tmp_path / "back.pt", graph)
+    fresh = build_imported("monai_dynunet")
+    for parameter in fresh.parameters():
+        parameter.data.zero_()
+    fresh.load_state_dict(torch.load(tmp_path / "back.pt", weights_only=True), strict=True)
+    for key, value in module.state_dict().items():
+        assert torch.equal(fresh.state_dict()[key], value), key
+    state = module.state_dict()
+    state["input_block.conv1.conv.weight"] = state["input_block.conv1.conv.weight"] + 1
+    torch.save(state, tmp_path / "differ.pt")
+    with pytest.raises(CheckpointError, match="input_block.conv1.conv.weight and skip_layers.downsample.conv1.conv."
+                                              "weight hold different tensors"):
+        import_torch(tmp_path / "differ.pt", graph, tmp_path / "no.h5")
