@@ -116,9 +116,11 @@ SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers":
 # the padding out of its divisors (with ceil mode), channel slices (Res2Net's and CSPNet's splits, ReXNet's partial
 # residual: a slice added to a slice), ShuffleNet's channel shuffle, adaptive average pooling to sizes that do not
 # divide (uneven windows), batch norm of features, a factor and a shift shared by every channel and a shift per
-# channel, space to depth in both orders, over images and volumes
+# channel, space to depth in both orders, layer norms without a bias, with the unbiased variance, without
+# centring (timm's SimpleNorm), over images and volumes
 IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
+    {"name": "ln", "op": "layernorm", "bias": False, "correction": 1},
     {"name": "padded", "op": "pad", "padding": [[1, 2], [-1, 1]], "value": 0.25},
     {"name": "avg", "op": "avgpool2d", "kernel": 3, "stride": 2, "padding": 1, "count_include_pad": False,
      "ceil_mode": True},
@@ -156,6 +158,7 @@ IDIOMS_VOLUME = {"name": "idioms_volume", "input": [4, 5, 6, 4], "layers": [
     {"name": "c1", "op": "conv3d", "out_channels": 6, "kernel": 1},
     {"name": "shuffled", "op": "channel_shuffle", "groups": 3},
     {"name": "part", "op": "slice", "start": 1, "stop": 5},
+    {"name": "simple", "op": "layernorm", "center": False, "correction": 1, "bias": False},     # timm's SimpleNorm2d
     {"name": "adaptive", "op": "adaptive_avgpool3d", "output_size": [2, 5, 3]},    # uneven along d and h
     {"name": "head", "op": "conv3d", "out_channels": 3, "kernel": 3, "padding": 1},
     {"name": "loss", "op": "softmax_cross_entropy"}]}

@@ -139,6 +139,15 @@ class TorchNet(torch.nn.Module):
         if family == "instancenorm":
             return F.instance_norm(x, weight=self.param(f"{name}.weight"), bias=self.param(f"{name}.bias"),
                                    eps=a["eps"])
+        if family == "layernorm" and (not a["center"] or a["correction"]):     # timm's simple_norm, over channels
+            v = torch.var(x, dim=1, keepdim=True, correction=a["correction"])
+            y = (x if not a["center"] else x - x.mean(1, keepdim=True)) * torch.rsqrt(v + a["eps"])
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            if a["affine"]:
+                y = y * self.param(f"{name}.weight").reshape(shape)
+                if a["bias"]:
+                    y = y + self.param(f"{name}.bias").reshape(shape)
+            return y
         if family == "layernorm":        # over the channels at each position: F.layer_norm with them last
             moved = x.movedim(1, -1)
             y = F.layer_norm(moved, moved.shape[-1:], self.param(f"{name}.weight"), self.param(f"{name}.bias"),

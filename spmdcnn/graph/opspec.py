@@ -48,7 +48,7 @@ KEYS = {
     "batchnorm": {"eps": 1e-5, "momentum": 0.1},
     "groupnorm": {"groups": _NO_DEFAULT, "eps": 1e-5, "affine": True},
     "instancenorm": {"eps": 1e-5, "affine": False},
-    "layernorm": {"eps": 1e-5, "affine": True},
+    "layernorm": {"eps": 1e-5, "affine": True, "bias": True, "center": True, "correction": 0},
     "dropout": {"p": 0.5},
     "stochastic_depth": {"p": _NO_DEFAULT},
     "layer_scale": {"init": 1e-6, "shared": False},
@@ -200,7 +200,7 @@ def normalise(op, given, where, rank=2):
         if attrs["padding"] == "same" and any(s != 1 for s in window(attrs, rank).stride):
             raise LayerError(f"{where}: padding 'same' needs stride 1 (as in PyTorch), got stride {attrs['stride']}")
     for key in ("bias", "align_corners", "affine", "include_background", "batch", "ceil_mode", "count_include_pad",
-                "shared"):
+                "shared", "center"):
         if key in attrs and not isinstance(attrs[key], bool):
             raise LayerError(f"{where}: '{key}' must be true or false, got {attrs[key]!r}")
     if "scale" in attrs and OPS[op].family == "upsample":
@@ -381,6 +381,11 @@ def _layernorm(op, attrs, in_shapes, where):
     if not len(shape):
         raise LayerError(f"{where}: layernorm needs channels or features, got a scalar")
     params = {"weight": (shape[0],), "bias": (shape[0],)} if attrs["affine"] else {}
+    if not attrs["bias"]:
+        params.pop("bias", None)
+    if attrs["correction"] not in (0, 1) or isinstance(attrs["correction"], bool):
+        raise LayerError(f"{where}: 'correction' must be 0 (the variance over C) or 1 (over C - 1), got "
+                         f"{attrs['correction']!r}")
     return shape, params, {}, 8 * prod(shape)
 
 

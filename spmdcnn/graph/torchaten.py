@@ -335,7 +335,26 @@ def _space_to_depth(converter, path, module, value):
     return {"op": "space_to_depth", "size": module.bs, "order": "blocks"}
 
 
-MODULES = {"StochasticDepth": _stochastic_depth, "DropPath": _stochastic_depth, "SpaceToDepth": _space_to_depth}
+def _simple_norm(converter, path, module, value):
+    """timm's ``SimpleNorm2d`` (over the channels, moved last inside) and ``SimpleNorm`` (over the last axis:
+    channels last, or features): ``x / sqrt(var + eps) * weight``, the variance ``torch.var``'s (over C - 1), ``x``
+    not centred."""
+    shape = converter.shape(converter.collapsed_output[path])
+    over_last = type(module).__name__ == "SimpleNorm"
+    if over_last != value.last and not (over_last and len(shape) == 2):
+        return "normalises an axis other than the channels; spmdcnn's layernorm normalises the channels"
+    if tuple(module.normalized_shape) != (shape[-1 if over_last else 1],):
+        return f"normalises over {tuple(module.normalized_shape)}; spmdcnn's layernorm normalises the channels"
+    entry = {"op": "layernorm", "center": False, "correction": 1, "bias": False}
+    if module.eps != 1e-5:
+        entry["eps"] = module.eps
+    if module.weight is None:
+        entry["affine"] = False
+    return entry
+
+
+MODULES = {"StochasticDepth": _stochastic_depth, "DropPath": _stochastic_depth, "SpaceToDepth": _space_to_depth,
+           "SimpleNorm2d": _simple_norm, "SimpleNorm": _simple_norm}
 
 ATEN = {
     **{f"conv{rank}d": _conv for rank in (1, 2, 3)}, **{f"conv_transpose{rank}d": _conv for rank in (1, 2, 3)},

@@ -381,10 +381,13 @@ class Converter:
             self.refuse(node, f"module '{path}' ({_short(kind)}) reads {len(outside)} tensors; it is imported as "
                               "one layer of one input")
         value = self.value(node, outside[0])
-        entry = MODULES[_short(kind)](self, path, self.module.get_submodule(path), value)
+        module = self.module.get_submodule(path)
+        entry = MODULES[_short(kind)](self, path, module, value)
         if isinstance(entry, str):
             self.refuse(node, entry)
-        self.add(node, entry, [value], name=path, last=value.last)
+        tensors = {name: f"{path}.{name}" for name, tensor in module.named_parameters(recurse=False)
+                   if tensor is not None}       # its own parameters (a norm's weight), under their keys
+        self.add(node, entry, [value], name=path, last=value.last, tensors=tensors)
 
     def _needed(self, result):
         """The nodes the main output reads, directly or through others, with the operators writing into them (the

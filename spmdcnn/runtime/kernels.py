@@ -279,7 +279,8 @@ def _affine_backward(backward, views):
         gx, ggamma, gbeta = backward(gy, saved)
         if ggamma is not None:
             views.grads["weight"][...] = ggamma
-            views.grads["bias"][...] = gbeta
+            if "bias" in views.grads:
+                views.grads["bias"][...] = gbeta
         return [gx]
     return run
 
@@ -290,9 +291,11 @@ def _layernorm(kernel):
     layer, tile, views = kernel.layer, kernel.tile, kernel.views
     eps, count = layer.attrs["eps"], tile.global_shape[1]
 
+    center, correction = layer.attrs["center"], layer.attrs["correction"]
+
     def forward(xs, run):
         return layernorm.layernorm_forward(xs[0], views.params.get("weight"), views.params.get("bias"), count, eps,
-                                           tile.reduce)
+                                           tile.reduce, center, correction)
     return forward, _affine_backward(layernorm.layernorm_backward, views)
 
 

@@ -373,3 +373,11 @@ def test_a_module_registered_twice_exports_under_both_paths_and_imports_back(tmp
     with pytest.raises(CheckpointError, match="input_block.conv1.conv.weight and skip_layers.downsample.conv1.conv."
                                               "weight hold different tensors"):
         import_torch(tmp_path / "differ.pt", graph, tmp_path / "no.h5")
+
+
+def test_timms_simple_norm_imports_as_a_layer_norm_that_does_not_centre(tmp_path):
+    module, _ = load_module(f"{NETWORKS}:simply_normed")
+    graph = import_module(module, tmp_path / "normed.yaml", (2, 5, 5), source="normed", check=checked)
+    norm = graph.by_name["norm"]
+    assert norm.op == "layernorm" and list(norm.params) == ["weight"]
+    assert (norm.attrs["center"], norm.attrs["correction"], norm.attrs["eps"]) == (False, 1, 1e-6)

@@ -370,3 +370,34 @@ class Stems(nn.Module):
 def stems():
     torch.manual_seed(7)
     return Stems()
+
+
+class SimpleNorm2d(nn.Module):
+    """timm's (ConvNeXt-RMS's norm), as timm computes it: imported by its type as a layer norm that does not
+    centre and divides the variance by C - 1."""
+
+    def __init__(self, channels, eps=1e-6):
+        super().__init__()
+        self.normalized_shape, self.eps = (channels,), eps
+        self.weight = nn.Parameter(torch.linspace(0.5, 1.5, channels))
+
+    def forward(self, x):
+        x = x.permute(0, 2, 3, 1)
+        x = x * torch.rsqrt(torch.var(x, dim=-1, keepdim=True) + self.eps) * self.weight
+        return x.permute(0, 3, 1, 2)
+
+
+class SimplyNormed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 6, 3, padding=1)
+        self.norm = SimpleNorm2d(6)
+        self.head = nn.Linear(6, 3)
+
+    def forward(self, x):
+        return self.head(self.norm(self.conv(x)).mean((2, 3)))
+
+
+def simply_normed():
+    torch.manual_seed(9)
+    return SimplyNormed()
