@@ -10,8 +10,9 @@ HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "mpi", "imported
 # name -> (library, the constructor call, the input (C, S...))
 NETWORKS = {
     "monai_unet": ("monai", "monai.networks.nets.UNet(3, 1, 3, (4, 6, 8), (2, 2), num_res_units=1)", (1, 8, 8, 8)),
-    "monai_basicunet": ("monai", "monai.networks.nets.BasicUNet(3, 1, 2, features=(2, 2, 3, 3, 4, 2))",
-                        (1, 32, 32, 32)),
+    # group norm of one group: its deepest level is 1x1x1 at 16^3, where instance norm has one value per channel
+    "monai_basicunet": ("monai", "monai.networks.nets.BasicUNet(3, 1, 2, features=(2, 2, 3, 3, 4, 2), "
+                                 "norm=('group', {'num_groups': 1}))", (1, 16, 16, 16)),
     "monai_segresnet": ("monai", "monai.networks.nets.SegResNet(3, init_filters=4, in_channels=1, out_channels=2, "
                                  "norm=('group', {'num_groups': 2}), blocks_down=(1, 2), blocks_up=(1,))",
                         (1, 8, 8, 8)),
