@@ -116,7 +116,7 @@ SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers":
 # the padding out of its divisors (with ceil mode), channel slices (Res2Net's and CSPNet's splits, ReXNet's partial
 # residual: a slice added to a slice), ShuffleNet's channel shuffle, adaptive average pooling to sizes that do not
 # divide (uneven windows), batch norm of features, a factor and a shift shared by every channel and a shift per
-# channel, space to depth in both orders, layer norms without a bias, with the unbiased variance, without
+# channel, space to depth in both orders, a softmax across channel groups, layer norms without a bias, with the unbiased variance, without
 # centring (timm's SimpleNorm), over images and volumes
 IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
@@ -129,8 +129,10 @@ IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "c2", "op": "conv2d", "out_channels": 2, "kernel": 3, "padding": 1},
     {"name": "joined", "op": "concat", "inputs": ["first", "c2", "rest"]},
     {"name": "shuffled", "op": "channel_shuffle", "groups": 4},
-    {"name": "a", "op": "slice", "start": 1, "stop": 4},
-    {"name": "b", "op": "slice", "start": 5, "stop": 8, "inputs": ["shuffled"]},
+    {"name": "weights", "op": "group_softmax", "groups": 2, "inputs": ["joined"]},     # SKNet's split attention
+    {"name": "attended", "op": "mul", "inputs": ["shuffled", "weights"]},
+    {"name": "a", "op": "slice", "start": 1, "stop": 4, "inputs": ["attended"]},
+    {"name": "b", "op": "slice", "start": 5, "stop": 8, "inputs": ["attended"]},
     {"name": "partial", "op": "add", "inputs": ["a", "b"]},
     {"name": "factor", "op": "layer_scale", "shared": True, "init": 0.5},      # HGNetV2's learnable affine
     {"name": "shift", "op": "bias", "shared": True},

@@ -179,6 +179,9 @@ class TorchNet(torch.nn.Module):
             return torch.flatten(x, 1)
         if family == "slice":
             return x[:, a["start"]:a["stop"]]
+        if family == "group_softmax":        # SKNet's, over the groups at each channel of a group
+            n, c = x.shape[:2]
+            return x.view((n, a["groups"], c // a["groups"]) + tuple(x.shape[2:])).softmax(1).reshape(x.shape)
         if family == "channel_shuffle":     # ShuffleNet's, as torchvision writes it
             n, c = x.shape[:2]
             return x.view((n, a["groups"], c // a["groups"]) + tuple(x.shape[2:])).transpose(1, 2).reshape(x.shape)

@@ -57,6 +57,7 @@ KEYS = {
     "flatten": {},
     "slice": {"start": _NO_DEFAULT, "stop": _NO_DEFAULT},
     "channel_shuffle": {"groups": _NO_DEFAULT},
+    "group_softmax": {"groups": _NO_DEFAULT},
     "space_to_depth": {"size": _NO_DEFAULT, "order": "channels"},
     "pad": {"padding": _NO_DEFAULT, "value": 0.0},
     "linear": {"out_features": _NO_DEFAULT, "bias": True},
@@ -424,6 +425,7 @@ def _slice(op, attrs, in_shapes, where):
 
 
 def _channel_shuffle(op, attrs, in_shapes, where):
+    """Groups of the channels (a shuffle's, a softmax across groups'): the input's shape."""
     shape = _spatial(in_shapes[0], op, where)
     if shape[0] % attrs["groups"]:
         raise LayerError(f"{where}: 'groups' {attrs['groups']} must divide the {shape[0]} channels of its input")
@@ -508,16 +510,15 @@ def _loss(op, attrs, in_shapes, where):
 
 
 INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "avgpool": _pool,
-         "adaptive_avgpool": _adaptive, "global_avgpool": _global_avgpool, "upsample": _upsample, "batchnorm": _batchnorm, "groupnorm": _groupnorm,
-         "instancenorm": _groupnorm, "layernorm": _layernorm, "relu": _elementwise, "leaky_relu": _elementwise,
-         "tanh": _elementwise, "sigmoid": _elementwise, "silu": _elementwise, "gelu": _elementwise,
-         "hardswish": _elementwise, "hardsigmoid": _elementwise, "relu6": _elementwise, "scale": _elementwise,
-         "dropout": _elementwise, "stochastic_depth": _elementwise, "layer_scale": _layer_scale, "bias": _layer_scale,
-         "prelu": _prelu,
-         "flatten": _flatten, "slice": _slice, "channel_shuffle": _channel_shuffle, "pad": _pad,
-         "space_to_depth": _space_to_depth, "linear": _linear,
-         "concat": _concat, "add": _add, "mul": _mul, "softmax_cross_entropy": _loss, "dice_loss": _loss,
-         "mse_loss": _loss}
+         "adaptive_avgpool": _adaptive, "global_avgpool": _global_avgpool, "upsample": _upsample,
+         "batchnorm": _batchnorm, "groupnorm": _groupnorm, "instancenorm": _groupnorm, "layernorm": _layernorm,
+         "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise, "sigmoid": _elementwise,
+         "silu": _elementwise, "gelu": _elementwise, "hardswish": _elementwise, "hardsigmoid": _elementwise,
+         "relu6": _elementwise, "scale": _elementwise, "dropout": _elementwise, "stochastic_depth": _elementwise,
+         "layer_scale": _layer_scale, "bias": _layer_scale, "prelu": _prelu, "flatten": _flatten, "slice": _slice,
+         "channel_shuffle": _channel_shuffle, "group_softmax": _channel_shuffle, "pad": _pad,
+         "space_to_depth": _space_to_depth, "linear": _linear, "concat": _concat, "add": _add, "mul": _mul,
+         "softmax_cross_entropy": _loss, "dice_loss": _loss, "mse_loss": _loss}
 
 
 def infer(op, attrs, in_shapes, where):

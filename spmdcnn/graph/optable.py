@@ -139,6 +139,7 @@ OPS = {spec.name: spec for spec in (
     OpSpec("slice", READS_CHANNEL_SLICE, view=True),
     # any output channels read channels of every group: its channels are never split
     OpSpec("channel_shuffle", READS_POSITIONS, splits=("n",) + AXES, tile_attrs=("groups",)),
+    OpSpec("group_softmax", READS_POSITIONS, KEEPS_OUTPUT, splits=("n",) + AXES, tile_attrs=("groups",)),
     # a window of the block's size and stride reading every channel: any output channels read every input channel
     OpSpec("space_to_depth", READS_WINDOW, splits=("n",) + AXES, tile_attrs=("size", "order")),
     # a window of kernel 1 whose padding is the pad's: a tile pads where it meets the tensor's sides

@@ -8,7 +8,7 @@ A handler reads its node's arguments by name (:func:`arguments`: the operator's 
 """
 
 from .torchargs import arguments, first_input, opname, pair_list, spatial_rank
-from .torchshapes import SHAPES
+from .torchshapes import SHAPES, grouped_layer
 
 
 # -- layers with parameters ---------------------------------------------------------------------------------------
@@ -212,7 +212,13 @@ def _mul(converter, node):
         tensor, factor = (second, first) if _number(first) else (first, second)
         _scale(converter, node, converter.tensors(node, [tensor])[0], factor)
         return
-    one, two = converter.value(node, first), converter.value(node, second)
+    one, two = converter.value(node, first, grouped=True), converter.value(node, second, grouped=True)
+    if one.grouped or two.grouped:                      # split attention's weights times its paths
+        if one.grouped != two.grouped:
+            converter.refuse(node, f"multiplies values grouped as {one.grouped} and {two.grouped}; spmdcnn "
+                                   "multiplies groups of channels by weights grouped alike")
+        grouped_layer(converter, node, {"op": "mul"}, [one, two], one.grouped)
+        return
     if one.param or two.param:                          # a learned factor per channel: a layer scale
         if one.param and two.param:
             converter.refuse(node, "multiplies two parameters")
@@ -353,8 +359,19 @@ def _simple_norm(converter, path, module, value):
     return entry
 
 
+def _radix_softmax(converter, path, module, value):
+    """timm's ``RadixSoftmax`` (ResNeSt's split attention): a softmax across its radix groups of channels (a
+    sigmoid for a radix of 1), given (and flattened to) (N, C) of a (N, C, 1, 1)."""
+    if module.radix == 1:
+        return {"op": "sigmoid"}
+    if module.cardinality != 1:
+        return (f"takes a softmax across {module.radix} groups within each of {module.cardinality} cardinal groups; "
+                "spmdcnn's group_softmax takes groups of consecutive channels")
+    return {"op": "group_softmax", "groups": module.radix}
+
+
 MODULES = {"StochasticDepth": _stochastic_depth, "DropPath": _stochastic_depth, "SpaceToDepth": _space_to_depth,
-           "SimpleNorm2d": _simple_norm, "SimpleNorm": _simple_norm}
+           "SimpleNorm2d": _simple_norm, "SimpleNorm": _simple_norm, "RadixSoftmax": _radix_softmax}
 
 ATEN = {
     **{f"conv{rank}d": _conv for rank in (1, 2, 3)}, **{f"conv_transpose{rank}d": _conv for rank in (1, 2, 3)},

@@ -387,7 +387,10 @@ class Converter:
             self.refuse(node, entry)
         tensors = {name: f"{path}.{name}" for name, tensor in module.named_parameters(recurse=False)
                    if tensor is not None}       # its own parameters (a norm's weight), under their keys
-        self.add(node, entry, [value], name=path, last=value.last, tensors=tensors)
+        name = self.add(node, entry, [value], name=path, last=value.last, tensors=tensors)
+        inside = self.shape(outside[0])
+        if len(self.shape(node)) != len(inside):        # it flattens what it keeps the shape of (RadixSoftmax)
+            self.shapes[name] = tuple(inside[1:])
 
     def _needed(self, result):
         """The nodes the main output reads, directly or through others, with the operators writing into them (the

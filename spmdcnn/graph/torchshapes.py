@@ -68,8 +68,8 @@ def _reshape(converter, node):
                                    "follows only their reshape back into channels")
         _ungrouped(converter, node, value)
         return
-    if tuple(before) == tuple(after):
-        converter.alias(node, value)
+    if tuple(before) == tuple(after) or converter.shapes.get(value.name) == tuple(after[1:]):
+        converter.alias(node, value)        # the shape it has, in spmdcnn too (a flattened module's, given back)
         return
     if not value.last and len(before) >= 3 and len(after) == len(before) + 1 and after[0] == before[0] and \
             after[1] * after[2] == before[1] and tuple(after[3:]) == tuple(before[2:]):
@@ -204,6 +204,65 @@ def _cat(converter, node):
     converter.add(node, {"op": "concat"}, values, last=last)
 
 
+def _stack(converter, node):
+    """``torch.stack`` of values of one shape along axis 1 (SKNet's paths): their channels joined, seen as
+    (paths, channels) on an axis of their own (a sum or a softmax over the paths reads them)."""
+    a = arguments(node)
+    values = converter.tensors(node, list(a["tensors"]))
+    rank = len(converter.shape(node))
+    if a["dim"] % rank != 1 or any(value.last for value in values):
+        converter.refuse(node, f"stacks along axis {a['dim']}; spmdcnn stacks values as groups of channels (axis 1)")
+    channels = converter.shape(list(a["tensors"])[0])[1]
+    if len(values) == 1:
+        converter.alias(node, values[0], grouped=(1, channels, False))
+        return
+    grouped_layer(converter, node, {"op": "concat"}, values, (len(values), channels, False))
+
+
+def _sum(converter, node):
+    """A sum over the groups of channels seen on an axis of their own (SKNet's and ResNeSt's paths): the groups'
+    slices added."""
+    a = arguments(node)
+    value = first_input(converter, node, grouped=True)
+    dims = [dim % len(converter.shape(a["self"])) for dim in (a.get("dim") or [])]
+    if not value.grouped or dims != [1] or a.get("keepdim") or value.grouped[2]:
+        converter.refuse(node, f"sums over the axes {dims or 'all'}; spmdcnn sums only groups of channels (a "
+                               "reshape or stack of them, then a sum over that axis)")
+    groups, channels, _ = value.grouped
+    parts = [_part(converter, node, value, index * channels, (index + 1) * channels) for index in range(groups)]
+    if len(parts) == 1:
+        converter.alias(node, parts[0])
+        return
+    converter.add(node, {"op": "add"}, parts)
+
+
+def _part(converter, node, value, start, stop):
+    """A ``slice`` of ``value``'s channels for ``node`` (a layer of its own, named after it)."""
+    converter.add(node, {"op": "slice", "start": start, "stop": stop}, [value],
+                  name=f"{converter.node_name(node)}.part")
+    return converter.values[node]
+
+
+def grouped_layer(converter, node, entry, values, grouped):
+    """Append layer ``entry`` for ``node``, whose PyTorch value holds its channels as ``grouped`` on two axes (a
+    softmax or a product of split attention's): the layer's channels are their product, and the node stands for it
+    seen grouped again."""
+    name = converter.add(node, entry, values)
+    shape = converter.shape(node)
+    converter.shapes[name] = (shape[1] * shape[2],) + tuple(shape[3:])
+    converter.alias(node, converter.values[node], grouped=grouped)
+
+
+def _softmax(converter, node):
+    """A softmax over groups of channels seen on an axis of their own (split attention's weights)."""
+    a = arguments(node)
+    value = first_input(converter, node, grouped=True)
+    if not value.grouped or a["dim"] % len(converter.shape(a["self"])) != 1 or value.grouped[2]:
+        converter.refuse(node, f"takes a softmax over axis {a['dim']}; spmdcnn's group_softmax normalises across "
+                               "groups of channels (reshaped onto an axis of their own), and losses take their own")
+    grouped_layer(converter, node, {"op": "group_softmax", "groups": value.grouped[0]}, [value], value.grouped)
+
+
 def _getitem(converter, node):
     """One output of an operator giving several (a max pooling's values, not its indices; a part of a split)."""
     source, index = node.args
@@ -325,7 +384,8 @@ SHAPES = {      # graph/torchaten.py's table holds these rows
     "permute": _permute, "flatten": _flatten, "view": _reshape, "reshape": _reshape, "_unsafe_view": _reshape,
     "contiguous": _same, "pad": _pad, "constant_pad_nd": _pad,
     "slice": _slice, "narrow": _slice, "split": _split, "split_with_sizes": _split, "chunk": _split,
-    "transpose": _permute, "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
+    "transpose": _permute, "stack": _stack, "sum": _sum, "softmax": _softmax, "_softmax": _softmax,
+    "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
     **{f"{kind}_pool{rank}d": _pool(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
     **{f"max_pool{rank}d_with_indices": _pool("max") for rank in (1, 2, 3)},
     **{f"adaptive_avg_pool{rank}d": _adaptive_avg_pool for rank in (1, 2, 3)}, "mean": _mean,

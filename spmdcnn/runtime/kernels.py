@@ -30,7 +30,7 @@ from .. import backend
 from ..graph.optable import group_channels, layer_groups, tile_groups, window
 from ..ops import (activations, add, batchnorm, bias, channels, concat, conv, conv_transpose, dice, dropout, flatten,
                    groupnorm, layer_scale, layernorm, leaky_relu, linear, loss, mse, mul, pad, pool, prelu, relu,
-                   scale, tanh, upsample)
+                   scale, softmax, tanh, upsample)
 from ..ops.window import ntuple
 from ..tiling.fields import Need, no_padding
 
@@ -151,6 +151,12 @@ def _space_to_depth(kernel):
     block, channels_first = kernel.layer.attrs["size"], kernel.layer.attrs["order"] == "channels"
     return (lambda xs, run: channels.space_to_depth_forward(xs[0], block, channels_first)), \
         (lambda gy, saved: [channels.space_to_depth_backward(gy, saved)])
+
+
+def _group_softmax(kernel):
+    groups = kernel.layer.attrs["groups"]
+    return (lambda xs, run: softmax.group_softmax_forward(xs[0], groups)), \
+        (lambda gy, saved: [softmax.group_softmax_backward(gy, saved, groups)])
 
 
 def _channel_shuffle(kernel):
@@ -467,7 +473,8 @@ BIND = {
     "upsample": _upsample,
     "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
     "slice": _plain(channels.slice_forward, channels.slice_backward),
-    "channel_shuffle": _channel_shuffle, "pad": _pad, "space_to_depth": _space_to_depth,
+    "channel_shuffle": _channel_shuffle, "group_softmax": _group_softmax, "pad": _pad,
+    "space_to_depth": _space_to_depth,
     "relu": _elementwise(relu.relu_forward, relu.relu_backward),
     "leaky_relu": _elementwise(leaky_relu.leaky_relu_forward, leaky_relu.leaky_relu_backward, "negative_slope"),
     "tanh": _elementwise(tanh.tanh_forward, tanh.tanh_backward),

@@ -23,6 +23,7 @@ EVERY_OP = [{"name": "conv", "op": "conv2d", "out_channels": 4, "kernel": 3, "pa
             {"name": "padded", "op": "pad", "padding": [[1, 0], [0, 2]], "value": -0.5, "inputs": ["avg"]},
             {"name": "part", "op": "slice", "start": 1, "stop": 3},
             {"name": "shuffled", "op": "channel_shuffle", "groups": 2},
+            {"name": "softened", "op": "group_softmax", "groups": 2},
             {"name": "adapt", "op": "adaptive_avgpool2d", "output_size": [3, 2]},
             {"name": "drop", "op": "dropout", "p": 0.5},
             {"name": "up", "op": "conv_transpose2d", "out_channels": 3, "kernel": 3, "stride": 2, "padding": 1,

@@ -381,3 +381,13 @@ def test_timms_simple_norm_imports_as_a_layer_norm_that_does_not_centre(tmp_path
     norm = graph.by_name["norm"]
     assert norm.op == "layernorm" and list(norm.params) == ["weight"]
     assert (norm.attrs["center"], norm.attrs["correction"], norm.attrs["eps"]) == (False, 1, 1e-6)
+
+
+def test_split_attention_imports_as_slices_sums_and_a_softmax_across_groups(tmp_path):
+    """SKNet's stacked paths and ResNeSt's radix groups: a concat, the groups' slices added, a group_softmax (timm's
+    RadixSoftmax by its type), products of groups; one SGD step as the network takes it."""
+    module, _ = load_module(f"{NETWORKS}:split_attention")
+    graph = import_module(module, tmp_path / "split.yaml", (2, 6, 6), source="split", check=checked)
+    ops = [layer.op for layer in graph.layers]
+    assert ops.count("group_softmax") == 2 and ops.count("concat") == 1 and ops.count("mul") == 2
+    assert graph.by_name["rsoftmax"].attrs["groups"] == 2

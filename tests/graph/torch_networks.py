@@ -401,3 +401,47 @@ class SimplyNormed(nn.Module):
 def simply_normed():
     torch.manual_seed(9)
     return SimplyNormed()
+
+
+class RadixSoftmax(nn.Module):
+    """timm's (ResNeSt's), as timm computes it: imported by its type as a softmax across groups of channels."""
+
+    def __init__(self, radix, cardinality=1):
+        super().__init__()
+        self.radix, self.cardinality = radix, cardinality
+
+    def forward(self, x):
+        batch = x.size(0)
+        x = x.view(batch, self.cardinality, self.radix, -1).transpose(1, 2)
+        return torch.softmax(x, dim=1).reshape(batch, -1)
+
+
+class SplitAttention(nn.Module):
+    """SKNet's selective kernel (paths stacked, summed, weighted by a softmax across them) and ResNeSt's split
+    attention (a convolution's channels reshaped into radix groups, its radix softmax)."""
+
+    def __init__(self):
+        super().__init__()
+        self.paths = nn.ModuleList([nn.Conv2d(2, 4, 3, padding=1), nn.Conv2d(2, 4, 3, padding=2, dilation=2)])
+        self.select = nn.Conv2d(4, 8, 1)
+        self.radix_conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.attend = nn.Conv2d(4, 8, 1)
+        self.rsoftmax = RadixSoftmax(2)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        stacked = torch.stack([path(x) for path in self.paths], dim=1)               # (N, 2, 4, H, W)
+        weights = self.select(stacked.sum(1).mean((2, 3), keepdim=True))
+        weights = torch.softmax(weights.view(x.shape[0], 2, 4, 1, 1), dim=1)
+        x = (stacked * weights).sum(1)
+        n, rc, h, w = (x := self.radix_conv(x)).shape
+        grouped = x.reshape(n, 2, rc // 2, h, w)
+        gap = self.attend(grouped.sum(dim=1).mean((2, 3), keepdim=True))
+        attention = self.rsoftmax(gap).view(n, -1, 1, 1)
+        x = (grouped * attention.reshape(n, 2, rc // 2, 1, 1)).sum(dim=1)
+        return self.head(x.mean((2, 3)))
+
+
+def split_attention():
+    torch.manual_seed(13)
+    return SplitAttention()

@@ -12,7 +12,7 @@ from op_cases import CONV_CASES, GROUPED_CASES, POOL_CASES, TRANSPOSE_CASES
 from spmdcnn.backend import gpus
 from spmdcnn.counters import stream_key
 from spmdcnn.ops import (activations, batchnorm, bias, channels, conv, conv_transpose, dice, dropout, groupnorm,
-                         layer_scale, linear, loss, pad, pool, prelu, relu, upsample)
+                         layer_scale, linear, loss, pad, pool, prelu, relu, softmax, upsample)
 from spmdcnn.runtime.optimizer import SGD
 
 
@@ -336,7 +336,7 @@ def test_layer_scale_and_stochastic_depth_on_the_gpu(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, padding", [((2, 4, 5, 6), ((1, 2), (0, 3))), ((1, 6, 3, 4, 5), ((2, 0), (1, 1),
                                                                                              (0, 2)))])
-def test_pad_channel_shuffle_and_space_to_depth_on_the_gpu(dtype, shape, padding):
+def test_pad_channel_shuffle_space_to_depth_and_group_softmax_on_the_gpu(dtype, shape, padding):
     rng = _rng(19)
     x = rng.standard_normal(shape).astype(dtype)
     y, spatial = pad.pad_forward(x, padding, -0.5)
@@ -352,6 +352,11 @@ def test_pad_channel_shuffle_and_space_to_depth_on_the_gpu(dtype, shape, padding
         _close(y2, y, dtype, "space to depth y")
         _close(channels.space_to_depth_backward(cp.asarray(y), saved2), channels.space_to_depth_backward(y, saved),
                dtype, "space to depth gx")
+    y, saved = softmax.group_softmax_forward(x, 2)
+    y2, saved2 = softmax.group_softmax_forward(cp.asarray(x), 2)
+    _close(y2, y, dtype, "group softmax y")
+    _close(softmax.group_softmax_backward(cp.asarray(x), saved2, 2), softmax.group_softmax_backward(x, saved, 2),
+           dtype, "group softmax gx")
     y, saved = channels.channel_shuffle_forward(x, 2)
     y2, saved2 = channels.channel_shuffle_forward(cp.asarray(x), 2)
     _close(y2, y, dtype, "channel shuffle y")

@@ -1194,3 +1194,18 @@ def test_space_to_depth_is_pixel_unshuffle_or_timms(shape, size, order, dtype):
     ty.backward(torch.from_numpy(gy.astype(np.float64)))
     assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
     assert_close(space_to_depth_backward(gy, saved), t.grad.numpy().astype(dtype), dtype, "gx")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape, groups", [((2, 6, 3, 4), 2), ((2, 6, 1, 1), 3), ((1, 8, 2, 3, 2), 4), ((3, 4, 5), 4)])
+def test_group_softmax_is_a_softmax_across_the_groups(shape, groups, dtype):
+    from spmdcnn.ops.softmax import group_softmax_backward, group_softmax_forward
+    rng = np.random.default_rng(79)
+    x, gy = 3 * rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    y, saved = group_softmax_forward(x, groups)
+    t = torch.tensor(x.astype(np.float64), requires_grad=True)
+    n, c = shape[:2]
+    ty = t.view((n, groups, c // groups) + shape[2:]).softmax(1).reshape(shape)
+    ty.backward(torch.from_numpy(gy.astype(np.float64)))
+    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
+    assert_close(group_softmax_backward(gy, saved, groups), t.grad.numpy().astype(dtype), dtype, "gx")
