@@ -5,7 +5,7 @@ from functools import cached_property
 from math import prod
 
 from ..io.yamlfile import FormatError, check_keys, read_yaml
-from . import opspec
+from . import opkeys, opspec
 from .optable import ANSWERS_TARGETS, OPS, channels_whole, needs_gradient, window
 from .blocks import DATA, expand_layers
 
@@ -244,12 +244,12 @@ def parse_model(data, source="<model>", text=""):
         where = f"{source}: layer '{name}'"
         given = {k: v for k, v in entry.items() if k not in ("name", "op", "inputs")}
         in_shapes = [shapes[ref] for ref in entry["inputs"]]
-        op, given = opspec.unaliased(op, given, in_shapes, where)
+        op, given = opkeys.unaliased(op, given, in_shapes, where)
         if not isinstance(op, str) or op not in OPS:
-            known = ", ".join(sorted(OPS | dict.fromkeys(opspec.ALIASES)))
+            known = ", ".join(sorted(OPS | dict.fromkeys(opkeys.ALIASES)))
             raise FormatError(f"{where}: unknown op {op!r} (known ops: {known})")
         rank = OPS[op].spatial or len(in_shapes[0]) - 1     # how many values kernel, stride, ... may list
-        attrs = opspec.normalise(op, given, where, rank)
+        attrs = opkeys.normalise(op, given, where, rank)
         out_shape, params, buffers, flops = opspec.infer(op, attrs, in_shapes, where)
         shapes[name] = tuple(out_shape)
         input_grads = tuple(needs[ref] for ref in entry["inputs"])

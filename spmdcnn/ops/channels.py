@@ -49,10 +49,11 @@ def _blocks(shape, block, channels_first):
     return split, order
 
 
-def space_to_depth_forward(x, block, channels_first):
+def space_to_depth_forward(x, block, order="channels"):
     """Each ``block`` per spatial axis of positions moved into the channels: output channel ``c * block^r + p``
-    (``channels_first``: PyTorch's ``PixelUnshuffle``) or ``p * C + c`` (TResNet's ``SpaceToDepth``), ``p`` the
-    position inside the block in row-major order."""
+    (``order`` channels: PyTorch's ``PixelUnshuffle``) or ``p * C + c`` (blocks: TResNet's ``SpaceToDepth``),
+    ``p`` the position inside the block in row-major order."""
+    channels_first = order == "channels"
     split, order = _blocks(x.shape, block, channels_first)
     out = (x.shape[0], x.shape[1] * block ** (x.ndim - 2)) + tuple(size // block for size in x.shape[2:])
     xp = backend.array_module(x)

@@ -232,10 +232,10 @@ def _along_axes(x, matrices):
 
 
 def adaptive_avgpool_forward(x, output_size):
-    """PyTorch's adaptive average pooling to ``output_size`` (one per spatial axis), any sizes."""
+    """PyTorch's adaptive average pooling to ``output_size`` (an int, or one per spatial axis), any sizes."""
     xp = backend.array_module(x)
-    matrices = [xp.asarray(adaptive_weights(size, out), dtype=x.dtype) for size, out in zip(x.shape[2:],
-                                                                                          output_size)]
+    sizes = ntuple(output_size, x.ndim - 2, "output_size")
+    matrices = [xp.asarray(adaptive_weights(size, out), dtype=x.dtype) for size, out in zip(x.shape[2:], sizes)]
     return xp.ascontiguousarray(_along_axes(x, matrices)), matrices
 
 

@@ -133,12 +133,6 @@ def _pool(function, backward):
     return bind
 
 
-def _adaptive_avgpool(kernel):
-    size = ntuple(kernel.layer.attrs["output_size"], kernel.layer.spatial_rank)
-    return (lambda xs, run: pool.adaptive_avgpool_forward(xs[0], size)), \
-        (lambda gy, saved: [pool.adaptive_avgpool_backward(gy, saved)])
-
-
 def _pad(kernel):
     padding, value = kernel.tile.padding, kernel.layer.attrs["value"]
 
@@ -147,28 +141,11 @@ def _pad(kernel):
     return (lambda xs, run: pad.pad_forward(xs[0], padding, value)), backward
 
 
-def _space_to_depth(kernel):
-    block, channels_first = kernel.layer.attrs["size"], kernel.layer.attrs["order"] == "channels"
-    return (lambda xs, run: channels.space_to_depth_forward(xs[0], block, channels_first)), \
-        (lambda gy, saved: [channels.space_to_depth_backward(gy, saved)])
-
-
-def _group_softmax(kernel):
-    groups = kernel.layer.attrs["groups"]
-    return (lambda xs, run: softmax.group_softmax_forward(xs[0], groups)), \
-        (lambda gy, saved: [softmax.group_softmax_backward(gy, saved, groups)])
-
-
-def _channel_shuffle(kernel):
-    groups = kernel.layer.attrs["groups"]
-    return (lambda xs, run: channels.channel_shuffle_forward(xs[0], groups)), \
-        (lambda gy, saved: [channels.channel_shuffle_backward(gy, saved)])
-
-
-def _plain(function, backward):
-    """One input, no parameters, no settings."""
+def _plain(function, backward, *keys):
+    """One input, no parameters; the layer's attributes ``keys`` passed to ``function(x, *attributes)``."""
     def bind(kernel):
-        return (lambda xs, run: function(xs[0])), (lambda gy, saved: [backward(gy, saved)])
+        attributes = tuple(kernel.layer.attrs[key] for key in keys)
+        return (lambda xs, run: function(xs[0], *attributes)), (lambda gy, saved: [backward(gy, saved)])
     return bind
 
 
@@ -469,12 +446,14 @@ BIND = {
     "maxpool": _pool(pool.maxpool_forward, pool.maxpool_backward),
     "avgpool": _pool(pool.avgpool_forward, pool.avgpool_backward),
     "global_avgpool": _plain(pool.global_avgpool_forward, pool.global_avgpool_backward),
-    "adaptive_avgpool": _adaptive_avgpool,
+    "adaptive_avgpool": _plain(pool.adaptive_avgpool_forward, pool.adaptive_avgpool_backward, "output_size"),
     "upsample": _upsample,
     "flatten": _plain(flatten.flatten_forward, flatten.flatten_backward),
     "slice": _plain(channels.slice_forward, channels.slice_backward),
-    "channel_shuffle": _channel_shuffle, "group_softmax": _group_softmax, "pad": _pad,
-    "space_to_depth": _space_to_depth,
+    "channel_shuffle": _plain(channels.channel_shuffle_forward, channels.channel_shuffle_backward, "groups"),
+    "group_softmax": _plain(softmax.group_softmax_forward, softmax.group_softmax_backward, "groups"),
+    "space_to_depth": _plain(channels.space_to_depth_forward, channels.space_to_depth_backward, "size", "order"),
+    "pad": _pad,
     "relu": _elementwise(relu.relu_forward, relu.relu_backward),
     "leaky_relu": _elementwise(leaky_relu.leaky_relu_forward, leaky_relu.leaky_relu_backward, "negative_slope"),
     "tanh": _elementwise(tanh.tanh_forward, tanh.tanh_backward),

@@ -20,7 +20,8 @@ from ..cost.compute import ComputeModel, Profile, reference_key, update_key, upd
 from ..cost.tiles import tile_shapes
 from ..cost.machine import Device
 from ..graph.graph import Layer
-from ..graph.opspec import infer, keys_of
+from ..graph.opkeys import keys_of
+from ..graph.opspec import infer
 from ..graph.optable import ANSWERS_LABELS, ANSWERS_TARGETS, OPS, READS_TRANSPOSED
 from ..planner.configs import configurations
 from ..progress import Progress

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from spmdcnn.cost.compute import WORK
-from spmdcnn.graph import opspec
+from spmdcnn.graph import opkeys, opspec
 from spmdcnn.graph.graph import parse_model
 from spmdcnn.graph.optable import (ANSWERS_LABELS, ANSWERS_TARGETS, FAMILIES, KEEPS_INDICES, KEEPS_INPUT,
                                    KEEPS_MASK, KEEPS_NOTHING, KEEPS_OUTPUT, OPS, READS_BOX, READS_BROADCAST,
@@ -78,7 +78,7 @@ EVERY_MODEL = [([2, 6, 5], EVERY_OP), ([2, 5, 6, 4], EVERY_VOLUME_OP), ([2, 9], 
 
 
 def test_every_op_has_one_row_and_every_part_knows_it():
-    assert set(FAMILIES) == set(opspec.KEYS) == set(opspec.INFER) == set(kernels.BIND) == set(WORK)
+    assert set(FAMILIES) == set(opkeys.KEYS) == set(opspec.INFER) == set(kernels.BIND) == set(WORK)
     assert {spec.family for spec in OPS.values()} == set(FAMILIES)
     ops = set()
     for shape, layers in EVERY_MODEL:
@@ -107,7 +107,7 @@ def test_the_rows_are_consistent():
         assert spec.splits is None or set(spec.splits) <= set(NAMES), name
         assert spec.window == (spec.reads in (READS_WINDOW, READS_CHANNEL_WINDOW, READS_TRANSPOSED)), name
         assert not spec.inherits or (spec.reads == READS_BOX and not spec.multi_input), name
-        assert set(spec.tile_attrs) <= set(opspec.KEYS[spec.family]), name
+        assert set(spec.tile_attrs) <= set(opkeys.KEYS[spec.family]), name
 
 
 @pytest.mark.parametrize("op", sorted(OPS))

@@ -1,6 +1,6 @@
 import pytest
 
-from spmdcnn.graph.opspec import KEYS
+from spmdcnn.graph.opkeys import KEYS
 from spmdcnn.runtime import kernels
 
 
