@@ -117,7 +117,7 @@ SEGMENTER_VOLUME = {"name": "segmenter_volume", "input": [2, 6, 5, 4], "layers":
 # residual: a slice added to a slice), ShuffleNet's channel shuffle, adaptive average pooling to sizes that do not
 # divide (uneven windows), batch norm of features, a factor and a shift shared by every channel and a shift per
 # channel, space to depth in both orders, a softmax across channel groups, layer norms without a bias, with the unbiased variance, without
-# centring (timm's SimpleNorm), over images and volumes
+# centring (timm's SimpleNorm), SELU, Mish and a hard tanh, over images and volumes
 IDIOMS = {"name": "idioms", "input": [3, 9, 8], "layers": [
     {"name": "c1", "op": "conv2d", "out_channels": 6, "kernel": 3, "padding": 1},
     {"name": "ln", "op": "layernorm", "bias": False, "correction": 1},
@@ -161,6 +161,8 @@ IDIOMS_VOLUME = {"name": "idioms_volume", "input": [4, 5, 6, 4], "layers": [
     {"name": "shuffled", "op": "channel_shuffle", "groups": 3},
     {"name": "part", "op": "slice", "start": 1, "stop": 5},
     {"name": "simple", "op": "layernorm", "center": False, "correction": 1, "bias": False},     # timm's SimpleNorm2d
+    {"name": "selu", "op": "elu", "alpha": 1.6732632423543772, "gain": 1.0507009873554805},
+    {"name": "mish", "op": "mish"}, {"name": "clamped", "op": "hardtanh", "min_val": -0.5, "max_val": 1.5},
     {"name": "adaptive", "op": "adaptive_avgpool3d", "output_size": [2, 5, 3]},    # uneven along d and h
     {"name": "head", "op": "conv3d", "out_channels": 3, "kernel": 3, "padding": 1},
     {"name": "loss", "op": "softmax_cross_entropy"}]}

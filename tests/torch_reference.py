@@ -120,6 +120,13 @@ class TorchNet(torch.nn.Module):
             return F.leaky_relu(x, a["negative_slope"])
         if family == "sigmoid":
             return torch.sigmoid(x)
+        if family == "elu":
+            negative = a["gain"] * a["alpha"] * torch.expm1(torch.clamp(x, max=0) * a["input_scale"])
+            return torch.where(x > 0, a["gain"] * x, negative)
+        if family == "mish":
+            return F.mish(x)
+        if family == "hardtanh":
+            return F.hardtanh(x, a["min_val"], a["max_val"])
         if family == "hardsigmoid":     # F.hardsigmoid's backward takes 1/6 in float32 even in float64
             return F.relu6(x + 3) / 6
         if family in ("silu", "hardswish", "relu6"):

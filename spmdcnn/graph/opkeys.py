@@ -33,6 +33,9 @@ KEYS = {
     "hardswish": {},
     "hardsigmoid": {},
     "relu6": {},
+    "hardtanh": {"min_val": -1.0, "max_val": 1.0},
+    "elu": {"alpha": 1.0, "gain": 1.0, "input_scale": 1.0},
+    "mish": {},
     "scale": {"factor": _NO_DEFAULT},
     "batchnorm": {"eps": 1e-5, "momentum": 0.1},
     "groupnorm": {"groups": _NO_DEFAULT, "eps": 1e-5, "affine": True},
@@ -210,7 +213,7 @@ def normalise(op, given, where, rank=2):
         if key in attrs:
             positive_int(attrs[key], key, where, allow_zero=True)
     for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth", "init",
-                "value"):
+                "value", "alpha", "gain", "input_scale", "min_val", "max_val"):
         if key in attrs:
             value = attrs[key]
             infinite = key == "value"       # a pad's may be -inf or inf (before a max pooling: timm's 'same')
@@ -218,6 +221,8 @@ def normalise(op, given, where, rank=2):
                     or (abs(value) == float("inf") and not infinite):
                 raise LayerError(f"{where}: '{key}' must be a {'' if infinite else 'finite '}number, got {value!r}")
             attrs[key] = float(value)
+    if attrs.get("min_val", -1.0) >= attrs.get("max_val", 1.0):
+        raise LayerError(f"{where}: 'min_val' {attrs['min_val']} must be below 'max_val' {attrs['max_val']}")
     if op in ("dropout", "stochastic_depth") and not 0.0 <= attrs["p"] <= 1.0:
         raise LayerError(f"{where}: {op} 'p' must lie in [0, 1], got {attrs['p']}")
     if "eps" in attrs and not 0 < attrs["eps"] < float("inf"):

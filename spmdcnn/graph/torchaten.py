@@ -167,10 +167,27 @@ def _activation(op, **keys):
 
 
 def _hardtanh(converter, node):
+    """[0, 6]: relu6; any other interval: hardtanh."""
     a = arguments(node)
-    if (a["min_val"], a["max_val"]) != (0, 6):
-        converter.refuse(node, f"clamps to [{a['min_val']}, {a['max_val']}]; spmdcnn clamps to [0, 6] (relu6)")
-    _activation("relu6")(converter, node)
+    if (a["min_val"], a["max_val"]) == (0, 6):
+        _activation("relu6")(converter, node)
+        return
+    (value,) = converter.tensors(node, [a["self"]])
+    converter.add(node, {"op": "hardtanh", "min_val": float(a["min_val"]), "max_val": float(a["max_val"])}, [value],
+                  last=value.last)
+
+
+SELU = {"alpha": 1.6732632423543772, "gain": 1.0507009873554805}       # PyTorch's selu constants
+
+
+def _elu(converter, node):
+    """``aten.elu`` (its scale is the op's ``gain``), ``aten.selu`` (SELU's constants)."""
+    a = arguments(node)
+    (value,) = converter.tensors(node, [a["self"]])
+    given = dict(SELU) if opname(node) == "selu" else {"alpha": float(a["alpha"]), "gain": float(a["scale"]),
+                                                        "input_scale": float(a["input_scale"])}
+    entry = {"op": "elu", **{key: v for key, v in given.items() if v != 1.0}}
+    converter.add(node, entry, [value], last=value.last)
 
 
 def _number(value):
@@ -383,6 +400,7 @@ ATEN = {
     "hardswish": _activation("hardswish"), "hardsigmoid": _activation("hardsigmoid"),
     "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"),
     "leaky_relu": _activation("leaky_relu", negative_slope=("negative_slope", 0.01)),
+    "elu": _elu, "selu": _elu, "mish": _activation("mish"),
     "prelu": _prelu, "pixel_unshuffle": _pixel_unshuffle, "add": _add, "mul": _mul, "div": _div, "dropout": _dropout,
     **SHAPES,
 }

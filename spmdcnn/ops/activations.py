@@ -7,6 +7,9 @@
     hardswish    y = x * relu6(x + 3) / 6                   gx = gy * (2x + 3) / 6 inside (-3, 3), gy from 3
     hardsigmoid  y = relu6(x + 3) / 6                       gx = gy / 6 inside (-3, 3)       (keeps a mask)
     relu6        y = min(max(x, 0), 6)                      gx = gy inside (0, 6)            (keeps a mask)
+    hardtanh     y = min(max(x, lo), hi)                    gx = gy inside (lo, hi)          (keeps a mask)
+    elu          y = g x (x > 0), g a (exp(s x) - 1)        gx = gy g, gy g a s exp(s x)     (keeps x; SELU's a, g)
+    mish         y = x tanh(softplus(x))                    gx = gy (t + x sigmoid(x) (1 - t^2)), t = tanh(sp(x))
 
 (``Phi`` and ``phi``: the standard normal's distribution and density; at the kinks the gradients are PyTorch's.)
 The op table's ``keeps`` says what each keeps, so the executor knows which may write over their input
@@ -285,4 +288,50 @@ def relu6_forward(x, inplace=False):
 
 
 def relu6_backward(gy, inside):
+    return gy * inside
+
+
+def elu_forward(x, alpha=1.0, gain=1.0, input_scale=1.0, inplace=False):
+    """``(y, x)``: PyTorch's ``elu`` with its ``scale`` (``gain``) and ``input_scale``, ``gain * x`` where ``x > 0``,
+    else ``gain * alpha * (exp(input_scale * x) - 1)`` (SELU: alpha 1.6733, gain 1.0507); it keeps its input."""
+    xp = backend.array_module(x)
+    w, dtype = _work(x)
+    negative = xp.expm1(xp.minimum(w, 0) * input_scale)
+    negative *= gain * alpha
+    return xp.where(w > 0, w * gain, negative).astype(dtype, copy=False), x
+
+
+def elu_backward(gy, x, alpha=1.0, gain=1.0, input_scale=1.0):
+    xp = backend.array_module(gy)
+    w, dtype = _work(x)
+    slope = xp.exp(xp.minimum(w, 0) * input_scale)
+    slope *= gain * alpha * input_scale
+    return (xp.where(w > 0, gain, slope) * gy).astype(dtype, copy=False)
+
+
+def mish_forward(x, inplace=False):
+    """``(y, x)``: ``x * tanh(softplus(x))``; it keeps its input."""
+    xp = backend.array_module(x)
+    w, dtype = _work(x)
+    return (w * xp.tanh(xp.logaddexp(0.0, w))).astype(dtype, copy=False), x
+
+
+def mish_backward(gy, x):
+    """PyTorch's: ``gy * (tanh(softplus(x)) + x * sigmoid(x) * (1 - tanh(softplus(x))^2))``."""
+    xp = backend.array_module(gy)
+    w, dtype = _work(x)
+    t = xp.tanh(xp.logaddexp(0.0, w))
+    gx = 1.0 - t * t
+    gx *= w * _sigmoid(w)
+    gx += t
+    gx *= gy
+    return gx.astype(dtype, copy=False)
+
+
+def hardtanh_forward(x, min_val=-1.0, max_val=1.0, inplace=False):
+    """``(y, mask)``: ``x`` clamped to [min_val, max_val]; it keeps the one-byte mask of the open interval."""
+    return _clamped(x, min_val, max_val, 1.0, 0.0, inplace)
+
+
+def hardtanh_backward(gy, inside, min_val=-1.0, max_val=1.0):
     return gy * inside

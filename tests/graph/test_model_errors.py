@@ -38,8 +38,8 @@ def test_the_good_model_loads(tmp_path):
 
 
 def test_unknown_op(tmp_path):
-    path = write(tmp_path, GOOD_LAYERS.replace("op: relu", "op: mish"))
-    expect_error(path, "relu1", "unknown op", "mish")
+    path = write(tmp_path, GOOD_LAYERS.replace("op: relu", "op: softplus"))
+    expect_error(path, "relu1", "unknown op", "softplus")
 
 
 def test_unknown_key(tmp_path):
@@ -346,6 +346,8 @@ def test_scale_needs_a_factor(tmp_path):
     ("{name: p, op: pad, padding: 1, value: .nan}", ["'value' must be a number, got nan"]),
     ("{name: p, op: avgpool2d, kernel: 3, padding: 1, count_include_pad: 0}",
      ["'count_include_pad' must be true or false"]),
+    ("{name: h, op: hardtanh, min_val: 2, max_val: 2}", ["'min_val' 2.0 must be below 'max_val' 2.0"]),
+    ("{name: e, op: elu, gain: x}", ["'gain' must be a finite number, got 'x'"]),
 ])
 def test_bad_decoder_layers_name_the_layer_and_the_rule(tmp_path, layer, fragments):
     layers = f"  - {layer}\n  - {{name: flat, op: flatten}}\n  - {{name: fc, op: linear, out_features: 3}}\n" \

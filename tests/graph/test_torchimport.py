@@ -375,12 +375,16 @@ def test_a_module_registered_twice_exports_under_both_paths_and_imports_back(tmp
         import_torch(tmp_path / "differ.pt", graph, tmp_path / "no.h5")
 
 
-def test_timms_simple_norm_imports_as_a_layer_norm_that_does_not_centre(tmp_path):
+def test_timms_simple_norm_and_selu_mish_elu_hardtanh_import(tmp_path):
     module, _ = load_module(f"{NETWORKS}:simply_normed")
     graph = import_module(module, tmp_path / "normed.yaml", (2, 5, 5), source="normed", check=checked)
     norm = graph.by_name["norm"]
     assert norm.op == "layernorm" and list(norm.params) == ["weight"]
     assert (norm.attrs["center"], norm.attrs["correction"], norm.attrs["eps"]) == (False, 1, 1e-6)
+    activations = [(layer.op, {key: layer.attrs[key] for key in ("alpha", "gain", "min_val") if key in layer.attrs})
+                   for layer in graph.layers if layer.op in ("elu", "mish", "hardtanh")]
+    assert activations == [("elu", {"alpha": 1.6732632423543772, "gain": 1.0507009873554805}), ("mish", {}),
+                           ("elu", {"alpha": 0.5, "gain": 1.0}), ("hardtanh", {"min_val": -0.25})]
 
 
 def test_split_attention_imports_as_slices_sums_and_a_softmax_across_groups(tmp_path):

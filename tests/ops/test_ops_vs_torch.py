@@ -920,6 +920,10 @@ ACTIVATIONS = {     # op: (PyTorch's function, spmdcnn's forward and backward, t
     "hardswish": (F.hardswish, {}),
     "hardsigmoid": (F.hardsigmoid, {}),
     "relu6": (F.relu6, {}),
+    "hardtanh": (lambda t: F.hardtanh(t, -2.0, 3.0), {"min_val": -2.0, "max_val": 3.0}),
+    "elu": (lambda t: F.elu(t, 0.7), {"alpha": 0.7, "gain": 1.0, "input_scale": 1.0}),
+    "elu_selu": (F.selu, {"alpha": 1.6732632423543772, "gain": 1.0507009873554805, "input_scale": 1.0}),
+    "mish": (F.mish, {}),
 }
 
 
