@@ -1,6 +1,8 @@
 """The ATen operators of shape, pooling and resampling ``spmdcnn model import`` maps (``graph/torchaten.py`` holds
 the table): permutes, flattens and reshapes, concatenation, pooling, interpolation, and attention (refused)."""
 
+from math import prod
+
 from .torchargs import arguments, first_input, opname, pair_list, spatial_rank
 
 
@@ -221,10 +223,13 @@ def _stack(converter, node):
 
 def _sum(converter, node):
     """A sum over the groups of channels seen on an axis of their own (SKNet's and ResNeSt's paths): the groups'
-    slices added."""
+    slices added; over every spatial axis, a global pooling's (:func:`_reduction`)."""
     a = arguments(node)
     value = first_input(converter, node, grouped=True)
     dims = [dim % len(converter.shape(a["self"])) for dim in (a.get("dim") or [])]
+    if not value.grouped and dims != [1]:               # over the spatial axes
+        _reduction("sum")(converter, node)
+        return
     if not value.grouped or dims != [1] or a.get("keepdim") or value.grouped[2]:
         converter.refuse(node, f"sums over the axes {dims or 'all'}; spmdcnn sums only groups of channels (a "
                                "reshape or stack of them, then a sum over that axis)")
@@ -325,6 +330,20 @@ def _adaptive_avg_pool(converter, node):
         converter.add(node, {"op": f"adaptive_avgpool{rank}d", "output_size": pair_list(list(out))}, [value])
 
 
+def _adaptive_max_pool(converter, node):
+    """To one position: a max pooling of the whole extent (its values; not its indices)."""
+    a = arguments(node)
+    value = first_input(converter, node)
+    rank = spatial_rank(converter, node, value)
+    before = converter.shape(a["self"])[2:]
+    sizes = a["output_size"]
+    if any(size != 1 for size in (sizes if isinstance(sizes, (list, tuple)) else [sizes])):
+        converter.refuse(node, f"max-pools {tuple(before)} to {a['output_size']} positions; spmdcnn max-pools "
+                               "adaptively to one position")
+    converter.add(node, {"op": f"maxpool{rank}d", "kernel": pair_list(list(before))}, [value])
+    converter.values[node] = (converter.values[node], None)
+
+
 ATTENTION = "is attention over activations; spmdcnn imports convolutional networks (no op of it computes attention)"
 
 
@@ -338,24 +357,33 @@ def _attention(converter, node):
                            "layer's weight")
 
 
-def _mean(converter, node):
-    """``x.mean((2, 3))``, ``torch.mean(x, dim=[-2, -1], keepdim=True)`` (or over the axes between the batch and
-    channels last): a mean over every spatial axis is a global average pooling (and a flatten of its (C, 1, ...)
-    without ``keepdim``)."""
-    a = arguments(node)
-    value = first_input(converter, node)
-    shape = converter.shape(a["self"])
-    dims = list(a["dim"] or [])
-    spatial = set(range(1, len(shape) - 1)) if value.last else set(range(2, len(shape)))
-    if {dim % len(shape) for dim in dims} != spatial or not spatial or a.get("dtype") is not None:
-        converter.refuse(node, f"averages over the axes {dims} of shape {shape}; spmdcnn averages over every "
-                               "spatial axis at once (a global average pooling)")
-    if a["keepdim"]:
-        converter.add(node, {"op": "global_avgpool"}, [value], last=value.last)
-        return
-    pooled = converter.add(node, {"op": "global_avgpool"}, [value])
-    converter.shapes[pooled] = (shape[-1 if value.last else 1],) + (1,) * len(spatial)
-    converter.add(node, {"op": "flatten"}, [converter.values[node]], name=f"{pooled}_flatten")
+def _reduction(kind):
+    """``x.mean((2, 3))``, ``x.sum((2, 3))``, ``x.amax((2, 3))``, with ``keepdim`` or not, over every spatial axis
+    (or over the axes between the batch and channels last): a global average pooling (times the positions, for a
+    sum) or a max pooling of the whole extent, and a flatten of its (C, 1, ...) without ``keepdim``."""
+    def handle(converter, node):
+        a = arguments(node)
+        value = first_input(converter, node)
+        shape = converter.shape(a["self"])
+        dims = list(a["dim"] or [])
+        spatial = set(range(1, len(shape) - 1)) if value.last else set(range(2, len(shape)))
+        if {dim % len(shape) for dim in dims} != spatial or not spatial or a.get("dtype") is not None:
+            converter.refuse(node, f"reduces over the axes {dims} of shape {shape}; spmdcnn reduces over every "
+                                   "spatial axis at once (a global pooling)")
+        extents = [shape[axis] for axis in sorted(spatial)]
+        rank = len(extents)
+        entry = {"op": f"maxpool{rank}d", "kernel": pair_list(extents)} if kind == "amax" else \
+            {"op": "global_avgpool"}
+        pooled = converter.add(node, entry, [value], last=value.last and a["keepdim"])
+        channels = shape[-1 if value.last else 1]
+        converter.shapes[pooled] = (channels,) + (1,) * rank
+        if kind == "sum":
+            converter.add(node, {"op": "scale", "factor": float(prod(extents))}, [converter.values[node]],
+                          name=f"{pooled}_sum", last=value.last and a["keepdim"])
+            converter.shapes[converter.values[node].name] = (channels,) + (1,) * rank
+        if not a["keepdim"]:
+            converter.add(node, {"op": "flatten"}, [converter.values[node]], name=f"{pooled}_flatten")
+    return handle
 
 
 def _upsample(mode):
@@ -388,7 +416,9 @@ SHAPES = {      # graph/torchaten.py's table holds these rows
     "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
     **{f"{kind}_pool{rank}d": _pool(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
     **{f"max_pool{rank}d_with_indices": _pool("max") for rank in (1, 2, 3)},
-    **{f"adaptive_avg_pool{rank}d": _adaptive_avg_pool for rank in (1, 2, 3)}, "mean": _mean,
+    **{f"adaptive_avg_pool{rank}d": _adaptive_avg_pool for rank in (1, 2, 3)},
+    **{f"adaptive_max_pool{rank}d": _adaptive_max_pool for rank in (1, 2, 3)},
+    "mean": _reduction("mean"), "amax": _reduction("amax"),
     **{name: _attention for name in ("scaled_dot_product_attention", "matmul", "bmm", "baddbmm", "einsum",
                                      "_native_multi_head_attention")},
     **{f"upsample_nearest{rank}d": _upsample("nearest") for rank in (1, 2, 3)},

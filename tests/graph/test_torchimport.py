@@ -395,3 +395,12 @@ def test_split_attention_imports_as_slices_sums_and_a_softmax_across_groups(tmp_
     ops = [layer.op for layer in graph.layers]
     assert ops.count("group_softmax") == 2 and ops.count("concat") == 1 and ops.count("mul") == 2
     assert graph.by_name["rsoftmax"].attrs["groups"] == 2
+
+
+def test_global_sums_and_maxima_import_as_global_poolings(tmp_path):
+    module, _ = load_module(f"{NETWORKS}:reduced")
+    graph = import_module(module, tmp_path / "reduced.yaml", (2, 5, 6), source="reduced", check=checked)
+    pooled = [(layer.op, layer.attrs.get("kernel"), layer.attrs.get("factor")) for layer in graph.layers
+              if layer.op in ("global_avgpool", "maxpool2d", "scale")]
+    assert pooled == [("global_avgpool", None, None), ("scale", None, 30.0), ("scale", None, 0.01),
+                      ("maxpool2d", [5, 6], None), ("maxpool2d", [5, 6], None), ("global_avgpool", None, None)]

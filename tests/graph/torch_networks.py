@@ -446,3 +446,24 @@ class SplitAttention(nn.Module):
 def split_attention():
     torch.manual_seed(13)
     return SplitAttention()
+
+
+class Reduced(nn.Module):
+    """Global reductions written as tensor methods: a sum and a max over the spatial axes, an adaptive max pooling
+    to one position."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(2, 4, 3, padding=1)
+        self.gate = nn.Conv2d(4, 4, 1)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.conv(x))
+        x = x * torch.sigmoid(self.gate(x.sum((2, 3), keepdim=True) / 100))
+        return self.head(x.amax((2, 3)) + nn.functional.adaptive_max_pool2d(x, 1).flatten(1) + x.mean((2, 3)))
+
+
+def reduced():
+    torch.manual_seed(17)
+    return Reduced()
