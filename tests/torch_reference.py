@@ -136,7 +136,7 @@ class TorchNet(torch.nn.Module):
         if family == "tanh":
             return torch.tanh(x)
         if family == "scale":
-            return x * a["factor"]
+            return x * a["factor"] + a["shift"]
         if family == "batchnorm":
             return F.batch_norm(x, self.state[f"{name}.running_mean"], self.state[f"{name}.running_var"],
                                 self.param(f"{name}.weight"), self.param(f"{name}.bias"), training=self.training,

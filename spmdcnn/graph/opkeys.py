@@ -36,7 +36,7 @@ KEYS = {
     "hardtanh": {"min_val": -1.0, "max_val": 1.0},
     "elu": {"alpha": 1.0, "gain": 1.0, "input_scale": 1.0},
     "mish": {},
-    "scale": {"factor": _NO_DEFAULT},
+    "scale": {"factor": _NO_DEFAULT, "shift": 0.0},
     "batchnorm": {"eps": 1e-5, "momentum": 0.1},
     "groupnorm": {"groups": _NO_DEFAULT, "eps": 1e-5, "affine": True},
     "instancenorm": {"eps": 1e-5, "affine": False},
@@ -213,7 +213,7 @@ def normalise(op, given, where, rank=2):
         if key in attrs:
             positive_int(attrs[key], key, where, allow_zero=True)
     for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth", "init",
-                "value", "alpha", "gain", "input_scale", "min_val", "max_val"):
+                "value", "alpha", "gain", "input_scale", "min_val", "max_val", "shift"):
         if key in attrs:
             value = attrs[key]
             infinite = key == "value"       # a pad's may be -inf or inf (before a max pooling: timm's 'same')

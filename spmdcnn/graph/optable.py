@@ -124,7 +124,7 @@ OPS = {spec.name: spec for spec in (
     OpSpec("hardtanh", READS_BOX, KEEPS_MASK, inplace=True, inherits=True, tile_attrs=("min_val", "max_val")),
     OpSpec("elu", READS_BOX, KEEPS_INPUT, inherits=True, tile_attrs=("alpha", "gain", "input_scale")),
     OpSpec("mish", READS_BOX, KEEPS_INPUT, inherits=True),
-    OpSpec("scale", READS_BOX, inplace=True, inherits=True, tile_attrs=("factor",)),
+    OpSpec("scale", READS_BOX, inplace=True, inherits=True, tile_attrs=("factor", "shift")),
     *_ranked("batchnorm", READS_BOX, KEEPS_INPUT, reduced_in_layer=True, normalization=True, unit_init=True,
              tile_attrs=("eps", "momentum")),
     OpSpec("groupnorm", READS_BOX, KEEPS_INPUT, unit_init=True, statistics=STATISTICS_GROUPS, tile_attrs=("eps",)),

@@ -194,11 +194,32 @@ def _number(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def _add(converter, node):
+def _add(converter, node, sign=1):
+    """``a + b`` (``sign`` -1: ``a - b``, ``aten.sub``): of two values, an ``add`` (the second negated by a
+    ``scale`` for a difference); of a value and a number, a ``scale`` that shifts (none for 0: MobileOne's
+    branches that are none); of a value and a parameter, a ``bias``."""
     a = arguments(node)
-    if a.get("alpha", 1) == 1 and any(_number(term) and term == 0 for term in (a["self"], a["other"])):
-        tensor = a["other"] if _number(a["self"]) else a["self"]      # + 0 (MobileOne's branches that are none)
-        converter.alias(node, converter.tensors(node, [tensor])[0])
+    if a.get("alpha", 1) == 1 and (_number(a["self"]) or _number(a["other"])):
+        number, tensor = (a["self"], a["other"]) if _number(a["self"]) else (a["other"], a["self"])
+        (value,) = converter.tensors(node, [tensor])
+        negated = sign < 0 and tensor is a["other"]             # number - x
+        shift = float(number) * (sign if tensor is a["self"] else 1)
+        if shift == 0 and not negated:
+            converter.alias(node, value)
+            return
+        converter.add(node, {"op": "scale", "factor": -1.0 if negated else 1.0, "shift": shift}, [value],
+                      last=value.last)
+        return
+    if sign < 0 and hasattr(a["other"], "op") and a.get("alpha", 1) == 1 and converter.computed(a["self"]) \
+            and converter.computed(a["other"]):
+        values = converter.tensors(node, [a["self"], a["other"]])
+        converter.add(node, {"op": "scale", "factor": -1.0}, [values[1]], name=f"{converter.node_name(node)}.negated",
+                      last=values[1].last)
+        negated = converter.values[node]
+        if values[0].last != negated.last or converter.shape(a["self"]) != converter.shape(a["other"]):
+            converter.refuse(node, "subtracts values of other shapes or layouts; spmdcnn's add sums tensors of one "
+                                   "shape")
+        converter.add(node, {"op": "add"}, [values[0], negated], last=values[0].last)
         return
     if not (hasattr(a["self"], "op") and hasattr(a["other"], "op")) or a.get("alpha", 1) != 1:
         converter.refuse(node, "adds a number (or scales a term); spmdcnn's add sums tensors")
@@ -215,6 +236,15 @@ def _add(converter, node):
         converter.refuse(node, f"adds shapes {converter.shape(a['self'])} and {converter.shape(a['other'])}; "
                                "spmdcnn's add sums tensors of one shape")
     converter.add(node, {"op": "add"}, values, last=values[0].last)
+
+
+def _rsub(converter, node):
+    """``number - x``: a ``scale`` by -1 that shifts by the number."""
+    a = arguments(node)
+    if not _number(a["other"]) or a.get("alpha", 1) != 1:
+        converter.refuse(node, "subtracts a value from a tensor; spmdcnn subtracts values with aten.sub")
+    (value,) = converter.tensors(node, [a["self"]])
+    converter.add(node, {"op": "scale", "factor": -1.0, "shift": float(a["other"])}, [value], last=value.last)
 
 
 def _scale(converter, node, value, factor):
@@ -401,6 +431,7 @@ ATEN = {
     "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"),
     "leaky_relu": _activation("leaky_relu", negative_slope=("negative_slope", 0.01)),
     "elu": _elu, "selu": _elu, "mish": _activation("mish"),
-    "prelu": _prelu, "pixel_unshuffle": _pixel_unshuffle, "add": _add, "mul": _mul, "div": _div, "dropout": _dropout,
+    "prelu": _prelu, "pixel_unshuffle": _pixel_unshuffle, "add": _add,
+    "sub": lambda converter, node: _add(converter, node, -1), "rsub": _rsub, "mul": _mul, "div": _div, "dropout": _dropout,
     **SHAPES,
 }

@@ -466,7 +466,7 @@ BIND = {
     "hardtanh": _elementwise(activations.hardtanh_forward, activations.hardtanh_backward, "min_val", "max_val"),
     "elu": _elementwise(activations.elu_forward, activations.elu_backward, "alpha", "gain", "input_scale"),
     "mish": _elementwise(activations.mish_forward, activations.mish_backward),
-    "scale": _elementwise(scale.scale_forward, scale.scale_backward, "factor"),
+    "scale": _elementwise(scale.scale_forward, scale.scale_backward, "factor", "shift"),
     "add": _add,
     "mul": _mul,
     "concat": _concat,

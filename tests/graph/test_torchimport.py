@@ -397,10 +397,12 @@ def test_split_attention_imports_as_slices_sums_and_a_softmax_across_groups(tmp_
     assert graph.by_name["rsoftmax"].attrs["groups"] == 2
 
 
-def test_global_sums_and_maxima_import_as_global_poolings(tmp_path):
+def test_global_sums_maxima_and_arithmetic_with_numbers_import(tmp_path):
     module, _ = load_module(f"{NETWORKS}:reduced")
     graph = import_module(module, tmp_path / "reduced.yaml", (2, 5, 6), source="reduced", check=checked)
     pooled = [(layer.op, layer.attrs.get("kernel"), layer.attrs.get("factor")) for layer in graph.layers
               if layer.op in ("global_avgpool", "maxpool2d", "scale")]
-    assert pooled == [("global_avgpool", None, None), ("scale", None, 30.0), ("scale", None, 0.01),
+    assert pooled == [("scale", None, 1.0), ("global_avgpool", None, None), ("scale", None, 30.0),
+                      ("scale", None, 0.01), ("scale", None, -1.0), ("scale", None, 1.0), ("scale", None, -1.0),
                       ("maxpool2d", [5, 6], None), ("maxpool2d", [5, 6], None), ("global_avgpool", None, None)]
+    assert [layer.attrs["shift"] for layer in graph.layers if layer.op == "scale"] == [-0.25, 0, 0, 1.5, 1, 0]

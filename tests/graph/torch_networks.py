@@ -449,8 +449,8 @@ def split_attention():
 
 
 class Reduced(nn.Module):
-    """Global reductions written as tensor methods: a sum and a max over the spatial axes, an adaptive max pooling
-    to one position."""
+    """Global reductions written as tensor methods (a sum and a max over the spatial axes, an adaptive max pooling
+    to one position) and arithmetic with numbers (x - c, c - x, x + c, x - y)."""
 
     def __init__(self):
         super().__init__()
@@ -459,8 +459,9 @@ class Reduced(nn.Module):
         self.head = nn.Linear(4, 3)
 
     def forward(self, x):
-        x = torch.relu(self.conv(x))
+        x = torch.relu(self.conv(x) - 0.25)
         x = x * torch.sigmoid(self.gate(x.sum((2, 3), keepdim=True) / 100))
+        x = (1.5 - x) - torch.relu(x + 1)
         return self.head(x.amax((2, 3)) + nn.functional.adaptive_max_pool2d(x, 1).flatten(1) + x.mean((2, 3)))
 
 

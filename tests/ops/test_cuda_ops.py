@@ -479,6 +479,7 @@ def test_leaky_relu_tanh_scale_and_mse_on_the_gpu(dtype):
     _close(t2, t, dtype, "tanh")
     _close(tanh.tanh_backward(on(gy), saved2), tanh.tanh_backward(gy, saved), dtype, "tanh gradient")
     _close(scale.scale_forward(on(x), 1.2)[0], scale.scale_forward(x, 1.2)[0], dtype, "scale")
+    _close(scale.scale_forward(on(x), 1.2, -0.5)[0], scale.scale_forward(x, 1.2, -0.5)[0], dtype, "scale and shift")
     _close(scale.scale_backward(on(gy), None, 1.2), scale.scale_backward(gy, None, 1.2), dtype, "scale gradient")
     p, targets = rng.standard_normal((6, 4)), rng.uniform(-1, 1, (6, 4)).astype(np.float32)
     targets[5] = np.nan                                      # a padding row

@@ -394,14 +394,14 @@ def test_tanh(inplace, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("factor", [1.2, -0.5])
-def test_scale(factor, dtype):
+@pytest.mark.parametrize("factor, shift", [(1.2, 0.0), (-0.5, 0.0), (1.0, 0.25), (-1.0, 3.0)])
+def test_scale(factor, shift, dtype):
     rng = np.random.default_rng(33)
     x = random(rng, (4, 6), dtype)
-    y_ref, (gx_ref,) = torch_run(lambda t: t * factor, [x], R := random(rng, x.shape, dtype))
-    y, saved = scale_forward(x, factor)
+    y_ref, (gx_ref,) = torch_run(lambda t: t * factor + shift, [x], R := random(rng, x.shape, dtype))
+    y, saved = scale_forward(x, factor, shift)
     assert_close(y, y_ref, dtype, "y")
-    assert_close(scale_backward(R, None, factor), gx_ref, dtype, "gx")
+    assert_close(scale_backward(R, None, factor, shift), gx_ref, dtype, "gx")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
