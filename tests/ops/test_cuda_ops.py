@@ -394,32 +394,19 @@ def test_adaptive_average_pooling_of_uneven_windows_on_the_gpu(dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("count", [1, 3])
-def test_a_bias_and_a_shared_layer_scale_on_the_gpu(dtype, count):
+def test_ops_of_one_weight_per_channel_or_shared_on_the_gpu(dtype, count):
     rng = _rng(31)
     x, gy, weight = rng.standard_normal((4, 3, 5, 6)), rng.standard_normal((4, 3, 5, 6)), rng.uniform(-1, 1, count)
     on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
     for op, forward, backward in (("bias", bias.bias_forward, bias.bias_backward),
-                                  ("layer scale", layer_scale.layer_scale_forward, layer_scale.layer_scale_backward)):
+                                  ("layer scale", layer_scale.layer_scale_forward, layer_scale.layer_scale_backward),
+                                  ("prelu", prelu.prelu_forward, prelu.prelu_backward)):
         y, saved = forward(x.astype(dtype), weight.astype(dtype))
         y2, saved2 = forward(on(x), on(weight))
         _close(y2, y, dtype, f"{op} y")
         for what, a, e in zip(("gx", "gweight"), backward(on(gy), saved2, on(weight)),
                               backward(gy.astype(dtype), saved, weight.astype(dtype))):
             _close(a, e, dtype, f"{op} {what}")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("slopes", [1, 3])
-def test_prelu_on_the_gpu(dtype, slopes):
-    rng = _rng(17)
-    x, gy, weight = rng.standard_normal((4, 3, 5, 6)), rng.standard_normal((4, 3, 5, 6)), rng.uniform(-1, 1, slopes)
-    on = lambda a: cp.asarray(a.astype(dtype))       # noqa: E731
-    y, saved = prelu.prelu_forward(x.astype(dtype), weight.astype(dtype))
-    y2, saved2 = prelu.prelu_forward(on(x), on(weight))
-    _close(y2, y, dtype, "prelu y")
-    for what, a, e in zip(("gx", "gweight"), prelu.prelu_backward(on(gy), saved2, on(weight)),
-                          prelu.prelu_backward(gy.astype(dtype), saved, weight.astype(dtype))):
-        _close(a, e, dtype, f"prelu {what}")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

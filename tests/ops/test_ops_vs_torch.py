@@ -1068,25 +1068,6 @@ def test_adaptive_avgpool_is_pytorchs_where_the_output_divides(input_shape, outp
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("shape, slopes", [((3, 4, 5, 2), 1), ((2, 3, 4, 2, 3), 3), ((4, 6), 6), ((2, 3, 7), 1)])
-def test_prelu(shape, slopes, dtype):
-    from spmdcnn.ops.prelu import prelu_backward, prelu_forward
-    rng = np.random.default_rng(53)
-    x, gy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
-    x.flat[::7] = 0                     # PyTorch's rule at zero: the slope's side
-    weight = rng.uniform(-0.5, 0.5, slopes).astype(dtype)
-    y, saved = prelu_forward(x, weight)
-    gx, gweight = prelu_backward(gy, saved, weight)
-    t, tw = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, weight))
-    ty = F.prelu(t, tw)
-    ty.backward(torch.from_numpy(gy.astype(np.float64)))
-    assert gweight.shape == weight.shape
-    assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
-    assert_close(gx, t.grad.numpy().astype(dtype), dtype, "gx")
-    assert_close(gweight, tw.grad.numpy().astype(dtype), dtype, "gweight")
-
-
-@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, padding, value", [((2, 3, 5, 4), ((1, 2), (0, 3)), 0.0),
                                                    ((1, 2, 3, 4, 5), ((2, 0), (-1, 1), (0, 2)), -0.75),
                                                    ((3, 2, 6), ((-2, 1),), 1.5)])
@@ -1153,20 +1134,25 @@ def test_adaptive_avgpool_of_uneven_windows_is_pytorchs(shape, output_size, dtyp
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape, shared", [((3, 4, 5, 2), True), ((2, 3, 4, 2, 3), False), ((4, 6), False),
                                            ((2, 3, 7), True)])
-def test_a_bias_and_a_shared_layer_scale(shape, shared, dtype):
-    """A learned shift, and a learned factor, per channel or one for every channel, against PyTorch's broadcast."""
+def test_ops_of_one_weight_per_channel_or_shared(shape, shared, dtype):
+    """A learned shift (bias), factor (layer scale) and PReLU slope, per channel or one for every channel, against
+    PyTorch's broadcast and F.prelu (x = 0 on the slope's side, as PyTorch's rule)."""
     from spmdcnn.ops.bias import bias_backward, bias_forward
     from spmdcnn.ops.layer_scale import layer_scale_backward, layer_scale_forward
+    from spmdcnn.ops.prelu import prelu_backward, prelu_forward
     rng = np.random.default_rng(71)
     x, gy = rng.standard_normal(shape).astype(dtype), rng.standard_normal(shape).astype(dtype)
+    x.flat[::7] = 0
     count = 1 if shared else shape[1]
-    for forward, backward, combine in ((bias_forward, bias_backward, torch.add),
-                                       (layer_scale_forward, layer_scale_backward, torch.mul)):
+    along = (1, -1) + (1,) * (len(shape) - 2)
+    for forward, backward, reference in ((bias_forward, bias_backward, lambda t, w: t + w.reshape(along)),
+                                         (layer_scale_forward, layer_scale_backward, lambda t, w: t * w.reshape(along)),
+                                         (prelu_forward, prelu_backward, F.prelu)):
         weight = rng.uniform(-1, 1, count).astype(dtype)
         y, saved = forward(x, weight)
         gx, gweight = backward(gy, saved, weight)
         t, tw = (torch.tensor(a.astype(np.float64), requires_grad=True) for a in (x, weight))
-        ty = combine(t, tw.reshape((1, -1) + (1,) * (len(shape) - 2)))
+        ty = reference(t, tw)
         ty.backward(torch.from_numpy(gy.astype(np.float64)))
         assert gweight.shape == weight.shape
         assert_close(y, ty.detach().numpy().astype(dtype), dtype, "y")
