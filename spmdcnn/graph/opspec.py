@@ -180,8 +180,9 @@ def _slice(op, attrs, in_shapes, where):
     shape = in_shapes[0]
     start, stop = attrs["start"], attrs["stop"]
     if not len(shape) or not 0 <= start < stop <= shape[0]:
-        raise LayerError(f"{where}: slice [{start}, {stop}) must hold at least one of the {shape[0] if len(shape) else 0} "
-                         "channels of its input (0 <= start < stop <= channels)")
+        count = shape[0] if len(shape) else 0
+        raise LayerError(f"{where}: slice [{start}, {stop}) must hold at least one of the {count} channels of its "
+                         "input (0 <= start < stop <= channels)")
     return (stop - start,) + tuple(shape[1:]), {}, {}, 0
 
 

@@ -179,9 +179,9 @@ def same_padding(kernel, dilation):
 
 def window(attrs, rank, spatial=None):
     """The :class:`Window` of a convolution's, pooling's, space to depth's or pad's attributes over ``rank``
-    spatial axes: a kernel left out is the block's size (a space to depth's) or 1 (a pad), a stride left out (``None``) is the kernel's size, as PyTorch's pooling has it, a
-    dilation left out is 1 (pooling has none),
-    and padding ``same`` is :func:`same_padding`. Pooling's ``ceil_mode`` over an input of ``spatial`` extents is
+    spatial axes: a kernel left out is the block's size (a space to depth's) or 1 (a pad), a stride left out
+    (``None``) is the kernel's size, as PyTorch's pooling has it, a dilation left out is 1 (pooling has none), and
+    padding ``same`` is :func:`same_padding`. Pooling's ``ceil_mode`` over an input of ``spatial`` extents is
     floor mode with the positions its last windows reach past the padded end added to the padding after
     (``ops/window.ceil_extra``; they count for nothing: -inf for max pooling, left out of average pooling's
     divisors); without ``spatial``, the padding as written."""

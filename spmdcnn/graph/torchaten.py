@@ -432,6 +432,7 @@ ATEN = {
     "leaky_relu": _activation("leaky_relu", negative_slope=("negative_slope", 0.01)),
     "elu": _elu, "selu": _elu, "mish": _activation("mish"),
     "prelu": _prelu, "pixel_unshuffle": _pixel_unshuffle, "add": _add,
-    "sub": lambda converter, node: _add(converter, node, -1), "rsub": _rsub, "mul": _mul, "div": _div, "dropout": _dropout,
+    "sub": lambda converter, node: _add(converter, node, -1), "rsub": _rsub, "mul": _mul, "div": _div,
+    "dropout": _dropout,
     **SHAPES,
 }

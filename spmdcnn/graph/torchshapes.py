@@ -110,8 +110,8 @@ def _same(converter, node):
 
 def _pad(converter, node):
     """``F.pad`` with a constant (``aten.pad`` in mode 'constant', ``aten.constant_pad_nd``) of the spatial axes,
-    cropping where negative (NASNet's shift by a row and a column): a ``pad`` layer (none where it pads by nothing: MONAI's ``UpCat`` pads a skip connection to its partner's size,
-    which it mostly has)."""
+    cropping where negative (NASNet's shift by a row and a column): a ``pad`` layer (none where it pads by
+    nothing: MONAI's ``UpCat`` pads a skip connection to its partner's size, which it mostly has)."""
     a = arguments(node)
     value = first_input(converter, node)
     sizes, shape = list(a["pad"]), converter.shape(a["self"])
