@@ -190,6 +190,22 @@ def _split(converter, node):
                                    for start, count in zip(starts, sizes))
 
 
+def _repeat(converter, node):
+    """``x.repeat(1, k, 1, ...)`` and ``x.expand(N, k, ...)`` of one channel: ``k`` copies of the channels side by
+    side, a ``concat`` of the value ``k`` times (a repeat or expand of nothing: the value)."""
+    a = arguments(node)
+    value = first_input(converter, node)
+    before, after = converter.shape(a["self"]), converter.shape(node)
+    channels = len(before) - 1 if value.last else 1
+    if len(after) != len(before) or any(b != c for axis, (b, c) in enumerate(zip(before, after)) if axis != channels):
+        converter.refuse(node, f"repeats {tuple(before)} as {tuple(after)}; spmdcnn repeats the channels alone")
+    copies = after[channels] // before[channels]
+    if copies == 1:
+        converter.alias(node, value)
+        return
+    converter.add(node, {"op": "concat"}, [value] * copies, last=value.last)
+
+
 def _cat(converter, node):
     a = arguments(node)
     values = converter.tensors(node, list(a["tensors"]))
@@ -412,7 +428,7 @@ SHAPES = {      # graph/torchaten.py's table holds these rows
     "permute": _permute, "flatten": _flatten, "view": _reshape, "reshape": _reshape, "_unsafe_view": _reshape,
     "contiguous": _same, "pad": _pad, "constant_pad_nd": _pad,
     "slice": _slice, "narrow": _slice, "split": _split, "split_with_sizes": _split, "chunk": _split,
-    "transpose": _permute, "stack": _stack, "sum": _sum, "softmax": _softmax, "_softmax": _softmax,
+    "transpose": _permute, "repeat": _repeat, "expand": _repeat, "stack": _stack, "sum": _sum, "softmax": _softmax, "_softmax": _softmax,
     "clone": _same, "alias": _same, "cat": _cat, "getitem": _getitem,
     **{f"{kind}_pool{rank}d": _pool(kind) for kind in ("max", "avg") for rank in (1, 2, 3)},
     **{f"max_pool{rank}d_with_indices": _pool("max") for rank in (1, 2, 3)},

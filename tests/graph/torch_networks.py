@@ -450,7 +450,7 @@ def split_attention():
 
 class Reduced(nn.Module):
     """Global reductions written as tensor methods (a sum and a max over the spatial axes, an adaptive max pooling
-    to one position) and arithmetic with numbers (x - c, c - x, x + c, x - y)."""
+    to one position), arithmetic with numbers (x - c, c - x, x + c, x - y), channels repeated and expanded."""
 
     def __init__(self):
         super().__init__()
@@ -462,6 +462,7 @@ class Reduced(nn.Module):
         x = torch.relu(self.conv(x) - 0.25)
         x = x * torch.sigmoid(self.gate(x.sum((2, 3), keepdim=True) / 100))
         x = (1.5 - x) - torch.relu(x + 1)
+        x = x + x[:, :2].repeat(1, 2, 1, 1) + x[:, 3:].expand(-1, 4, -1, -1)
         return self.head(x.amax((2, 3)) + nn.functional.adaptive_max_pool2d(x, 1).flatten(1) + x.mean((2, 3)))
 
 
