@@ -163,6 +163,7 @@ IDIOMS_VOLUME = {"name": "idioms_volume", "input": [4, 5, 6, 4], "layers": [
     {"name": "simple", "op": "layernorm", "center": False, "correction": 1, "bias": False},     # timm's SimpleNorm2d
     {"name": "selu", "op": "elu", "alpha": 1.6732632423543772, "gain": 1.0507009873554805},
     {"name": "mish", "op": "mish"}, {"name": "clamped", "op": "hardtanh", "min_val": -0.5, "max_val": 1.5},
+    {"name": "floored", "op": "clamp", "min": -0.25},
     {"name": "adaptive", "op": "adaptive_avgpool3d", "output_size": [2, 5, 3]},    # uneven along d and h
     {"name": "head", "op": "conv3d", "out_channels": 3, "kernel": 3, "padding": 1},
     {"name": "loss", "op": "softmax_cross_entropy"}]}

@@ -125,6 +125,8 @@ class TorchNet(torch.nn.Module):
             return torch.where(x > 0, a["gain"] * x, negative)
         if family == "mish":
             return F.mish(x)
+        if family == "clamp":
+            return torch.clamp(x, a["min"], a["max"])
         if family == "hardtanh":
             return F.hardtanh(x, a["min_val"], a["max_val"])
         if family == "hardsigmoid":     # F.hardsigmoid's backward takes 1/6 in float32 even in float64

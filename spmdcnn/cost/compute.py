@@ -125,6 +125,7 @@ WORK = {
     "hardsigmoid": _elementwise_work,
     "relu6": _elementwise_work,
     "hardtanh": _elementwise_work,
+    "clamp": _elementwise_work,
     "elu": lambda shape, out, ins, itemsize: (2, 12 * out, itemsize * 6 * out),
     "mish": lambda shape, out, ins, itemsize: (2, 30 * out, itemsize * 10 * out),
     "scale": _elementwise_work,

@@ -34,6 +34,7 @@ KEYS = {
     "hardsigmoid": {},
     "relu6": {},
     "hardtanh": {"min_val": -1.0, "max_val": 1.0},
+    "clamp": {"min": None, "max": None},
     "elu": {"alpha": 1.0, "gain": 1.0, "input_scale": 1.0},
     "mish": {},
     "scale": {"factor": _NO_DEFAULT, "shift": 0.0},
@@ -212,17 +213,7 @@ def normalise(op, given, where, rank=2):
     for key in ("start", "stop"):
         if key in attrs:
             positive_int(attrs[key], key, where, allow_zero=True)
-    for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth", "init",
-                "value", "alpha", "gain", "input_scale", "min_val", "max_val", "shift"):
-        if key in attrs:
-            value = attrs[key]
-            infinite = key == "value"       # a pad's may be -inf or inf (before a max pooling: timm's 'same')
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
-                    or (abs(value) == float("inf") and not infinite):
-                raise LayerError(f"{where}: '{key}' must be a {'' if infinite else 'finite '}number, got {value!r}")
-            attrs[key] = float(value)
-    if attrs.get("min_val", -1.0) >= attrs.get("max_val", 1.0):
-        raise LayerError(f"{where}: 'min_val' {attrs['min_val']} must be below 'max_val' {attrs['max_val']}")
+    _numbers(op, attrs, where)
     if op in ("dropout", "stochastic_depth") and not 0.0 <= attrs["p"] <= 1.0:
         raise LayerError(f"{where}: {op} 'p' must lie in [0, 1], got {attrs['p']}")
     if "eps" in attrs and not 0 < attrs["eps"] < float("inf"):
@@ -232,6 +223,28 @@ def normalise(op, given, where, rank=2):
     if OPS[op].family == "dice_loss":
         _dice_weights(attrs, where)
     return attrs
+
+
+def _numbers(op, attrs, where):
+    """The attributes that are real numbers, as floats: finite (a pad's value may be infinite), a clamp's bounds
+    finite or null, an interval's ends in order."""
+    for key in ("eps", "momentum", "p", "negative_slope", "factor", "dice", "cross_entropy", "smooth", "init",
+                "value", "alpha", "gain", "input_scale", "min_val", "max_val", "shift", "min", "max"):
+        value = attrs.get(key)
+        if value is None and key in ("min", "max"):     # a clamp's bound: None is unbounded that side
+            continue
+        if key in attrs:
+            infinite = key == "value"       # a pad's may be -inf or inf (before a max pooling: timm's 'same')
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value \
+                    or (abs(value) == float("inf") and not infinite):
+                unbounded = " or null (unbounded)" if key in ("min", "max") else ""
+                raise LayerError(f"{where}: '{key}' must be a {'' if infinite else 'finite '}number{unbounded}, "
+                                 f"got {value!r}")
+            attrs[key] = float(value)
+    if op == "clamp" and None not in (attrs["min"], attrs["max"]) and attrs["min"] > attrs["max"]:
+        raise LayerError(f"{where}: 'min' {attrs['min']} must not exceed 'max' {attrs['max']}")
+    if attrs.get("min_val", -1.0) >= attrs.get("max_val", 1.0):
+        raise LayerError(f"{where}: 'min_val' {attrs['min_val']} must be below 'max_val' {attrs['max_val']}")
 
 
 def _dice_weights(attrs, where):

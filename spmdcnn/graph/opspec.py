@@ -276,7 +276,7 @@ INFER = {"conv": _conv, "conv_transpose": _conv_transpose, "maxpool": _pool, "av
          "batchnorm": _batchnorm, "groupnorm": _groupnorm, "instancenorm": _groupnorm, "layernorm": _layernorm,
          "relu": _elementwise, "leaky_relu": _elementwise, "tanh": _elementwise, "sigmoid": _elementwise,
          "silu": _elementwise, "gelu": _elementwise, "hardswish": _elementwise, "hardsigmoid": _elementwise,
-         "relu6": _elementwise, "hardtanh": _elementwise, "elu": _elementwise, "mish": _elementwise,
+         "relu6": _elementwise, "hardtanh": _elementwise, "clamp": _elementwise, "elu": _elementwise, "mish": _elementwise,
          "scale": _elementwise, "dropout": _elementwise, "stochastic_depth": _elementwise,
          "layer_scale": _layer_scale, "bias": _layer_scale, "prelu": _prelu, "flatten": _flatten, "slice": _slice,
          "channel_shuffle": _channel_shuffle, "group_softmax": _channel_shuffle, "pad": _pad,

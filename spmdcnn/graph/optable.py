@@ -122,6 +122,7 @@ OPS = {spec.name: spec for spec in (
     OpSpec("hardsigmoid", READS_BOX, KEEPS_MASK, inplace=True, inherits=True),
     OpSpec("relu6", READS_BOX, KEEPS_MASK, inplace=True, inherits=True),
     OpSpec("hardtanh", READS_BOX, KEEPS_MASK, inplace=True, inherits=True, tile_attrs=("min_val", "max_val")),
+    OpSpec("clamp", READS_BOX, KEEPS_MASK, inplace=True, inherits=True, tile_attrs=("min", "max")),
     OpSpec("elu", READS_BOX, KEEPS_INPUT, inherits=True, tile_attrs=("alpha", "gain", "input_scale")),
     OpSpec("mish", READS_BOX, KEEPS_INPUT, inherits=True),
     OpSpec("scale", READS_BOX, inplace=True, inherits=True, tile_attrs=("factor", "shift")),

@@ -177,6 +177,16 @@ def _hardtanh(converter, node):
                   last=value.last)
 
 
+def _clamp(converter, node):
+    """``aten.clamp`` by numbers (either may be None): clamp, whose gradient passes at the bounds."""
+    a = arguments(node)
+    if any(hasattr(a[key], "op") for key in ("min", "max")):
+        converter.refuse(node, "clamps by tensors; spmdcnn clamps by numbers")
+    (value,) = converter.tensors(node, [a["self"]])
+    entry = {"op": "clamp", **{key: float(a[key]) for key in ("min", "max") if a[key] is not None}}
+    converter.add(node, entry, [value], last=value.last)
+
+
 SELU = {"alpha": 1.6732632423543772, "gain": 1.0507009873554805}       # PyTorch's selu constants
 
 
@@ -430,7 +440,7 @@ ATEN = {
     "hardswish": _activation("hardswish"), "hardsigmoid": _activation("hardsigmoid"),
     "sigmoid": _activation("sigmoid"), "tanh": _activation("tanh"),
     "leaky_relu": _activation("leaky_relu", negative_slope=("negative_slope", 0.01)),
-    "elu": _elu, "selu": _elu, "mish": _activation("mish"),
+    "elu": _elu, "selu": _elu, "mish": _activation("mish"), "clamp": _clamp,
     "prelu": _prelu, "pixel_unshuffle": _pixel_unshuffle, "add": _add,
     "sub": lambda converter, node: _add(converter, node, -1), "rsub": _rsub, "mul": _mul, "div": _div,
     "dropout": _dropout,

@@ -8,6 +8,7 @@
     hardsigmoid  y = relu6(x + 3) / 6                       gx = gy / 6 inside (-3, 3)       (keeps a mask)
     relu6        y = min(max(x, 0), 6)                      gx = gy inside (0, 6)            (keeps a mask)
     hardtanh     y = min(max(x, lo), hi)                    gx = gy inside (lo, hi)          (keeps a mask)
+    clamp        y = min(max(x, lo), hi)                    gx = gy inside [lo, hi]          (keeps a mask)
     elu          y = g x (x > 0), g a (exp(s x) - 1)        gx = gy g, gy g a s exp(s x)     (keeps x; SELU's a, g)
     mish         y = x tanh(softplus(x))                    gx = gy (t + x sigmoid(x) (1 - t^2)), t = tanh(sp(x))
 
@@ -334,4 +335,24 @@ def hardtanh_forward(x, min_val=-1.0, max_val=1.0, inplace=False):
 
 
 def hardtanh_backward(gy, inside, min_val=-1.0, max_val=1.0):
+    return gy * inside
+
+
+def clamp_forward(x, low=None, high=None, inplace=False):
+    """``(y, mask)``: ``x`` clamped to [low, high] (either None: unbounded that side); it keeps the one-byte mask
+    of the closed interval, where PyTorch's clamp passes the gradient (hardtanh's open one does not at the
+    bounds)."""
+    xp = backend.array_module(x)
+    w, dtype = _work(x)
+    inside = xp.ones(w.shape, dtype=bool)
+    if low is not None:
+        inside &= w >= low
+    if high is not None:
+        inside &= w <= high
+    if inplace and dtype.name != "bfloat16":
+        return xp.clip(x, low, high, out=x), inside
+    return xp.clip(w, low, high).astype(dtype, copy=False), inside
+
+
+def clamp_backward(gy, inside, low=None, high=None):
     return gy * inside

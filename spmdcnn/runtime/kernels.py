@@ -464,6 +464,7 @@ BIND = {
     "hardsigmoid": _elementwise(activations.hardsigmoid_forward, activations.hardsigmoid_backward),
     "relu6": _elementwise(activations.relu6_forward, activations.relu6_backward),
     "hardtanh": _elementwise(activations.hardtanh_forward, activations.hardtanh_backward, "min_val", "max_val"),
+    "clamp": _elementwise(activations.clamp_forward, activations.clamp_backward, "min", "max"),
     "elu": _elementwise(activations.elu_forward, activations.elu_backward, "alpha", "gain", "input_scale"),
     "mish": _elementwise(activations.mish_forward, activations.mish_backward),
     "scale": _elementwise(scale.scale_forward, scale.scale_backward, "factor", "shift"),

@@ -348,6 +348,8 @@ def test_scale_needs_a_factor(tmp_path):
      ["'count_include_pad' must be true or false"]),
     ("{name: h, op: hardtanh, min_val: 2, max_val: 2}", ["'min_val' 2.0 must be below 'max_val' 2.0"]),
     ("{name: e, op: elu, gain: x}", ["'gain' must be a finite number, got 'x'"]),
+    ("{name: c, op: clamp, min: 2, max: 1}", ["'min' 2.0 must not exceed 'max' 1.0"]),
+    ("{name: c, op: clamp, min: .inf}", ["'min' must be a finite number or null (unbounded), got inf"]),
 ])
 def test_bad_decoder_layers_name_the_layer_and_the_rule(tmp_path, layer, fragments):
     layers = f"  - {layer}\n  - {{name: flat, op: flatten}}\n  - {{name: fc, op: linear, out_features: 3}}\n" \

@@ -67,7 +67,7 @@ EVERY_PER_PIXEL_OP = [{"name": "head", "op": "conv2d", "out_channels": 3, "kerne
                       {"name": "a5", "op": "relu6"}, {"name": "a6", "op": "sigmoid"},
                       {"name": "a7", "op": "hardtanh", "min_val": -0.5, "max_val": 2.0},
                       {"name": "a8", "op": "elu", "alpha": 1.6732632423543772, "gain": 1.0507009873554805},
-                      {"name": "a9", "op": "mish"},
+                      {"name": "a9", "op": "mish"}, {"name": "a10", "op": "clamp", "min": -1, "max": 1.5},
                       {"name": "ls", "op": "layer_scale"}, {"name": "pr", "op": "prelu"},
                       {"name": "shift", "op": "bias"}, {"name": "shared_shift", "op": "bias", "shared": True},
                       {"name": "pr2", "op": "prelu", "shared": False, "init": 0.1},

@@ -407,3 +407,4 @@ def test_global_sums_maxima_and_arithmetic_with_numbers_import(tmp_path):
                       ("maxpool2d", [5, 6], None), ("maxpool2d", [5, 6], None), ("global_avgpool", None, None)]
     assert [layer.attrs["shift"] for layer in graph.layers if layer.op == "scale"] == [-0.25, 0, 0, 1.5, 1, 0]
     assert [layer.inputs for layer in graph.layers if layer.op == "concat"] == [["slice", "slice"], ["slice_1"] * 4]
+    assert [(layer.attrs["min"], layer.attrs["max"]) for layer in graph.layers if layer.op == "clamp"] == [(-0.5, None)]

@@ -462,7 +462,7 @@ class Reduced(nn.Module):
         x = torch.relu(self.conv(x) - 0.25)
         x = x * torch.sigmoid(self.gate(x.sum((2, 3), keepdim=True) / 100))
         x = (1.5 - x) - torch.relu(x + 1)
-        x = x + x[:, :2].repeat(1, 2, 1, 1) + x[:, 3:].expand(-1, 4, -1, -1)
+        x = x + x[:, :2].repeat(1, 2, 1, 1) + x[:, 3:].expand(-1, 4, -1, -1).clamp(min=-0.5)
         return self.head(x.amax((2, 3)) + nn.functional.adaptive_max_pool2d(x, 1).flatten(1) + x.mean((2, 3)))
 
 

@@ -273,7 +273,8 @@ def test_cross_entropy_per_pixel_on_the_gpu(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("op, attrs", [("sigmoid", ()), ("silu", ()), ("gelu", ("none",)), ("gelu", ("tanh",)),
                                        ("hardswish", ()), ("hardsigmoid", ()), ("relu6", ()),
-                                       ("hardtanh", (-2.0, 3.0)), ("elu", (0.7, 1.05, 1.0)), ("mish", ())])
+                                       ("hardtanh", (-2.0, 3.0)), ("elu", (0.7, 1.05, 1.0)), ("mish", ()),
+                                       ("clamp", (-2.0, 3.0)), ("clamp", (None, 3.0))])
 def test_activations_on_the_gpu(op, attrs, dtype):
     """Each activation forward and backward as on the host (exact GELU: CuPy's erf against Cody's)."""
     rng = _rng(12)

@@ -924,6 +924,8 @@ ACTIVATIONS = {     # op: (PyTorch's function, spmdcnn's forward and backward, t
     "elu": (lambda t: F.elu(t, 0.7), {"alpha": 0.7, "gain": 1.0, "input_scale": 1.0}),
     "elu_selu": (F.selu, {"alpha": 1.6732632423543772, "gain": 1.0507009873554805, "input_scale": 1.0}),
     "mish": (F.mish, {}),
+    "clamp": (lambda t: torch.clamp(t, -3.0, 6.0), {"min": -3.0, "max": 6.0}),
+    "clamp_below": (lambda t: torch.clamp(t, min=0.0), {"min": 0.0, "max": None}),
 }
 
 
