@@ -305,7 +305,7 @@ def _add_model_import(sub, common):
                    help="before writing, take one SGD step in float64 with the model and with the network from the "
                         "same weights and compare their losses, and the evaluation loss after the step (to 1e-8, "
                         "dropout and stochastic depth at 0 for the step): refused, nothing written, where they "
-                        "differ (cross-entropy and mse losses)")
+                        "differ (cross-entropy, Dice-CE and mse losses)")
     p.set_defaults(run=cmd_model_import)
 
     p = sub.add_parser("train", parents=[common], help="train a model as a job YAML describes",
