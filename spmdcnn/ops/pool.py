@@ -11,6 +11,7 @@ with ``count_include_pad: false`` every window divides by the positions it holds
 those outputs.
 """
 
+from functools import lru_cache
 from math import prod
 
 import numpy as np
@@ -212,13 +213,16 @@ def window_counts(o0, o1, kernel, stride, first, limit):
     return tuple(min(o * stride + kernel, limit) - max(o * stride, first) for o in range(o0, o1))
 
 
+@lru_cache(maxsize=64)
 def adaptive_weights(size, out):
     """The (out, size) matrix averaging PyTorch's adaptive window of each output along one axis: output ``i`` over
-    inputs ``[floor(i * size / out), ceil((i + 1) * size / out))``."""
+    inputs ``[floor(i * size / out), ceil((i + 1) * size / out))``; made once per shape, not every step (read
+    only)."""
     weights = np.zeros((out, size))
     for i in range(out):
         start, stop = i * size // out, -(-(i + 1) * size // out)
         weights[i, start:stop] = 1.0 / (stop - start)
+    weights.flags.writeable = False
     return weights
 
 

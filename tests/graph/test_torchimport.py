@@ -68,7 +68,7 @@ def checked(module, graph, arrays, input_shape):
 @pytest.mark.parametrize("name", ZOO)
 def test_a_torchvision_model_takes_one_training_step_as_torchvision_does(tmp_path, name):
     source = f"{NETWORKS}:{name}"           # torchvision's model with random weights and statistics
-    graph = import_model(source, tmp_path / "model.yaml", (3, 48, 48), weights=tmp_path / "weights.h5",
+    graph = import_model(source, tmp_path / "model.yaml", (3, 40, 40), weights=tmp_path / "weights.h5",
                          check=checked)
     assert graph.num_params == TORCHVISION_PARAMS[name]
 
