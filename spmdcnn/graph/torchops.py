@@ -32,7 +32,8 @@ class _Value:
     """What a graph node stands for: an spmdcnn layer's output (``name``; ``last``: its channels are the last axis,
     after a permute), or a parameter or buffer (``param``: its state-dict key; ``buffer``: it is a buffer).
     ``grouped``: the output's channels viewed as (groups, channels per group) on an axis of their own, ``(first,
-    second, swapped)`` (ShuffleNet's reshape before its transpose; only a reshape back or a transpose reads it).
+    second, swapped)`` (ShuffleNet's reshape before its transpose, split attention's stacked paths; only the
+    handlers that follow groups read it).
     ``view``: the shape a parameter is reshaped to (``gamma.reshape(1, -1, 1, 1)``), None for its own."""
 
     def __init__(self, name=None, last=False, param=None, buffer=False, grouped=None, view=None):
@@ -208,8 +209,8 @@ class Converter:
             self.refuse(node, f"takes all of '{arg.name}', which gives several tensors")
         if isinstance(value, _Value) and value.grouped and not grouped:
             self.refuse(node, f"reads channels reshaped into groups {value.grouped[:2]} on an axis of their own; "
-                              "spmdcnn follows that only into a channel shuffle (a transpose of the two axes and a "
-                              "reshape back)")
+                              "spmdcnn follows such groups into a channel shuffle (a transpose and a reshape back), "
+                              "a sum or a softmax over them, or a product with values grouped alike")
         return value
 
     def tensors(self, node, args, grouped=False):
